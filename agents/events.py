@@ -1,0 +1,409 @@
+"""The wire contract between node agents (or any user's producer) and the engine.
+
+This module is the single source of truth for ``docs/events.md``: the topics, the
+key of each, every field with its unit, and the schema version.  ``whywait events
+doc`` regenerates the document from the tables below and a test asserts that the
+committed file matches, so the code and the public document cannot drift apart.
+
+Every message is one JSON object (UTF-8) with this envelope::
+
+    {"schema": 1, "kind": "gpu", "time": 1764442800.0, "node": "node-03", ...body}
+
+``time`` is *event time*: the producer's wall clock when it took the sample, in
+Unix seconds (UTC, float).  The engine orders and windows by it, never by the
+time the message arrived.  Messages are batched: one message per node per source
+per sampling interval (default 1 s), carrying a list of records (one per GPU, per
+NIC, per block device, per rank).
+
+Counters travel as per-interval *rates* (the agent turns counters into rates,
+handling wrap-around and resets), so a consumer never has to keep the previous
+sample to make sense of a message.
+
+This module imports only the standard library: it is shared by the agents (which
+must stay small) and the engine.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+SCHEMA_VERSION = 1
+
+# Topics are dotted and versioned; a breaking change to a body bumps the suffix.
+TOPIC_GPU = "whywait.gpu.v1"
+TOPIC_NET = "whywait.net.v1"
+TOPIC_STORAGE = "whywait.storage.v1"
+TOPIC_HOST = "whywait.host.v1"
+TOPIC_STEPS = "whywait.steps.v1"
+TOPIC_CHECKPOINTS = "whywait.checkpoints.v1"
+TOPIC_PLACEMENT = "whywait.placement.v1"
+TOPIC_AGENT_HEALTH = "whywait.agent-health.v1"
+TOPIC_DIAGNOSES = "whywait.diagnoses.v1"
+TOPIC_DEADLETTER = "whywait.deadletter.v1"
+
+# Input topics the engine consumes, in the order the document lists them.
+INPUT_TOPICS: tuple[str, ...] = (
+    TOPIC_PLACEMENT,
+    TOPIC_STEPS,
+    TOPIC_CHECKPOINTS,
+    TOPIC_GPU,
+    TOPIC_NET,
+    TOPIC_STORAGE,
+    TOPIC_HOST,
+    TOPIC_AGENT_HEALTH,
+)
+
+
+class ContractError(ValueError):
+    """A message breaks the event contract.
+
+    Raised by :func:`decode` and :func:`validate`.  ``path`` is the dotted key path
+    inside the message (``gpus[2].temp_c``); the string form is one line naming
+    the path, what was expected and what was found, ready for the dead-letter
+    topic's ``reason`` field.
+    """
+
+    def __init__(self, message: str, path: str = "") -> None:
+        self.path = path
+        super().__init__(f"{path}: {message}" if path else message)
+
+
+_NUM = (int, float)
+
+
+@dataclass(frozen=True)
+class Field:
+    """One field of a record: its JSON name, type, unit and meaning."""
+
+    name: str
+    type: str  # "number", "integer", "string", "boolean", "list[string]", "list[integer]", or a record name
+    unit: str
+    doc: str
+    required: bool = True
+
+
+@dataclass(frozen=True)
+class Record:
+    """A named group of fields; a topic's body is one, and lists hold others."""
+
+    name: str
+    fields: tuple[Field, ...]
+    doc: str = ""
+
+
+@dataclass(frozen=True)
+class Topic:
+    """A Kafka topic of the contract: its name, key, ``kind`` tag and body."""
+
+    name: str
+    kind: str
+    key: str
+    body: Record
+    doc: str
+    compacted: bool = False
+    lists: Mapping[str, Record] = field(default_factory=dict)
+
+
+def F(name: str, type_: str, unit: str, doc: str, required: bool = True) -> Field:
+    return Field(name, type_, unit, doc, required)
+
+
+GPU_SAMPLE = Record("GpuSample", (
+    F("gpu", "integer", "index", "GPU index on the node (NVML/nvidia-smi order)."),
+    F("uuid", "string", "", "GPU UUID, `GPU-...`.", required=False),
+    F("util_pct", "number", "%", "GPU (SM) utilisation over the interval."),
+    F("mem_util_pct", "number", "%", "Memory-controller utilisation over the interval."),
+    F("mem_used_bytes", "integer", "bytes", "Framebuffer memory in use."),
+    F("mem_total_bytes", "integer", "bytes", "Framebuffer memory in total."),
+    F("temp_c", "number", "°C", "GPU core temperature."),
+    F("power_w", "number", "W", "Power draw."),
+    F("power_limit_w", "number", "W", "Enforced power limit.", required=False),
+    F("sm_clock_mhz", "number", "MHz", "Current SM clock."),
+    F("sm_clock_max_mhz", "number", "MHz", "Maximum SM clock.", required=False),
+    F("throttle_reasons", "list[string]", "names",
+      "Active clock-event reasons: `sw_power_cap`, `hw_slowdown`, `hw_thermal_slowdown`, "
+      "`hw_power_brake_slowdown`, `sw_thermal_slowdown`, `sync_boost`, `gpu_idle`, `applications_clocks_setting`, "
+      "`display_clock_setting`. Empty when the GPU runs at full clocks."),
+    F("ecc_corrected", "integer", "count", "Volatile corrected ECC errors during the interval.", required=False),
+    F("ecc_uncorrected", "integer", "count", "Volatile uncorrected ECC errors during the interval.", required=False),
+    F("remapped_rows_pending", "boolean", "", "A row remap is pending (needs a GPU reset).", required=False),
+    F("xid", "list[integer]", "XID codes",
+      "XID errors seen during the interval, one entry per occurrence (a repeated XID appears twice).",
+      required=False),
+    F("pcie_replay", "integer", "count", "PCIe replays during the interval.", required=False),
+    F("nvlink_errors", "integer", "count", "NVLink CRC/replay/recovery errors during the interval.",
+      required=False),
+), "One GPU's sample for the interval.")
+
+NIC_COUNTERS = Record("NicCounters", (
+    F("nic", "string", "", "Interface or HCA port name (`eth0`, `mlx5_0/1`)."),
+    F("rx_bytes_per_s", "number", "bytes/s", "Received bytes."),
+    F("tx_bytes_per_s", "number", "bytes/s", "Transmitted bytes."),
+    F("rx_packets_per_s", "number", "packets/s", "Received packets."),
+    F("tx_packets_per_s", "number", "packets/s", "Transmitted packets."),
+    F("rx_errors_per_s", "number", "errors/s", "Receive errors (IB: `port_rcv_errors`)."),
+    F("tx_errors_per_s", "number", "errors/s", "Transmit errors."),
+    F("rx_drops_per_s", "number", "packets/s", "Receive drops."),
+    F("tx_drops_per_s", "number", "packets/s", "Transmit drops (IB: `port_xmit_discards`)."),
+    F("link_up", "boolean", "", "Operational state is up."),
+    F("speed_mbps", "number", "Mbit/s", "Negotiated link speed.", required=False),
+    F("carrier_changes", "integer", "count", "Link flaps during the interval (IB: `link_downed`).",
+      required=False),
+    F("symbol_errors", "integer", "count", "IB physical symbol errors during the interval.", required=False),
+    F("xmit_wait_per_s", "number", "ticks/s", "IB `port_xmit_wait`: time the port had data but no credits.",
+      required=False),
+    F("gpus", "list[integer]", "indexes", "GPUs this adapter serves (PCIe locality).", required=False),
+), "One network interface's rates for the interval.")
+
+DISK_STATS = Record("DiskStats", (
+    F("device", "string", "", "Block device or mount (`nvme0n1`, `nfs:/scratch`)."),
+    F("pool", "string", "", "Storage pool this device belongs to (topology id).", required=False),
+    F("read_iops", "number", "ops/s", "Completed reads."),
+    F("write_iops", "number", "ops/s", "Completed writes."),
+    F("read_bytes_per_s", "number", "bytes/s", "Bytes read."),
+    F("write_bytes_per_s", "number", "bytes/s", "Bytes written."),
+    F("read_latency_ms", "number", "ms", "Average time per completed read."),
+    F("write_latency_ms", "number", "ms", "Average time per completed write."),
+    F("queue_depth", "number", "requests", "Average requests in flight."),
+    F("util_pct", "number", "%", "Share of the interval the device was busy.", required=False),
+), "One block device's (or network mount's) figures for the interval.")
+
+STEP_TIMING = Record("StepTiming", (
+    F("rank", "integer", "", "Global rank in the job."),
+    F("step", "integer", "", "Training step number (monotonic per rank)."),
+    F("duration_s", "number", "s", "Wall time of the whole step."),
+    F("data_wait_s", "number", "s", "Time waiting on the input pipeline."),
+    F("compute_s", "number", "s", "Forward and backward compute."),
+    F("comm_s", "number", "s", "Collective communication (all-reduce) not overlapped with compute."),
+    F("checkpoint_s", "number", "s", "Time inside checkpoint saves during the step.", required=False),
+    F("node", "string", "", "Node the rank runs on (for producers that batch several nodes).",
+      required=False),
+), "One completed training step of one rank.")
+
+PLACED_RANK = Record("PlacedRank", (
+    F("rank", "integer", "", "Global rank."),
+    F("node", "string", "", "Node id."),
+    F("gpu", "integer", "index", "GPU index on that node."),
+), "Where one rank runs.")
+
+TOPICS: tuple[Topic, ...] = (
+    Topic(TOPIC_PLACEMENT, "placement", "job id", Record("Placement", (
+        F("job", "string", "", "Job id."),
+        F("project", "string", "", "Owning project."),
+        F("team", "string", "", "Owning team."),
+        F("slack_channel", "string", "", "The team's channel, `#name`.", required=False),
+        F("state", "string", "", "`running` or `finished`."),
+        F("ranks", "list[PlacedRank]", "", "Every rank's node and GPU."),
+    )), "Which job runs where and who owns it. Compacted: the latest message per job wins. "
+        "`node` in the envelope is the producer (the scheduler hook or simulator).",
+        compacted=True, lists={"ranks": PLACED_RANK}),
+    Topic(TOPIC_STEPS, "steps", "job id", Record("StepBatch", (
+        F("job", "string", "", "Job id."),
+        F("steps", "list[StepTiming]", "", "Steps completed on this node during the interval."),
+    )), "Per-rank training-step timings, batched per node per interval.", lists={"steps": STEP_TIMING}),
+    Topic(TOPIC_CHECKPOINTS, "checkpoint", "job id", Record("CheckpointEvent", (
+        F("job", "string", "", "Job id."),
+        F("rank", "integer", "", "Rank writing the checkpoint."),
+        F("checkpoint_id", "string", "", "Identifies one save across its start and end."),
+        F("phase", "string", "", "`start`, `end` or `failed`."),
+        F("bytes", "integer", "bytes", "Bytes written (on `end`).", required=False),
+        F("duration_s", "number", "s", "Save duration (on `end` and `failed`).", required=False),
+        F("path", "string", "", "Destination path.", required=False),
+        F("error", "string", "", "Why it failed (on `failed`).", required=False),
+    )), "A checkpoint save starting, ending or failing (one message per phase)."),
+    Topic(TOPIC_GPU, "gpu", "node id", Record("GpuReport", (
+        F("gpus", "list[GpuSample]", "", "One sample per GPU."),
+    )), "Per-GPU samples of one node for the interval.", lists={"gpus": GPU_SAMPLE}),
+    Topic(TOPIC_NET, "net", "node id", Record("NetReport", (
+        F("interval_s", "number", "s", "Length of the interval the rates cover."),
+        F("nics", "list[NicCounters]", "", "One entry per interface or IB port."),
+        F("tcp_retrans_segs_per_s", "number", "segments/s", "TCP segments retransmitted (`RetransSegs`)."),
+        F("tcp_out_segs_per_s", "number", "segments/s", "TCP segments sent (`OutSegs`)."),
+        F("tcp_timeouts_per_s", "number", "events/s", "TCP retransmission timeouts (`TCPTimeouts`).",
+          required=False),
+    )), "Per-NIC rates and node-wide TCP counters for the interval.", lists={"nics": NIC_COUNTERS}),
+    Topic(TOPIC_STORAGE, "storage", "node id", Record("StorageReport", (
+        F("interval_s", "number", "s", "Length of the interval the rates cover."),
+        F("devices", "list[DiskStats]", "", "One entry per block device or network mount."),
+        F("io_pressure_some_avg10", "number", "%", "PSI `io some avg10`.", required=False),
+    )), "Per-device storage figures for the interval.", lists={"devices": DISK_STATS}),
+    Topic(TOPIC_HOST, "host", "node id", Record("HostSample", (
+        F("cpu_busy_pct", "number", "%", "CPU busy (not idle, not iowait) across all cores."),
+        F("cpu_iowait_pct", "number", "%", "CPU time in iowait."),
+        F("cpu_steal_pct", "number", "%", "CPU time stolen by the hypervisor.", required=False),
+        F("cpu_count", "integer", "cores", "Online logical CPUs.", required=False),
+        F("mem_used_bytes", "integer", "bytes", "Memory in use (total − available)."),
+        F("mem_total_bytes", "integer", "bytes", "Memory in total."),
+        F("cpu_pressure_some_avg10", "number", "%", "PSI `cpu some avg10`.", required=False),
+        F("mem_pressure_some_avg10", "number", "%", "PSI `memory some avg10`.", required=False),
+        F("mem_pressure_full_avg10", "number", "%", "PSI `memory full avg10`.", required=False),
+        F("loader_cpu_pct", "number", "% of one core",
+          "CPU used by the training job's data-loader processes.", required=False),
+    )), "Host CPU and memory pressure for the interval."),
+    Topic(TOPIC_AGENT_HEALTH, "agent_health", "node id", Record("AgentHealth", (
+        F("samples", "integer", "count", "Samples taken since start."),
+        F("sent", "integer", "count", "Messages acknowledged by Kafka since start."),
+        F("spooled", "integer", "count", "Messages waiting in the on-disk spool now."),
+        F("dropped", "integer", "count", "Messages dropped past the spool bound since start."),
+        F("collector_errors", "integer", "count", "Collector errors since start."),
+    )), "The agent's own health, once per interval."),
+)
+
+_TOPIC_BY_KIND = {t.kind: t for t in TOPICS}
+_TOPIC_BY_NAME = {t.name: t for t in TOPICS}
+_RECORDS = {r.name: r for t in TOPICS for r in (t.body, *t.lists.values())}
+
+ENVELOPE: tuple[Field, ...] = (
+    F("schema", "integer", "", f"Schema version; this document describes version {SCHEMA_VERSION}."),
+    F("kind", "string", "", "Which body follows: " + ", ".join(f"`{t.kind}`" for t in TOPICS) + "."),
+    F("time", "number", "s since epoch (UTC)", "Event time: when the producer took the sample."),
+    F("node", "string", "", "The producing node (host name or topology id)."),
+)
+
+
+def topic_for_kind(kind: str) -> str:
+    """Return the topic a message of ``kind`` is published to."""
+    try:
+        return _TOPIC_BY_KIND[kind].name
+    except KeyError:
+        raise ContractError(f"unknown kind {kind!r} (valid: {', '.join(sorted(_TOPIC_BY_KIND))})",
+                            "kind") from None
+
+
+def kind_for_topic(topic: str) -> str | None:
+    """Return the ``kind`` carried by ``topic``, or None for a topic outside the contract."""
+    t = _TOPIC_BY_NAME.get(topic)
+    return t.kind if t else None
+
+
+def _check(value: Any, type_: str, path: str, errors: list[str]) -> None:
+    if type_ == "number":
+        if isinstance(value, bool) or not isinstance(value, _NUM) or not math.isfinite(value):
+            errors.append(f"{path}: must be a finite number (got {value!r})")
+    elif type_ == "integer":
+        if isinstance(value, bool) or not isinstance(value, int):
+            errors.append(f"{path}: must be an integer (got {value!r})")
+    elif type_ == "string":
+        if not isinstance(value, str) or not value:
+            errors.append(f"{path}: must be a non-empty string (got {value!r})")
+    elif type_ == "boolean":
+        if not isinstance(value, bool):
+            errors.append(f"{path}: must be true or false (got {value!r})")
+    elif type_.startswith("list["):
+        inner = type_[5:-1]
+        if not isinstance(value, list):
+            errors.append(f"{path}: must be a list (got {type(value).__name__})")
+            return
+        rec = _RECORDS.get(inner)
+        for i, item in enumerate(value):
+            if rec is not None:
+                _check_record(item, rec, f"{path}[{i}]", errors)
+            else:
+                _check(item, inner, f"{path}[{i}]", errors)
+    else:  # pragma: no cover - a typo in the tables above
+        raise AssertionError(type_)
+
+
+def _check_record(obj: Any, rec: Record, path: str, errors: list[str]) -> None:
+    if not isinstance(obj, dict):
+        errors.append(f"{path}: must be an object ({rec.name}) (got {type(obj).__name__})")
+        return
+    for f in rec.fields:
+        if f.name in obj and obj[f.name] is not None:
+            _check(obj[f.name], f.type, f"{path}.{f.name}" if path else f.name, errors)
+        elif f.required:
+            errors.append(f"{path + '.' if path else ''}{f.name}: is required ({f.type}, {f.unit or 'no unit'})")
+
+
+def validate(msg: Any, topic: str | None = None) -> dict[str, Any]:
+    """Check one decoded message against the contract and return it.
+
+    Called by the engine for every message it consumes, and by the agents'
+    publisher before sending (so a producer bug is caught at the source).  When
+    ``topic`` is given the message's ``kind`` must belong to it.  Unknown extra
+    fields are allowed (producers may add their own); missing or mistyped ones
+    raise :class:`ContractError` naming the first few problems on one line.
+    """
+    if not isinstance(msg, dict):
+        raise ContractError(f"message must be a JSON object (got {type(msg).__name__})")
+    errors: list[str] = []
+    for f in ENVELOPE:
+        if f.name not in msg:
+            errors.append(f"{f.name}: is required ({f.type})")
+        else:
+            _check(msg[f.name], f.type, f.name, errors)
+    if errors:
+        raise ContractError("; ".join(errors[:3]))
+    if msg["schema"] != SCHEMA_VERSION:
+        raise ContractError(f"unsupported schema version {msg['schema']} (this engine reads {SCHEMA_VERSION})",
+                            "schema")
+    t = _TOPIC_BY_KIND.get(msg["kind"])
+    if t is None:
+        raise ContractError(f"unknown kind {msg['kind']!r} (valid: {', '.join(sorted(_TOPIC_BY_KIND))})", "kind")
+    if topic is not None and topic != t.name:
+        raise ContractError(f"kind {t.kind!r} belongs on {t.name}, not {topic}", "kind")
+    _check_record(msg, t.body, "", errors)
+    if errors:
+        more = f" (+{len(errors) - 3} more)" if len(errors) > 3 else ""
+        raise ContractError("; ".join(errors[:3]) + more)
+    return msg
+
+
+def envelope(kind: str, node: str, time: float, **body: Any) -> dict[str, Any]:
+    """Build a message: the envelope for ``kind`` plus ``body``.  Does not validate."""
+    return {"schema": SCHEMA_VERSION, "kind": kind, "time": float(time), "node": node, **body}
+
+
+def encode(msg: Mapping[str, Any]) -> bytes:
+    """Serialise a message for Kafka (compact JSON, UTF-8)."""
+    return json.dumps(msg, separators=(",", ":"), allow_nan=False).encode()
+
+
+def decode(raw: bytes | str, topic: str | None = None) -> dict[str, Any]:
+    """Parse and validate one Kafka value; raise :class:`ContractError` on any problem."""
+    try:
+        msg = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ContractError(f"not valid JSON: {exc}") from None
+    return validate(msg, topic)
+
+
+def message_key(msg: Mapping[str, Any]) -> bytes:
+    """Return the Kafka key the contract assigns to ``msg`` (job id or node id)."""
+    t = _TOPIC_BY_KIND[msg["kind"]]
+    return str(msg["job"] if t.key == "job id" else msg["node"]).encode()
+
+
+def render_markdown() -> str:
+    """Render the field tables of ``docs/events.md`` from the contract above."""
+    out: list[str] = []
+    out.append(f"Schema version: **{SCHEMA_VERSION}**.\n")
+    out.append("### Envelope (every message)\n")
+    out.append(_table(ENVELOPE))
+    out.append("### Topics\n")
+    out.append("| topic | key | `kind` | body | what |\n|---|---|---|---|---|")
+    for t in TOPICS:
+        out.append(f"| `{t.name}`{' (compacted)' if t.compacted else ''} | {t.key} | `{t.kind}` | "
+                   f"{t.body.name} | {t.doc} |")
+    out.append(f"| `{TOPIC_DIAGNOSES}` | fingerprint | — | Diagnosis | What the engine concluded "
+               "(written by the engine; see below). |")
+    out.append(f"| `{TOPIC_DEADLETTER}` | source topic | — | DeadLetter | Messages that broke this contract, "
+               "with the reason (written by the engine). |")
+    out.append("")
+    for t in TOPICS:
+        out.append(f"### {t.body.name} — `{t.name}`\n")
+        out.append(_table(t.body.fields))
+        for rec in t.lists.values():
+            out.append(f"#### {rec.name}\n\n{rec.doc}\n")
+            out.append(_table(rec.fields))
+    return "\n".join(out)
+
+
+def _table(fields: tuple[Field, ...]) -> str:
+    rows = ["| field | type | unit | required | meaning |", "|---|---|---|---|---|"]
+    for f in fields:
+        rows.append(f"| `{f.name}` | {f.type} | {f.unit} | {'yes' if f.required else 'no'} | {f.doc} |")
+    return "\n".join(rows) + "\n"

@@ -1,0 +1,72 @@
+"""The ``whywait`` command.
+
+Each subcommand lives in its own module with two functions, ``register(parser)``
+(adds its arguments) and ``run(args) -> int`` (does the work, returns the exit
+status).  :data:`COMMANDS` is the explicit registry of them; modules are imported
+only when their subcommand runs, so ``whywait agent`` on a node never imports
+faust or slack_sdk.
+
+Errors that a user can act on (an unreachable broker, a bad rule file) derive
+from :class:`engine.errors.WhywaitError` and are printed as one line, never as a
+traceback; exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from typing import Sequence
+
+# name -> (module, one-line help).  Order is the order `whywait --help` lists them.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("engine.commands.demo", "start a local Kafka, simulate a 16-node job with a fault, print the alert"),
+    "simulate": ("agents.simulate.cli", "simulate a cluster and its jobs, publishing telemetry to Kafka"),
+    "engine": ("engine.commands.engine_cmd", "consume telemetry, evaluate the rules, publish and notify"),
+    "kafka": ("engine.localkafka.cli", "fetch, start, stop or inspect the local Kafka broker"),
+    "events": ("engine.commands.events_cmd", "print the event contract (docs/events.md)"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Return the top-level parser with every registered subcommand (imports each module)."""
+    parser = argparse.ArgumentParser(prog="whywait", description="Where does the waiting begin, and why?")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module, help_) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_, description=help_)
+        mod = importlib.import_module(module)
+        mod.register(p)
+        p.set_defaults(_run=mod.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``whywait`` console script; returns the exit status."""
+    from engine.errors import WhywaitError
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    # aiokafka and faust log a traceback per retry when a broker is down; we say it once ourselves.
+    for noisy in ("aiokafka", "kafka", "faust", "mode"):
+        logging.getLogger(noisy).setLevel(logging.CRITICAL if not args.verbose else logging.DEBUG)
+    if not getattr(args, "_run", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args._run(args) or 0)
+    except WhywaitError as exc:
+        print(f"whywait {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
