@@ -29,16 +29,17 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """Return the top-level parser with every registered subcommand (imports each module)."""
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """Return the top-level parser; only ``command``'s module is imported and registered."""
     parser = argparse.ArgumentParser(prog="whywait", description="Where does the waiting begin, and why?")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module, help_) in COMMANDS.items():
         p = sub.add_parser(name, help=help_, description=help_)
-        mod = importlib.import_module(module)
-        mod.register(p)
-        p.set_defaults(_run=mod.run)
+        if name == command:
+            mod = importlib.import_module(module)
+            mod.register(p)
+            p.set_defaults(_run=mod.run)
     return parser
 
 
@@ -47,7 +48,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from engine.errors import WhywaitError
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
+    command = next((a for a in argv if not a.startswith("-")), None)
+    parser = build_parser(command)
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
