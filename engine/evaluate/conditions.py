@@ -1,0 +1,333 @@
+"""Evaluating condition trees against the store, for one job at one event time.
+
+Called by the evaluator on every tick, once per (rule, running job).  Each leaf
+type of :data:`engine.rules.schema.CONDITION_TYPES` has an evaluation function in
+:data:`EVALUATORS`; a leaf returns a :class:`Result` naming the entities that
+matched and the evidence for each.  Leaves marked ``culprit: true`` set the
+culprit entities that later leaves with ``on: culprit``, clean checks, topology
+predicates and the topology path refer to: put them first in an ``all``.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
+
+from engine.diagnosis import Evidence
+from engine.evaluate.store import MetricStore
+from engine.rules.metrics import METRICS
+from engine.rules.schema import AllOf, AnyOf, Condition, Node, Not
+
+
+class JobView(Protocol):
+    """What the evaluator needs of a placed job (``topology.model.JobInfo`` provides it)."""
+
+    job: str
+    project: str
+    team: str
+    channel: str | None
+    ranks: dict[int, tuple[str, int]]
+
+
+@dataclass
+class Ctx:
+    """Everything one evaluation of one rule for one job can see."""
+
+    store: MetricStore
+    now: float
+    job: JobView
+    topology: Any
+    rule_id: str
+    state: dict[tuple[Any, ...], Any]  # per-condition memory (frozen baselines), owned by the evaluator
+    culprits: list[str] = field(default_factory=list)
+    culprit_level: str | None = None
+    facts: dict[str, Any] = field(default_factory=dict)  # extra template context (e.g. the other job)
+
+    # ---- entity helpers ----------------------------------------------------------------------------
+
+    def nodes(self) -> list[str]:
+        return sorted({n for n, _ in self.job.ranks.values()})
+
+    def node_of(self, entity: str) -> str:
+        """Map any entity key of this job to its node."""
+        if entity == self.job.job:
+            return entity
+        if entity.startswith(self.job.job + ":"):
+            return self.job.ranks[int(entity.rsplit(":", 1)[1])][0]
+        return entity.split("/", 1)[0]
+
+    def culprit_nodes(self) -> list[str]:
+        return sorted({self.node_of(e) for e in self.culprits})
+
+    def entities(self, level: str, on: str = "job") -> list[str]:
+        """The job's entities at ``level``; with ``on == "culprit"``, only the culprit's."""
+        job = self.job
+        only = set(self.culprit_nodes()) if on == "culprit" else None
+        if level == "job":
+            return [job.job]
+        if level == "rank":
+            return [f"{job.job}:{r}" for r, (n, _) in sorted(job.ranks.items()) if only is None or n in only]
+        if level == "gpu":
+            return sorted({f"{n}/gpu{g}" for n, g in job.ranks.values() if only is None or n in only})
+        nodes = [n for n in self.nodes() if only is None or n in only]
+        if level == "node":
+            return nodes
+        if level == "nic":
+            return self.store.nic_entities(nodes)
+        raise ValueError(level)
+
+
+@dataclass
+class Result:
+    """The outcome of a condition: whether it holds, which entities matched, and why."""
+
+    holds: bool
+    entities: list[str] = field(default_factory=list)
+    evidence: list[Evidence] = field(default_factory=list)
+
+
+def _ev(c: Condition, metric: str, entity: str, value: float, baseline: float | None, threshold: str,
+        window: float | None, note: str = "") -> Evidence:
+    return Evidence(metric=metric, entity=entity, value=round(value, 6), unit=METRICS[metric].unit if metric in
+                    METRICS else "", baseline=None if baseline is None else round(baseline, 6),
+                    threshold=threshold, window_s=window, note=note or (c.name or ""))
+
+
+def _threshold(c: Condition, ctx: Ctx) -> Result:
+    p = c.params
+    level = METRICS[p["metric"]].level
+    res = Result(False)
+    for e in ctx.entities(level, c.on):
+        v = ctx.store.value(p["metric"], e, p["agg"], ctx.now, p["window"])
+        if v is not None and p["value"](v):
+            res.entities.append(e)
+            res.evidence.append(_ev(c, p["metric"], e, v, None, f"{p['agg']} {p['value']}", p["window"]))
+    res.holds = bool(res.entities)
+    return res
+
+
+def _peer_outlier(c: Condition, ctx: Ctx) -> Result:
+    p = c.params
+    level = METRICS[p["metric"]].level
+    vals: dict[str, float] = {}
+    for e in ctx.entities(level):  # peers are always the whole job, even when judging only the culprit
+        v = ctx.store.value(p["metric"], e, p["agg"], ctx.now, p["window"])
+        if v is not None:
+            vals[e] = v
+    if len(vals) < p["min_peers"] + 1:
+        return Result(False)
+    med = statistics.median(vals.values())
+    mad = statistics.median(abs(v - med) for v in vals.values())
+    # A floor on the spread: identical peers (MAD 0) must not turn a 1% wobble into an infinite z-score.
+    scale = max(1.4826 * mad, 0.02 * abs(med), 1e-9)
+    only = set(ctx.entities(level, c.on)) if c.on == "culprit" else None
+    low = p["direction"] == "low"
+    res = Result(False)
+    for e, v in vals.items():
+        if only is not None and e not in only:
+            continue
+        if low:
+            ratio = med / v if v > 0 else math.inf
+            z = (med - v) / scale
+        else:
+            ratio = v / med if med > 0 else (math.inf if v > 0 else 1.0)
+            z = (v - med) / scale
+        if p["ratio"] is not None and not p["ratio"](ratio):
+            continue
+        if p["zscore"] is not None and not p["zscore"](z):
+            continue
+        if p["min_value"] is not None and not p["min_value"](v):
+            continue
+        res.entities.append(e)
+        thr = " and ".join(x for x in (f"ratio {p['ratio']}" if p["ratio"] else "",
+                                       f"robust z {p['zscore']}" if p["zscore"] else "") if x)
+        note = f"{ratio:.1f}x the job median, robust z {z:.1f}" if math.isfinite(ratio) else f"robust z {z:.1f}"
+        res.evidence.append(_ev(c, p["metric"], e, v, med, thr, p["window"], note))
+    res.holds = bool(res.entities)
+    return res
+
+
+def _self_history(c: Condition, ctx: Ctx) -> Result:
+    p = c.params
+    level = METRICS[p["metric"]].level
+    res = Result(False)
+    w, b = p["window"], p["baseline"]
+    for e in ctx.entities(level, c.on):
+        v = ctx.store.value(p["metric"], e, p["agg"], ctx.now, w)
+        if v is None:
+            continue
+        key = (ctx.rule_id, c.line, e)
+        frozen = ctx.state.get(key)
+        if frozen is not None:
+            base = frozen
+        else:
+            times, values = ctx.store.window(p["metric"], e, ctx.now - w - b, ctx.now - w)
+            if len(values) < p["min_baseline_points"]:
+                continue
+            base = statistics.median(values)
+        ratio = v / base if base > 0 else (math.inf if v > 0 else 1.0)
+        ok = p["ratio"](ratio) and (p["min_value"] is None or p["min_value"](v))
+        if ok:
+            # Freeze the baseline while the entity is anomalous, so a long fault does not become
+            # its own baseline and resolve itself.
+            ctx.state[key] = base
+            res.entities.append(e)
+            res.evidence.append(_ev(c, p["metric"], e, v, base, f"ratio to own baseline {p['ratio']}", w,
+                                    f"{ratio:.2f}x its own median of the previous {b:g}s"))
+        else:
+            ctx.state.pop(key, None)
+    res.holds = bool(res.entities)
+    return res
+
+
+def _trend(c: Condition, ctx: Ctx) -> Result:
+    p = c.params
+    level = METRICS[p["metric"]].level
+    n = int(p["count"])
+    res = Result(False)
+    for e in ctx.entities(level, c.on):
+        _, values = ctx.store.window(p["metric"], e, ctx.now - p["window"], ctx.now)
+        if len(values) < n + 1:
+            continue
+        tail = values[-(n + 1):]
+        if all(b > 0 and p["growth"](a / b) for b, a in zip(tail, tail[1:], strict=False)):
+            res.entities.append(e)
+            res.evidence.append(_ev(c, p["metric"], e, tail[-1], tail[0], f"each of {n} growing {p['growth']}",
+                                    p["window"], "successive values: " + ", ".join(f"{x:.3g}" for x in tail)))
+    res.holds = bool(res.entities)
+    return res
+
+
+def _absence(c: Condition, ctx: Ctx) -> Result:
+    p = c.params
+    last = ctx.store.rank_last if p["level"] == "rank" else ctx.store.node_last
+    metric = "step.since_last_s" if p["level"] == "rank" else "node.since_last_s"
+    res = Result(False)
+    for e in ctx.entities(p["level"], c.on):
+        t = last.get(e)
+        if t is None:  # never reported: the job may still be starting; that is not a silence
+            continue
+        since = ctx.now - t
+        if since >= p["for"]:
+            res.entities.append(e)
+            res.evidence.append(_ev(c, metric, e, since, None, f">= {p['for']:g}s", None, "no report since"))
+    res.holds = bool(res.entities)
+    return res
+
+
+def _event(c: Condition, ctx: Ctx) -> Result:
+    p = c.params
+    level = METRICS[p["metric"]].level
+    res = Result(False)
+    codes = set(p["codes"]) if p["codes"] else None
+    for e in ctx.entities(level, c.on):
+        _, values = ctx.store.window(p["metric"], e, ctx.now - p["window"], ctx.now)
+        # Counters carry a count per sample; XID series carry one point per occurrence with its code.
+        if p["metric"] == "gpu.xid":
+            hits = [v for v in values if codes is None or int(v) in codes]
+            n = float(len(hits))
+        else:
+            hits = []
+            n = float(sum(values))
+        if n > 0 and p["count"](n):
+            res.entities.append(e)
+            note = "codes " + ", ".join(str(int(h)) for h in hits) if hits else ""
+            res.evidence.append(_ev(c, p["metric"], e, n, None, f"count {p['count']}", p["window"], note))
+    res.holds = bool(res.entities)
+    return res
+
+
+def _topology(c: Condition, ctx: Ctx) -> Result:
+    p = c.params
+    topo = ctx.topology
+    nodes = ctx.culprit_nodes()
+    pred = p["predicate"]
+    if len(nodes) < p["min_entities"] or topo is None:
+        return Result(False)
+    if pred in ("share_switch", "share_rack", "share_pool"):
+        fn = {"share_switch": topo.common_switch, "share_rack": topo.common_rack,
+              "share_pool": topo.common_pool}[pred]
+        common = fn(nodes)
+        if common is None:
+            return Result(False)
+        ctx.facts[pred.split("_")[1]] = common
+        return Result(True, [common], [Evidence("topology", common, float(len(nodes)), "nodes",
+                                                note=f"{len(nodes)} affected node(s) share {common}")])
+    if pred == "wrong_nic":
+        hits = []
+        for nic_e in ctx.culprits:
+            node, nic = nic_e.split("/", 1)
+            served = ctx.store.nic_gpus.get(nic_e, ())
+            for g in {g for n, g in ctx.job.ranks.values() if n == node}:
+                exp = topo.expected_nic(node, g)
+                if exp and exp != nic and g not in served:
+                    hits.append((node, g, exp, nic))
+        if not hits:
+            return Result(False)
+        node, g, exp, nic = hits[0]
+        ctx.facts.update(gpu=f"{node} gpu {g}", expected_nic=exp, actual_nic=nic)
+        return Result(True, [f"{node}/gpu{g}"], [Evidence("topology", f"{node}/gpu{g}", 1.0, "",
+                      note=f"traffic of {node} gpu {g} leaves through {nic}, expected {exp}")])
+    # other_project_on_switch / other_project_on_pool: contention from another project's job.
+    where = "switch" if pred.endswith("switch") else "pool"
+    places: set[str] = set()
+    for n in nodes:
+        if where == "switch":
+            leaf = topo.leaf_of(n)
+            if leaf:
+                places.add(leaf)
+        else:
+            places.update(topo.pools_of(n))
+    for place in sorted(places):
+        others = [j for j in topo.other_jobs_sharing(ctx.job.job, place) if j.project != ctx.job.project]
+        if others:
+            o = others[0]
+            ctx.facts.update(other_job=o.job, other_project=o.project, other_team=o.team, shared=place)
+            return Result(True, [place], [Evidence("topology", place, float(len(others)), "jobs",
+                          note=f"{o.job} of project {o.project} also uses {place}")])
+    return Result(False)
+
+
+EVALUATORS: dict[str, Callable[[Condition, Ctx], Result]] = {
+    "threshold": _threshold,
+    "peer_outlier": _peer_outlier,
+    "self_history": _self_history,
+    "trend": _trend,
+    "absence": _absence,
+    "event": _event,
+    "topology": _topology,
+}
+
+
+def evaluate(node: Node, ctx: Ctx) -> Result:
+    """Evaluate a condition tree; culprit leaves update ``ctx.culprits`` as a side effect."""
+    if isinstance(node, Condition):
+        r = EVALUATORS[node.type](node, ctx)
+        if r.holds and node.culprit:
+            ctx.culprits = list(r.entities)
+            ctx.culprit_level = METRICS[node.params["metric"]].level if "metric" in node.params else \
+                node.params.get("level")
+        return r
+    if isinstance(node, Not):
+        inner = evaluate(node.item, ctx)
+        return Result(not inner.holds)
+    if isinstance(node, AllOf):
+        out = Result(True)
+        for item in node.items:
+            r = evaluate(item, ctx)
+            if not r.holds:
+                return Result(False)
+            out.entities += r.entities
+            out.evidence += r.evidence
+        return out
+    assert isinstance(node, AnyOf)
+    out = Result(False)
+    for item in node.items:
+        r = evaluate(item, ctx)
+        if r.holds:
+            out.holds = True
+            out.entities += r.entities
+            out.evidence += r.evidence
+    return out

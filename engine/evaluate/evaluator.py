@@ -1,0 +1,250 @@
+"""The evaluator: fed contract messages and event time, it returns diagnoses.
+
+Pure and synchronous: no Kafka, no faust, no Slack.  The live engine, ``whywait
+rules test``, ``whywait eval`` and replays all drive this one class, so a rule
+that passes its test behaves the same in production.
+
+Time is event time.  The watermark is the newest event time seen minus the
+allowed lateness; every ``step_s`` of watermark the evaluator runs one *tick*:
+each rule against each running job.  A rule's lifecycle follows Prometheus:
+a condition must hold ``for`` before it fires, and it keeps firing for
+``keep_firing_for`` after it stops holding.  A firing rule inhibits the rules it
+names for the same job (a root cause mutes its symptoms).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any, Iterable
+
+from engine.diagnosis import Diagnosis, Evidence, Owner
+from engine.evaluate.conditions import Ctx, Result, evaluate
+from engine.evaluate.store import MetricStore
+from engine.rules.loader import RuleSet
+from engine.rules.schema import Rule
+from engine.rules.templating import render as _render
+
+log = logging.getLogger(__name__)
+
+
+
+@dataclass
+class Incident:
+    """The lifecycle state of one (rule, grouping labels) incident."""
+
+    rule_id: str
+    fingerprint: str
+    labels: dict[str, str]
+    pending_since: float
+    last_true: float
+    firing: bool = False
+    announced: bool = False
+    signature: tuple[Any, ...] = ()
+    last: Diagnosis | None = None
+
+
+@dataclass
+class Evaluator:
+    """Holds the rules, the topology, the metric store and every incident's lifecycle."""
+
+    rules: RuleSet
+    topology: Any
+    step_s: float = 1.0
+    lateness_s: float = 2.0
+    store: MetricStore = field(default_factory=MetricStore)
+    incidents: dict[str, Incident] = field(default_factory=dict)
+    cond_state: dict[tuple[Any, ...], Any] = field(default_factory=dict)
+    next_tick: float | None = None
+    ticks: int = 0
+
+    # ---- feeding ---------------------------------------------------------------------------------
+
+    def ingest(self, msg: dict[str, Any]) -> list[Diagnosis]:
+        """Add one validated message; run every tick the watermark now passes; return their diagnoses."""
+        if msg["kind"] == "placement":
+            self._place(msg)
+        t = self.store.ingest(msg)
+        if self.next_tick is None:
+            self.next_tick = math.floor(t) + self.step_s
+        return self.advance(self.store.max_time - self.lateness_s)
+
+    def ingest_many(self, msgs: Iterable[dict[str, Any]]) -> list[Diagnosis]:
+        """Feed a batch of messages (one poll of the consumer); return all diagnoses in order."""
+        out: list[Diagnosis] = []
+        for m in msgs:
+            out += self.ingest(m)
+        return out
+
+    def advance(self, watermark: float) -> list[Diagnosis]:
+        """Run every due tick up to ``watermark`` (event time); return the diagnoses they produce."""
+        out: list[Diagnosis] = []
+        if self.next_tick is None:
+            return out
+        while self.next_tick <= watermark:
+            now = self.next_tick
+            self.store.close_buckets(now)
+            out += self.tick(now)
+            self.next_tick += self.step_s
+            self.ticks += 1
+            if self.ticks % 60 == 0:
+                self.store.trim(now)
+        return out
+
+    def _place(self, msg: dict[str, Any]) -> None:
+        job = msg["job"]
+        if msg["state"] == "finished":
+            self.topology.remove_job(job)
+            return
+        ranks = {r["rank"]: (r["node"], r["gpu"]) for r in msg["ranks"]}
+        self.topology.place_job(job, msg["project"], msg["team"], msg.get("slack_channel"), ranks)
+
+    # ---- one tick --------------------------------------------------------------------------------
+
+    def tick(self, now: float) -> list[Diagnosis]:
+        """Evaluate every rule for every running job at event time ``now``."""
+        seen: set[str] = set()
+        out: list[Diagnosis] = []
+        firing_by_job: dict[str, set[str]] = {}
+        for job in self.topology.jobs():
+            for rule in self.rules:
+                ctx = Ctx(self.store, now, job, self.topology, rule.id, self.cond_state)
+                res = evaluate(rule.when, ctx)
+                if not res.holds:
+                    continue
+                for labels, ents in self._groups(rule, ctx, res):
+                    fp = _fingerprint(rule.id, labels)
+                    seen.add(fp)
+                    inc = self.incidents.get(fp)
+                    if inc is None:
+                        inc = self.incidents[fp] = Incident(rule.id, fp, labels, pending_since=now, last_true=now)
+                    inc.last_true = now
+                    if now - inc.pending_since + 1e-9 >= rule.for_s:
+                        inc.firing = True
+                        diag = self._diagnose(rule, ctx, res, inc, ents, now)
+                        inc.last = diag
+                        firing_by_job.setdefault(job.job, set()).add(rule.id)
+        # Lifecycle: announce new or changed incidents, resolve the ones that stopped holding.
+        for fp, inc in list(self.incidents.items()):
+            rule = self.rules.rules.get(inc.rule_id)
+            if fp not in seen:
+                if rule is None or not inc.firing or now - inc.last_true >= rule.keep_firing_for_s:
+                    del self.incidents[fp]
+                    if inc.announced and inc.last is not None:
+                        out.append(replace(inc.last, status="resolved", ends_at=now))
+                continue
+            if not inc.firing or inc.last is None:
+                continue
+            job = inc.labels.get("job", "")
+            if self._inhibited(inc.rule_id, firing_by_job.get(job, set())):
+                continue
+            sig = (inc.last.severity, inc.last.ranks, inc.last.culprit, tuple(e.entity for e in inc.last.evidence))
+            if not inc.announced or sig != inc.signature:
+                inc.announced = True
+                inc.signature = sig
+                out.append(inc.last)
+        return out
+
+    def _inhibited(self, rule_id: str, firing: set[str]) -> bool:
+        return any(rule_id in self.rules.rules[r].inhibits for r in firing if r != rule_id and r in self.rules.rules)
+
+    def _groups(self, rule: Rule, ctx: Ctx, res: Result) -> list[tuple[dict[str, str], list[str]]]:
+        """Split the culprit entities into incidents by the rule's ``group_by`` labels."""
+        job = ctx.job
+        base = {"job": job.job, "project": job.project}
+        if not ctx.culprits:
+            return [({k: base[k] for k in rule.group_by if k in base}, [])]
+        groups: dict[tuple[tuple[str, str], ...], list[str]] = {}
+        for e in ctx.culprits:
+            labels = dict(base)
+            node = ctx.node_of(e)
+            if node != job.job:
+                labels["node"] = node
+                labels["switch"] = self.topology.leaf_of(node) or ""
+                labels["rack"] = self.topology.rack_of(node) or ""
+            if e.startswith(job.job + ":"):
+                labels["rank"] = e.rsplit(":", 1)[1]
+            if "/gpu" in e:
+                labels["gpu"] = e
+            key = tuple((k, labels.get(k, "")) for k in rule.group_by)
+            groups.setdefault(key, []).append(e)
+        return [(dict(k), v) for k, v in groups.items()]
+
+    # ---- building the diagnosis ------------------------------------------------------------------
+
+    def _diagnose(self, rule: Rule, ctx: Ctx, res: Result, inc: Incident, ents: list[str],
+                  now: float) -> Diagnosis:
+        job = ctx.job
+        topo = self.topology
+        ents = ents or list(ctx.culprits)
+        ctx.culprits = ents or ctx.culprits
+        nodes = sorted({ctx.node_of(e) for e in ents if ctx.node_of(e) != job.job})
+        ranks = tuple(sorted(r for r, (n, _) in job.ranks.items() if n in nodes))
+        culprit = nodes[0] if len(nodes) == 1 else (", ".join(nodes) if nodes else None)
+        ev_ents = set(ents) | set(nodes) | {job.job}
+        evidence = [e for e in res.evidence if not ents or e.entity in ev_ents or ctx.node_of(e.entity) in nodes
+                    or e.metric == "topology"]
+        if ranks:
+            path = tuple(topo.path_for_rank(job.job, ranks[0]))
+        elif nodes:
+            path = tuple(topo.path_for_node(nodes[0]))
+        else:
+            path = (f"job {job.job}",)
+        ev_by_metric: dict[str, Evidence] = {}
+        for e in evidence:
+            ev_by_metric.setdefault(e.metric, e)
+        tctx = {
+            "job": job.job, "project": job.project, "team": job.team, "channel": job.channel,
+            "culprit": culprit, "node": nodes[0] if nodes else None, "nodes": nodes,
+            "rank": ranks[0] if ranks else None, "ranks": list(ranks), "n_ranks": len(job.ranks),
+            "switch": topo.leaf_of(nodes[0]) if nodes else None, "rack": topo.rack_of(nodes[0]) if nodes else None,
+            "pools": sorted({p for n in nodes for p in topo.pools_of(n)}),
+            "ev": ev_by_metric, "evidence": evidence, "path": list(path), "labels": inc.labels, **ctx.facts,
+        }
+        clean: list[str] = []
+        confidence = rule.confidence
+        for check in rule.checks:
+            cctx = Ctx(self.store, now, job, topo, rule.id + "#check", self.cond_state, list(ctx.culprits),
+                       ctx.culprit_level)
+            name = _render(check.name, tctx)
+            if evaluate(check.when, cctx).holds:
+                confidence -= 0.15  # a symptom that should be absent is present: the story is less certain
+                evidence.append(Evidence("check", name, 1.0, note="also seen: " + name))
+            else:
+                clean.append(name)
+        owner = Owner(job.project, job.team, job.channel)
+        return Diagnosis(
+            rule_id=rule.id, fingerprint=inc.fingerprint, status="firing", severity=rule.severity,  # type: ignore[arg-type]
+            title=_render(rule.title, tctx), cause=_render(rule.cause, tctx), job=job.job, owner=owner,
+            starts_at=inc.pending_since, detected_at=now, labels={**rule.labels, **inc.labels},
+            evidence=tuple(evidence), topology_path=path, clean_checks=tuple(clean),
+            confidence=round(max(0.05, min(1.0, confidence)), 2), next_step=_render(rule.next_step, tctx),
+            culprit=culprit, ranks=ranks, runbook_url=rule.runbook_url,
+        )
+
+    # ---- durable state ---------------------------------------------------------------------------
+
+    def snapshot(self) -> dict[str, Any]:
+        """Return the incident lifecycle state as JSON-ready data (checkpointed by the engine)."""
+        return {"next_tick": self.next_tick, "incidents": [
+            {"rule_id": i.rule_id, "fingerprint": i.fingerprint, "labels": i.labels,
+             "pending_since": i.pending_since, "last_true": i.last_true, "firing": i.firing,
+             "announced": i.announced, "last": i.last.to_dict() if i.last else None}
+            for i in self.incidents.values()]}
+
+    def restore(self, snap: dict[str, Any]) -> None:
+        """Reload :meth:`snapshot` output, so a restarted engine neither re-fires nor forgets to resolve."""
+        for d in snap.get("incidents", ()):
+            last = Diagnosis.from_dict(d["last"]) if d.get("last") else None
+            inc = Incident(d["rule_id"], d["fingerprint"], d["labels"], d["pending_since"], d["last_true"],
+                           d["firing"], d["announced"], last=last)
+            if last is not None:
+                inc.signature = (last.severity, last.ranks, last.culprit, tuple(e.entity for e in last.evidence))
+            self.incidents[inc.fingerprint] = inc
+
+
+def _fingerprint(rule_id: str, labels: dict[str, str]) -> str:
+    raw = rule_id + "|" + "|".join(f"{k}={v}" for k, v in sorted(labels.items()))
+    return hashlib.sha1(raw.encode()).hexdigest()[:16]

@@ -1,0 +1,280 @@
+"""In-memory, event-time metric store fed by contract messages.
+
+The evaluator calls :meth:`MetricStore.ingest` for every decoded message and
+queries windows of it on each evaluation tick.  State is bounded by
+``retention_s`` of event time.  Nothing here knows Kafka: the same store serves
+the live engine, ``whywait rules test`` and replays.
+
+Entity keys are plain strings so they serialise compactly:
+rank ``"<job>:<rank>"``, GPU ``"<node>/gpu<i>"``, NIC ``"<node>/<nic>"``,
+node ``"<node>"``, job ``"<job>"``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import statistics
+from collections import defaultdict
+from typing import Any, Iterable, Sequence
+
+THERMAL = {"hw_thermal_slowdown", "sw_thermal_slowdown"}
+POWER = {"sw_power_cap", "hw_power_brake_slowdown"}
+_JOB_FIELDS = ("duration_s", "data_wait_s", "compute_s", "comm_s", "checkpoint_s")
+
+
+class Series:
+    """Time-ordered ``(t, value)`` points; appends are O(1) when in order, late points are inserted."""
+
+    __slots__ = ("t", "v")
+
+    def __init__(self) -> None:
+        self.t: list[float] = []
+        self.v: list[float] = []
+
+    def add(self, t: float, v: float) -> None:
+        if not self.t or t >= self.t[-1]:
+            self.t.append(t)
+            self.v.append(v)
+        else:  # a late message: keep the series sorted
+            i = bisect.bisect_right(self.t, t)
+            self.t.insert(i, t)
+            self.v.insert(i, v)
+
+    def window(self, t0: float, t1: float) -> tuple[Sequence[float], Sequence[float]]:
+        """Return the points with ``t0 < t <= t1`` as ``(times, values)``."""
+        i = bisect.bisect_right(self.t, t0)
+        j = bisect.bisect_right(self.t, t1)
+        return self.t[i:j], self.v[i:j]
+
+    def trim(self, before: float) -> None:
+        i = bisect.bisect_left(self.t, before)
+        if i:
+            del self.t[:i]
+            del self.v[:i]
+
+    def last(self) -> float | None:
+        return self.t[-1] if self.t else None
+
+
+def aggregate(agg: str, times: Sequence[float], values: Sequence[float]) -> float | None:
+    """Reduce a window's points with ``agg``; None when the window is empty."""
+    if not values:
+        return None
+    if agg == "avg":
+        return math.fsum(values) / len(values)
+    if agg == "max":
+        return max(values)
+    if agg == "min":
+        return min(values)
+    if agg == "sum":
+        return math.fsum(values)
+    if agg == "count":
+        return float(len(values))
+    if agg == "last":
+        return values[-1]
+    if agg == "median":
+        return statistics.median(values)
+    if agg in ("p90", "p95", "p99"):
+        q = int(agg[1:]) / 100
+        s = sorted(values)
+        return s[min(len(s) - 1, int(math.ceil(q * len(s))) - 1)]
+    if agg in ("rate", "delta"):
+        if len(values) < 2:
+            return 0.0
+        d = values[-1] - values[0]
+        if agg == "delta":
+            return d
+        dt = times[-1] - times[0]
+        return d / dt if dt > 0 else 0.0
+    raise ValueError(f"unknown aggregation {agg!r}")
+
+
+class MetricStore:
+    """Every metric of :mod:`engine.rules.metrics`, per entity, over the last ``retention_s``."""
+
+    def __init__(self, retention_s: float = 900.0) -> None:
+        self.retention_s = retention_s
+        self.series: dict[tuple[str, str], Series] = {}
+        self.node_last: dict[str, float] = {}
+        self.rank_last: dict[str, float] = {}
+        self.nics: dict[str, set[str]] = defaultdict(set)  # node -> NIC entity keys seen
+        self.nic_gpus: dict[str, tuple[int, ...]] = {}  # NIC entity key -> GPUs it serves
+        self.open_checkpoints: dict[tuple[str, str], float] = {}  # (job, checkpoint id) -> start time
+        # Job-level metrics are the median over ranks per second of event time: steps land in
+        # per-second buckets that are closed (reduced to their median) once the watermark passes.
+        self._buckets: dict[tuple[str, str], dict[int, list[float]]] = defaultdict(dict)
+        self.max_time = float("-inf")
+
+    # ---- writing ----------------------------------------------------------------------------------
+
+    def put(self, metric: str, entity: str, t: float, v: float) -> None:
+        s = self.series.get((metric, entity))
+        if s is None:
+            s = self.series[(metric, entity)] = Series()
+        s.add(t, v)
+
+    def ingest(self, msg: dict[str, Any]) -> float:
+        """Add one validated contract message; return its event time."""
+        t = float(msg["time"])
+        if t > self.max_time:
+            self.max_time = t
+        kind = msg["kind"]
+        node = msg["node"]
+        if kind in ("gpu", "net", "storage", "host"):
+            self.node_last[node] = max(t, self.node_last.get(node, t))
+        handler = getattr(self, f"_ingest_{kind}", None)
+        if handler is not None:
+            handler(msg, t, node)
+        return t
+
+    def _ingest_gpu(self, msg: dict[str, Any], t: float, node: str) -> None:
+        put = self.put
+        for g in msg["gpus"]:
+            e = f"{node}/gpu{g['gpu']}"
+            put("gpu.util_pct", e, t, g["util_pct"])
+            put("gpu.mem_util_pct", e, t, g["mem_util_pct"])
+            put("gpu.temp_c", e, t, g["temp_c"])
+            put("gpu.power_w", e, t, g["power_w"])
+            put("gpu.sm_clock_mhz", e, t, g["sm_clock_mhz"])
+            if g.get("sm_clock_max_mhz"):
+                put("gpu.sm_clock_ratio", e, t, g["sm_clock_mhz"] / g["sm_clock_max_mhz"])
+            if g.get("power_limit_w"):
+                put("gpu.power_ratio", e, t, g["power_w"] / g["power_limit_w"])
+            reasons = set(g.get("throttle_reasons") or ())
+            put("gpu.thermal_throttle", e, t, 1.0 if reasons & THERMAL else 0.0)
+            put("gpu.power_throttle", e, t, 1.0 if reasons & POWER else 0.0)
+            for f in ("ecc_uncorrected", "ecc_corrected", "pcie_replay", "nvlink_errors"):
+                if g.get(f) is not None:
+                    put(f"gpu.{f}", e, t, float(g[f]))
+            if g.get("remapped_rows_pending") is not None:
+                put("gpu.remapped_rows_pending", e, t, 1.0 if g["remapped_rows_pending"] else 0.0)
+            for code in g.get("xid") or ():  # one point per occurrence: a repeated XID counts twice
+                put("gpu.xid", e, t, float(code))
+
+    def _ingest_net(self, msg: dict[str, Any], t: float, node: str) -> None:
+        put = self.put
+        retrans, out = msg["tcp_retrans_segs_per_s"], msg["tcp_out_segs_per_s"]
+        put("net.tcp_retrans_segs_per_s", node, t, retrans)
+        put("net.tcp_out_segs_per_s", node, t, out)
+        put("net.tcp_retrans_ratio", node, t, retrans / out if out > 0 else 0.0)
+        if msg.get("tcp_timeouts_per_s") is not None:
+            put("net.tcp_timeouts_per_s", node, t, msg["tcp_timeouts_per_s"])
+        sums = dict.fromkeys(("rx_drops_per_s", "tx_drops_per_s", "rx_errors_per_s", "tx_errors_per_s",
+                              "rx_bytes_per_s", "tx_bytes_per_s", "carrier_changes", "symbol_errors",
+                              "xmit_wait_per_s"), 0.0)
+        down = 0
+        tx: list[float] = []
+        for n in msg["nics"]:
+            e = f"{node}/{n['nic']}"
+            self.nics[node].add(e)
+            if n.get("gpus"):
+                self.nic_gpus[e] = tuple(n["gpus"])
+            for f in sums:
+                if n.get(f) is not None:
+                    sums[f] += n[f]
+            for f in ("rx_bytes_per_s", "tx_bytes_per_s", "rx_drops_per_s", "tx_drops_per_s", "rx_errors_per_s",
+                      "xmit_wait_per_s"):
+                if n.get(f) is not None:
+                    put(f"nic.{f}", e, t, n[f])
+            put("nic.link_up", e, t, 1.0 if n["link_up"] else 0.0)
+            down += 0 if n["link_up"] else 1
+            tx.append(n["tx_bytes_per_s"])
+        for f, v in sums.items():
+            put(f"net.{f}", node, t, v)
+        put("net.links_down", node, t, float(down))
+        mean_tx = sum(tx) / len(tx) if tx else 0.0
+        put("net.tx_imbalance", node, t, max(tx) / mean_tx if mean_tx > 0 else 1.0)
+
+    def _ingest_storage(self, msg: dict[str, Any], t: float, node: str) -> None:
+        devs = msg["devices"]
+        put = self.put
+        if devs:
+            put("storage.read_latency_ms", node, t, max(d["read_latency_ms"] for d in devs))
+            put("storage.write_latency_ms", node, t, max(d["write_latency_ms"] for d in devs))
+            put("storage.read_iops", node, t, sum(d["read_iops"] for d in devs))
+            put("storage.write_iops", node, t, sum(d["write_iops"] for d in devs))
+            put("storage.read_bytes_per_s", node, t, sum(d["read_bytes_per_s"] for d in devs))
+            put("storage.write_bytes_per_s", node, t, sum(d["write_bytes_per_s"] for d in devs))
+            put("storage.queue_depth", node, t, max(d["queue_depth"] for d in devs))
+            utils = [d["util_pct"] for d in devs if d.get("util_pct") is not None]
+            if utils:
+                put("storage.util_pct", node, t, max(utils))
+        if msg.get("io_pressure_some_avg10") is not None:
+            put("storage.io_pressure", node, t, msg["io_pressure_some_avg10"])
+
+    def _ingest_host(self, msg: dict[str, Any], t: float, node: str) -> None:
+        put = self.put
+        put("host.cpu_busy_pct", node, t, msg["cpu_busy_pct"])
+        put("host.cpu_iowait_pct", node, t, msg["cpu_iowait_pct"])
+        if msg["mem_total_bytes"]:
+            put("host.mem_used_pct", node, t, 100.0 * msg["mem_used_bytes"] / msg["mem_total_bytes"])
+        for src, dst in (("cpu_steal_pct", "host.cpu_steal_pct"), ("cpu_pressure_some_avg10", "host.cpu_pressure"),
+                         ("mem_pressure_some_avg10", "host.mem_pressure"), ("loader_cpu_pct", "host.loader_cpu_pct")):
+            if msg.get(src) is not None:
+                put(dst, node, t, msg[src])
+
+    def _ingest_steps(self, msg: dict[str, Any], t: float, node: str) -> None:
+        job = msg["job"]
+        put = self.put
+        sec = int(t)
+        for s in msg["steps"]:
+            e = f"{job}:{s['rank']}"
+            self.rank_last[e] = max(t, self.rank_last.get(e, t))
+            dur = s["duration_s"]
+            for f in _JOB_FIELDS:
+                v = s.get(f)
+                if v is None:
+                    continue
+                put(f"step.{f}", e, t, v)
+                self._buckets[(job, f)].setdefault(sec, []).append(v)
+            if dur > 0:
+                for f, share in (("data_wait_s", "data_wait_share"), ("comm_s", "comm_share"),
+                                 ("compute_s", "compute_share")):
+                    self._buckets[(job, share)].setdefault(sec, []).append(s[f] / dur)
+
+    def _ingest_checkpoint(self, msg: dict[str, Any], t: float, node: str) -> None:
+        job, cid, phase = msg["job"], msg["checkpoint_id"], msg["phase"]
+        if phase == "start":
+            self.open_checkpoints[(job, cid)] = t
+            return
+        start = self.open_checkpoints.pop((job, cid), None)
+        if phase == "end":
+            dur = msg.get("duration_s")
+            if dur is None and start is not None:
+                dur = t - start
+            if dur is not None:
+                self.put("checkpoint.duration_s", job, t, float(dur))
+        elif phase == "failed":
+            self.put("checkpoint.failed", job, t, 1.0)
+
+    # ---- time -------------------------------------------------------------------------------------
+
+    def close_buckets(self, watermark: float) -> None:
+        """Reduce every per-second job bucket that ends at or before ``watermark`` to its median."""
+        for (job, f), buckets in self._buckets.items():
+            done = [sec for sec in buckets if sec + 1 <= watermark]
+            for sec in sorted(done):
+                vals = buckets.pop(sec)
+                name = f"job.{f}"
+                self.put(name, job, sec + 1.0, statistics.median(vals))
+
+    def trim(self, now: float) -> None:
+        """Forget points older than the retention; called by the evaluator now and then."""
+        cutoff = now - self.retention_s
+        for s in self.series.values():
+            s.trim(cutoff)
+
+    # ---- reading ----------------------------------------------------------------------------------
+
+    def window(self, metric: str, entity: str, t0: float, t1: float) -> tuple[Sequence[float], Sequence[float]]:
+        s = self.series.get((metric, entity))
+        return s.window(t0, t1) if s is not None else ((), ())
+
+    def value(self, metric: str, entity: str, agg: str, now: float, window_s: float) -> float | None:
+        """The ``agg`` of ``metric`` for ``entity`` over ``(now - window_s, now]``, or None if no data."""
+        times, values = self.window(metric, entity, now - window_s, now)
+        return aggregate(agg, times, values)
+
+    def nic_entities(self, nodes: Iterable[str]) -> list[str]:
+        return sorted(e for n in nodes for e in self.nics.get(n, ()))

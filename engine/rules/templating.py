@@ -1,0 +1,42 @@
+"""The one sandboxed Jinja2 environment for rule text (title, cause, next step, check names).
+
+Rule files are edited by many people; the sandbox keeps a template from reaching
+Python internals.  The loader parses every template with this environment at
+load time (so a bad one is refused with its file) and the evaluator renders with
+it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import jinja2
+from jinja2.sandbox import SandboxedEnvironment
+
+log = logging.getLogger(__name__)
+
+
+def _num(v: Any, digits: int = 1) -> str:
+    """Format a number with thousands separators; anything else as text (missing → '?')."""
+    if isinstance(v, bool):
+        return str(v)
+    if isinstance(v, (int, float)) and math.isfinite(v):
+        return f"{v:,.{digits}f}"
+    if isinstance(v, jinja2.Undefined) or v is None:
+        return "?"
+    return str(v)
+
+
+env = SandboxedEnvironment(undefined=jinja2.ChainableUndefined, autoescape=False, trim_blocks=True)
+env.filters["num"] = _num
+
+
+def render(template: str, ctx: dict[str, Any]) -> str:
+    """Render ``template`` with ``ctx``; a template error is logged and the raw template returned."""
+    try:
+        return env.from_string(template).render(**ctx).strip()
+    except jinja2.TemplateError as exc:  # a template bug must not stop the diagnosis
+        log.warning("template failed: %s", exc)
+        return template
