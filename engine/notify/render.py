@@ -1,0 +1,356 @@
+"""Render a :class:`~engine.diagnosis.Diagnosis` for Slack (Block Kit) and for a terminal (plain text).
+
+Called by the notifiers each time a message is posted or edited, and by
+``whywait notify render``.  Pure: no I/O, no slack_sdk.
+
+Every string that comes from events, labels, rule text or job names passes through
+:func:`escape_mrkdwn` before it is placed in a Slack text, so a job named
+``<!channel>`` shows as that text and pings nobody.  Only the mention this module
+adds itself (``MessageContext.mention``, from the routing configuration) is raw.
+
+The layout is meant for a phone: the first section says what is slow, why, and who
+owns it; the evidence is a short preformatted table; the rest (path, clean checks,
+next step, links, buttons) follows in that order.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from engine.diagnosis import Diagnosis, Evidence
+
+STATUS_EMOJI = {"firing": ":red_circle:", "resolved": ":large_green_circle:"}
+SEVERITY_EMOJI = {"critical": ":rotating_light:", "warning": ":warning:", "info": ":information_source:"}
+
+# action_id of each button; the interactivity endpoint dispatches on these.
+ACTION_ACK = "whywait.ack"
+ACTION_SILENCE_1H = "whywait.silence.1h"
+ACTION_SILENCE_4H = "whywait.silence.4h"
+ACTION_SILENCE_RESOLVED = "whywait.silence.until-resolved"
+ACTION_TIMELINE = "whywait.timeline"
+ACTIONS = (ACTION_ACK, ACTION_SILENCE_1H, ACTION_SILENCE_4H, ACTION_SILENCE_RESOLVED, ACTION_TIMELINE)
+
+MAX_EVIDENCE_ROWS = 8
+_SECTION_LIMIT = 2900  # Slack allows 3000 characters in a section's text
+_FALLBACK_LIMIT = 3000
+
+TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
+
+
+def escape_mrkdwn(text: object) -> str:
+    """Escape ``&``, ``<`` and ``>`` as Slack requires for any text it should not interpret.
+
+    Called on every value that does not come from whywait itself (job names,
+    labels, entities, rule text), so ``<!channel>`` or ``<@U123>`` cannot ping.
+    """
+    return str(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _code(text: object) -> str:
+    """Inline code span of untrusted text (backticks inside would end the span)."""
+    return "`" + escape_mrkdwn(str(text).replace("`", "'")) + "`"
+
+
+def _link(url: str | None, label: str) -> str | None:
+    """A mrkdwn link, or None unless ``url`` is http(s); ``|`` and ``>`` would break the syntax."""
+    if not url or not url.lower().startswith(("http://", "https://")):
+        return None
+    safe = escape_mrkdwn(url.replace("|", "%7C"))
+    return f"<{safe}|{label}>"
+
+
+def _truncate(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def fmt_number(v: float | None) -> str:
+    """A measured value short enough for a phone: ``412``, ``3.1``, ``0.0042``, ``12,345``."""
+    if v is None:
+        return "–"
+    if isinstance(v, float) and (math.isnan(v) or math.isinf(v)):
+        return str(v)
+    a = abs(v)
+    if a >= 1000:
+        return f"{v:,.0f}"
+    if a >= 100 or float(v).is_integer():
+        return f"{v:.0f}"
+    return f"{v:.3g}"
+
+
+def fmt_duration(seconds: float) -> str:
+    """``45s``, ``4m 10s``, ``2h 5m``, ``3d 4h``."""
+    s = max(0, int(round(seconds)))
+    if s < 60:
+        return f"{s}s"
+    m, s = divmod(s, 60)
+    if m < 60:
+        return f"{m}m {s}s" if s else f"{m}m"
+    h, m = divmod(m, 60)
+    if h < 24:
+        return f"{h}h {m}m" if m else f"{h}h"
+    d, h = divmod(h, 24)
+    return f"{d}d {h}h" if h else f"{d}d"
+
+
+def fmt_time(t: float) -> str:
+    """Event time as ``2025-06-01 12:03:04 UTC``."""
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t))
+
+
+def fmt_ranks(ranks: tuple[int, ...], limit: int = 12) -> str:
+    """``3, 7, 12`` or ``0–7, 9`` (runs collapsed), cut after ``limit`` items."""
+    if not ranks:
+        return ""
+    rs = sorted(set(ranks))
+    runs: list[str] = []
+    start = prev = rs[0]
+    for r in [*rs[1:], None]:
+        if r is not None and r == prev + 1:
+            prev = r
+            continue
+        runs.append(f"{start}" if start == prev else (f"{start}, {prev}" if prev == start + 1 else f"{start}–{prev}"))
+        if r is not None:
+            start = prev = r
+    if len(runs) > limit:
+        return ", ".join(runs[:limit]) + f", … ({len(rs)} ranks)"
+    return ", ".join(runs)
+
+
+def dashboard_url(template: str | None, d: Diagnosis, now: float | None = None) -> str | None:
+    """Fill the configured dashboard URL template for ``d``; None when there is no template.
+
+    Fields: ``{job}``, ``{rule_id}``, ``{fingerprint}``, ``{culprit}``, ``{severity}``,
+    ``{starts_at}`` (epoch s), ``{from_ms}`` / ``{to_ms}`` (15 min either side, ms)
+    and ``{labels[NAME]}``; values are URL-quoted.
+    """
+    if not template:
+        return None
+    end = d.ends_at if d.ends_at is not None else (now if now is not None else d.detected_at)
+    q = lambda v: quote(str(v if v is not None else ""), safe="")  # noqa: E731
+    fields: dict[str, Any] = {
+        "job": q(d.job), "rule_id": q(d.rule_id), "fingerprint": q(d.fingerprint), "culprit": q(d.culprit),
+        "severity": q(d.severity), "starts_at": int(d.starts_at),
+        "from_ms": int((d.starts_at - 900) * 1000), "to_ms": int((max(end, d.starts_at) + 900) * 1000),
+        "labels": _QuotedLabels(d.labels),
+    }
+    return template.format_map(fields)
+
+
+class _QuotedLabels(dict):  # type: ignore[type-arg]
+    def __init__(self, labels: dict[str, str]) -> None:
+        super().__init__({k: quote(str(v), safe="") for k, v in labels.items()})
+
+    def __missing__(self, key: str) -> str:
+        return ""
+
+
+@dataclass(frozen=True)
+class MessageContext:
+    """What the notifier knows beyond the diagnosis: incident key, mention, ack, silence.
+
+    ``key`` is put into the buttons' values (None: no buttons, as in a preview);
+    ``mention`` is a Slack mention such as ``<!here>`` from the routing configuration
+    (trusted, not escaped).
+    """
+
+    key: str | None = None
+    mention: str | None = None
+    members: int = 1  # diagnoses grouped into this message
+    acked_by: str | None = None
+    acked_at: float | None = None
+    silenced_by: str | None = None
+    silenced_until: float | None = None  # None with silenced_by set: until resolved
+    now: float | None = None
+    dashboard_url_template: str | None = None
+
+
+def _headline(d: Diagnosis, ctx: MessageContext) -> str:
+    status = "RESOLVED" if d.status == "resolved" else "FIRING"
+    first = f"{STATUS_EMOJI[d.status]} *{status}* · {SEVERITY_EMOJI.get(d.severity, '')} {d.severity}"
+    if ctx.mention and d.status == "firing":
+        first = f"{ctx.mention} {first}"
+    lines = [first, f"*{escape_mrkdwn(d.title)}*"]
+    if d.cause:
+        lines.append(f"*Where the waiting begins:* {escape_mrkdwn(d.cause)}")
+    if d.owner is not None:
+        lines.append(f"*Owner:* {escape_mrkdwn(d.owner.project)} · team {escape_mrkdwn(d.owner.team)}")
+    return "\n".join(lines)
+
+
+def _facts(d: Diagnosis, ctx: MessageContext) -> list[str]:
+    facts = []
+    if d.job:
+        facts.append(f"job {_code(d.job)}")
+    if d.ranks:
+        facts.append(f"rank{'s' if len(d.ranks) > 1 else ''} {fmt_ranks(d.ranks)}")
+    if d.culprit:
+        facts.append(f"culprit {_code(d.culprit)}")
+    facts.append(f"confidence {round(100 * d.confidence)}%")
+    since = f"since {fmt_time(d.starts_at)}"
+    if d.status == "resolved" and d.ends_at is not None:
+        since = f"{fmt_time(d.starts_at)} → {fmt_time(d.ends_at)} ({fmt_duration(d.ends_at - d.starts_at)})"
+    elif ctx.now is not None:
+        since += f" ({fmt_duration(ctx.now - d.starts_at)})"
+    facts.append(since)
+    if ctx.members > 1:
+        facts.append(f"{ctx.members} findings grouped")
+    return facts
+
+
+def evidence_table(evidence: tuple[Evidence, ...], *, escape: bool = True, limit: int = MAX_EVIDENCE_ROWS) -> str:
+    """The evidence as aligned plain-text rows: entity, metric, value, peers' baseline, threshold."""
+    e = escape_mrkdwn if escape else str
+    rows = [("entity", "metric", "value", "baseline", "rule")]
+    for ev in evidence[:limit]:
+        unit = f" {ev.unit}" if ev.unit else ""
+        rows.append((str(ev.entity), str(ev.metric), fmt_number(ev.value) + unit,
+                     (fmt_number(ev.baseline) + unit) if ev.baseline is not None else "–", str(ev.threshold)))
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    lines = ["  ".join(c.ljust(widths[i]) for i, c in enumerate(r)).rstrip() for r in rows]
+    if len(evidence) > limit:
+        lines.append(f"… and {len(evidence) - limit} more")
+    return e("\n".join(lines).replace("```", "'''"))
+
+
+def _status_line(d: Diagnosis, ctx: MessageContext) -> str | None:
+    parts = []
+    if ctx.acked_by:
+        at = f" at {fmt_time(ctx.acked_at)}" if ctx.acked_at is not None else ""
+        parts.append(f":eyes: Acknowledged by {escape_mrkdwn(ctx.acked_by)}{at}")
+    if ctx.silenced_by and d.status == "firing":
+        until = "until resolved" if ctx.silenced_until is None else f"until {fmt_time(ctx.silenced_until)}"
+        parts.append(f":no_bell: Silenced {until} by {escape_mrkdwn(ctx.silenced_by)}")
+    if d.status == "resolved":
+        ended = d.ends_at if d.ends_at is not None else ctx.now
+        if ended is not None:
+            parts.append(f":white_check_mark: Resolved at {fmt_time(ended)} after {fmt_duration(ended - d.starts_at)}")
+    return " · ".join(parts) or None
+
+
+def _button(text: str, action_id: str, value: str, style: str | None = None) -> dict[str, Any]:
+    b: dict[str, Any] = {"type": "button", "text": {"type": "plain_text", "text": text, "emoji": True},
+                         "action_id": action_id, "value": value}
+    if style:
+        b["style"] = style
+    return b
+
+
+def render_blocks(d: Diagnosis, ctx: MessageContext | None = None) -> list[dict[str, Any]]:
+    """Return the Block Kit blocks of the message for ``d`` (the root message of its incident)."""
+    ctx = ctx or MessageContext()
+    blocks: list[dict[str, Any]] = [
+        {"type": "section", "text": {"type": "mrkdwn", "text": _truncate(_headline(d, ctx), _SECTION_LIMIT)}},
+        {"type": "context", "elements": [{"type": "mrkdwn", "text": _truncate(" · ".join(_facts(d, ctx)), 2900)}]},
+    ]
+    if d.evidence:
+        table = _truncate(evidence_table(d.evidence), _SECTION_LIMIT - 30)
+        blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": f"*Evidence*\n```{table}```"}})
+    if d.topology_path:
+        path = " → ".join(_code(p) for p in d.topology_path)
+        blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": _truncate(f"*Path:* {path}",
+                                                                                        _SECTION_LIMIT)}})
+    if d.clean_checks:
+        checks = "  ".join(f":white_check_mark: {escape_mrkdwn(c)}" for c in d.clean_checks)
+        blocks.append({"type": "section", "text": {"type": "mrkdwn",
+                                                   "text": _truncate(f"*Checked and clean:* {checks}", _SECTION_LIMIT)}})
+    if d.next_step and d.status == "firing":
+        blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": _truncate(
+            f"*Next step:* {escape_mrkdwn(d.next_step)}", _SECTION_LIMIT)}})
+    links = [lk for lk in (_link(d.runbook_url, "Runbook"),
+                           _link(dashboard_url(ctx.dashboard_url_template, d, ctx.now), "Dashboard")) if lk]
+    status = _status_line(d, ctx)
+    context = [*links, *([status] if status else []),
+               f"rule {_code(d.rule_id)}"]
+    blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": " · ".join(context)}]})
+    if ctx.key is not None:
+        key = ctx.key[:2000]
+        if d.status == "firing":
+            elements = [
+                _button("Acknowledge", ACTION_ACK, key, "primary"),
+                _button("Silence 1h", ACTION_SILENCE_1H, key),
+                _button("Silence 4h", ACTION_SILENCE_4H, key),
+                _button("Silence until resolved", ACTION_SILENCE_RESOLVED, key),
+                _button("Show timeline", ACTION_TIMELINE, key),
+            ]
+        else:
+            elements = [_button("Show timeline", ACTION_TIMELINE, key)]
+        blocks.append({"type": "actions", "block_id": "whywait.actions", "elements": elements})
+    return blocks
+
+
+def fallback_text(d: Diagnosis, ctx: MessageContext | None = None) -> str:
+    """The message's top-level ``text``: what notifications and screen readers show."""
+    ctx = ctx or MessageContext()
+    status = "RESOLVED" if d.status == "resolved" else f"FIRING ({d.severity})"
+    owner = f" · {escape_mrkdwn(d.owner.team)}" if d.owner else ""
+    mention = f"{ctx.mention} " if ctx.mention and d.status == "firing" else ""
+    return _truncate(f"{mention}{status}: {escape_mrkdwn(d.title)}{owner}", _FALLBACK_LIMIT)
+
+
+def plain_text(d: Diagnosis, *, dashboard_url_template: str | None = None, now: float | None = None) -> str:
+    """The plain-text preview of the message (what the console notifier prints); nothing escaped."""
+    from jinja2 import Environment, FileSystemLoader, StrictUndefined
+
+    env = Environment(loader=FileSystemLoader(str(TEMPLATES_DIR)), undefined=StrictUndefined,
+                      keep_trailing_newline=False, trim_blocks=True, lstrip_blocks=True, autoescape=False)
+    tpl = env.get_template("notify_plain.txt.j2")
+    ended = d.ends_at if d.ends_at is not None else now
+    return tpl.render(
+        d=d,
+        status="RESOLVED" if d.status == "resolved" else "FIRING",
+        ranks=fmt_ranks(d.ranks),
+        since=fmt_time(d.starts_at),
+        resolved=(f"resolved at {fmt_time(ended)} after {fmt_duration(ended - d.starts_at)}"
+                  if d.status == "resolved" and ended is not None else ""),
+        evidence=evidence_table(d.evidence, escape=False) if d.evidence else "",
+        path=" -> ".join(d.topology_path),
+        dashboard=dashboard_url(dashboard_url_template, d, now) or "",
+    ).rstrip() + "\n"
+
+
+def merge(diagnoses: list[Diagnosis]) -> Diagnosis:
+    """One diagnosis standing for a group (several findings of one rule in one job):
+    the lead finding's text, with the ranks, evidence and culprits of all of them.
+
+    The lead is the most severe, then most confident, then earliest.  Firing if any
+    member still fires; resolved (ending at the last end) when all have cleared.
+    """
+    if not diagnoses:
+        raise ValueError("merge() needs at least one diagnosis")
+    if len(diagnoses) == 1:
+        return diagnoses[0]
+    order = {"critical": 0, "warning": 1, "info": 2}
+    lead = sorted(diagnoses, key=lambda x: (order.get(x.severity, 3), -x.confidence, x.starts_at))[0]
+    firing = [x for x in diagnoses if x.status == "firing"]
+    ranks = tuple(sorted({r for x in diagnoses for r in x.ranks}))
+    seen: set[tuple[str, str]] = set()
+    evidence = []
+    for x in [lead, *[y for y in diagnoses if y is not lead]]:
+        for ev in x.evidence:
+            if (ev.metric, ev.entity) not in seen:
+                seen.add((ev.metric, ev.entity))
+                evidence.append(ev)
+    culprits = sorted({x.culprit for x in diagnoses if x.culprit})
+    culprit = culprits[0] if len(culprits) == 1 else (", ".join(culprits) if culprits else None)
+    title = lead.title
+    if len(culprits) > 1:
+        title = f"{lead.title} (+{len(culprits) - 1} more: {', '.join(c for c in culprits if c != lead.culprit)})"
+    ends = [x.ends_at for x in diagnoses if x.ends_at is not None]
+    return replace(
+        lead,
+        status="firing" if firing else "resolved",
+        severity=min((x.severity for x in diagnoses), key=lambda s: order.get(s, 3)),
+        title=title,
+        ranks=ranks,
+        evidence=tuple(evidence),
+        culprit=culprit,
+        starts_at=min(x.starts_at for x in diagnoses),
+        detected_at=min(x.detected_at for x in diagnoses),
+        ends_at=None if firing else (max(ends) if ends else None),
+        confidence=max(x.confidence for x in diagnoses),
+    )

@@ -1,0 +1,57 @@
+"""Fixtures for the notifier tests: the local Slack server and diagnoses at fixed times."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Iterator
+
+import pytest
+
+from engine.diagnosis import Diagnosis, Evidence, Owner
+from tests.support.slack_server import SlackServer
+
+TOKEN = "xoxb-test-0000"
+T0 = 1_750_000_000.0  # 2025-06-15 15:06:40 UTC
+
+
+@pytest.fixture
+def slack_server() -> Iterator[SlackServer]:
+    """A local Slack Web API server with #ml-infra, #vision and #whywait; token :data:`TOKEN`."""
+    with SlackServer(channels=["#ml-infra", "#vision", "#whywait", "#incidents"], token=TOKEN) as s:
+        yield s
+
+
+@pytest.fixture
+def make_diagnosis() -> Callable[..., Diagnosis]:
+    """Factory: a firing straggler diagnosis at :data:`T0`; keyword arguments override fields."""
+
+    def make(**kw: Any) -> Diagnosis:
+        rank = kw.pop("rank", 12)
+        node = kw.pop("node", "node-07")
+        base = Diagnosis(
+            rule_id="network.straggler-retransmits",
+            fingerprint=f"network.straggler-retransmits|job=llm-70b|node={node}",
+            status="firing",
+            severity="warning",
+            title=f"Rank {rank} of llm-70b is the straggler: packet loss on {node}",
+            cause=f"{node}'s NIC drops packets; TCP retransmits 412/s against the peers' 3.1/s",
+            job="llm-70b",
+            owner=Owner(project="llm-pretrain", team="ml-infra", channel="#ml-infra"),
+            starts_at=T0,
+            detected_at=T0 + 30,
+            labels={"job": "llm-70b", "node": node, "switch": "leaf-3"},
+            evidence=(
+                Evidence("tcp_retrans_segs_per_s", node, 412.0, "/s", 3.1, "> 3x peers' median", 60),
+                Evidence("step_time_s", f"rank {rank}", 2.41, "s", 1.2, "> 1.5x peers' median", 60),
+            ),
+            topology_path=(f"rank {rank}", node, f"{node}/eth0", "leaf-3", "spine-1"),
+            clean_checks=("GPU clocks", "storage latency", "host CPU"),
+            confidence=0.87,
+            next_step=f"Drain {node} and check its NIC and cable",
+            culprit=node,
+            ranks=(rank,),
+            runbook_url="https://runbooks.example/network/straggler-retransmits",
+        )
+        return dataclasses.replace(base, **kw)
+
+    return make

@@ -1,0 +1,54 @@
+"""The first path: a firing diagnosis posts one root message; its resolution edits it."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+
+import pytest
+
+from engine.errors import NotifyError
+from engine.notify import ConsoleNotifier, SlackNotifier, make_notifier
+from tests.notify.conftest import T0, TOKEN
+
+
+def test_make_notifier_without_token_is_console() -> None:
+    out = io.StringIO()
+    n = make_notifier({}, stream=out)
+    assert isinstance(n, ConsoleNotifier)
+
+
+def test_console_prints_plain_text(make_diagnosis) -> None:
+    out = io.StringIO()
+    ConsoleNotifier(out).notify(make_diagnosis())
+    text = out.getvalue()
+    assert "[FIRING · warning] Rank 12 of llm-70b is the straggler" in text
+    assert "node-07" in text and "Next step:" in text
+
+
+def test_firing_then_resolved_is_one_root_message_edited(slack_server, make_diagnosis, tmp_path) -> None:
+    env = {"SLACK_BOT_TOKEN": TOKEN, "WHYWAIT_SLACK_API_URL": slack_server.url,
+           "WHYWAIT_NOTIFY_OUTBOX": str(tmp_path / "outbox")}
+    n = make_notifier(env)
+    assert isinstance(n, SlackNotifier)
+    d = make_diagnosis()
+    n.notify(d)
+    assert n.flush(10)
+    roots = slack_server.roots("#ml-infra")
+    assert len(roots) == 1 and "Rank 12 of llm-70b is the straggler" in roots[0].all_text
+    n.notify(dataclasses.replace(d, status="resolved", ends_at=T0 + 600))
+    n.close()
+    roots = slack_server.roots()
+    assert len(roots) == 1
+    assert "RESOLVED" in roots[0].text and roots[0].edits
+    assert any("after 10m" in m.text for m in slack_server.thread(roots[0].ts))
+
+
+def test_wrong_token_is_one_clear_error(slack_server, tmp_path) -> None:
+    env = {"SLACK_BOT_TOKEN": "xoxb-wrong", "WHYWAIT_SLACK_API_URL": slack_server.url,
+           "WHYWAIT_NOTIFY_OUTBOX": str(tmp_path / "outbox")}
+    with pytest.raises(NotifyError) as err:
+        make_notifier(env)
+    assert str(err.value) == "Slack rejected the token (invalid_auth)"
+    assert err.value.retryable is False
+    assert "xoxb-wrong" not in str(err.value)
