@@ -1,0 +1,36 @@
+"""The node agent's collectors, one module per source, and their registry.
+
+:data:`COLLECTORS` maps the name used on the command line
+(``--collectors gpu,network,storage,host``) to the class; an unknown name is an
+error listing the valid ones (:func:`collector_class`).  Every collector takes
+a ``root`` path prefix for ``/proc`` and ``/sys`` so tests run it on fixtures.
+"""
+
+from __future__ import annotations
+
+from agents.collectors.base import AgentConfigError, AgentError, Collector, CollectorOff
+from agents.collectors.dcgm import DcgmCollector
+from agents.collectors.gpu import NvmlCollector
+from agents.collectors.host import HostCollector
+from agents.collectors.network import NetworkCollector
+from agents.collectors.storage import StorageCollector
+
+COLLECTORS: dict[str, type[Collector]] = {
+    "gpu": NvmlCollector,
+    "dcgm": DcgmCollector,
+    "network": NetworkCollector,
+    "storage": StorageCollector,
+    "host": HostCollector,
+}
+
+
+def collector_class(name: str) -> type[Collector]:
+    """The collector registered as ``name``; :class:`AgentConfigError` naming the valid ones otherwise."""
+    try:
+        return COLLECTORS[name]
+    except KeyError:
+        raise AgentConfigError(f"unknown collector {name!r} (valid: {', '.join(COLLECTORS)})") from None
+
+
+__all__ = ["COLLECTORS", "AgentConfigError", "AgentError", "Collector", "CollectorOff", "DcgmCollector",
+           "HostCollector", "NetworkCollector", "NvmlCollector", "StorageCollector", "collector_class"]

@@ -1,0 +1,214 @@
+"""GPUs from an existing dcgm-exporter's ``/metrics`` (Prometheus text format).
+
+Sites that already run DCGM point the agent at its URL instead of loading NVML
+a second time.  Field names map onto the same ``gpu`` record as NVML's:
+
+============================================  =====================================
+DCGM field                                    record field
+============================================  =====================================
+DCGM_FI_DEV_GPU_UTIL                          util_pct
+DCGM_FI_DEV_MEM_COPY_UTIL                     mem_util_pct
+DCGM_FI_DEV_FB_USED (+ FREE + RESERVED), MiB  mem_used_bytes, mem_total_bytes
+DCGM_FI_DEV_GPU_TEMP                          temp_c
+DCGM_FI_DEV_POWER_USAGE                       power_w
+DCGM_FI_DEV_ENFORCED_POWER_LIMIT              power_limit_w
+DCGM_FI_DEV_SM_CLOCK / _MAX_SM_CLOCK          sm_clock_mhz / sm_clock_max_mhz
+DCGM_FI_DEV_CLOCK_THROTTLE_REASONS            throttle_reasons (or _CLOCKS_EVENT_REASONS)
+DCGM_FI_DEV_ECC_SBE_VOL_TOTAL / _DBE_         ecc_corrected / ecc_uncorrected (deltas)
+DCGM_FI_DEV_ROW_REMAP_PENDING                 remapped_rows_pending
+DCGM_FI_DEV_XID_ERRORS                        xid (see below)
+DCGM_FI_DEV_PCIE_REPLAY_COUNTER               pcie_replay (delta)
+DCGM_FI_DEV_NVLINK_*_ERROR_COUNT_TOTAL        nvlink_errors (delta of the sum)
+============================================  =====================================
+
+``DCGM_FI_DEV_XID_ERRORS`` is a gauge holding the *last* XID, so a repeated XID
+cannot be told from the same one seen again; a change of value is reported as
+one occurrence.  NVML's event API (the ``gpu`` collector) does not have this
+limit.  Label spellings ``Hostname``/``hostname`` and ``UUID``/``uuid`` are
+both accepted.
+"""
+
+from __future__ import annotations
+
+import re
+import urllib.error
+import urllib.request
+from typing import Any, Iterator
+
+from agents.collectors.base import Collector, CollectorOff
+from agents.collectors.gpu import decode_throttle
+from agents.rates import RateTracker
+
+_MIB = 1 << 20
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)(\s+\S+)?\s*$")
+_LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
+_NVLINK_ERRS = ("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL",
+                "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL")
+
+
+def parse_prometheus(text: str) -> tuple[list[tuple[str, dict[str, str], float]], int]:
+    """Prometheus text exposition → ``([(name, labels, value)], malformed line count)``."""
+    out: list[tuple[str, dict[str, str], float]] = []
+    bad = 0
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        m = _SAMPLE.match(line)
+        if not m:
+            bad += 1
+            continue
+        labels: dict[str, str] = {}
+        if m.group(3):
+            for lm in _LABEL.finditer(m.group(3)):
+                labels[lm.group(1)] = lm.group(2).replace('\\"', '"').replace("\\n", "\n").replace("\\\\", "\\")
+        try:
+            value = float(m.group(4))
+        except ValueError:
+            bad += 1
+            continue
+        out.append((m.group(1), labels, value))
+    return out, bad
+
+
+def _label(labels: dict[str, str], *names: str) -> str | None:
+    for n in names:
+        if n in labels:
+            return labels[n]
+    return None
+
+
+class DcgmCollector(Collector):
+    """Scrapes a dcgm-exporter for a ``gpu`` message.
+
+    ``hostname``, when given, keeps only series whose ``Hostname`` label
+    matches (an exporter behind a shared service may serve several nodes).
+    """
+
+    name = "dcgm"
+    kind = "gpu"
+
+    def __init__(self, url: str, root: str = "/", timeout: float = 2.0, hostname: str | None = None) -> None:
+        super().__init__(root)
+        if not url:
+            raise CollectorOff("no --dcgm-url given")
+        self.url = url
+        self.timeout = timeout
+        self.hostname = hostname
+        self.rates = RateTracker()
+        self._last_xid: dict[str, int] = {}
+        self.malformed = 0
+
+    def fetch(self) -> str:
+        try:
+            with urllib.request.urlopen(self.url, timeout=self.timeout) as resp:  # noqa: S310 - user's URL
+                return resp.read().decode("utf-8", errors="replace")
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            raise _ScrapeFailed(f"cannot scrape {self.url}: {getattr(exc, 'reason', exc)}") from None
+
+    def _by_gpu(self, samples: list[tuple[str, dict[str, str], float]]) -> Iterator[tuple[str, dict[str, Any]]]:
+        gpus: dict[str, dict[str, Any]] = {}
+        for name, labels, value in samples:
+            if not name.startswith("DCGM_FI_"):
+                continue
+            host = _label(labels, "Hostname", "hostname")
+            if self.hostname and host and host != self.hostname:
+                continue
+            gpu = _label(labels, "gpu", "GPU")
+            if gpu is None:
+                continue
+            if "GPU_I_ID" in labels and labels["GPU_I_ID"] not in ("", None):
+                continue  # per-MIG-instance series: the whole GPU's figures are on its own series
+            g = gpus.setdefault(gpu, {"_labels": labels})
+            g[name] = value
+        yield from sorted(gpus.items(), key=lambda kv: (len(kv[0]), kv[0]))
+
+    def sample(self, now: float, mono: float) -> dict[str, Any] | None:
+        try:
+            text = self.fetch()
+        except _ScrapeFailed as exc:
+            self.errors += 1
+            self.part_off("scrape", str(exc))
+            return None
+        self.part_on("scrape")
+        samples, bad = parse_prometheus(text)
+        self.errors += bad
+        self.malformed += bad
+        body: dict[str, Any] = {"gpus": []}
+        for gpu, f in self._by_gpu(samples):
+            rec = self._record(gpu, f, mono)
+            body["gpus_incomplete" if "unavailable" in rec else "gpus"].append(rec)
+        if not body.get("gpus_incomplete"):
+            body.pop("gpus_incomplete", None)
+        return body
+
+    def _record(self, gpu: str, f: dict[str, Any], mono: float) -> dict[str, Any]:
+        labels = f["_labels"]
+        try:
+            idx = int(gpu)
+        except ValueError:
+            idx = -1
+        rec: dict[str, Any] = {"gpu": idx}
+        uuid = _label(labels, "UUID", "uuid")
+        if uuid:
+            rec["uuid"] = uuid
+        if labels.get("pci_bus_id"):
+            rec["pci_bus_id"] = labels["pci_bus_id"]
+        host = _label(labels, "Hostname", "hostname")
+        if host:
+            rec["hostname"] = host
+
+        def put(field: str, dcgm: str, scale: float = 1.0) -> None:
+            if dcgm in f:
+                rec[field] = round(f[dcgm] * scale, 3)
+
+        put("util_pct", "DCGM_FI_DEV_GPU_UTIL")
+        put("mem_util_pct", "DCGM_FI_DEV_MEM_COPY_UTIL")
+        if "DCGM_FI_DEV_FB_USED" in f:
+            rec["mem_used_bytes"] = int(f["DCGM_FI_DEV_FB_USED"] * _MIB)
+            parts = [f.get(k) for k in ("DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_RESERVED")]
+            if parts[1] is not None:
+                rec["mem_total_bytes"] = int(sum(p for p in parts if p is not None) * _MIB)
+        if "DCGM_FI_DEV_FB_TOTAL" in f:
+            rec["mem_total_bytes"] = int(f["DCGM_FI_DEV_FB_TOTAL"] * _MIB)
+        put("temp_c", "DCGM_FI_DEV_GPU_TEMP")
+        put("power_w", "DCGM_FI_DEV_POWER_USAGE")
+        put("power_limit_w", "DCGM_FI_DEV_ENFORCED_POWER_LIMIT")
+        put("sm_clock_mhz", "DCGM_FI_DEV_SM_CLOCK")
+        put("sm_clock_max_mhz", "DCGM_FI_DEV_MAX_SM_CLOCK")
+        mask = f.get("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", f.get("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS"))
+        rec["throttle_reasons"] = decode_throttle(int(mask)) if mask is not None else []
+        u = self.rates.update
+        key = rec.get("uuid") or gpu
+        for field, dcgm in (("ecc_corrected", "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL"),
+                            ("ecc_uncorrected", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"),
+                            ("pcie_replay", "DCGM_FI_DEV_PCIE_REPLAY_COUNTER")):
+            if dcgm in f:
+                d = u((key, field), int(f[dcgm]), mono)
+                rec[field] = d.delta or 0
+        nvl = [f[k] for k in _NVLINK_ERRS if k in f]
+        if nvl:
+            d = u((key, "nvlink"), int(sum(nvl)), mono)
+            rec["nvlink_errors"] = d.delta or 0
+        if "DCGM_FI_DEV_ROW_REMAP_PENDING" in f:
+            rec["remapped_rows_pending"] = bool(f["DCGM_FI_DEV_ROW_REMAP_PENDING"])
+        if "DCGM_FI_DEV_ROW_REMAP_FAILURE" in f:
+            rec["remapped_rows_failed"] = bool(f["DCGM_FI_DEV_ROW_REMAP_FAILURE"])
+        if "DCGM_FI_DEV_XID_ERRORS" in f:
+            last = int(f["DCGM_FI_DEV_XID_ERRORS"])
+            prev = self._last_xid.get(key)
+            self._last_xid[key] = last
+            rec["xid"] = [last] if last and prev is not None and last != prev else []
+        for k, field in (("DCGM_FI_PROF_PCIE_TX_BYTES", "pcie_tx_bytes_per_s"),
+                         ("DCGM_FI_PROF_PCIE_RX_BYTES", "pcie_rx_bytes_per_s")):
+            if k in f:
+                rec[field] = int(f[k])
+        missing = [k for k in ("util_pct", "mem_util_pct", "mem_used_bytes", "mem_total_bytes", "temp_c",
+                               "power_w", "sm_clock_mhz") if k not in rec]
+        if missing:
+            rec["unavailable"] = missing
+        return rec
+
+
+class _ScrapeFailed(Exception):
+    """One scrape failed; the next interval tries again."""

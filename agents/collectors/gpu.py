@@ -1,0 +1,272 @@
+"""GPUs through NVML (the ``nvidia-ml-py`` package, imported as ``pynvml``).
+
+NVML is initialised once and its device handles reused; nothing runs
+``nvidia-smi``.  XID errors come from NVML's event API: an event set registered
+for ``nvmlEventTypeXidCriticalError`` on every GPU is drained without waiting
+(timeout 0) each interval, so a repeated XID is reported once per occurrence.
+
+Counters (volatile ECC, PCIe replays, NVLink errors) become per-interval
+counts.  A query a GPU does not support (``NVMLError_NotSupported``: no NVLink
+on an L40S, no utilisation under MIG) is remembered and not asked again.
+
+Tests pass a module-like fake as ``nvml``; the real library is imported only
+when none is given.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agents.collectors.base import Collector, CollectorOff
+from agents.rates import RateTracker
+
+# Clock-event (throttle) reason bits, as in nvml.h, and the names events.py documents.
+THROTTLE_REASONS: tuple[tuple[int, str], ...] = (
+    (0x0001, "gpu_idle"),
+    (0x0002, "applications_clocks_setting"),
+    (0x0004, "sw_power_cap"),
+    (0x0008, "hw_slowdown"),
+    (0x0010, "sync_boost"),
+    (0x0020, "sw_thermal_slowdown"),
+    (0x0040, "hw_thermal_slowdown"),
+    (0x0080, "hw_power_brake_slowdown"),
+    (0x0100, "display_clock_setting"),
+)
+
+# NVML constants, spelled out so a fake needs only the functions.
+_TEMPERATURE_GPU = 0
+_CLOCK_SM = 1
+_MEMORY_ERROR_CORRECTED = 0
+_MEMORY_ERROR_UNCORRECTED = 1
+_VOLATILE_ECC = 0
+_PCIE_TX_BYTES = 0
+_PCIE_RX_BYTES = 1
+_XID_CRITICAL = 0x0000000000000008
+_NVLINK_MAX_LINKS = 18
+_NVLINK_ERRORS = (0, 1, 2, 3)  # DL_REPLAY, DL_RECOVERY, DL_CRC_FLIT, DL_CRC_DATA
+
+
+def decode_throttle(mask: int) -> list[str]:
+    """Clock-event reason bitmask → the contract's names, in bit order."""
+    return [name for bit, name in THROTTLE_REASONS if mask & bit]
+
+
+class NvmlCollector(Collector):
+    """Samples every GPU for a ``gpu`` message.
+
+    ``nvml`` is the NVML binding (``pynvml``) or a fake with the same
+    functions.  Without a driver the collector turns itself off with one line,
+    ``GPU collector off: <why>``, and the agent's other collectors run.
+    """
+
+    name = "gpu"
+    kind = "gpu"
+
+    def __init__(self, root: str = "/", nvml: Any = None) -> None:
+        super().__init__(root)
+        self.rates = RateTracker()
+        self.handles: list[Any] = []
+        self.uuids: list[str | None] = []
+        self.bus_ids: list[str | None] = []
+        self._max_sm: list[float | None] = []
+        self._nvlinks: list[list[int]] = []
+        self._unsupported: set[tuple[int, str]] = set()
+        self._events: Any = None
+        self._inited = False
+        self.nvml = nvml
+        try:
+            self._init()
+        except CollectorOff as exc:
+            self.turn_off(str(exc))
+
+    def _init(self) -> None:
+        if self.nvml is None:
+            try:
+                import pynvml  # noqa: PLC0415 - optional dependency, imported only on GPU nodes
+            except ImportError:
+                raise CollectorOff("nvidia-ml-py is not installed (pip install 'whywait[gpu]')") from None
+            self.nvml = pynvml
+        n = self.nvml
+        try:
+            n.nvmlInit()
+        except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, NoPermission...
+            raise CollectorOff(f"NVML did not start: {_why(exc)}") from None
+        self._inited = True
+        try:
+            count = n.nvmlDeviceGetCount()
+        except Exception as exc:
+            raise CollectorOff(f"NVML could not count GPUs: {_why(exc)}") from None
+        if count == 0:
+            raise CollectorOff("NVML sees no GPUs")
+        for i in range(count):
+            h = n.nvmlDeviceGetHandleByIndex(i)
+            self.handles.append(h)
+            self.uuids.append(_str(self._try(i, "uuid", n.nvmlDeviceGetUUID, h)))
+            pci = self._try(i, "pci", n.nvmlDeviceGetPciInfo, h)
+            self.bus_ids.append(_str(getattr(pci, "busId", None)) if pci is not None else None)
+            mx = self._try(i, "max_sm", n.nvmlDeviceGetMaxClockInfo, h, _CLOCK_SM)
+            self._max_sm.append(float(mx) if mx is not None else None)
+            links = []
+            for link in range(_NVLINK_MAX_LINKS):
+                try:
+                    if n.nvmlDeviceGetNvLinkState(h, link):
+                        links.append(link)
+                except Exception:
+                    break  # NotSupported (no NVLink) or InvalidArgument (past the last link)
+            self._nvlinks.append(links)
+        try:
+            self._events = n.nvmlEventSetCreate()
+        except Exception as exc:
+            self.part_off("xid", f"no NVML event set: {_why(exc)}")
+            return
+        registered = 0
+        for i, h in enumerate(self.handles):
+            try:
+                n.nvmlDeviceRegisterEvents(h, _XID_CRITICAL, self._events)
+                registered += 1
+            except Exception as exc:
+                self.part_off(f"xid gpu {i}", f"XID events not available: {_why(exc)}")
+        if not registered:
+            self.part_off("xid", "no GPU accepts XID event registration")
+
+    def _try(self, i: int, what: str, fn: Any, *args: Any) -> Any:
+        """Call an NVML query, remembering per GPU what it does not support."""
+        if (i, what) in self._unsupported:
+            return None
+        try:
+            return fn(*args)
+        except Exception as exc:
+            if "NotSupported" in type(exc).__name__ or "Not Supported" in str(exc):
+                self._unsupported.add((i, what))
+            else:
+                self.errors += 1
+            return None
+
+    def _xids(self) -> dict[int, list[int]]:
+        """Drain the event set without waiting: every XID since the last call, by GPU index."""
+        out: dict[int, list[int]] = {}
+        if self._events is None:
+            return out
+        n = self.nvml
+        for _ in range(10_000):  # bounded: a storm of events must not stall the agent
+            try:
+                data = n.nvmlEventSetWait_v2(self._events, 0)
+            except Exception as exc:
+                if "Timeout" not in type(exc).__name__ and "Timeout" not in str(exc):
+                    self.errors += 1
+                break
+            if not (data.eventType & _XID_CRITICAL):
+                continue
+            try:
+                idx = n.nvmlDeviceGetIndex(data.device)
+            except Exception:
+                idx = self._index_of(data.device)
+            out.setdefault(idx, []).append(int(data.eventData))
+        return out
+
+    def _index_of(self, handle: Any) -> int:
+        for i, h in enumerate(self.handles):
+            if h is handle or h == handle:
+                return i
+        return -1
+
+    def _gpu(self, i: int, h: Any, mono: float, xids: list[int]) -> dict[str, Any]:
+        n = self.nvml
+        util = self._try(i, "util", n.nvmlDeviceGetUtilizationRates, h)
+        mem = self._try(i, "mem", n.nvmlDeviceGetMemoryInfo, h)
+        temp = self._try(i, "temp", n.nvmlDeviceGetTemperature, h, _TEMPERATURE_GPU)
+        power = self._try(i, "power", n.nvmlDeviceGetPowerUsage, h)
+        sm = self._try(i, "sm_clock", n.nvmlDeviceGetClockInfo, h, _CLOCK_SM)
+        rec: dict[str, Any] = {"gpu": i}
+        if self.uuids[i]:
+            rec["uuid"] = self.uuids[i]
+        if self.bus_ids[i]:
+            rec["pci_bus_id"] = self.bus_ids[i]
+        # Under MIG the whole-GPU utilisation is not available (nvidia-smi: [N/A]).
+        rec["util_pct"] = float(util.gpu) if util is not None else None
+        rec["mem_util_pct"] = float(util.memory) if util is not None else None
+        if mem is not None:
+            rec["mem_used_bytes"] = int(mem.used)
+            rec["mem_total_bytes"] = int(mem.total)
+        rec["temp_c"] = float(temp) if temp is not None else None
+        rec["power_w"] = round(power / 1000.0, 3) if power is not None else None
+        limit = self._try(i, "power_limit", n.nvmlDeviceGetEnforcedPowerLimit, h)
+        if limit is not None:
+            rec["power_limit_w"] = round(limit / 1000.0, 3)
+        rec["sm_clock_mhz"] = float(sm) if sm is not None else None
+        if self._max_sm[i] is not None:
+            rec["sm_clock_max_mhz"] = self._max_sm[i]
+        reasons_fn = getattr(n, "nvmlDeviceGetCurrentClocksEventReasons", None) \
+            or n.nvmlDeviceGetCurrentClocksThrottleReasons
+        mask = self._try(i, "throttle", reasons_fn, h)
+        rec["throttle_reasons"] = decode_throttle(int(mask)) if mask is not None else []
+        u = self.rates.update
+        for field, etype in (("ecc_corrected", _MEMORY_ERROR_CORRECTED), ("ecc_uncorrected", _MEMORY_ERROR_UNCORRECTED)):
+            v = self._try(i, field, n.nvmlDeviceGetTotalEccErrors, h, etype, _VOLATILE_ECC)
+            if v is not None:
+                d = u((i, field), int(v), mono)
+                rec[field] = d.delta if d.delta is not None else 0
+        rows = self._try(i, "remapped_rows", n.nvmlDeviceGetRemappedRows, h)
+        if rows is not None:
+            rec["remapped_rows_pending"] = bool(rows[2])
+            rec["remapped_rows_failed"] = bool(rows[3])
+        rec["xid"] = xids
+        replay = self._try(i, "pcie_replay", n.nvmlDeviceGetPcieReplayCounter, h)
+        if replay is not None:
+            d = u((i, "pcie_replay"), int(replay), mono)
+            rec["pcie_replay"] = d.delta if d.delta is not None else 0
+        for field, counter in (("pcie_tx_bytes_per_s", _PCIE_TX_BYTES), ("pcie_rx_bytes_per_s", _PCIE_RX_BYTES)):
+            kb = self._try(i, field, n.nvmlDeviceGetPcieThroughput, h, counter)
+            if kb is not None:
+                rec[field] = int(kb) * 1024  # NVML reports KB/s over a 20 ms window
+        if self._nvlinks[i]:
+            total = 0
+            for link in self._nvlinks[i]:
+                for counter in _NVLINK_ERRORS:
+                    v = self._try(i, f"nvlink{link}.{counter}", n.nvmlDeviceGetNvLinkErrorCounter, h, link, counter)
+                    total += int(v or 0)
+            d = u((i, "nvlink"), total, mono)
+            rec["nvlink_errors"] = d.delta if d.delta is not None else 0
+        missing = [k for k in ("util_pct", "mem_util_pct", "temp_c", "power_w", "sm_clock_mhz")
+                   if rec.get(k) is None] + (["mem_used_bytes"] if mem is None else [])
+        if missing:
+            rec["unavailable"] = missing
+            for k in missing:
+                rec.pop(k, None)
+        return rec
+
+    def sample(self, now: float, mono: float) -> dict[str, Any] | None:
+        xids = self._xids()
+        body: dict[str, Any] = {"gpus": []}
+        for i, h in enumerate(self.handles):
+            rec = self._gpu(i, h, mono, xids.get(i, []))
+            if rec is None:
+                continue
+            # A GPU lacking a field the contract requires (utilisation under MIG) travels in
+            # an extra list, so the message stays valid and its XIDs and ECC counts are kept.
+            body["gpus_incomplete" if "unavailable" in rec else "gpus"].append(rec)
+        if not body.get("gpus_incomplete"):
+            body.pop("gpus_incomplete", None)
+        return body
+
+    def close(self) -> None:
+        if not self._inited:
+            return
+        try:
+            if self._events is not None:
+                self.nvml.nvmlEventSetFree(self._events)
+            self.nvml.nvmlShutdown()
+        except Exception:
+            pass
+        self._inited = False
+
+
+def _why(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    return f"{type(exc).__name__}: {text}" if type(exc).__name__ not in text else text
+
+
+def _str(v: Any) -> str | None:
+    if v is None:
+        return None
+    return v.decode() if isinstance(v, bytes) else str(v)

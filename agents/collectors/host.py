@@ -1,0 +1,205 @@
+"""Host CPU, memory and pressure, and the CPU of the training job's data loaders.
+
+Sources: ``/proc/stat`` (busy, iowait, steal), ``/proc/meminfo``,
+``/proc/pressure/{cpu,memory}`` and, when the training job's PIDs are known,
+the CPU time of their child processes (the data-loader workers) from
+``/proc/<pid>/stat``.  Children are found through
+``/proc/<pid>/task/*/children`` (``CONFIG_PROC_CHILDREN``) or, failing that, by
+scanning every ``/proc/*/stat`` for its parent PID.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Iterable
+
+from agents.collectors.base import Collector, CollectorOff, parse_psi
+
+_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+class HostCollector(Collector):
+    """Samples ``/proc`` for a ``host`` message.
+
+    ``pids`` are the training processes whose children's CPU is reported as
+    ``loader_cpu_pct``; the agent adds the PIDs the training module reports.
+    """
+
+    name = "host"
+    kind = "host"
+
+    def __init__(self, root: str = "/", pids: Iterable[int] = ()) -> None:
+        super().__init__(root)
+        self.pids: set[int] = set(pids)
+        self._prev_cpu: list[int] | None = None
+        self._prev_loader: dict[int, int] = {}
+        self._prev_mono: float | None = None
+        self._children_via_task = True
+
+    # --- /proc/stat --------------------------------------------------------
+    def _cpu(self) -> tuple[list[int], int]:
+        text = self.read("/proc/stat")
+        if text is None:
+            raise CollectorOff(f"cannot read {self.path('/proc/stat')}")
+        total: list[int] | None = None
+        count = 0
+        for line in text.splitlines():
+            if not line.startswith("cpu"):
+                continue
+            fields = line.split()
+            try:
+                values = [int(v) for v in fields[1:11]]
+            except ValueError:
+                self.errors += 1
+                continue
+            if fields[0] == "cpu":
+                if len(values) < 4:
+                    self.errors += 1
+                    continue
+                total = values + [0] * (10 - len(values))
+            else:
+                count += 1
+        if total is None:
+            raise CollectorOff(f"no 'cpu' line in {self.path('/proc/stat')}")
+        return total, count
+
+    def _meminfo(self) -> tuple[int, int] | None:
+        text = self.read("/proc/meminfo", part="meminfo")
+        if text is None:
+            return None
+        kb: dict[str, int] = {}
+        for line in text.splitlines():
+            key, _, rest = line.partition(":")
+            parts = rest.split()
+            if not parts:
+                continue
+            try:
+                kb[key] = int(parts[0])
+            except ValueError:
+                self.errors += 1
+        if "MemTotal" not in kb:
+            self.part_off("meminfo", "no MemTotal in /proc/meminfo")
+            return None
+        avail = kb.get("MemAvailable")
+        if avail is None:  # kernels before 3.14
+            avail = kb.get("MemFree", 0) + kb.get("Buffers", 0) + kb.get("Cached", 0)
+        total = kb["MemTotal"] * 1024
+        return max(total - avail * 1024, 0), total
+
+    # --- data-loader processes ---------------------------------------------
+    def _proc_ticks(self, pid: int) -> tuple[int, int] | None:
+        """``(ppid, utime+stime)`` of one process, None if it is gone or malformed."""
+        try:
+            with open(self.path(f"/proc/{pid}/stat"), encoding="utf-8", errors="replace") as fh:
+                text = fh.read()
+        except OSError:
+            return None
+        # The command name sits in parentheses and may hold spaces and ')'.
+        rest = text[text.rfind(")") + 2:].split()
+        try:
+            return int(rest[1]), int(rest[11]) + int(rest[12])
+        except (IndexError, ValueError):
+            self.errors += 1
+            return None
+
+    def children(self, pid: int) -> set[int]:
+        """Every descendant of ``pid`` (the loader workers and their helpers)."""
+        found: set[int] = set()
+        frontier = [pid]
+        if self._children_via_task:
+            while frontier:
+                p = frontier.pop()
+                try:
+                    tasks = os.listdir(self.path(f"/proc/{p}/task"))
+                except OSError:
+                    continue
+                for tid in tasks:
+                    try:
+                        with open(self.path(f"/proc/{p}/task/{tid}/children")) as fh:
+                            kids = [int(k) for k in fh.read().split()]
+                    except FileNotFoundError:
+                        self._children_via_task = False  # no CONFIG_PROC_CHILDREN: scan instead
+                        return self.children(pid)
+                    except (OSError, ValueError):
+                        continue
+                    for k in kids:
+                        if k not in found:
+                            found.add(k)
+                            frontier.append(k)
+            return found
+        parents: dict[int, list[int]] = {}
+        try:
+            entries = os.listdir(self.path("/proc"))
+        except OSError:
+            return found
+        for name in entries:
+            if not name.isdigit():
+                continue
+            info = self._proc_ticks(int(name))
+            if info is not None:
+                parents.setdefault(info[0], []).append(int(name))
+        while frontier:
+            for k in parents.get(frontier.pop(), ()):
+                if k not in found:
+                    found.add(k)
+                    frontier.append(k)
+        return found
+
+    def _loader_cpu_pct(self, dt: float | None) -> float | None:
+        if not self.pids:
+            return None
+        ticks: dict[int, int] = {}
+        for pid in list(self.pids):
+            if not os.path.exists(self.path(f"/proc/{pid}")):
+                self.pids.discard(pid)  # the training process ended
+                continue
+            for child in self.children(pid):
+                info = self._proc_ticks(child)
+                if info is not None:
+                    ticks[child] = info[1]
+        used = 0
+        for child, t in ticks.items():
+            prev = self._prev_loader.get(child)
+            if prev is not None and t >= prev:
+                used += t - prev
+        self._prev_loader = ticks
+        if dt is None or dt <= 0:
+            return None
+        return 100.0 * used / _CLK_TCK / dt
+
+    # --- the sample --------------------------------------------------------
+    def sample(self, now: float, mono: float) -> dict[str, Any] | None:
+        cpu, count = self._cpu()
+        prev, self._prev_cpu = self._prev_cpu, cpu
+        dt = None if self._prev_mono is None else mono - self._prev_mono
+        self._prev_mono = mono
+        loader = self._loader_cpu_pct(dt)
+        mem = self._meminfo()
+        if prev is None or mem is None:
+            return None
+        # user nice system idle iowait irq softirq steal guest guest_nice; guest time is already in user.
+        d = [max(c - p, 0) for c, p in zip(cpu, prev)]
+        total = sum(d[:8])
+        if total <= 0:
+            return None
+        body: dict[str, Any] = {
+            "cpu_busy_pct": round(100.0 * (total - d[3] - d[4]) / total, 3),
+            "cpu_iowait_pct": round(100.0 * d[4] / total, 3),
+            "cpu_steal_pct": round(100.0 * d[7] / total, 3),
+            "mem_used_bytes": mem[0],
+            "mem_total_bytes": mem[1],
+        }
+        if count:
+            body["cpu_count"] = count
+        psi_cpu = parse_psi(self.read("/proc/pressure/cpu", part="cpu pressure"))
+        psi_mem = parse_psi(self.read("/proc/pressure/memory", part="memory pressure"))
+        if "some_avg10" in psi_cpu:
+            body["cpu_pressure_some_avg10"] = psi_cpu["some_avg10"]
+        if "some_avg10" in psi_mem:
+            body["mem_pressure_some_avg10"] = psi_mem["some_avg10"]
+        if "full_avg10" in psi_mem:
+            body["mem_pressure_full_avg10"] = psi_mem["full_avg10"]
+        if loader is not None:
+            body["loader_cpu_pct"] = round(loader, 3)
+            body["loader_pids"] = sorted(self.pids)
+        return body
