@@ -31,6 +31,10 @@ log = logging.getLogger(__name__)
 
 
 
+# Inputs every node sends every interval: the watermark waits for all of them.
+_PERIODIC = frozenset({"gpu", "net", "storage", "host", "steps"})
+
+
 @dataclass
 class Incident:
     """The lifecycle state of one (rule, grouping labels) incident."""
@@ -57,8 +61,10 @@ class Evaluator:
     store: MetricStore = field(default_factory=MetricStore)
     incidents: dict[str, Incident] = field(default_factory=dict)
     cond_state: dict[tuple[Any, ...], Any] = field(default_factory=dict)
+    idle_s: float = 60.0
     next_tick: float | None = None
     ticks: int = 0
+    kind_max: dict[str, float] = field(default_factory=dict)
 
     # ---- feeding ---------------------------------------------------------------------------------
 
@@ -67,9 +73,25 @@ class Evaluator:
         if msg["kind"] == "placement":
             self._place(msg)
         t = self.store.ingest(msg)
+        kind = msg["kind"]
+        if kind in _PERIODIC and t > self.kind_max.get(kind, -math.inf):
+            self.kind_max[kind] = t
         if self.next_tick is None:
             self.next_tick = math.floor(t) + self.step_s
-        return self.advance(self.store.max_time - self.lateness_s)
+        return self.advance(self.watermark())
+
+    def watermark(self) -> float:
+        """Event time up to which every input is complete (minus the allowed lateness).
+
+        The minimum over the periodic inputs, as in Flink: when the consumer catches up on a
+        backlog, one topic can run minutes ahead of another, and evaluating at the fastest
+        topic's time would see steps without their network samples.  An input lagging the
+        newest by more than ``idle_s`` (a collector that is off) no longer holds time back.
+        """
+        if not self.kind_max:
+            return self.store.max_time - self.lateness_s
+        top = max(self.kind_max.values())
+        return min(t for t in self.kind_max.values() if top - t <= self.idle_s) - self.lateness_s
 
     def ingest_many(self, msgs: Iterable[dict[str, Any]]) -> list[Diagnosis]:
         """Feed a batch of messages (one poll of the consumer); return all diagnoses in order."""
@@ -94,12 +116,8 @@ class Evaluator:
         return out
 
     def _place(self, msg: dict[str, Any]) -> None:
-        job = msg["job"]
-        if msg["state"] == "finished":
-            self.topology.remove_job(job)
-            return
-        ranks = {r["rank"]: (r["node"], r["gpu"]) for r in msg["ranks"]}
-        self.topology.place_job(job, msg["project"], msg["team"], msg.get("slack_channel"), ranks)
+        """Apply a placement to the topology; a placement naming unknown nodes raises TopologyError."""
+        self.topology.apply_placement(msg)
 
     # ---- one tick --------------------------------------------------------------------------------
 

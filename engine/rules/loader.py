@@ -121,7 +121,7 @@ def load_rules(paths: Iterable[str | Path]) -> RuleSet:
     for rule in rules.values():
         for i, target in enumerate(rule.inhibits):
             if target not in rules:
-                errors.append(RuleSchemaError(rule.file, 0, rule.id, f"inhibits[{i}]",
+                errors.append(RuleSchemaError(rule.file, rule.inhibits_line, rule.id, f"inhibits[{i}]",
                                               f"must name a loaded rule (got {target!r})"))
     if errors:
         raise RuleLoadError(errors)

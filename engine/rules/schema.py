@@ -116,6 +116,7 @@ class Rule:
     labels: dict[str, str] = field(default_factory=dict)
     runbook_url: str | None = None
     layer: str = "compute"  # data | communication | checkpoint | compute | availability
+    inhibits_line: int = 0  # where `inhibits` stands, for the loader's cross-rule errors
 
 
 # ---- field kinds -------------------------------------------------------------------------------
@@ -394,7 +395,8 @@ def parse_rule(data: Any, file: str, lines: dict[Path_, int], macros: dict[str, 
     return Rule(id=rid, file=file, title=data["title"], cause=data["cause"], next_step=data["next_step"],
                 severity=sev, confidence=float(conf), when=when, for_s=for_s, keep_firing_for_s=kff,
                 group_by=tuple(group_by), checks=tuple(checks), inhibits=tuple(inhibits),
-                labels=dict(labels), runbook_url=runbook, layer=layer), []
+                labels=dict(labels), runbook_url=runbook, layer=layer,
+                inhibits_line=line_of(lines, ("inhibits",))), []
 
 
 def leaves(node: Node) -> list[Condition]:

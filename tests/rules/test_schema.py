@@ -1,0 +1,96 @@
+"""The rule schema: malformed rules are refused with file, line, rule id, key path, expected vs got."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from engine.rules.loader import RuleLoadError, load_rules
+
+GOOD = """\
+apiVersion: whywait/v1
+id: network.test-rule
+title: "{{ job }} slow"
+cause: "because"
+next_step: "look"
+when:
+  all:
+    - type: peer_outlier
+      metric: net.tcp_retrans_segs_per_s
+      window: 5s
+      ratio: "> 10"
+      culprit: true
+    - type: self_history
+      metric: job.comm_s
+      ratio: "> 1.3"
+"""
+
+# Each malformed rule is paired with the exact error lines it must produce.
+CASES = [
+    ("window-not-duration", GOOD.replace("window: 5s", "window: 5"),
+     ["{f}:10: rule 'network.test-rule': 'when.all[0].window' must be a duration like '60s' "
+      "(units ms, s, m, h) (got 5)"]),
+    ("unknown-key", GOOD.replace("ratio: \"> 10\"", "ratio: \"> 10\"\n      threshold: 3"),
+     ["{f}:12: rule 'network.test-rule': 'when.all[0].threshold' is not a parameter of 'peer_outlier' "
+      "(valid: agg, culprit, direction, metric, min_peers, min_value, name, ratio, scope, type, window, zscore)"]),
+    ("unknown-metric-and-bad-compare", GOOD.replace("job.comm_s", "job.comms").replace('"> 1.3"', "1.3"),
+     ["{f}:14: rule 'network.test-rule': 'when.all[1].metric' must be a known metric "
+      "(see `whywait rules metrics`) (got 'job.comms')",
+      "{f}:15: rule 'network.test-rule': 'when.all[1].ratio' must be a comparison like '> 10' (got 1.3)"]),
+    ("unknown-type", GOOD.replace("type: self_history", "type: selfhistory"),
+     ["{f}:13: rule 'network.test-rule': 'when.all[1].type' must be one of all, any, not, macro, or a condition "
+      "type (threshold, peer_outlier, self_history, trend, absence, event, topology) (got 'selfhistory')"]),
+    ("missing-keys", "apiVersion: whywait/v1\nid: network.test-rule\nwhen: {type: absence, level: rank}\n",
+     ["{f}:1: rule 'network.test-rule': 'title' is required (a Jinja2 template string)",
+      "{f}:1: rule 'network.test-rule': 'cause' is required (a Jinja2 template string)",
+      "{f}:1: rule 'network.test-rule': 'next_step' is required (a Jinja2 template string)",
+      "{f}:3: rule 'network.test-rule': 'when.for' is required for 'absence'"]),
+    ("bad-severity-and-id", GOOD.replace("id: network.test-rule", "id: network.test-rule\nseverity: loud"),
+     ["{f}:3: rule 'network.test-rule': 'severity' must be one of info, warning, critical (got 'loud')"]),
+    ("bad-yaml", "apiVersion: whywait/v1\nid: [unclosed\n", ["{f}:3: not valid YAML: expected ',' or ']', but got '<stream end>'"]),
+    ("bad-template", GOOD.replace('cause: "because"', 'cause: "{{ job "'),
+     ["{f}:1: rule 'network.test-rule': 'cause' template does not parse: unexpected end of template, "
+      "expected 'end of print statement'."]),
+]
+
+
+@pytest.mark.parametrize("name,text,expected", CASES, ids=[c[0] for c in CASES])
+def test_malformed_rule_messages(tmp_path: Path, name: str, text: str, expected: list[str]) -> None:
+    f = tmp_path / "network.test-rule.yaml"
+    f.write_text(text)
+    with pytest.raises(RuleLoadError) as exc:
+        load_rules([f])
+    assert [str(e) for e in exc.value.errors] == [e.format(f=f) for e in expected]
+
+
+def test_good_rule_loads_typed_and_frozen(tmp_path: Path) -> None:
+    f = tmp_path / "network.test-rule.yaml"
+    f.write_text(GOOD)
+    rs = load_rules([tmp_path])
+    rule = rs.rules["network.test-rule"]
+    leaf = rule.when.items[0]  # type: ignore[union-attr]
+    assert leaf.params["window"] == 5.0 and leaf.culprit is True
+    assert str(leaf.params["ratio"]) == "> 10"
+    with pytest.raises(AttributeError):
+        rule.id = "x"  # type: ignore[misc]
+
+
+def test_id_must_match_file_name_and_duplicates_refused(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "network.other.yaml").write_text(GOOD)
+    with pytest.raises(RuleLoadError) as exc:
+        load_rules([tmp_path])
+    assert "must match the file name 'network.other'" in str(exc.value)
+
+
+def test_inhibits_must_name_a_rule(tmp_path: Path) -> None:
+    (tmp_path / "network.test-rule.yaml").write_text(GOOD + "inhibits: [storage.nope]\n")
+    with pytest.raises(RuleLoadError) as exc:
+        load_rules([tmp_path])
+    assert str(exc.value).endswith(":17: rule 'network.test-rule': 'inhibits[0]' must name a loaded rule (got 'storage.nope')")
+
+
+def test_shipped_rules_load() -> None:
+    rs = load_rules([Path(__file__).resolve().parents[2] / "rules"])
+    assert "network.straggler-retransmits" in rs.rules
