@@ -88,7 +88,7 @@ def test_inhibits_must_name_a_rule(tmp_path: Path) -> None:
     (tmp_path / "network.test-rule.yaml").write_text(GOOD + "inhibits: [storage.nope]\n")
     with pytest.raises(RuleLoadError) as exc:
         load_rules([tmp_path])
-    assert str(exc.value).endswith(":17: rule 'network.test-rule': 'inhibits[0]' must name a loaded rule (got 'storage.nope')")
+    assert str(exc.value).endswith(":16: rule 'network.test-rule': 'inhibits[0]' must name a loaded rule (got 'storage.nope')")
 
 
 def test_shipped_rules_load() -> None:
