@@ -1,0 +1,197 @@
+"""``whywait agent``: run the node agent.
+
+::
+
+    whywait agent --node gpu-node-07 --bootstrap kafka:9092
+    whywait agent --once --print              # one round as JSON, no Kafka needed
+    whywait agent --dcgm-url http://localhost:9400/metrics --collectors dcgm,network,storage,host
+
+The Kafka bootstrap comes from ``--bootstrap`` or ``$WHYWAIT_KAFKA_BOOTSTRAP``.
+This module imports neither the engine nor faust: the node agent stays small.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from typing import Any
+
+from agents.collectors import COLLECTORS, AgentConfigError, AgentError, Collector, collector_class
+from agents.collectors.gpu import NvmlCollector
+from agents.training import DEFAULT_SOCKET, SOCKET_ENV
+
+BOOTSTRAP_ENV = "WHYWAIT_KAFKA_BOOTSTRAP"
+DEFAULT_COLLECTORS = "gpu,network,storage,host"
+DEFAULT_SPOOL = "/var/lib/whywait/spool"
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    """Add ``whywait agent``'s arguments to ``parser``."""
+    parser.add_argument("--node", default=socket.gethostname(), help="node id (default: the host name)")
+    parser.add_argument("--interval", type=float, default=1.0, help="seconds between samples (default 1)")
+    parser.add_argument("--collectors", default=None,
+                        help=f"comma-separated, from {', '.join(COLLECTORS)} (default {DEFAULT_COLLECTORS}; "
+                             "with --dcgm-url, dcgm replaces gpu)")
+    parser.add_argument("--dcgm-url", default=None, help="a dcgm-exporter /metrics URL to read GPUs from")
+    parser.add_argument("--root", default="/", help="prefix for /proc and /sys (a host mounted into a container)")
+    parser.add_argument("--pid", type=int, action="append", default=[],
+                        help="a training process whose data-loader children to watch (repeatable)")
+    parser.add_argument("--socket", default=None,
+                        help=f"training-timings socket (default ${SOCKET_ENV} or {DEFAULT_SOCKET}; "
+                             "'none' to disable)")
+    parser.add_argument("--bootstrap", default=None, help=f"Kafka bootstrap servers (default ${BOOTSTRAP_ENV})")
+    parser.add_argument("--spool-dir", default=None, help=f"on-disk spool for an unreachable Kafka "
+                                                          f"(default {DEFAULT_SPOOL}, or ~/.cache/whywait/spool)")
+    parser.add_argument("--spool-max-mb", type=float, default=64.0, help="spool bound in MiB (default 64)")
+    parser.add_argument("--once", action="store_true", help="sample one interval, publish or print it, exit")
+    parser.add_argument("--print", dest="print_", action="store_true",
+                        help="print messages as JSON instead of publishing to Kafka")
+    parser.add_argument("--rounds", type=int, default=None, help="stop after this many intervals")
+
+
+def build_collectors(names: list[str], root: str = "/", dcgm_url: str | None = None,
+                     pids: list[int] | None = None, node: str | None = None) -> list[Collector]:
+    """Instantiate the named collectors; GPU bus ids from NVML feed the network collector's locality."""
+    out: list[Collector] = []
+    gpu_bus_ids: list[str] | None = None
+    for name in names:
+        cls = collector_class(name)
+        if cls is NvmlCollector:
+            c: Collector = NvmlCollector(root)
+            if c.enabled:
+                gpu_bus_ids = [b for b in c.bus_ids if b]  # type: ignore[attr-defined]
+        elif name == "dcgm":
+            if not dcgm_url:
+                raise AgentConfigError("collector 'dcgm' needs --dcgm-url (the dcgm-exporter's /metrics URL)")
+            c = cls(dcgm_url, root=root)  # type: ignore[call-arg]
+        elif name == "network":
+            c = cls(root, gpu_bus_ids=gpu_bus_ids)  # type: ignore[call-arg]
+        elif name == "host":
+            c = cls(root, pids=pids or [])  # type: ignore[call-arg]
+        else:
+            c = cls(root)
+        out.append(c)
+    return out
+
+
+def _names(args: argparse.Namespace) -> list[str]:
+    raw = args.collectors
+    if raw is None:
+        raw = DEFAULT_COLLECTORS.replace("gpu", "dcgm") if args.dcgm_url else DEFAULT_COLLECTORS
+    names = [n.strip() for n in raw.split(",") if n.strip()]
+    if not names:
+        raise AgentConfigError("--collectors names none (valid: " + ", ".join(COLLECTORS) + ")")
+    for n in names:
+        collector_class(n)
+    # Network locality wants the GPU bus ids, so the GPU collector starts first.
+    return sorted(names, key=lambda n: 0 if n == "gpu" else 1)
+
+
+def _spool_dir(arg: str | None) -> str:
+    if arg:
+        return arg
+    try:
+        os.makedirs(DEFAULT_SPOOL, exist_ok=True)
+        if os.access(DEFAULT_SPOOL, os.W_OK):
+            return DEFAULT_SPOOL
+    except OSError:
+        pass
+    return os.path.join(os.path.expanduser("~"), ".cache", "whywait", "spool")
+
+
+def make_publisher(args: argparse.Namespace) -> Any:
+    """``--print`` → JSON lines on stdout; otherwise Kafka (bootstrap required)."""
+    if args.print_:
+        from agents.publisher import PrintPublisher  # noqa: PLC0415
+
+        return PrintPublisher()
+    bootstrap = args.bootstrap or os.environ.get(BOOTSTRAP_ENV)
+    if not bootstrap:
+        raise AgentConfigError(f"no Kafka to publish to: pass --bootstrap HOST:PORT or set {BOOTSTRAP_ENV} "
+                               "(or use --print)")
+    from agents.publisher import KafkaPublisher  # noqa: PLC0415 - aiokafka only when publishing
+
+    return KafkaPublisher(bootstrap, _spool_dir(args.spool_dir), int(args.spool_max_mb * (1 << 20)))
+
+
+def _socket_path(args: argparse.Namespace) -> str | None:
+    if args.socket == "none":
+        return None
+    if args.once and not args.socket:
+        return None  # a one-off look must not take over a running agent's socket
+    return args.socket or os.environ.get(SOCKET_ENV) or DEFAULT_SOCKET
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the agent; returns the exit status (2 for a configuration error, said in one line)."""
+    from agents.agent import Agent  # noqa: PLC0415
+
+    try:
+        names = _names(args)
+        collectors = build_collectors(names, args.root, args.dcgm_url, args.pid, args.node)
+        if args.once and args.print_:
+            return _once_print(Agent(args.node, collectors, _NullPublisher(), args.interval))
+        agent = Agent(args.node, collectors, make_publisher(args), args.interval, _socket_path(args))
+        return asyncio.run(_run(agent, 1 if args.once else args.rounds))
+    except AgentError as exc:
+        print(f"whywait agent: {exc}", file=sys.stderr)
+        return 2
+
+
+def _once_print(agent: Any) -> int:
+    """``--once --print``: prime, wait one interval, print that interval's messages as one JSON array."""
+    agent.prime()
+    time.sleep(agent.interval)
+    msgs = [m for _, m in agent.collect()]
+    msgs.append(agent.health(agent.clock()))
+    from agents.events import ContractError, validate  # noqa: PLC0415
+
+    for m in msgs:
+        try:
+            validate(m)
+        except ContractError as exc:
+            print(f"whywait agent: {m['kind']} message breaks the contract: {exc}", file=sys.stderr)
+    json.dump(msgs, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+    for c in agent.collectors:
+        c.close()
+    return 0
+
+
+async def _run(agent: Any, rounds: int | None) -> int:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+        except (NotImplementedError, RuntimeError):
+            pass
+    await agent.run(rounds=rounds, stop=stop)
+    return 0
+
+
+class _NullPublisher:
+    sent = spooled = dropped_total = invalid = 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m agents.cli``: the agent without the ``whywait`` entry point."""
+    parser = argparse.ArgumentParser(prog="whywait agent")
+    parser.add_argument("-v", "--verbose", action="store_true")
+    register(parser)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL if not args.verbose else logging.DEBUG)
+    return run(args)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,428 @@
+"""Publishers: where the agent's messages go.
+
+:class:`Publisher` is the interface (``send``/``flush``/``close``, all
+coroutines); :class:`KafkaPublisher` sends to Kafka with a bounded on-disk
+spool, :class:`MemoryPublisher` keeps messages in a list for tests and
+``--dry-run``, :class:`PrintPublisher` writes JSON lines (``--print``).
+
+Every publisher validates each message against the event contract before it
+accepts it, so a producer bug is caught at the source: an invalid message is
+logged, counted in ``invalid`` and not sent.
+
+The spool
+---------
+When Kafka cannot be reached, messages go to append-only segment files under
+``spool_dir`` (``<seq>.spool``, one JSON array ``[topic, key, value]`` per
+line) and are sent in order when the broker answers again: the spool is always
+drained before any newer message, so a topic's messages arrive in the order
+they were produced.  The spool survives a restart of the agent.
+
+Its size is bounded by ``spool_max_bytes``.  Past the bound the **oldest**
+segment is dropped (its messages counted in ``dropped``): after a long outage
+the recent past is what the engine needs to say why a job is waiting *now*,
+and event-time windows would discard hour-old samples anyway.  Segments are
+``spool_max_bytes / 8`` each, so at most an eighth of the spool goes at once.
+
+Delivery is at least once: a message whose acknowledgement was lost in a
+failure is sent again from the spool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import sys
+from abc import ABC, abstractmethod
+from collections import deque
+from typing import IO, Any
+
+from agents.events import ContractError, encode, validate
+
+log = logging.getLogger("whywait.agent")
+
+
+class Publisher(ABC):
+    """Where messages go.  Counters: ``sent``, ``spooled`` (waiting on disk now), ``dropped``, ``invalid``."""
+
+    def __init__(self) -> None:
+        self.sent = 0
+        self.dropped = 0
+        self.invalid = 0
+
+    @property
+    def spooled(self) -> int:
+        return 0
+
+    @property
+    def dropped_total(self) -> int:
+        """Messages lost since start (past the spool bound, or over the in-memory bound)."""
+        return self.dropped
+
+    def check(self, topic: str, msg: dict[str, Any]) -> bool:
+        """Validate ``msg`` for ``topic``; log and count it when it breaks the contract."""
+        try:
+            validate(msg, topic)
+            return True
+        except ContractError as exc:
+            self.invalid += 1
+            log.error("not publishing an invalid %s message: %s", msg.get("kind", "?"), exc)
+            return False
+
+    async def start(self) -> None:
+        """Connect (when there is something to connect to); never fails for an unreachable broker."""
+
+    @abstractmethod
+    async def send(self, topic: str, key: str, msg: dict[str, Any]) -> None:
+        """Accept one message for ``topic`` keyed by ``key``; returns without waiting for delivery."""
+
+    async def flush(self, timeout: float | None = None) -> bool:
+        """Wait until everything accepted so far is delivered; False if ``timeout`` passed first."""
+        return True
+
+    async def close(self) -> None:
+        """Flush briefly and release connections; what is left stays in the spool."""
+
+
+class MemoryPublisher(Publisher):
+    """Keeps ``(topic, key, msg)`` tuples in :attr:`messages`; for tests and dry runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.messages: list[tuple[str, str, dict[str, Any]]] = []
+
+    async def send(self, topic: str, key: str, msg: dict[str, Any]) -> None:
+        if self.check(topic, msg):
+            self.messages.append((topic, key, msg))
+            self.sent += 1
+
+    def of_kind(self, kind: str) -> list[dict[str, Any]]:
+        return [m for _, _, m in self.messages if m.get("kind") == kind]
+
+
+class PrintPublisher(Publisher):
+    """Writes each message as one JSON line (``--print``)."""
+
+    def __init__(self, out: IO[str] | None = None) -> None:
+        super().__init__()
+        self.out = out or sys.stdout
+
+    async def send(self, topic: str, key: str, msg: dict[str, Any]) -> None:
+        if self.check(topic, msg):
+            self.out.write(json.dumps({"topic": topic, "key": key, **msg}, separators=(",", ":")) + "\n")
+            self.out.flush()
+            self.sent += 1
+
+
+class Spool:
+    """A bounded, ordered, on-disk queue of ``(topic, key, value)`` records in segment files."""
+
+    SUFFIX = ".spool"
+
+    def __init__(self, directory: str, max_bytes: int = 64 << 20) -> None:
+        self.dir = directory
+        self.max_bytes = max(int(max_bytes), 4096)
+        self.segment_bytes = max(self.max_bytes // 8, 1024)
+        os.makedirs(directory, exist_ok=True)
+        self.dropped = 0
+        # seq -> [records, bytes]; the head segment's first `self._head_done` records were sent.
+        self._segments: dict[int, list[int]] = {}
+        self._head_done = 0
+        self._head_cache: list[tuple[str, str, bytes]] | None = None
+        self._peek_seq: int | None = None
+        self._fh: IO[bytes] | None = None
+        for name in sorted(os.listdir(directory)):
+            if name.endswith(self.SUFFIX) and name[: -len(self.SUFFIX)].isdigit():
+                path = os.path.join(directory, name)
+                records = sum(1 for _ in self._read_segment(path))
+                self._segments[int(name[: -len(self.SUFFIX)])] = [records, os.path.getsize(path)]
+        for seq, (records, _) in list(self._segments.items()):
+            if records == 0:
+                self._remove(seq)
+
+    def __len__(self) -> int:
+        return sum(r for r, _ in self._segments.values()) - self._head_done
+
+    @property
+    def bytes(self) -> int:
+        return sum(b for _, b in self._segments.values())
+
+    def _path(self, seq: int) -> str:
+        return os.path.join(self.dir, f"{seq:012d}{self.SUFFIX}")
+
+    def _read_segment(self, path: str) -> Any:
+        try:
+            with open(path, "rb") as fh:
+                for line in fh:
+                    try:
+                        topic, key, value = json.loads(line)
+                        yield str(topic), str(key), value.encode() if isinstance(value, str) else b""
+                    except (ValueError, TypeError):
+                        continue  # a torn last line after a crash
+        except OSError:
+            return
+
+    def append(self, topic: str, key: str, value: bytes) -> None:
+        line = (json.dumps([topic, key, value.decode()], separators=(",", ":")) + "\n").encode()
+        tail = max(self._segments) if self._segments else None
+        if tail is None or self._segments[tail][1] + len(line) > self.segment_bytes or \
+                (tail == min(self._segments) and self._head_cache is not None):
+            tail = (tail + 1) if tail is not None else 1
+            self._segments[tail] = [0, 0]
+            if self._fh is not None:
+                self._fh.close()
+                self._fh = None
+        if self._fh is None:
+            self._fh = open(self._path(tail), "ab")
+        self._fh.write(line)
+        self._fh.flush()
+        self._segments[tail][0] += 1
+        self._segments[tail][1] += len(line)
+        while self.bytes > self.max_bytes and len(self._segments) > 1:
+            head = min(self._segments)
+            lost = self._segments[head][0] - self._head_done
+            self.dropped += lost
+            log.warning("spool over %d bytes: dropped its oldest %d messages", self.max_bytes, lost)
+            self._remove(head)
+
+    def peek(self, n: int) -> list[tuple[str, str, bytes]]:
+        """The oldest unsent records, at most ``n``, all from the head segment."""
+        if not self._segments:
+            return []
+        head = min(self._segments)
+        self._peek_seq = head
+        if self._head_cache is None:
+            if head == max(self._segments) and self._fh is not None:
+                self._fh.close()  # the head is also the tail: the next append starts a new segment
+                self._fh = None
+            self._head_cache = list(self._read_segment(self._path(head)))
+        return self._head_cache[self._head_done: self._head_done + n]
+
+    def commit(self, n: int) -> None:
+        """The first ``n`` records returned by :meth:`peek` were delivered."""
+        if not self._segments or n <= 0:
+            return
+        head = min(self._segments)
+        if head != self._peek_seq:
+            return  # the peeked segment was dropped past the bound meanwhile
+        self._head_done += n
+        if self._head_cache is not None and self._head_done >= len(self._head_cache):
+            self._remove(head)
+
+    def _remove(self, seq: int) -> None:
+        if seq == min(self._segments, default=None):
+            self._head_done = 0
+            self._head_cache = None
+        if seq == max(self._segments, default=None) and self._fh is not None:
+            self._fh.close()
+            self._fh = None
+        self._segments.pop(seq, None)
+        try:
+            os.unlink(self._path(seq))
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+
+class KafkaPublisher(Publisher):
+    """Sends to Kafka through aiokafka (``acks="all"``, idempotent, gzip) with an on-disk spool.
+
+    ``send`` never waits on the broker: a background task delivers messages in
+    batches, spooling them when the broker is unreachable and retrying with
+    backoff.  ``producer_factory`` (tests) builds the producer.
+    """
+
+    def __init__(self, bootstrap: str, spool_dir: str, spool_max_bytes: int = 64 << 20,
+                 batch: int = 500, request_timeout_ms: int = 10_000, max_backoff_s: float = 10.0,
+                 producer_factory: Any = None, memory_max: int = 10_000) -> None:
+        super().__init__()
+        self.bootstrap = bootstrap
+        self.spool = Spool(spool_dir, spool_max_bytes)
+        self.batch = batch
+        self.request_timeout_ms = request_timeout_ms
+        self.max_backoff_s = max_backoff_s
+        self.memory_max = memory_max
+        self._factory = producer_factory
+        self._producer: Any = None
+        self._queue: deque[tuple[str, str, bytes]] = deque()
+        self._connected = False
+        self._wake = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+        self._inflight: list[tuple[str, str, bytes]] = []
+        self.last_error: str | None = None
+
+    @property
+    def spooled(self) -> int:
+        return len(self.spool)
+
+    @property
+    def dropped_total(self) -> int:
+        return self.dropped + self.spool.dropped
+
+    async def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="whywait-publisher")
+
+    async def send(self, topic: str, key: str, msg: dict[str, Any]) -> None:
+        if not self.check(topic, msg):
+            return
+        record = (topic, key, encode(msg))
+        if self._connected and not len(self.spool):
+            if len(self._queue) >= self.memory_max:
+                self.dropped += 1
+                return
+            self._queue.append(record)
+        else:
+            self.spool.append(*record)
+        self._idle.clear()
+        self._wake.set()
+        if self._task is None:
+            await self.start()
+
+    def _pending(self) -> int:
+        return len(self._queue) + len(self.spool)
+
+    async def _connect(self) -> bool:
+        if self._producer is not None:
+            return True
+        try:
+            if self._factory is not None:
+                producer = self._factory()
+            else:
+                from aiokafka import AIOKafkaProducer  # noqa: PLC0415 - only a Kafka agent needs it
+
+                producer = AIOKafkaProducer(
+                    bootstrap_servers=self.bootstrap, acks="all", enable_idempotence=True,
+                    compression_type="gzip", linger_ms=50, request_timeout_ms=self.request_timeout_ms,
+                    client_id="whywait-agent")
+            await producer.start()
+        except Exception as exc:
+            self._note_down(f"cannot connect: {exc}")
+            try:
+                await producer.stop()  # type: ignore[possibly-undefined]
+            except Exception:
+                pass
+            return False
+        self._producer = producer
+        log.info("Kafka at %s connected", self.bootstrap)
+        return True
+
+    def _note_down(self, why: str) -> None:
+        if self._connected or self.last_error is None:
+            log.warning("Kafka at %s unreachable, spooling to %s: %s", self.bootstrap, self.spool.dir, why)
+        self._connected = False
+        self.last_error = why
+
+    def _spool_unsent(self, records: list[tuple[str, str, bytes]]) -> None:
+        """``records`` (older) then the in-memory queue (newer) go to the spool, in that order."""
+        for r in records:
+            self.spool.append(*r)
+        while self._queue:
+            self.spool.append(*self._queue.popleft())
+
+    async def _deliver(self, records: list[tuple[str, str, bytes]]) -> int:
+        """Send ``records`` in order; return how many leading ones were acknowledged."""
+        futures = []
+        try:
+            for topic, key, value in records:
+                futures.append(await self._producer.send(topic, value=value, key=key.encode()))
+        except Exception as exc:
+            self._note_down(f"send failed: {exc}")
+        done = 0
+        timeout = self.request_timeout_ms / 1000.0 + 5.0
+        for fut in futures:
+            try:
+                await asyncio.wait_for(asyncio.shield(fut), timeout)
+            except Exception as exc:
+                self._note_down(f"not acknowledged: {type(exc).__name__}: {exc}")
+                break
+            done += 1
+        return done
+
+    async def _run(self) -> None:
+        backoff = 0.5
+        while True:
+            if not self._pending():
+                self._idle.set()
+                if self._closing:
+                    return
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            if not await self._connect():
+                self._spool_unsent([])
+                await self._sleep(backoff)
+                backoff = min(backoff * 2, self.max_backoff_s)
+                continue
+            if len(self.spool):
+                records = self.spool.peek(self.batch)
+                n = await self._deliver(records)
+                self.spool.commit(n)
+            else:
+                self._connected = True
+                records = [self._queue.popleft() for _ in range(min(self.batch, len(self._queue)))]
+                self._inflight = records
+                n = await self._deliver(records)
+                self._inflight = []
+                if n < len(records):  # the unacknowledged go to the spool ahead of anything newer
+                    self._spool_unsent(records[n:])
+            self.sent += n
+            if n < len(records):
+                self._connected = False
+                await self._sleep(backoff)
+                backoff = min(backoff * 2, self.max_backoff_s)
+            else:
+                if not len(self.spool):
+                    if not self._connected:
+                        log.info("Kafka at %s reachable again; spool drained", self.bootstrap)
+                    self._connected = True
+                backoff = 0.5
+
+    async def _sleep(self, seconds: float) -> None:
+        if self._closing:
+            return
+        try:
+            await asyncio.wait_for(self._wake.wait(), seconds)
+        except asyncio.TimeoutError:
+            pass
+        self._wake.clear()
+
+    async def flush(self, timeout: float | None = None) -> bool:
+        if not self._pending():
+            return True
+        await self.start()
+        self._wake.set()
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+            return True
+        except asyncio.TimeoutError:
+            return False
+
+    async def close(self, timeout: float = 5.0) -> None:
+        if self._task is not None and self._connected:
+            await self.flush(timeout)
+        self._closing = True
+        self._wake.set()
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except (asyncio.CancelledError, Exception):
+                pass
+            self._task = None
+        self._spool_unsent(self._inflight)  # anything not delivered survives in the spool
+        self._inflight = []
+        if self._producer is not None:
+            try:
+                await asyncio.wait_for(self._producer.stop(), timeout)
+            except Exception:
+                pass
+            self._producer = None
+        self.spool.close()

@@ -1,0 +1,246 @@
+"""Step and checkpoint timings from inside a training script.
+
+A training script imports this module (standard library only: no torch, no
+Kafka client) and wraps its loop::
+
+    from agents.training import Reporter
+    rep = Reporter(job="llama-70b-run7", rank=int(os.environ["RANK"]))
+    batches = iter(loader)
+    for n in range(steps):
+        with rep.step(n):
+            with rep.data_wait():
+                batch = next(batches)
+            with rep.compute():
+                loss = model(batch); loss.backward()
+            with rep.comm():
+                optimizer.step()          # where the un-overlapped all-reduce waits
+
+Each completed step is one JSON datagram sent, fire-and-forget, over a local
+Unix datagram socket to the node agent (``/run/whywait/agent.sock``, or
+``$WHYWAIT_AGENT_SOCKET``).  The socket is non-blocking: with no agent
+listening, or its buffer full, the event is dropped and counted in
+:attr:`Reporter.dropped`.  Nothing here raises inside the training loop; a
+failure to report never costs a step.
+
+Datagram shapes (``v`` is this module's datagram version)::
+
+    {"v": 1, "type": "step", "job", "rank", "node"?, "pid", "time", "step",
+     "duration_s", "data_wait_s", "compute_s", "comm_s", "checkpoint_s"}
+    {"v": 1, "type": "checkpoint", "job", "rank", "pid", "time", "checkpoint_id",
+     "phase": "start"|"end"|"failed", "bytes"?, "duration_s"?, "path"?, "error"?}
+
+Adapters for PyTorch Lightning and Hugging Face ``transformers`` live in
+:mod:`agents.integrations` and import those libraries only when asked for.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import socket
+import time
+import uuid
+from typing import Any, Callable, TypeVar
+
+DEFAULT_SOCKET = "/run/whywait/agent.sock"
+SOCKET_ENV = "WHYWAIT_AGENT_SOCKET"
+DATAGRAM_VERSION = 1
+PHASES = ("data_wait", "compute", "comm", "checkpoint")
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def socket_path(path: str | None = None) -> str:
+    """The agent's socket: ``path``, else ``$WHYWAIT_AGENT_SOCKET``, else the default."""
+    return path or os.environ.get(SOCKET_ENV) or DEFAULT_SOCKET
+
+
+class _Phase:
+    """Times one phase of the current step (``with reporter.compute():``)."""
+
+    __slots__ = ("_rep", "_name", "_t0")
+
+    def __init__(self, rep: Reporter, name: str) -> None:
+        self._rep = rep
+        self._name = name
+        self._t0 = 0.0
+
+    def __enter__(self) -> _Phase:
+        self._t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._rep._add(self._name, time.perf_counter() - self._t0)
+
+
+class _Step:
+    """Times one whole step and sends it when the block ends (even on an exception)."""
+
+    __slots__ = ("_rep", "_n", "_t0", "phases")
+
+    def __init__(self, rep: Reporter, n: int) -> None:
+        self._rep = rep
+        self._n = n
+        self._t0 = 0.0
+        self.phases = dict.fromkeys(PHASES, 0.0)
+
+    def __enter__(self) -> _Step:
+        self._t0 = time.perf_counter()
+        self._rep._current = self
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        duration = time.perf_counter() - self._t0
+        self._rep._current = None
+        self._rep._send_step(self._n, duration, self.phases)
+
+
+class Reporter:
+    """Reports one rank's step and checkpoint timings to the node agent.
+
+    ``job`` and ``rank`` identify the rank; ``node`` is optional (the agent
+    knows its node).  ``sock`` overrides the socket path.  Counters:
+    :attr:`sent` and :attr:`dropped` (events the agent could not be given).
+    """
+
+    def __init__(self, job: str, rank: int, node: str | None = None, sock: str | None = None) -> None:
+        self.job = str(job)
+        self.rank = int(rank)
+        self.node = node
+        self.path = socket_path(sock)
+        self.sent = 0
+        self.dropped = 0
+        self.pid = os.getpid()
+        self._sock: socket.socket | None = None
+        self._current: _Step | None = None
+        self._pending = dict.fromkeys(PHASES, 0.0)  # phases timed outside any step go to the next one
+        self._ckpt: dict[str, float] = {}
+
+    # --- timing ------------------------------------------------------------
+    def step(self, n: int) -> _Step:
+        """``with reporter.step(n):`` times step ``n``; the phases inside are attributed to it."""
+        s = _Step(self, int(n))
+        for k, v in self._pending.items():
+            s.phases[k] += v
+        self._pending = dict.fromkeys(PHASES, 0.0)
+        return s
+
+    def data_wait(self) -> _Phase:
+        """Time spent waiting on the input pipeline (``next(loader)``)."""
+        return _Phase(self, "data_wait")
+
+    def compute(self) -> _Phase:
+        """Forward and backward compute."""
+        return _Phase(self, "compute")
+
+    def comm(self) -> _Phase:
+        """Collective communication not overlapped with compute."""
+        return _Phase(self, "comm")
+
+    def checkpoint(self) -> _Phase:
+        """Time inside a checkpoint save during the step."""
+        return _Phase(self, "checkpoint")
+
+    def timed(self, phase: str) -> Callable[[F], F]:
+        """Decorator: every call of the function counts as ``phase`` of the current step.
+
+        ``@reporter.timed("data_wait") def next_batch(): ...``
+        """
+        if phase not in PHASES:
+            raise ValueError(f"phase must be one of {', '.join(PHASES)} (got {phase!r})")
+
+        def wrap(fn: F) -> F:
+            @functools.wraps(fn)
+            def inner(*args: Any, **kwargs: Any) -> Any:
+                with _Phase(self, phase):
+                    return fn(*args, **kwargs)
+            return inner  # type: ignore[return-value]
+        return wrap
+
+    def timed_step(self, fn: F) -> F:
+        """Decorator for a function that runs one whole step and takes the step number first."""
+        @functools.wraps(fn)
+        def inner(n: int, *args: Any, **kwargs: Any) -> Any:
+            with self.step(n):
+                return fn(n, *args, **kwargs)
+        return inner  # type: ignore[return-value]
+
+    def _add(self, phase: str, seconds: float) -> None:
+        target = self._current.phases if self._current is not None else self._pending
+        target[phase] += seconds
+
+    # --- checkpoints ---------------------------------------------------------
+    def checkpoint_start(self, path: str | None = None, checkpoint_id: str | None = None) -> str:
+        """A checkpoint save begins; returns its id (pass it to :meth:`checkpoint_end`)."""
+        cid = checkpoint_id or f"{self.job}-r{self.rank}-{uuid.uuid4().hex[:12]}"
+        self._ckpt[cid] = time.perf_counter()
+        self._send({"type": "checkpoint", "checkpoint_id": cid, "phase": "start",
+                    **({"path": str(path)} if path else {})})
+        return cid
+
+    def checkpoint_end(self, bytes: int | None = None, path: str | None = None,  # noqa: A002 - the brief's name
+                       checkpoint_id: str | None = None) -> None:
+        """The save ``checkpoint_id`` (default: the latest started) ended, writing ``bytes``."""
+        cid, duration = self._ckpt_done(checkpoint_id)
+        msg: dict[str, Any] = {"type": "checkpoint", "checkpoint_id": cid, "phase": "end"}
+        if bytes is not None:
+            msg["bytes"] = int(bytes)
+        if duration is not None:
+            msg["duration_s"] = duration
+        if path:
+            msg["path"] = str(path)
+        self._send(msg)
+
+    def checkpoint_failed(self, error: str, checkpoint_id: str | None = None) -> None:
+        """The save failed; ``error`` says why."""
+        cid, duration = self._ckpt_done(checkpoint_id)
+        msg: dict[str, Any] = {"type": "checkpoint", "checkpoint_id": cid, "phase": "failed",
+                               "error": str(error)[:500] or "unknown"}
+        if duration is not None:
+            msg["duration_s"] = duration
+        self._send(msg)
+
+    def _ckpt_done(self, cid: str | None) -> tuple[str, float | None]:
+        if cid is None:
+            cid = next(reversed(self._ckpt), None) or f"{self.job}-r{self.rank}-unknown"
+        t0 = self._ckpt.pop(cid, None)
+        return cid, (round(time.perf_counter() - t0, 6) if t0 is not None else None)
+
+    # --- sending -------------------------------------------------------------
+    def _send_step(self, n: int, duration: float, phases: dict[str, float]) -> None:
+        msg: dict[str, Any] = {"type": "step", "step": n, "duration_s": round(duration, 6)}
+        for k in PHASES:
+            msg[f"{k}_s"] = round(phases[k], 6)
+        self._send(msg)
+
+    def _send(self, body: dict[str, Any]) -> None:
+        try:
+            msg = {"v": DATAGRAM_VERSION, "job": self.job, "rank": self.rank, "pid": self.pid,
+                   "time": time.time(), **body}
+            if self.node:
+                msg["node"] = self.node
+            data = json.dumps(msg, separators=(",", ":")).encode()
+            if self._sock is None:
+                s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+                s.setblocking(False)
+                self._sock = s
+            self._sock.sendto(data, self.path)
+            self.sent += 1
+        except Exception:  # no agent, buffer full, anything: the training loop comes first
+            self.dropped += 1
+
+    def close(self) -> None:
+        """Close the socket (optional; the process exiting does it too)."""
+        if self._sock is not None:
+            try:
+                self._sock.close()
+            except OSError:
+                pass
+            self._sock = None
+
+    def __enter__(self) -> Reporter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
