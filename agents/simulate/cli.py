@@ -1,0 +1,192 @@
+"""``whywait simulate``: run the cluster simulator and publish its telemetry to Kafka (or print it).
+
+``register(parser)`` adds the flags, ``run(args)`` does the work and returns the
+exit status; ``engine.cli`` calls them.  The generator is pure
+(:class:`~agents.simulate.sim.Simulation`); this module only paces it, writes the
+topology and ground-truth files, and publishes.  Kafka (aiokafka) and the broker
+lookup are imported only when publishing, so ``--dry-run`` needs neither.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from typing import Any, Iterable, Iterator, TextIO
+
+from agents.events import encode, message_key
+from agents.simulate.errors import SimulationError
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    """Add the ``simulate`` flags to ``parser``."""
+    parser.add_argument("--nodes", type=int, default=None, help="nodes in the simulated cluster (default 16)")
+    parser.add_argument("--gpus-per-node", type=int, default=None, help="GPUs per node (default 8)")
+    parser.add_argument("--duration", type=float, default=None, metavar="S",
+                        help="seconds of event time to simulate (default 600)")
+    parser.add_argument("--interval", type=float, default=None, metavar="S",
+                        help="sampling interval in seconds (default 1)")
+    parser.add_argument("--fault", action="append", default=[], metavar="NAME:TARGET@START-END[,k=v]",
+                        help="inject a fault, e.g. nic-packet-loss:node-07@120-400 (repeatable)")
+    parser.add_argument("--list-faults", action="store_true", help="list the fault library and exit")
+    parser.add_argument("--scenario", metavar="FILE", help="scenario YAML (cluster, jobs, faults); flags override")
+    parser.add_argument("--seed", type=int, default=None, help="random seed (default 0, or the scenario's)")
+    parser.add_argument("--speed", type=float, default=1.0, metavar="X",
+                        help="event time runs X times faster than the wall clock; 0 = as fast as possible "
+                             "(default 1: real time)")
+    parser.add_argument("--start-time", type=float, default=None, metavar="UNIX_S",
+                        help="event-time origin (default: now)")
+    parser.add_argument("--topology-out", metavar="FILE", help="write the cluster topology (with jobs) as YAML")
+    parser.add_argument("--truth-out", metavar="FILE", help="write the injected faults' ground truth as JSON")
+    parser.add_argument("--bootstrap", metavar="HOST:PORT",
+                        help="Kafka bootstrap servers (default: $WHYWAIT_KAFKA_BOOTSTRAP or the local broker)")
+    parser.add_argument("--dry-run", action="store_true", help="print messages as JSON lines instead of publishing")
+
+
+def build_simulation(args: argparse.Namespace) -> Any:
+    """Build the :class:`Simulation` the flags (and scenario file) describe; pure, used by ``run`` and tests."""
+    from agents.simulate.cluster import make_cluster, make_job
+    from agents.simulate.faults import parse_fault_spec
+    from agents.simulate.scenario import load_scenario
+    from agents.simulate.sim import Simulation
+
+    start = args.start_time if args.start_time is not None else time.time()
+    if args.scenario:
+        sc = load_scenario(args.scenario)
+        if args.nodes is not None or args.gpus_per_node is not None:
+            raise SimulationError("--nodes/--gpus-per-node cannot be combined with --scenario "
+                                  "(set them in the scenario's cluster section)")
+        topo, jobs, faults = sc.topology, sc.jobs, list(sc.faults)
+        seed = sc.seed if args.seed is None else args.seed
+        duration = sc.duration_s if args.duration is None else args.duration
+        interval = sc.interval_s if args.interval is None else args.interval
+    else:
+        topo = make_cluster(nodes=16 if args.nodes is None else args.nodes,
+                            gpus_per_node=8 if args.gpus_per_node is None else args.gpus_per_node)
+        jobs = [make_job(topo)]
+        faults = []
+        seed = args.seed or 0
+        duration = 600.0 if args.duration is None else args.duration
+        interval = 1.0 if args.interval is None else args.interval
+    faults += [parse_fault_spec(f) for f in args.fault]
+    return Simulation(topo, jobs, faults, start_time=start, duration_s=duration, interval_s=interval, seed=seed)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``whywait simulate``; returns the exit status.  Raises WhywaitError subclasses for one-line errors."""
+    from engine.errors import ConfigError
+
+    if args.list_faults:
+        from agents.simulate.faults import FAULTS
+        for name, cls in FAULTS.items():
+            params = ", ".join(f"{k}={v:g}" for k, v in cls.PARAMS.items()) or "-"
+            print(f"{name:24} target={cls.target_kind:18} culprit={cls.culprit_kind:7} cause={cls.cause}  "
+                  f"params: {params}")
+        return 0
+    if args.speed < 0:
+        raise ConfigError(f"--speed must be ≥ 0 (got {args.speed:g})")
+    try:
+        sim = build_simulation(args)
+    except SimulationError as exc:
+        raise ConfigError(str(exc)) from None
+    if args.topology_out:
+        sim.topology.to_yaml(args.topology_out)
+    if args.truth_out:
+        with open(args.truth_out, "w") as fh:
+            json.dump([g.to_dict() for g in sim.ground_truth()], fh, indent=2)
+            fh.write("\n")
+    stream = _with_progress(sim.messages(), sim, args.speed)
+    if args.dry_run:
+        return _print(_paced(stream, sim.start_time, args.speed), sys.stdout)
+    from engine.localkafka.broker import resolve_bootstrap  # lazy: the broker helper is engine-side
+
+    bootstrap = args.bootstrap or resolve_bootstrap()
+    return asyncio.run(_publish(stream, bootstrap, sim.start_time, args.speed))
+
+
+def _paced(messages: Iterable[tuple[str, dict[str, Any]]], origin: float, speed: float
+           ) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Hold each message back until its event time, scaled by ``speed``, has come on the wall clock."""
+    if speed == 0:
+        yield from messages
+        return
+    wall0 = time.monotonic()
+    for topic, msg in messages:
+        delay = wall0 + (msg["time"] - origin) / speed - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        yield topic, msg
+
+
+def _with_progress(messages: Iterator[tuple[str, dict[str, Any]]], sim: Any, speed: float
+                   ) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Show a tqdm bar (event seconds done) on stderr unless running in real time."""
+    if speed == 1.0 or not sys.stderr.isatty():
+        yield from messages
+        return
+    from tqdm import tqdm
+
+    with tqdm(total=round(sim.duration_s), unit="s", desc="event time", file=sys.stderr, leave=False) as bar:
+        done = 0
+        for topic, msg in messages:
+            now = int(msg["time"] - sim.start_time)
+            if now > done:
+                bar.update(now - done)
+                done = now
+            yield topic, msg
+
+
+def _print(messages: Iterable[tuple[str, dict[str, Any]]], out: TextIO) -> int:
+    write = out.write
+    try:
+        for _, msg in messages:
+            write(encode(msg).decode())
+            write("\n")
+        out.flush()
+    except BrokenPipeError:  # `| head` closed the pipe: not an error
+        return 0
+    return 0
+
+
+async def _publish(messages: Iterable[tuple[str, dict[str, Any]]], bootstrap: str, origin: float = 0.0,
+                   speed: float = 0.0) -> int:
+    """Send every message (key per the contract) with an idempotent gzip producer; batch, then flush."""
+    from aiokafka import AIOKafkaProducer
+    from aiokafka.errors import KafkaConnectionError, KafkaError
+
+    from engine.errors import BrokerUnavailable
+
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True,
+                                compression_type="gzip", linger_ms=20, max_batch_size=1 << 20,
+                                request_timeout_ms=30000)
+    try:
+        await producer.start()
+    except (KafkaConnectionError, KafkaError, OSError) as exc:
+        await producer.stop()
+        raise BrokerUnavailable(bootstrap, str(exc) or type(exc).__name__) from None
+    sent = 0
+    pending: list[asyncio.Future[Any]] = []
+    try:
+        wall0 = time.monotonic()
+        for topic, msg in messages:
+            if speed:
+                # Sleep on the event loop, not in the generator, so the producer keeps sending meanwhile.
+                delay = wall0 + (msg["time"] - origin) / speed - time.monotonic()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+            pending.append(await producer.send(topic, encode(msg), key=message_key(msg)))
+            sent += 1
+            if len(pending) >= 20000:
+                await asyncio.gather(*pending)
+                pending.clear()
+        await producer.flush()
+        if pending:
+            await asyncio.gather(*pending)
+    except KafkaConnectionError as exc:
+        raise BrokerUnavailable(bootstrap, str(exc)) from None
+    finally:
+        await producer.stop()
+    print(f"whywait simulate: published {sent} messages to {bootstrap}", file=sys.stderr)
+    return 0

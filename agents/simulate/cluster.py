@@ -1,0 +1,137 @@
+"""Synthetic clusters and jobs for the simulator.
+
+:func:`make_cluster` builds a leaf/spine :class:`~topology.Topology` with racks,
+NICs local to GPU pairs and shared storage pools; :func:`make_job` describes a
+synchronous data-parallel training job placed on some of its nodes.  Both are
+pure and deterministic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from agents.simulate.errors import SimulationError
+from topology import Nic, Topology
+
+
+def _name(prefix: str, i: int, width: int) -> str:
+    return f"{prefix}-{i:0{width}d}"
+
+
+def make_cluster(nodes: int = 16, gpus_per_node: int = 8, nodes_per_leaf: int = 4, spines: int = 2,
+                 nics_per_node: int = 4, nodes_per_rack: int | None = None,
+                 pools: Sequence[str] = ("scratch",), pool_type: str = "nfs",
+                 seed: int = 0, name: str = "sim") -> Topology:
+    """Return a two-tier (leaf/spine) cluster topology.
+
+    Node ``i`` sits under leaf ``i // nodes_per_leaf``; every leaf has an uplink to
+    every spine (a fat tree).  Racks hold ``nodes_per_rack`` nodes (default: one
+    leaf's worth) and their leaf.  Each node has ``nics_per_node`` NICs
+    ``mlx5_0..``, each serving ``gpus_per_node / nics_per_node`` GPUs by PCIe
+    locality, all cabled to the node's leaf, and mounts every pool in ``pools``
+    as ``<pool_type>:/<pool>``.  ``seed`` is accepted for symmetry with the other
+    generators: the layout itself is regular.
+    """
+    del seed
+    if nodes < 1 or gpus_per_node < 1 or nodes_per_leaf < 1 or spines < 0 or nics_per_node < 1:
+        raise SimulationError(f"cluster: nodes, gpus_per_node, nodes_per_leaf and nics_per_node must be ≥ 1, "
+                              f"spines ≥ 0 (got nodes={nodes}, gpus_per_node={gpus_per_node}, "
+                              f"nodes_per_leaf={nodes_per_leaf}, spines={spines}, nics_per_node={nics_per_node})")
+    per_rack = nodes_per_rack or nodes_per_leaf
+    n_leaves = -(-nodes // nodes_per_leaf)
+    n_racks = -(-nodes // per_rack)
+    w = max(2, len(str(max(nodes, n_leaves, n_racks, spines))))
+    topo = Topology(name)
+    for r in range(n_racks):
+        topo.add_rack(_name("rack", r + 1, w))
+    spine_ids = [_name("spine", s + 1, w) for s in range(spines)]
+    for s in spine_ids:
+        topo.add_switch(s, "spine")
+    for leaf in range(n_leaves):
+        first_node = leaf * nodes_per_leaf
+        topo.add_switch(_name("leaf", leaf + 1, w), "leaf", spine_ids, _name("rack", first_node // per_rack + 1, w))
+    for p in pools:
+        topo.add_pool(p, pool_type)
+    per_nic = max(1, gpus_per_node // nics_per_node)
+    for i in range(nodes):
+        node = _name("node", i + 1, w)
+        leaf = _name("leaf", i // nodes_per_leaf + 1, w)
+        nics = [Nic(node, f"mlx5_{k}", leaf,
+                    tuple(g for g in range(gpus_per_node) if min(g // per_nic, nics_per_node - 1) == k))
+                for k in range(nics_per_node)]
+        topo.add_node(node, gpus_per_node, nics, _name("rack", i // per_rack + 1, w),
+                      {p: f"{pool_type}:/{p}" for p in pools})
+    return topo
+
+
+@dataclass
+class JobSpec:
+    """A simulated synchronous data-parallel job: who owns it, where it runs, how it behaves.
+
+    Times are the healthy per-step means (seconds); ``jitter`` is the lognormal
+    sigma of compute and collective times.  ``pool`` is where it reads data and
+    writes checkpoints.  Checkpoints are collective (every rank writes its shard;
+    rank 0 reports start and end).
+    """
+
+    job: str
+    project: str
+    team: str
+    channel: str | None
+    ranks: dict[int, tuple[str, int]]
+    pool: str | None = None
+    compute_s: float = 0.62
+    data_wait_s: float = 0.015
+    comm_s: float = 0.12
+    jitter: float = 0.04
+    grad_bytes: float = 1.5e9
+    read_bytes_per_step: float = 96e6
+    checkpoint_every_s: float = 150.0
+    checkpoint_bytes: float = 80e9
+    checkpoint_write_bytes_per_s: float = 8e9
+    loader_cpu_pct: float = 360.0
+    nodes: tuple[str, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        if not self.nodes:
+            order: list[str] = []
+            for r in sorted(self.ranks):
+                if self.ranks[r][0] not in order:
+                    order.append(self.ranks[r][0])
+            self.nodes = tuple(order)
+
+    @property
+    def base_step_s(self) -> float:
+        """The healthy step time: data wait + compute + collective."""
+        return self.data_wait_s + self.compute_s + self.comm_s
+
+
+def make_job(topology: Topology, job: str = "train-llm", project: str = "llm", team: str = "ml-platform",
+             channel: str | None = "#ml-platform", nodes: Sequence[str] | None = None,
+             gpus_per_node: int | None = None, **behaviour: float) -> JobSpec:
+    """Describe a job with one rank per GPU on ``nodes`` (default: every node), ranks in node order.
+
+    ``gpus_per_node`` limits the GPUs used per node (the first ones); keyword
+    ``behaviour`` overrides :class:`JobSpec` fields (``compute_s=0.9``...).  The
+    job is not placed yet: :class:`~agents.simulate.sim.Simulation` places it.
+    """
+    chosen = list(nodes) if nodes is not None else list(topology.nodes())
+    ranks: dict[int, tuple[str, int]] = {}
+    for n in chosen:
+        if n not in topology.nodes():
+            raise SimulationError(f"job {job!r}: unknown node {n!r} (cluster has {', '.join(topology.nodes())})")
+        gpus = topology.gpus_of(n)
+        for g in gpus[: gpus_per_node or len(gpus)]:
+            ranks[len(ranks)] = (n, g)
+    if not ranks:
+        raise SimulationError(f"job {job!r}: no GPUs to place it on")
+    pool = behaviour.pop("pool", None)  # type: ignore[arg-type]
+    if pool is None:
+        pools = topology.pools_of(chosen[0])
+        pool = pools[0] if pools else None
+    unknown = set(behaviour) - set(JobSpec.__dataclass_fields__)
+    if unknown:
+        raise SimulationError(f"job {job!r}: unknown setting(s) {', '.join(sorted(unknown))} "
+                              f"(valid: {', '.join(sorted(f for f in JobSpec.__dataclass_fields__ if f not in ('job', 'project', 'team', 'channel', 'ranks', 'nodes')))})")
+    return JobSpec(job, project, team, channel, ranks, pool=pool, **behaviour)  # type: ignore[arg-type]

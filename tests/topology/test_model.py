@@ -1,0 +1,100 @@
+"""Topology queries on a made cluster: locality, paths, shared components, jobs, caching by version."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from agents.simulate.cluster import make_cluster
+from topology import Topology, UnknownEntityError
+
+
+@pytest.fixture
+def topo() -> Topology:
+    t = make_cluster(nodes=16, gpus_per_node=8, nodes_per_leaf=4, spines=2, pools=("scratch", "datasets"))
+    t.place_job("train-llm", "llm", "ml-platform", "#ml-platform",
+                {r: (f"node-{r // 8 + 1:02d}", r % 8) for r in range(64)})  # node-01..node-08
+    t.place_job("eval", "vision", "cv-team", "#cv", {0: ("node-08", 0), 1: ("node-09", 0)})
+    return t
+
+
+def test_physical_queries(topo):
+    assert topo.nodes()[:3] == ("node-01", "node-02", "node-03") and len(topo.nodes()) == 16
+    assert topo.gpus_of("node-07") == tuple(range(8))
+    assert [n.name for n in topo.nics_of("node-07")] == ["mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3"]
+    assert topo.nics_of("node-07")[2].gpus == (4, 5)
+    assert topo.leaf_of("node-07") == "leaf-02"
+    assert topo.spines_of("leaf-02") == ("spine-01", "spine-02")
+    assert topo.rack_of("node-07") == "rack-02"
+    assert topo.pools_of("node-07") == ("datasets", "scratch")
+    assert topo.nodes_under("leaf-02") == ("node-05", "node-06", "node-07", "node-08")
+    assert len(topo.nodes_under("spine-01")) == 16
+    assert topo.nodes_under("rack-01") == ("node-01", "node-02", "node-03", "node-04")
+    assert topo.expected_nic("node-07", 4) == "mlx5_2"
+
+
+def test_paths(topo):
+    assert topo.path_for_rank("train-llm", 52) == (
+        "job train-llm rank 52", "node-07 gpu 4", "node-07", "node-07 mlx5_2", "leaf-02",
+        "spine-01, spine-02", "rack-02")
+    assert topo.path_for_node("node-07") == ("node-07", "node-07 mlx5_0", "leaf-02", "spine-01, spine-02",
+                                             "rack-02")
+
+
+def test_jobs_and_sharing(topo):
+    job = topo.job("train-llm")
+    assert job.nodes == tuple(f"node-{i:02d}" for i in range(1, 9)) and job.world_size == 64
+    assert [j.job for j in topo.jobs_on_node("node-08")] == ["eval", "train-llm"]
+    assert [j.job for j in topo.jobs_on_switch("leaf-03")] == ["eval"]
+    assert [j.job for j in topo.jobs_on_pool("scratch")] == ["eval", "train-llm"]
+    assert topo.ranks_on("train-llm", "node-07") == tuple(range(48, 56))
+    assert topo.rank_on("train-llm", "node-07") == 48
+    assert topo.rank_of("train-llm", "node-07", 3) == 51
+    assert [j.job for j in topo.other_jobs_sharing("train-llm", "leaf-02")] == ["eval"]
+    assert topo.other_jobs_sharing("train-llm", "leaf-01") == []
+    assert [j.job for j in topo.other_jobs_sharing("eval", "scratch")] == ["train-llm"]
+    assert topo.common_switch(["node-05", "node-07"]) == "leaf-02"
+    assert topo.common_switch(["node-01", "node-07"]) == "spine-01"
+    assert topo.common_rack(["node-05", "node-08"]) == "rack-02"
+    assert topo.common_rack(["node-04", "node-05"]) is None
+    assert topo.common_pool(["node-01", "node-16"]) == "datasets"
+
+
+def test_mutations_bump_the_version_and_refresh_caches(topo):
+    v = topo.version
+    assert [j.job for j in topo.jobs_on_switch("leaf-04")] == []
+    topo.place_job("hog", "ads", "ads-team", None, {0: ("node-13", 0)})
+    assert topo.version == v + 1
+    assert [j.job for j in topo.jobs_on_switch("leaf-04")] == ["hog"]
+    assert topo.remove_job("hog") is not None and topo.version == v + 2
+    assert topo.jobs_on_switch("leaf-04") == ()
+    assert topo.remove_job("hog") is None and topo.version == v + 2
+
+
+def test_apply_placement_message(topo):
+    msg = {"schema": 1, "kind": "placement", "time": 1.0, "node": "sched", "job": "j2", "project": "p",
+           "team": "t", "slack_channel": "#t", "state": "running",
+           "ranks": [{"rank": 0, "node": "node-16", "gpu": 7}]}
+    info = topo.apply_placement(msg)
+    assert info is not None and info.ranks[0] == ("node-16", 7) and info.channel == "#t"
+    assert topo.apply_placement({**msg, "state": "finished"}) is None
+    assert not topo.has_job("j2")
+
+
+def test_unknown_entities_are_named(topo):
+    with pytest.raises(UnknownEntityError, match=r"unknown node 'node-99' \(known: node-01 … node-16, 16 in all\)"):
+        topo.gpus_of("node-99")
+    with pytest.raises(UnknownEntityError, match=r"unknown gpu 'node-01 gpu 9' \(job 'x' rank 0; node-01 has GPUs"):
+        topo.place_job("x", "p", "t", None, {0: ("node-01", 9)})
+    with pytest.raises(UnknownEntityError, match="unknown job 'nope'"):
+        topo.job("nope")
+
+
+def test_topology_imports_no_kafka_slack_or_nvml():
+    code = ("import sys, topology, topology.model, topology.schema, topology.loaders; "
+            "bad = {'faust', 'aiokafka', 'slack_sdk', 'pynvml', 'kafka', 'engine'} & set(sys.modules); "
+            "print(sorted(bad))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

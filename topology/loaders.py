@@ -1,0 +1,3 @@
+"""Loaders of real fabric-topology formats into :class:`~topology.model.Topology` (filled in below)."""
+
+from __future__ import annotations

@@ -1,0 +1,686 @@
+"""The cluster topology: racks, switches, hosts, GPUs, NICs, storage pools, and the jobs placed on them.
+
+A :class:`Topology` wraps an ``nx.Graph`` whose vertices carry a ``kind``
+attribute (:data:`KINDS`) and whose edges carry a ``link`` attribute
+(:data:`LINKS`).  Vertex ids are the human-readable names that appear in a
+topology path, so a path can be printed as it is:
+
+===========  =======================  ===========================================
+kind         id                       attributes
+===========  =======================  ===========================================
+``rack``     ``rack-02``
+``switch``   ``leaf-02``              ``tier``: ``leaf``, ``spine`` or ``core``
+``node``     ``node-07``              ``rack`` (or None)
+``gpu``      ``node-07 gpu 4``        ``node``, ``index``
+``nic``      ``node-07 mlx5_1``       ``node``, ``name``, ``leaf``, ``gpus`` (PCIe-local GPU indexes)
+``pool``     ``scratch``              ``type`` (``nfs``, ``lustre``...)
+===========  =======================  ===========================================
+
+Jobs are not part of the graph: the engine places and removes them as placement
+messages arrive (:meth:`Topology.place_job`, :meth:`Topology.apply_placement`).
+Every mutation bumps :attr:`Topology.version`; the per-query caches are keyed on
+it, so the engine may call any query once per window without paying twice.
+
+This module imports only the standard library and networkx (never faust,
+aiokafka, slack_sdk or pynvml).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Iterable, Mapping, Sequence
+
+import networkx as nx
+
+from topology.errors import TopologyError, UnknownEntityError
+
+KINDS: tuple[str, ...] = ("rack", "switch", "node", "gpu", "nic", "pool")
+TIERS: tuple[str, ...] = ("leaf", "spine", "core")
+LINKS: tuple[str, ...] = ("nic-leaf", "switch-uplink", "node-rack", "switch-rack", "gpu-node", "nic-node",
+                          "mount")
+
+_NUM_RE = re.compile(r"(\d+)")
+
+
+def natural_key(name: str) -> tuple[Any, ...]:
+    """Sort key that orders ``node-2`` before ``node-10``; used for every listing the topology returns."""
+    return tuple(int(p) if p.isdigit() else p for p in _NUM_RE.split(name))
+
+
+def _sorted(names: Iterable[str]) -> tuple[str, ...]:
+    return tuple(sorted(names, key=natural_key))
+
+
+def gpu_id(node: str, gpu: int) -> str:
+    """Return the graph id of GPU ``gpu`` on ``node`` (``"node-07 gpu 4"``)."""
+    return f"{node} gpu {gpu}"
+
+
+def nic_id(node: str, nic: str) -> str:
+    """Return the graph id of NIC ``nic`` on ``node`` (``"node-07 mlx5_1"``)."""
+    return f"{node} {nic}"
+
+
+@dataclass(frozen=True)
+class Nic:
+    """One network adapter (or IB port) of a host.
+
+    ``leaf`` is the leaf switch its cable goes to (None when the fabric is not
+    described); ``gpus`` the GPU indexes it serves by PCIe locality (the GPUs
+    whose traffic *should* leave through it).
+    """
+
+    node: str
+    name: str
+    leaf: str | None
+    gpus: tuple[int, ...] = ()
+
+    @property
+    def id(self) -> str:
+        """The graph id, ``"<node> <name>"``."""
+        return nic_id(self.node, self.name)
+
+
+@dataclass(frozen=True)
+class Mount:
+    """A host's mount of a storage pool: ``device`` is how the host's storage reports name it."""
+
+    node: str
+    pool: str
+    device: str
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """A placed job: who owns it and where each rank runs.
+
+    ``ranks`` maps rank → ``(node, gpu)``; ``nodes`` lists the job's nodes in the
+    order of their lowest rank.  Returned by :meth:`Topology.job` and friends;
+    immutable, so callers may keep it across windows.
+    """
+
+    job: str
+    project: str
+    team: str
+    channel: str | None
+    ranks: Mapping[int, tuple[str, int]] = field(hash=False, compare=True)
+    nodes: tuple[str, ...] = ()
+
+    @property
+    def world_size(self) -> int:
+        """Number of ranks."""
+        return len(self.ranks)
+
+
+class Topology:
+    """A cluster's physical topology plus the jobs currently placed on it.
+
+    Build one with :meth:`from_yaml` / :meth:`from_dict`, a real-format loader
+    (:mod:`topology.loaders`), or the ``add_*`` methods.  Queries raise
+    :class:`UnknownEntityError` for ids the topology does not hold.
+    """
+
+    def __init__(self, name: str = "") -> None:
+        self.name = name
+        self.graph: nx.Graph = nx.Graph()
+        self.version = 0
+        self._hosts: dict[str, _Host] = {}
+        self._switches: dict[str, str] = {}  # id -> tier
+        self._uplinks: dict[str, list[str]] = {}
+        self._switch_rack: dict[str, str | None] = {}
+        self._racks: list[str] = []
+        self._pools: dict[str, str] = {}  # id -> type
+        self._jobs: dict[str, JobInfo] = {}
+        self._cache: dict[Any, Any] = {}
+
+    # ------------------------------------------------------------------ mutation
+
+    def _bump(self) -> None:
+        self.version += 1
+        self._cache.clear()
+
+    def _check_new(self, entity: str) -> None:
+        if entity in self.graph:
+            raise TopologyError(f"duplicate id {entity!r}: already a {self.graph.nodes[entity]['kind']}",
+                                source="topology")
+
+    def add_rack(self, rack: str) -> None:
+        """Add a rack.  Called while building a topology; bumps :attr:`version`."""
+        self._check_new(rack)
+        self.graph.add_node(rack, kind="rack")
+        self._racks.append(rack)
+        self._bump()
+
+    def add_switch(self, switch: str, tier: str = "leaf", uplinks: Sequence[str] = (),
+                   rack: str | None = None) -> None:
+        """Add a switch of ``tier`` (``leaf``/``spine``/``core``) wired to already-added ``uplinks``.
+
+        Called while building a topology; bumps :attr:`version`.
+        """
+        if tier not in TIERS:
+            raise TopologyError(f"switch {switch!r}: tier must be one of {', '.join(TIERS)} (got {tier!r})",
+                                source="topology")
+        self._check_new(switch)
+        for up in uplinks:
+            self._require(up, "switch")
+        if rack is not None:
+            self._require(rack, "rack")
+        self.graph.add_node(switch, kind="switch", tier=tier)
+        self._switches[switch] = tier
+        self._uplinks[switch] = list(uplinks)
+        self._switch_rack[switch] = rack
+        for up in uplinks:
+            self.graph.add_edge(switch, up, link="switch-uplink")
+        if rack is not None:
+            self.graph.add_edge(switch, rack, link="switch-rack")
+        self._bump()
+
+    def add_uplink(self, switch: str, uplink: str) -> None:
+        """Wire ``switch`` to a higher-tier ``uplink`` after both exist (used by loaders); bumps the version."""
+        self._require(switch, "switch")
+        self._require(uplink, "switch")
+        if uplink not in self._uplinks[switch]:
+            self._uplinks[switch].append(uplink)
+            self.graph.add_edge(switch, uplink, link="switch-uplink")
+            self._bump()
+
+    def add_pool(self, pool: str, type_: str = "nfs") -> None:
+        """Add a storage pool (a file system many hosts mount).  Bumps :attr:`version`."""
+        self._check_new(pool)
+        self.graph.add_node(pool, kind="pool", type=type_)
+        self._pools[pool] = type_
+        self._bump()
+
+    def add_node(self, node: str, gpus: int | Sequence[int] = 0, nics: Sequence[Nic | Mapping[str, Any]] = (),
+                 rack: str | None = None, mounts: Mapping[str, str] | None = None) -> None:
+        """Add a host with its GPUs, NICs (the first is the primary one) and pool mounts.
+
+        ``gpus`` is a count (indexes 0..n-1) or the indexes; each NIC is a
+        :class:`Nic` or a mapping with ``name``, ``leaf`` and ``gpus``;
+        ``mounts`` maps pool id → device name.  Bumps :attr:`version`.
+        """
+        self._check_new(node)
+        indexes = tuple(range(gpus)) if isinstance(gpus, int) else tuple(gpus)
+        if rack is not None:
+            self._require(rack, "rack")
+        nic_objs: list[Nic] = []
+        for n in nics:
+            nic = n if isinstance(n, Nic) else Nic(node, str(n["name"]), n.get("leaf"),
+                                                      tuple(n.get("gpus", ())))
+            if nic.node != node:
+                nic = Nic(node, nic.name, nic.leaf, nic.gpus)
+            if nic.leaf is not None:
+                self._require(nic.leaf, "switch")
+            for g in nic.gpus:
+                if g not in indexes:
+                    raise TopologyError(f"node {node!r}: NIC {nic.name!r} serves GPU {g}, which the node "
+                                        f"lacks (GPUs: {list(indexes)})", source="topology")
+            nic_objs.append(nic)
+        for pool in (mounts or {}):
+            self._require(pool, "pool")
+        self.graph.add_node(node, kind="node", rack=rack)
+        if rack is not None:
+            self.graph.add_edge(node, rack, link="node-rack")
+        for g in indexes:
+            gid = gpu_id(node, g)
+            self.graph.add_node(gid, kind="gpu", node=node, index=g)
+            self.graph.add_edge(gid, node, link="gpu-node")
+        for nic in nic_objs:
+            self.graph.add_node(nic.id, kind="nic", node=node, name=nic.name, leaf=nic.leaf, gpus=nic.gpus)
+            self.graph.add_edge(nic.id, node, link="nic-node")
+            if nic.leaf is not None:
+                self.graph.add_edge(nic.id, nic.leaf, link="nic-leaf")
+        mount_objs = tuple(Mount(node, p, d) for p, d in (mounts or {}).items())
+        for m in mount_objs:
+            self.graph.add_edge(node, m.pool, link="mount", device=m.device)
+        self._hosts[node] = _Host(node, rack, indexes, tuple(nic_objs), mount_objs)
+        self._bump()
+
+    def place_job(self, job: str, project: str, team: str, channel: str | None,
+                  ranks: Mapping[int, tuple[str, int]]) -> JobInfo:
+        """Place (or re-place) ``job``: ``ranks`` maps rank → ``(node, gpu)``.
+
+        Called by the engine for each ``running`` placement message; replaces any
+        earlier placement of the same job.  Every node and GPU must exist
+        (:class:`UnknownEntityError` otherwise).  Bumps :attr:`version` and
+        returns the stored :class:`JobInfo`.
+        """
+        clean: dict[int, tuple[str, int]] = {}
+        for rank in sorted(ranks):
+            node, gpu = ranks[rank]
+            host = self._host(node)
+            if gpu not in host.gpus:
+                raise UnknownEntityError("gpu", gpu_id(node, gpu),
+                                         f"job {job!r} rank {rank}; {node} has GPUs {list(host.gpus)}")
+            clean[int(rank)] = (node, int(gpu))
+        order: list[str] = []
+        for rank in sorted(clean):
+            if clean[rank][0] not in order:
+                order.append(clean[rank][0])
+        info = JobInfo(job, project, team, channel, MappingProxyType(clean), tuple(order))
+        self._jobs[job] = info
+        self._bump()
+        return info
+
+    def remove_job(self, job: str) -> JobInfo | None:
+        """Forget ``job`` (a ``finished`` placement); returns what was removed, None if it was unknown."""
+        info = self._jobs.pop(job, None)
+        if info is not None:
+            self._bump()
+        return info
+
+    def apply_placement(self, msg: Mapping[str, Any]) -> JobInfo | None:
+        """Apply one decoded ``placement`` message (see ``agents.events``): place or remove its job.
+
+        Returns the placed job, or None when the message finished one.
+        """
+        if msg.get("state") == "finished":
+            self.remove_job(str(msg["job"]))
+            return None
+        ranks = {int(r["rank"]): (str(r["node"]), int(r["gpu"])) for r in msg["ranks"]}
+        return self.place_job(str(msg["job"]), str(msg["project"]), str(msg["team"]),
+                              msg.get("slack_channel"), ranks)
+
+    # ------------------------------------------------------------------ lookups
+
+    def _require(self, entity: str, kind: str) -> None:
+        attrs = self.graph.nodes.get(entity)
+        if attrs is None or attrs["kind"] != kind:
+            raise UnknownEntityError(kind, entity, self._known_hint(kind))
+
+    def _known_hint(self, kind: str) -> str:
+        names = _sorted(n for n, a in self.graph.nodes(data=True) if a["kind"] == kind)
+        if not names:
+            return f"the topology has no {kind}s"
+        if len(names) <= 6:
+            return "known: " + ", ".join(names)
+        return f"known: {names[0]} … {names[-1]}, {len(names)} in all"
+
+    def _host(self, node: str) -> _Host:
+        try:
+            return self._hosts[node]
+        except KeyError:
+            raise UnknownEntityError("node", node, self._known_hint("node")) from None
+
+    def kind_of(self, entity: str) -> str | None:
+        """Return the kind (:data:`KINDS`) of a graph id, or None when the topology lacks it."""
+        attrs = self.graph.nodes.get(entity)
+        return attrs["kind"] if attrs is not None else None
+
+    def tier_of(self, switch: str) -> str:
+        """Return ``leaf``, ``spine`` or ``core`` for ``switch``."""
+        self._require(switch, "switch")
+        return self._switches[switch]
+
+    def _cached(self, key: Any, build: Any) -> Any:
+        try:
+            return self._cache[key]
+        except KeyError:
+            value = self._cache[key] = build()
+            return value
+
+    # ------------------------------------------------------------------ physical queries
+
+    def nodes(self) -> tuple[str, ...]:
+        """All hosts, naturally sorted."""
+        return self._cached("nodes", lambda: _sorted(self._hosts))
+
+    def racks(self) -> tuple[str, ...]:
+        """All racks, naturally sorted."""
+        return self._cached("racks", lambda: _sorted(self._racks))
+
+    def switches(self, tier: str | None = None) -> tuple[str, ...]:
+        """All switches, or those of ``tier``, naturally sorted."""
+        return self._cached(("switches", tier), lambda: _sorted(
+            s for s, t in self._switches.items() if tier is None or t == tier))
+
+    def pools(self) -> tuple[str, ...]:
+        """All storage pools, naturally sorted."""
+        return self._cached("pools", lambda: _sorted(self._pools))
+
+    def pool_type(self, pool: str) -> str:
+        """The pool's file-system type (``nfs``, ``lustre``...)."""
+        self._require(pool, "pool")
+        return self._pools[pool]
+
+    def gpus_of(self, node: str) -> tuple[int, ...]:
+        """The node's GPU indexes."""
+        return self._host(node).gpus
+
+    def nics_of(self, node: str) -> tuple[Nic, ...]:
+        """The node's NICs, primary first."""
+        return self._host(node).nics
+
+    def nic(self, node: str, name: str) -> Nic:
+        """The node's NIC called ``name`` (``mlx5_1``)."""
+        for n in self._host(node).nics:
+            if n.name == name:
+                return n
+        raise UnknownEntityError("nic", nic_id(node, name),
+                                 f"{node} has {', '.join(n.name for n in self._host(node).nics) or 'no NICs'}")
+
+    def leaf_of(self, node: str) -> str | None:
+        """The leaf switch of the node's primary NIC, or None when the node has no cabled NIC."""
+        host = self._host(node)
+        for n in host.nics:
+            if n.leaf is not None:
+                return n.leaf
+        return None
+
+    def leaves_of(self, node: str) -> tuple[str, ...]:
+        """Every leaf switch any of the node's NICs is cabled to (rail-optimised fabrics have several)."""
+        return self._cached(("leaves_of", node), lambda: _sorted(
+            {n.leaf for n in self._host(node).nics if n.leaf is not None}))
+
+    def uplinks_of(self, switch: str) -> tuple[str, ...]:
+        """The switches ``switch`` connects up to."""
+        self._require(switch, "switch")
+        return _sorted(self._uplinks[switch])
+
+    def spines_of(self, leaf: str) -> tuple[str, ...]:
+        """The spine switches a leaf connects up to."""
+        return tuple(s for s in self.uplinks_of(leaf) if self._switches[s] == "spine")
+
+    def rack_of(self, node: str) -> str | None:
+        """The node's rack, or None when racks are not described."""
+        return self._host(node).rack
+
+    def pools_of(self, node: str) -> tuple[str, ...]:
+        """The storage pools the node mounts."""
+        return _sorted(m.pool for m in self._host(node).mounts)
+
+    def mounts_of(self, node: str) -> tuple[Mount, ...]:
+        """The node's pool mounts, each with the device name its storage reports use."""
+        return self._host(node).mounts
+
+    def nodes_under(self, entity: str) -> tuple[str, ...]:
+        """The hosts below a switch (through any NIC, at any depth), in a rack, or mounting a pool.
+
+        Cached per :attr:`version`: the engine calls this per window.
+        """
+        return self._cached(("under", entity), lambda: self._nodes_under(entity))
+
+    def _nodes_under(self, entity: str) -> tuple[str, ...]:
+        kind = self.kind_of(entity)
+        if kind == "rack":
+            return _sorted(h.name for h in self._hosts.values() if h.rack == entity)
+        if kind == "pool":
+            return _sorted(h.name for h in self._hosts.values() if any(m.pool == entity for m in h.mounts))
+        if kind != "switch":
+            raise UnknownEntityError("switch", entity, self._known_hint("switch"))
+        below = {entity}
+        frontier = [entity]
+        # Walk downwards: a switch is below another when it lists it as an uplink.
+        downlinks: dict[str, list[str]] = self._cached("downlinks", self._downlinks)
+        while frontier:
+            s = frontier.pop()
+            for d in downlinks.get(s, ()):
+                if d not in below:
+                    below.add(d)
+                    frontier.append(d)
+        return _sorted(h.name for h in self._hosts.values() if any(n.leaf in below for n in h.nics))
+
+    def _downlinks(self) -> dict[str, list[str]]:
+        down: dict[str, list[str]] = {}
+        for s, ups in self._uplinks.items():
+            for u in ups:
+                down.setdefault(u, []).append(s)
+        return down
+
+    def expected_nic(self, node: str, gpu: int) -> str | None:
+        """Name of the NIC that serves ``gpu`` by PCIe locality (its traffic should leave there), or None."""
+        host = self._host(node)
+        for n in host.nics:
+            if gpu in n.gpus:
+                return n.name
+        return None
+
+    # ------------------------------------------------------------------ jobs
+
+    def job(self, job: str) -> JobInfo:
+        """The placed job ``job``."""
+        try:
+            return self._jobs[job]
+        except KeyError:
+            hint = f"placed: {', '.join(sorted(self._jobs))}" if self._jobs else "no job is placed"
+            raise UnknownEntityError("job", job, hint) from None
+
+    def has_job(self, job: str) -> bool:
+        """Whether ``job`` is placed."""
+        return job in self._jobs
+
+    def jobs(self) -> tuple[JobInfo, ...]:
+        """Every placed job, sorted by id."""
+        return tuple(self._jobs[j] for j in sorted(self._jobs))
+
+    def _by_node(self) -> dict[str, tuple[JobInfo, ...]]:
+        out: dict[str, list[JobInfo]] = {}
+        for j in sorted(self._jobs):
+            for n in self._jobs[j].nodes:
+                out.setdefault(n, []).append(self._jobs[j])
+        return {n: tuple(v) for n, v in out.items()}
+
+    def jobs_on_node(self, node: str) -> tuple[JobInfo, ...]:
+        """The jobs with at least one rank on ``node``."""
+        self._host(node)
+        return self._cached("by_node", self._by_node).get(node, ())
+
+    def _jobs_on(self, entity: str) -> tuple[JobInfo, ...]:
+        by_node = self._cached("by_node", self._by_node)
+        seen: dict[str, JobInfo] = {}
+        for n in self.nodes_under(entity):
+            for j in by_node.get(n, ()):
+                seen.setdefault(j.job, j)
+        return tuple(seen[j] for j in sorted(seen))
+
+    def jobs_on_switch(self, switch: str) -> tuple[JobInfo, ...]:
+        """The jobs with a rank on a host below ``switch``."""
+        self._require(switch, "switch")
+        return self._cached(("jobs_on", switch), lambda: self._jobs_on(switch))
+
+    def jobs_on_pool(self, pool: str) -> tuple[JobInfo, ...]:
+        """The jobs with a rank on a host that mounts ``pool``."""
+        self._require(pool, "pool")
+        return self._cached(("jobs_on", pool), lambda: self._jobs_on(pool))
+
+    def jobs_on_rack(self, rack: str) -> tuple[JobInfo, ...]:
+        """The jobs with a rank on a host in ``rack``."""
+        self._require(rack, "rack")
+        return self._cached(("jobs_on", rack), lambda: self._jobs_on(rack))
+
+    def ranks_on(self, job: str, node: str) -> tuple[int, ...]:
+        """The job's ranks on ``node``, ascending (empty when the job has none there)."""
+        return self._cached(("ranks_on", job, node), lambda: tuple(
+            r for r, (n, _) in sorted(self.job(job).ranks.items()) if n == node))
+
+    def rank_on(self, job: str, node: str) -> int | None:
+        """The job's lowest rank on ``node``, or None."""
+        ranks = self.ranks_on(job, node)
+        return ranks[0] if ranks else None
+
+    def rank_of(self, job: str, node: str, gpu: int) -> int | None:
+        """The job's rank on ``node``'s GPU ``gpu``, or None."""
+        for r, where in self.job(job).ranks.items():
+            if where == (node, gpu):
+                return r
+        return None
+
+    def placement_of(self, job: str, rank: int) -> tuple[str, int]:
+        """``(node, gpu)`` of the job's ``rank``."""
+        try:
+            return self.job(job).ranks[rank]
+        except KeyError:
+            raise UnknownEntityError("rank", f"{job} rank {rank}",
+                                     f"world size {self.job(job).world_size}") from None
+
+    # ------------------------------------------------------------------ paths and shared components
+
+    def _spine_hop(self, leaf: str) -> str | None:
+        spines = self.spines_of(leaf)
+        if not spines:
+            return None
+        if len(spines) <= 3:
+            return ", ".join(spines)
+        return f"{spines[0]}, {spines[1]}, … ({len(spines)} spines)"
+
+    def path_for_node(self, node: str) -> tuple[str, ...]:
+        """Human-readable hops from the node up to its rack: node, primary NIC, leaf, spine(s), rack."""
+        return self._cached(("path_node", node), lambda: self._path(node, None))
+
+    def _path(self, node: str, nic_name: str | None) -> tuple[str, ...]:
+        host = self._host(node)
+        hops: list[str] = [node]
+        nic = next((n for n in host.nics if n.name == nic_name), None) if nic_name else None
+        if nic is None and host.nics:
+            nic = next((n for n in host.nics if n.leaf is not None), host.nics[0])
+        if nic is not None:
+            hops.append(nic.id)
+            if nic.leaf is not None:
+                hops.append(nic.leaf)
+                spine = self._spine_hop(nic.leaf)
+                if spine:
+                    hops.append(spine)
+        if host.rack:
+            hops.append(host.rack)
+        return tuple(hops)
+
+    def path_for_rank(self, job: str, rank: int) -> tuple[str, ...]:
+        """Human-readable hops from a rank to its rack, through the NIC local to its GPU.
+
+        ``("job train-llm rank 12", "node-07 gpu 4", "node-07", "node-07 mlx5_1", "leaf-02", "spine-01",
+        "rack-02")``; a leaf with more than three spines shows as ``"spine-01, spine-02, … (8 spines)"``.
+        """
+        def build() -> tuple[str, ...]:
+            node, gpu = self.placement_of(job, rank)
+            return (f"job {job} rank {rank}", gpu_id(node, gpu)) + self._path(node, self.expected_nic(node, gpu))
+        return self._cached(("path_rank", job, rank), build)
+
+    def common_switch(self, nodes: Iterable[str]) -> str | None:
+        """The lowest switch every one of ``nodes`` sits below (via primary NICs), or None.
+
+        A shared leaf wins over a shared spine, a spine over a core; ties go to
+        the naturally first id.
+        """
+        nodes = list(nodes)
+        if not nodes:
+            return None
+        leaves = {self.leaf_of(n) for n in nodes}
+        if None in leaves:
+            return None
+        if len(leaves) == 1:
+            return next(iter(leaves))  # type: ignore[return-value]
+        level: set[str] = set(leaves)  # type: ignore[arg-type]
+        for _ in TIERS[1:]:
+            ups = [set(self._uplinks[s]) for s in level]
+            # Each lower switch reaches the tier above through its own uplinks; the common one is in all.
+            common = set.intersection(*ups) if ups else set()
+            if common:
+                return _sorted(common)[0]
+            level = set().union(*ups)
+            if not level:
+                return None
+        return None
+
+    def common_rack(self, nodes: Iterable[str]) -> str | None:
+        """The rack all ``nodes`` share, or None."""
+        racks = {self.rack_of(n) for n in nodes}
+        return racks.pop() if len(racks) == 1 else None
+
+    def common_pool(self, nodes: Iterable[str]) -> str | None:
+        """A storage pool every one of ``nodes`` mounts (naturally first if several), or None."""
+        sets = [set(self.pools_of(n)) for n in nodes]
+        common = set.intersection(*sets) if sets else set()
+        return _sorted(common)[0] if common else None
+
+    def other_jobs_sharing(self, job: str, entity: str, include_same_project: bool = False) -> list[JobInfo]:
+        """Other jobs on the same switch, pool, rack or node as ``job``: candidates for contention.
+
+        By default only jobs of *another* project are returned (the case a team
+        cannot see for itself); ``include_same_project`` adds the team's own.
+        """
+        me = self.job(job)
+        kind = self.kind_of(entity)
+        if kind == "switch":
+            found = self.jobs_on_switch(entity)
+        elif kind == "pool":
+            found = self.jobs_on_pool(entity)
+        elif kind == "rack":
+            found = self.jobs_on_rack(entity)
+        elif kind == "node":
+            found = self.jobs_on_node(entity)
+        else:
+            raise UnknownEntityError("switch or pool", entity, self._known_hint("switch"))
+        return [j for j in found if j.job != job and (include_same_project or j.project != me.project)]
+
+    # ------------------------------------------------------------------ serialisation
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str = "<dict>", lines: Mapping[str, int] | None = None) -> Topology:
+        """Build a topology from the documented mapping (``docs/topology.md``).
+
+        Called by :meth:`from_yaml` and by tests.  Every problem is collected and
+        raised together as one :class:`TopologyError` naming ``source``, the line
+        (when ``lines`` maps key paths to lines) and the key path.
+        """
+        from topology.schema import parse_topology
+        return parse_topology(data, source, lines or {})
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> Topology:
+        """Load a topology YAML file; raises :class:`TopologyError` naming the file, line and key path."""
+        from topology.schema import load_yaml
+        return load_yaml(path)
+
+    def to_dict(self, include_jobs: bool = True) -> dict[str, Any]:
+        """Return the documented mapping; :meth:`from_dict` of it rebuilds an equal topology."""
+        out: dict[str, Any] = {"format": 1}
+        if self.name:
+            out["name"] = self.name
+        out["racks"] = [{"id": r} for r in self._racks]
+        # Uplinks must be declared before use: emit higher tiers first.
+        out["switches"] = [
+            {"id": s, "tier": self._switches[s],
+             **({"uplinks": list(self._uplinks[s])} if self._uplinks[s] else {}),
+             **({"rack": self._switch_rack[s]} if self._switch_rack[s] else {})}
+            for tier in reversed(TIERS) for s in self._switches if self._switches[s] == tier]
+        out["storage_pools"] = [{"id": p, "type": t} for p, t in self._pools.items()]
+        nodes = []
+        for h in self._hosts.values():
+            d: dict[str, Any] = {"id": h.name}
+            if h.rack:
+                d["rack"] = h.rack
+            d["gpus"] = list(h.gpus)
+            d["nics"] = [{"name": n.name, **({"leaf": n.leaf} if n.leaf else {}), "gpus": list(n.gpus)}
+                         for n in h.nics]
+            if h.mounts:
+                d["mounts"] = [{"pool": m.pool, "device": m.device} for m in h.mounts]
+            nodes.append(d)
+        out["nodes"] = nodes
+        if include_jobs and self._jobs:
+            out["jobs"] = [
+                {"job": j.job, "project": j.project, "team": j.team,
+                 **({"channel": j.channel} if j.channel else {}),
+                 "ranks": [{"rank": r, "node": n, "gpu": g} for r, (n, g) in sorted(j.ranks.items())]}
+                for j in self.jobs()]
+        return out
+
+    def to_yaml(self, path: str | Path, include_jobs: bool = True) -> None:
+        """Write :meth:`to_dict` as YAML to ``path``."""
+        import yaml
+        Path(path).write_text(yaml.safe_dump(self.to_dict(include_jobs), sort_keys=False, width=120))
+
+    def __repr__(self) -> str:
+        return (f"Topology({self.name or 'unnamed'}: {len(self._hosts)} nodes, {len(self._switches)} switches, "
+                f"{len(self._racks)} racks, {len(self._pools)} pools, {len(self._jobs)} jobs, v{self.version})")
+
+
+@dataclass(frozen=True)
+class _Host:
+    name: str
+    rack: str | None
+    gpus: tuple[int, ...]
+    nics: tuple[Nic, ...]
+    mounts: tuple[Mount, ...]

@@ -1,0 +1,315 @@
+"""The topology YAML format (``docs/topology.md``): strict parsing with every problem reported at once.
+
+Called through :meth:`topology.model.Topology.from_yaml` / ``from_dict``.  Each
+problem names the file, the line (for YAML files), the key path, and what was
+expected against what was found::
+
+    topo.yaml:14: nodes[2].nics[0].leaf: expected a switch of tier 'leaf' (got 'leaf-09')
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from topology.errors import TopologyError
+from topology.model import TIERS, Nic, Topology
+
+FORMAT = 1
+
+_TOP_KEYS = {"format", "name", "racks", "switches", "storage_pools", "nodes", "jobs"}
+_RACK_KEYS = {"id"}
+_SWITCH_KEYS = {"id", "tier", "uplinks", "rack"}
+_POOL_KEYS = {"id", "type"}
+_NODE_KEYS = {"id", "rack", "gpus", "nics", "mounts"}
+_NIC_KEYS = {"name", "leaf", "gpus"}
+_MOUNT_KEYS = {"pool", "device"}
+_JOB_KEYS = {"job", "project", "team", "channel", "ranks"}
+_RANK_KEYS = {"rank", "node", "gpu"}
+
+
+class _Problems:
+    """Collects problems with their location; raises them together."""
+
+    def __init__(self, source: str, lines: Mapping[str, int]) -> None:
+        self.source = source
+        self.lines = lines
+        self.items: list[str] = []
+
+    def add(self, path: str, expected: str, got: Any = None, *, raw: str | None = None) -> None:
+        line = self.lines.get(path)
+        # Fall back to the nearest enclosing key that has a line (a missing key has none of its own).
+        probe = path
+        while line is None and probe:
+            probe = probe.rsplit(".", 1)[0] if "." in probe else (probe.rsplit("[", 1)[0] if "[" in probe else "")
+            line = self.lines.get(probe)
+        where = f"{self.source}:{line}" if line else self.source
+        text = raw if raw is not None else f"expected {expected} (got {got!r})"
+        self.items.append(f"{where}: {path}: {text}" if path else f"{where}: {text}")
+
+    def raise_if_any(self) -> None:
+        if self.items:
+            raise TopologyError(self.items, source=self.source)
+
+
+def _str(v: Any) -> bool:
+    return isinstance(v, str) and bool(v)
+
+
+def _int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _check_keys(obj: Any, allowed: set[str], required: set[str], path: str, p: _Problems) -> bool:
+    if not isinstance(obj, dict):
+        p.add(path, "a mapping", obj)
+        return False
+    for k in obj:
+        if k not in allowed:
+            p.add(f"{path}.{k}", "", raw=f"unknown key (valid: {', '.join(sorted(allowed))})")
+    for k in sorted(required):
+        if k not in obj:
+            p.add(f"{path}.{k}", "", raw="is required")
+    return True
+
+
+def _list(data: Mapping[str, Any], key: str, p: _Problems) -> list[Any]:
+    v = data.get(key, [])
+    if v is None:
+        return []
+    if not isinstance(v, list):
+        p.add(key, "a list", v)
+        return []
+    return v
+
+
+def parse_topology(data: Any, source: str = "<dict>", lines: Mapping[str, int] | None = None) -> Topology:
+    """Build a :class:`Topology` from the documented mapping, or raise every problem in one TopologyError."""
+    p = _Problems(source, lines or {})
+    if not isinstance(data, dict):
+        p.add("", "", raw=f"expected a mapping at the top level (got {type(data).__name__})")
+        p.raise_if_any()
+    for k in data:
+        if k not in _TOP_KEYS:
+            p.add(str(k), "", raw=f"unknown key (valid: {', '.join(sorted(_TOP_KEYS))})")
+    fmt = data.get("format", FORMAT)
+    if fmt != FORMAT:
+        p.add("format", f"{FORMAT}", fmt)
+    name = data.get("name", "")
+    if name and not _str(name):
+        p.add("name", "a string", name)
+    topo = Topology(name if _str(name) else "")
+    ids: dict[str, str] = {}  # id -> path of its declaration, to report duplicates
+
+    def declare(ident: Any, path: str) -> bool:
+        if not _str(ident):
+            p.add(path, "a non-empty string id", ident)
+            return False
+        if ident in ids:
+            p.add(path, "", raw=f"duplicate id {ident!r} (first declared at {ids[ident]})")
+            return False
+        ids[ident] = path
+        return True
+
+    racks: set[str] = set()
+    for i, r in enumerate(_list(data, "racks", p)):
+        path = f"racks[{i}]"
+        if _check_keys(r, _RACK_KEYS, {"id"}, path, p) and declare(r.get("id"), f"{path}.id"):
+            topo.add_rack(r["id"])
+            racks.add(r["id"])
+
+    switches: dict[str, str] = {}
+    pending_uplinks: list[tuple[str, str, str]] = []
+    for i, s in enumerate(_list(data, "switches", p)):
+        path = f"switches[{i}]"
+        if not _check_keys(s, _SWITCH_KEYS, {"id", "tier"}, path, p):
+            continue
+        ok = declare(s.get("id"), f"{path}.id")
+        tier = s.get("tier")
+        if "tier" in s and tier not in TIERS:
+            p.add(f"{path}.tier", "one of " + ", ".join(TIERS), tier)
+            ok = False
+        rack = s.get("rack")
+        if rack is not None and rack not in racks:
+            p.add(f"{path}.rack", "a rack declared under 'racks'", rack)
+            rack = None
+        ups = s.get("uplinks", []) or []
+        if not isinstance(ups, list):
+            p.add(f"{path}.uplinks", "a list of switch ids", ups)
+            ups = []
+        if ok and "tier" in s:
+            topo.add_switch(s["id"], tier, (), rack)
+            switches[s["id"]] = tier
+            for j, u in enumerate(ups):
+                pending_uplinks.append((s["id"], u, f"{path}.uplinks[{j}]"))
+    for sw, up, path in pending_uplinks:
+        if up not in switches:
+            p.add(path, "a switch declared under 'switches'", up)
+        elif TIERS.index(switches[up]) <= TIERS.index(switches[sw]):
+            p.add(path, f"a switch of a tier above {switches[sw]!r}", f"{up} ({switches[up]})")
+        else:
+            topo.add_uplink(sw, up)
+
+    pools: set[str] = set()
+    for i, s in enumerate(_list(data, "storage_pools", p)):
+        path = f"storage_pools[{i}]"
+        if _check_keys(s, _POOL_KEYS, {"id"}, path, p) and declare(s.get("id"), f"{path}.id"):
+            type_ = s.get("type", "nfs")
+            if not _str(type_):
+                p.add(f"{path}.type", "a string such as 'nfs' or 'lustre'", type_)
+                type_ = "nfs"
+            topo.add_pool(s["id"], type_)
+            pools.add(s["id"])
+
+    for i, n in enumerate(_list(data, "nodes", p)):
+        path = f"nodes[{i}]"
+        if not _check_keys(n, _NODE_KEYS, {"id"}, path, p):
+            continue
+        ok = declare(n.get("id"), f"{path}.id")
+        rack = n.get("rack")
+        if rack is not None and rack not in racks:
+            p.add(f"{path}.rack", "a rack declared under 'racks'", rack)
+            ok = False
+        gpus_raw = n.get("gpus", 0)
+        gpus: tuple[int, ...] = ()
+        if _int(gpus_raw) and gpus_raw >= 0:
+            gpus = tuple(range(gpus_raw))
+        elif isinstance(gpus_raw, list) and all(_int(g) and g >= 0 for g in gpus_raw) \
+                and len(set(gpus_raw)) == len(gpus_raw):
+            gpus = tuple(gpus_raw)
+        else:
+            p.add(f"{path}.gpus", "a GPU count or a list of distinct GPU indexes", gpus_raw)
+            ok = False
+        nics: list[Nic] = []
+        nic_list = n.get("nics", []) or []
+        if not isinstance(nic_list, list):
+            p.add(f"{path}.nics", "a list", nic_list)
+            nic_list = []
+        seen_nics: set[str] = set()
+        for j, c in enumerate(nic_list):
+            cpath = f"{path}.nics[{j}]"
+            if not _check_keys(c, _NIC_KEYS, {"name"}, cpath, p):
+                ok = False
+                continue
+            cname = c.get("name")
+            if not _str(cname) or cname in seen_nics:
+                p.add(f"{cpath}.name", "a NIC name unique on the node", cname)
+                ok = False
+                continue
+            seen_nics.add(cname)
+            leaf = c.get("leaf")
+            if leaf is not None and switches.get(leaf) != "leaf":
+                p.add(f"{cpath}.leaf", "a switch of tier 'leaf' declared under 'switches'", leaf)
+                ok = False
+            served = c.get("gpus", []) or []
+            if not isinstance(served, list) or not all(_int(g) and g in gpus for g in served):
+                p.add(f"{cpath}.gpus", f"a list of this node's GPU indexes {list(gpus)}", served)
+                ok = False
+                continue
+            nics.append(Nic(str(n.get("id")), cname, leaf, tuple(served)))
+        mounts: dict[str, str] = {}
+        mount_list = n.get("mounts", []) or []
+        if not isinstance(mount_list, list):
+            p.add(f"{path}.mounts", "a list", mount_list)
+            mount_list = []
+        for j, m in enumerate(mount_list):
+            mpath = f"{path}.mounts[{j}]"
+            if not _check_keys(m, _MOUNT_KEYS, {"pool"}, mpath, p):
+                ok = False
+                continue
+            if m.get("pool") not in pools:
+                p.add(f"{mpath}.pool", "a pool declared under 'storage_pools'", m.get("pool"))
+                ok = False
+                continue
+            dev = m.get("device", f"{topo.pool_type(m['pool'])}:/{m['pool']}")
+            if not _str(dev):
+                p.add(f"{mpath}.device", "a device or mount name such as 'nfs:/scratch'", dev)
+                ok = False
+                continue
+            mounts[m["pool"]] = dev
+        if ok:
+            topo.add_node(n["id"], gpus, nics, rack, mounts)
+
+    for i, j in enumerate(_list(data, "jobs", p)):
+        path = f"jobs[{i}]"
+        if not _check_keys(j, _JOB_KEYS, {"job", "project", "team", "ranks"}, path, p):
+            continue
+        ok = True
+        for k in ("job", "project", "team"):
+            if k in j and not _str(j[k]):
+                p.add(f"{path}.{k}", "a non-empty string", j[k])
+                ok = False
+        channel = j.get("channel")
+        if channel is not None and not _str(channel):
+            p.add(f"{path}.channel", "a Slack channel such as '#ml-infra'", channel)
+            ok = False
+        ranks: dict[int, tuple[str, int]] = {}
+        rank_list = j.get("ranks", [])
+        if not isinstance(rank_list, list):
+            p.add(f"{path}.ranks", "a list", rank_list)
+            continue
+        for k, r in enumerate(rank_list):
+            rpath = f"{path}.ranks[{k}]"
+            if not _check_keys(r, _RANK_KEYS, _RANK_KEYS, rpath, p):
+                ok = False
+                continue
+            node, gpu, rank = r.get("node"), r.get("gpu"), r.get("rank")
+            if not _int(rank) or rank in ranks:
+                p.add(f"{rpath}.rank", "a rank number unique in the job", rank)
+                ok = False
+            elif node not in topo.nodes():
+                p.add(f"{rpath}.node", "a node declared under 'nodes'", node)
+                ok = False
+            elif gpu not in topo.gpus_of(node):
+                p.add(f"{rpath}.gpu", f"one of {node}'s GPU indexes {list(topo.gpus_of(node))}", gpu)
+                ok = False
+            else:
+                ranks[rank] = (node, gpu)
+        if ok:
+            topo.place_job(j["job"], j["project"], j["team"], channel, ranks)
+    p.raise_if_any()
+    return topo
+
+
+def line_map(text: str) -> dict[str, int]:
+    """Map each key path of a YAML document (``nodes[2].nics[0].leaf``) to its 1-based line."""
+    out: dict[str, int] = {}
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        return out
+
+    def walk(node: Any, path: str) -> None:
+        if isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                key = f"{path}.{k.value}" if path else str(k.value)
+                out[key] = k.start_mark.line + 1
+                walk(v, key)
+        elif isinstance(node, yaml.SequenceNode):
+            for i, v in enumerate(node.value):
+                key = f"{path}[{i}]"
+                out[key] = v.start_mark.line + 1
+                walk(v, key)
+
+    if root is not None:
+        walk(root, "")
+    return out
+
+
+def load_yaml(path: str | Path) -> Topology:
+    """Read and parse a topology YAML file; every problem names ``path`` and its line."""
+    source = str(path)
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise TopologyError(f"{source}: cannot read: {exc.strerror or exc}", source=source) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{source}:{mark.line + 1}" if mark is not None else source
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise TopologyError(f"{where}: not valid YAML: {problem}", source=source) from None
+    return parse_topology(data, source, line_map(text))
