@@ -40,6 +40,8 @@ def register(p: argparse.ArgumentParser) -> None:
                    help="topology YAML (default: WHYWAIT_TOPOLOGY); jobs are placed from the placement topic")
     p.add_argument("--group", default="whywait-engine", help="consumer group id (default: whywait-engine)")
     p.add_argument("--latest", action="store_true", help="start from the newest messages, not the oldest")
+    p.add_argument("--not-before", type=float, metavar="UNIX_TIME",
+                   help="skip messages whose event time is older (replays, demos sharing topics)")
     p.add_argument("--no-restore", action="store_true", help="ignore the checkpointed incident state")
 
 
@@ -112,7 +114,9 @@ def run(args: argparse.Namespace) -> int:
     log.info("engine: %d rule(s), %d node(s), Kafka %s, notifier %s", len(rules), len(topology.nodes()),
              bootstrap, type(notifier).__name__)
     cfg = EngineConfig(bootstrap=bootstrap, group_id=args.group, from_beginning=not args.latest)
-    app = build_app(cfg, Processor(evaluator), notifier)
-    worker = faust.Worker(app, loglevel="WARNING", quiet=True, redirect_stdouts=False)
+    app = build_app(cfg, Processor(evaluator, not_before=args.not_before), notifier)
+    # Keep whywait's own logging (one line per event worth saying) and no terminal spinner.
+    worker = faust.Worker(app, quiet=True, redirect_stdouts=False, override_logging=False)
+    worker.spinner = None
     worker.execute_from_commandline()  # returns (or exits) when the worker stops: SIGTERM, SIGINT
     return 0

@@ -29,8 +29,23 @@ def _num(v: Any, digits: int = 1) -> str:
     return str(v)
 
 
+def _ranges(values: Any) -> str:
+    """Format integers compactly: ``[48, 49, 50, 52]`` → ``48–50, 52``."""
+    nums = sorted({int(v) for v in values or ()})
+    parts: list[str] = []
+    i = 0
+    while i < len(nums):
+        j = i
+        while j + 1 < len(nums) and nums[j + 1] == nums[j] + 1:
+            j += 1
+        parts.append(str(nums[i]) if i == j else f"{nums[i]}–{nums[j]}")
+        i = j + 1
+    return ", ".join(parts)
+
+
 env = SandboxedEnvironment(undefined=jinja2.ChainableUndefined, autoescape=False, trim_blocks=True)
 env.filters["num"] = _num
+env.filters["ranges"] = _ranges
 
 
 def render(template: str, ctx: dict[str, Any]) -> str:

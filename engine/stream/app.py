@@ -89,8 +89,9 @@ def build_app(cfg: EngineConfig, processor: Processor, notifier: Notifier) -> fa
             log.error("notifier failed for %s: %s", d.fingerprint, exc)
             return
         if trigger_ms is not None:
-            log.info("%s %s for job %s: produced→notified %.0f ms", d.status, d.rule_id, d.job,
-                     time.time() * 1000 - trigger_ms)
+            # One parseable line per notification: the demo and the benchmarks read it.
+            log.info("latency: rule=%s status=%s job=%s produced_to_notified_ms=%.0f", d.rule_id, d.status,
+                     d.job, time.time() * 1000 - trigger_ms)
 
     @app.agent(inputs, concurrency=1)
     async def evaluate(stream: faust.StreamT) -> None:  # a processor, in this project's words

@@ -61,8 +61,11 @@ def dead_letter(rec: Record, reason: str) -> tuple[bytes, bytes]:
 class Processor:
     """Holds the evaluator and counts what passed through it."""
 
-    def __init__(self, evaluator: Evaluator) -> None:
+    def __init__(self, evaluator: Evaluator, not_before: float | None = None) -> None:
         self.evaluator = evaluator
+        # Messages older than this event time are skipped (counted): a replay or demo that
+        # shares topics with earlier runs starts from a point in event time, not an offset.
+        self.not_before = not_before
         self.counts: Counter[str] = Counter()
         # fingerprint -> producer timestamp (ms) of the record whose arrival made the diagnosis
         # possible: the start of the wall-clock latency (event produced -> Slack post).
@@ -80,6 +83,9 @@ class Processor:
             except ContractError as exc:
                 self.counts["dead_letters"] += 1
                 out.dead_letters.append(dead_letter(rec, str(exc)))
+                continue
+            if self.not_before is not None and msg["time"] < self.not_before:
+                self.counts["skipped_before_start"] += 1
                 continue
             self.counts["messages"] += 1
             self.counts[f"kind.{msg['kind']}"] += 1
