@@ -137,7 +137,7 @@ class DcgmCollector(Collector):
         body: dict[str, Any] = {"gpus": []}
         for gpu, f in self._by_gpu(samples):
             rec = self._record(gpu, f, mono)
-            body["gpus_incomplete" if "unavailable" in rec else "gpus"].append(rec)
+            body.setdefault("gpus_incomplete" if "unavailable" in rec else "gpus", []).append(rec)
         if not body.get("gpus_incomplete"):
             body.pop("gpus_incomplete", None)
         return body

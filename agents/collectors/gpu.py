@@ -107,7 +107,7 @@ class NvmlCollector(Collector):
             mx = self._try(i, "max_sm", n.nvmlDeviceGetMaxClockInfo, h, _CLOCK_SM)
             self._max_sm.append(float(mx) if mx is not None else None)
             links = []
-            for link in range(_NVLINK_MAX_LINKS):
+            for link in range(int(getattr(n, "NVML_NVLINK_MAX_LINKS", _NVLINK_MAX_LINKS))):
                 try:
                     if n.nvmlDeviceGetNvLinkState(h, link):
                         links.append(link)
@@ -244,7 +244,7 @@ class NvmlCollector(Collector):
                 continue
             # A GPU lacking a field the contract requires (utilisation under MIG) travels in
             # an extra list, so the message stays valid and its XIDs and ECC counts are kept.
-            body["gpus_incomplete" if "unavailable" in rec else "gpus"].append(rec)
+            body.setdefault("gpus_incomplete" if "unavailable" in rec else "gpus", []).append(rec)
         if not body.get("gpus_incomplete"):
             body.pop("gpus_incomplete", None)
         return body
