@@ -1,0 +1,55 @@
+"""Session-wide fixtures: one real Kafka broker for the whole test run.
+
+``kafka_bootstrap`` is ``$WHYWAIT_KAFKA_BOOTSTRAP`` when set; otherwise a
+:class:`~engine.localkafka.broker.LocalBroker` (KRaft, 127.0.0.1, free ports, data in a
+tmp dir) is started for the session and stopped at its end.  While it runs,
+``WHYWAIT_KAFKA_BOOTSTRAP`` points at it, so code under test that calls
+``resolve_bootstrap()`` finds it.  Every test marked ``integration`` gets the
+fixture whether or not it asks for it.  Subfolders add their own conftest files.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+from typing import Any, Iterator
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    from engine.localkafka import broker as lb
+
+    env = os.environ.get(lb.BOOTSTRAP_ENV, "").strip()
+    if env:
+        yield env
+        return
+    if shutil.which("java") is None or not (lb.jars_fetched() or shutil.which("mvn")):
+        pytest.skip(f"no Kafka: set {lb.BOOTSTRAP_ENV}, or install java and mvn for the local broker")
+    broker = lb.LocalBroker(detached=False)
+    bootstrap = broker.start(data_dir=tmp_path_factory.mktemp("kafka-broker"))
+    os.environ[lb.BOOTSTRAP_ENV] = bootstrap
+    try:
+        yield bootstrap
+    finally:
+        os.environ.pop(lb.BOOTSTRAP_ENV, None)
+        broker.stop()
+
+
+@pytest.fixture
+def kafka_topic_factory(kafka_bootstrap: str) -> Any:
+    """``await kafka_topic_factory(partitions=1, compacted=False, config=None, name=None) -> topic name``."""
+    from tests.support.kafka import create_topic
+
+    return functools.partial(create_topic, kafka_bootstrap)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``integration`` all use the session broker (started before their first one)."""
+    for item in items:
+        names = getattr(item, "fixturenames", None)
+        if item.get_closest_marker("integration") is not None and names is not None \
+                and "kafka_bootstrap" not in names:
+            names.append("kafka_bootstrap")
