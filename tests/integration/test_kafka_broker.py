@@ -100,7 +100,7 @@ async def test_compacted_topic(kafka_bootstrap, kafka_topic_factory):
     assert [(r.key, r.value) for r in records] == [(b"node-1", b"first"), (b"node-1", b"second"), (b"node-2", None)]
 
 
-async def test_faust_agent_consumes_and_produces(kafka_bootstrap, kafka_topic_factory):
+async def test_faust_agent_consumes_and_produces(kafka_bootstrap, kafka_topic_factory, tmp_path):
     """faust 0.15 + aiokafka 0.14 against Kafka 4.1: topic declaration, group join, commit, changelog."""
     import faust
     from aiokafka import AIOKafkaProducer
@@ -110,7 +110,8 @@ async def test_faust_agent_consumes_and_produces(kafka_bootstrap, kafka_topic_fa
     source = await kafka_topic_factory(name=f"faust-in-{suffix}")
     app = faust.App(f"whywait-test-{suffix}", broker=f"kafka://{kafka_bootstrap}", store="memory://",
                     topic_replication_factor=1, topic_partitions=1, web_enabled=False,
-                    key_serializer="raw", value_serializer="raw")
+                    key_serializer="raw", value_serializer="raw",
+                    datadir=str(tmp_path / "faust"))  # faust's default is ./<id>-data in the cwd
     src = app.topic(source)
     dst = app.topic(f"faust-out-{suffix}", internal=True, partitions=1)  # declared by faust itself
     counts = app.Table(f"counts-{suffix}", default=int, partitions=1)
