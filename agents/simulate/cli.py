@@ -93,17 +93,32 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(str(exc)) from None
     if args.topology_out:
         sim.topology.to_yaml(args.topology_out)
-    if args.truth_out:
-        with open(args.truth_out, "w") as fh:
-            json.dump([g.to_dict() for g in sim.ground_truth()], fh, indent=2)
-            fh.write("\n")
+    # The schedule is known up front; a few faults (checkpoint-stall) learn their exact window while running,
+    # so the file is written now for early readers and rewritten once the run is over.
+    _write_truth(sim, args.truth_out)
     stream = _with_progress(sim.messages(), sim, args.speed)
     if args.dry_run:
-        return _print(_paced(stream, sim.start_time, args.speed), sys.stdout)
-    from engine.localkafka.broker import resolve_bootstrap  # lazy: the broker helper is engine-side
+        rc = _print(_paced(stream, sim.start_time, args.speed), sys.stdout)
+    else:
+        from engine.localkafka.broker import resolve_bootstrap  # lazy: the broker helper is engine-side
 
-    bootstrap = args.bootstrap or resolve_bootstrap()
-    return asyncio.run(_publish(stream, bootstrap, sim.start_time, args.speed))
+        bootstrap = args.bootstrap or resolve_bootstrap()
+        rc = asyncio.run(_publish(stream, bootstrap, sim.start_time, args.speed))
+    _write_truth(sim, args.truth_out)
+    return rc
+
+
+def _write_truth(sim: Any, path: str | None) -> None:
+    """Write the ground truth as a JSON list, atomically (a reader never sees half a file)."""
+    if not path:
+        return
+    import os
+
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as fh:
+        json.dump([g.to_dict() for g in sim.ground_truth()], fh, indent=2)
+        fh.write("\n")
+    os.replace(tmp, path)
 
 
 def _paced(messages: Iterable[tuple[str, dict[str, Any]]], origin: float, speed: float

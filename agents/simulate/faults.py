@@ -253,9 +253,674 @@ class NicPacketLoss(Fault):
         report["tcp_timeouts_per_s"] = round(report["tcp_timeouts_per_s"] + 25.0 * lvl * rng.lognormvariate(0, 0.4), 2)
 
 
+def _gpu_sample(gpus: list[dict[str, Any]], index: int) -> dict[str, Any] | None:
+    for g in gpus:
+        if g["gpu"] == index:
+            return g
+    return None
+
+
+def _nic_counters(report: dict[str, Any], name: str | None) -> dict[str, Any] | None:
+    for c in report["nics"]:
+        if c["nic"] == name:
+            return c
+    return None
+
+
+def _mount_devices(report: dict[str, Any], pool: str | None = None) -> list[dict[str, Any]]:
+    return [d for d in report["devices"] if "pool" in d and (pool is None or d["pool"] == pool)]
+
+
+class _GpuFault(Fault):
+    """A fault on one GPU (``node-07:gpu3``, ``node-07:3``, or ``node-07`` for GPU 0); the culprit is that GPU."""
+
+    culprit_kind = "gpu"
+    target_kind = "node:gpuN"
+
+    def resolve(self, sim: Simulation) -> None:
+        node, _, g = self.target.partition(":")
+        self.node = self._node(sim, node)
+        try:
+            self.gpu = int(g[3:] if g.startswith("gpu") else g) if g else 0
+        except ValueError:
+            raise SimulationError(f"fault {self.name!r}: target must be NODE:gpuN such as node-07:gpu3 "
+                                  f"(got {self.target!r})") from None
+        if self.gpu not in sim.topology.gpus_of(self.node):
+            raise SimulationError(f"fault {self.name!r}: {self.node} has no GPU {self.gpu} "
+                                  f"(has {list(sim.topology.gpus_of(self.node))})")
+        self.nodes = frozenset({self.node})
+        # (job, rank) running on the GPU, if any.
+        self.victims = {j.spec.job: r for j in sim.jobs for r in j.ranks
+                        if j.node_of[r] == self.node and j.gpu_of[r] == self.gpu}
+        self.job_ids = frozenset(self.victims)
+
+    def culprit(self) -> str:
+        return f"{self.node} gpu {self.gpu}"
+
+    def culprit_ranks(self, job: JobState, ranks: tuple[int, ...]) -> tuple[int, ...]:
+        return (self.victims[job.spec.job],)
+
+    def on_step(self, t: float, job: JobState, fx: StepEffects) -> None:
+        # Throttling deepens as the GPU heats up: half the slowdown at once, all of it after 20 s.
+        extra = (self.params["compute_mult"] - 1.0) * self.level(t, 20.0, 0.5)
+        fx.compute_mult[self.victims[job.spec.job]] *= 1.0 + extra
+
+
+class GpuThermal(_GpuFault):
+    """One GPU overheats and throttles: its rank computes slowly, everyone else waits for it."""
+
+    name = "gpu-thermal"
+    cause = "gpu.thermal-throttle"
+    signals = ("gpu.temp_c", "gpu.throttle_reasons", "gpu.sm_clock_mhz", "steps.compute_s (culprit rank)",
+               "steps.comm_s (other ranks)")
+    PARAMS = {"temp_c": 92.0, "compute_mult": 1.6, "sm_clock_mhz": 1250.0}
+    doc = ("temp_c 90+, throttle_reasons [hw_thermal_slowdown, sw_thermal_slowdown], sm_clock down; the rank's "
+           "compute_s × compute_mult with LOW comm_s, every other rank's comm_s up.")
+
+    def on_gpu(self, t: float, frac: float, node: str, gpus: list[dict[str, Any]]) -> None:
+        g = _gpu_sample(gpus, self.gpu)
+        if g is None:
+            return
+        lvl = self.level(t, 20.0, 0.5)
+        g["temp_c"] = round(g["temp_c"] + (self.params["temp_c"] - g["temp_c"]) * lvl
+                            + self.rng.gauss(0, 0.8), 1)
+        g["throttle_reasons"] = ["hw_thermal_slowdown", "sw_thermal_slowdown"]
+        g["sm_clock_mhz"] = round(self.params["sm_clock_mhz"] + self.rng.gauss(0, 30), 0)
+
+
+class GpuPower(_GpuFault):
+    """One GPU is held at a low power cap: clocks drop, its rank computes slowly, the others wait."""
+
+    name = "gpu-power"
+    cause = "gpu.power-cap"
+    signals = ("gpu.power_w", "gpu.power_limit_w", "gpu.throttle_reasons", "gpu.sm_clock_mhz",
+               "steps.compute_s (culprit rank)", "steps.comm_s (other ranks)")
+    PARAMS = {"power_limit_w": 350.0, "compute_mult": 1.3, "sm_clock_mhz": 1410.0}
+    doc = "power_limit_w lowered and power_w pinned at it, throttle_reasons [sw_power_cap], sm_clock down."
+
+    def on_gpu(self, t: float, frac: float, node: str, gpus: list[dict[str, Any]]) -> None:
+        g = _gpu_sample(gpus, self.gpu)
+        if g is None:
+            return
+        cap = self.params["power_limit_w"]
+        g["power_limit_w"] = cap
+        g["power_w"] = round(min(cap, cap * (0.97 + self.rng.gauss(0, 0.01))), 1)
+        g["throttle_reasons"] = ["sw_power_cap"]
+        g["sm_clock_mhz"] = round(self.params["sm_clock_mhz"] + self.rng.gauss(0, 25), 0)
+
+
+class GpuEccXid(_GpuFault):
+    """A GPU reports an uncorrectable ECC error and an XID, then falls out: its job hangs in the collective."""
+
+    name = "gpu-ecc-xid"
+    cause = "gpu.xid"
+    signals = ("gpu.xid", "gpu.ecc_uncorrected", "gpu.remapped_rows_pending", "gpu.util_pct (culprit idle)",
+               "steps (none: the job hangs)")
+    PARAMS = {"xid": 79.0, "hang": 1.0}
+    doc = ("first interval: xid [48, <xid>] and ecc_uncorrected 1; remapped_rows_pending true and the XID "
+           "repeated every 10 s after; the GPU idles (util 0), the job's other GPUs spin (util ~100, low power) "
+           "and no rank completes a step (hang=0: only the culprit rank slows 3x).")
+
+    def resolve(self, sim: Simulation) -> None:
+        super().resolve(sim)
+        # The whole job hangs, so every node of the job shows it; remember them for the GPU hook.
+        self.job_nodes = {n for j in self.job_ids for n in sim.job_by_id[j].node_ranks}
+
+    def on_step(self, t: float, job: JobState, fx: StepEffects) -> None:
+        if self.params["hang"]:
+            fx.stalled = True
+        else:
+            fx.compute_mult[self.victims[job.spec.job]] *= 3.0
+
+    def on_gpu(self, t: float, frac: float, node: str, gpus: list[dict[str, Any]]) -> None:
+        g = _gpu_sample(gpus, self.gpu)
+        if g is None:
+            return
+        first = t - self.start <= 1.0 + 1e-9
+        xid = int(self.params["xid"])
+        if first:
+            g["xid"] = [48, xid] if xid != 48 else [48]
+            g["ecc_uncorrected"] = 1
+        elif int(t - self.start) % 10 == 0:
+            g["xid"] = [xid]
+        g["remapped_rows_pending"] = True
+        if self.params["hang"]:
+            g.update(util_pct=0.0, mem_util_pct=0.0, power_w=round(75.0 + self.rng.gauss(0, 2), 1),
+                     sm_clock_mhz=345.0)
+
+
+class NicLocality(Fault):
+    """A node's GPUs send through the wrong NIC (e.g. a bad NCCL_IB_HCA): one NIC carries it all, the rest idle."""
+
+    name = "wrong-nic"
+    cause = "topology.wrong-nic"
+    culprit_kind = "node"
+    target_kind = "node or node:gpuN"
+    signals = ("net.nics[].tx_bytes_per_s (expected NIC idle, another busy)", "net.nics[].xmit_wait_per_s",
+               "steps.comm_s")
+    PARAMS = {"comm_mult": 1.5}
+    doc = ("the traffic of the GPUs (all of the node's, or one) moves from their PCIe-local NIC to the node's "
+           "first other NIC: the expected NIC's bytes fall to ~0, the used one carries the sum and its "
+           "xmit_wait climbs; every rank's comm_s × comm_mult.")
+
+    def resolve(self, sim: Simulation) -> None:
+        node, _, g = self.target.partition(":")
+        self.node = self._node(sim, node)
+        topo = sim.topology
+        gpus = topo.gpus_of(self.node)
+        if g:
+            try:
+                idx = int(g[3:] if g.startswith("gpu") else g)
+            except ValueError:
+                idx = -1
+            if idx not in gpus:
+                raise SimulationError(f"fault {self.name!r}: {self.node} has no GPU {g!r}")
+            self.gpus: tuple[int, ...] = (idx,)
+        else:
+            self.gpus = tuple(gpus)
+        nics = topo.nics_of(self.node)
+        if len(nics) < 2:
+            raise SimulationError(f"fault {self.name!r}: {self.node} needs two NICs to misroute (has {len(nics)})")
+        expected = {topo.expected_nic(self.node, gg) for gg in self.gpus}
+        # The wrongly used NIC: the first one that is not local to the chosen GPUs (or the primary, for all).
+        self.used = next((n.name for n in nics if n.name not in expected), nics[0].name)
+        self.expected = {gg: topo.expected_nic(self.node, gg) for gg in self.gpus}
+        self.nodes = frozenset({self.node})
+        self.job_ids = frozenset(j.spec.job for j in sim.jobs if self.node in j.node_ranks)
+
+    def culprit(self) -> str:
+        return self.node if len(self.gpus) > 1 else f"{self.node} gpu {self.gpus[0]}"
+
+    def detail(self) -> dict[str, Any]:
+        return {"target": self.target, "used_nic": self.used,
+                "expected_nics": {str(k): v for k, v in self.expected.items()}, **self.params}
+
+    def on_step(self, t: float, job: JobState, fx: StepEffects) -> None:
+        fx.comm_mult *= self.params["comm_mult"]
+
+    def on_net(self, t: float, frac: float, node: str, report: dict[str, Any]) -> None:
+        by_name = {c["nic"]: c for c in report["nics"]}
+        used = by_name[self.used]
+        for c in report["nics"]:
+            if c is used:
+                continue
+            served = c.get("gpus") or []
+            share = sum(1 for g in served if g in self.expected) / max(len(served), 1)
+            if share == 0:
+                continue
+            for k in ("rx_bytes_per_s", "tx_bytes_per_s", "rx_packets_per_s", "tx_packets_per_s"):
+                moved = c[k] * share * frac
+                c[k] = round(c[k] - moved + (abs(self.rng.gauss(0, 5e3)) if "bytes" in k else 0.0), 1)
+                used[k] = round(used[k] + moved, 1)
+        used["xmit_wait_per_s"] = round(used["xmit_wait_per_s"] + 4.0e6 * frac * self.rng.lognormvariate(0, 0.3), 1)
+
+
+class NicLinkFlap(Fault):
+    """A NIC's link goes down and up: carrier changes, symbol errors, and a stall of the job at each flap."""
+
+    name = "link-flap"
+    cause = "network.link-flap"
+    culprit_kind = "node"
+    target_kind = "node or node:nic"
+    signals = ("net.nics[].carrier_changes", "net.nics[].link_up", "net.nics[].symbol_errors",
+               "net.tcp_retrans_segs_per_s", "steps.comm_s")
+    PARAMS = {"period_s": 15.0, "down_s": 2.0}
+    doc = ("every period_s the link drops for down_s: link_up false, bytes 0, carrier_changes 2 (down+up), "
+           "symbol_errors; retransmits spike after; each flap adds ~down_s to the step in flight for every rank.")
+
+    resolve = NicPacketLoss.resolve
+    culprit = NicPacketLoss.culprit
+    detail = NicPacketLoss.detail
+
+    def _down(self, t0: float, t1: float) -> bool:
+        period, down = self.params["period_s"], self.params["down_s"]
+        k0 = int((t0 - self.start) // period)
+        for k in (k0, k0 + 1):
+            lo = self.start + k * period
+            if lo < t1 and lo + down > t0 and lo >= self.start:
+                return True
+        return False
+
+    def on_step(self, t: float, job: JobState, fx: StepEffects) -> None:
+        # A step that starts in a down window waits for the link (NCCL retries until it is back).
+        if self._down(t, t + job.spec.base_step_s):
+            fx.comm_add_s += self.params["down_s"] * self.rng.uniform(0.5, 1.0)
+
+    def on_net(self, t: float, frac: float, node: str, report: dict[str, Any]) -> None:
+        c = _nic_counters(report, self.nic)
+        if c is None:
+            return
+        dt = report["interval_s"]
+        if self._down(t - dt, t):
+            c.update(link_up=False, carrier_changes=2, rx_bytes_per_s=0.0, tx_bytes_per_s=0.0,
+                     rx_packets_per_s=0.0, tx_packets_per_s=0.0,
+                     symbol_errors=c.get("symbol_errors", 0) + self.rng.randint(5, 60))
+            report["tcp_retrans_segs_per_s"] = round(report["tcp_retrans_segs_per_s"]
+                                                     + 150.0 * self.rng.lognormvariate(0, 0.4), 2)
+            report["tcp_timeouts_per_s"] = round(report["tcp_timeouts_per_s"] + 8.0, 2)
+
+
+class _NodeDataFault(Fault):
+    """Base of faults that slow one node's input pipeline: its ranks arrive late at every all-reduce."""
+
+    def on_step(self, t: float, job: JobState, fx: StepEffects) -> None:
+        extra = self.params["data_wait_s"] * self.level(t, 10.0, 0.5)
+        for r in job.node_ranks[self.node]:
+            fx.data_add_s[r] += extra * self.rng.lognormvariate(0, 0.25)
+
+
+class StorageClientSlow(_NodeDataFault):
+    """One node's mount of a pool is slow (a client-side problem): the pool is fine for everyone else."""
+
+    name = "storage-client-slow"
+    cause = "storage.client-slow"
+    culprit_kind = "node"
+    target_kind = "node"
+    signals = ("storage.devices[].read_latency_ms (one node)", "storage.devices[].queue_depth",
+               "storage.io_pressure_some_avg10", "host.cpu_iowait_pct", "steps.data_wait_s (node's ranks)",
+               "steps.comm_s (other ranks)")
+    PARAMS = {"latency_mult": 25.0, "data_wait_s": 0.6}
+    doc = ("the node's pool mounts: read_latency_ms × latency_mult, queue depth and io pressure up, iowait up; "
+           "its ranks' data_wait_s + data_wait_s; other ranks wait in comm_s; other nodes' mounts healthy.")
+
+    def on_storage(self, t: float, frac: float, node: str, report: dict[str, Any]) -> None:
+        mult = 1.0 + (self.params["latency_mult"] - 1.0) * frac
+        for d in _mount_devices(report):
+            d["read_latency_ms"] = round(d["read_latency_ms"] * mult, 3)
+            d["write_latency_ms"] = round(d["write_latency_ms"] * mult, 3)
+            d["queue_depth"] = round(d["queue_depth"] * mult + 6.0 * frac, 3)
+            d["util_pct"] = round(min(100.0, d.get("util_pct", 0.0) + 80.0 * frac), 1)
+        report["io_pressure_some_avg10"] = round(report["io_pressure_some_avg10"] + 35.0 * frac, 2)
+
+    def on_host(self, t: float, frac: float, node: str, report: dict[str, Any]) -> None:
+        report["cpu_iowait_pct"] = round(report["cpu_iowait_pct"] + 9.0 * frac, 2)
+
+
+class CpuBoundLoader(_NodeDataFault):
+    """One node's data loaders run out of CPU: its ranks wait for input although storage is healthy."""
+
+    name = "cpu-bound-loader"
+    cause = "data-loader.cpu-bound"
+    culprit_kind = "node"
+    target_kind = "node"
+    signals = ("host.cpu_busy_pct", "host.cpu_pressure_some_avg10", "host.loader_cpu_pct",
+               "steps.data_wait_s (node's ranks)", "steps.comm_s (other ranks)")
+    PARAMS = {"data_wait_s": 0.5, "loader_mult": 3.0}
+    doc = ("cpu_busy_pct ~99, cpu pressure ~60-80%, loader_cpu_pct × loader_mult; its ranks' data_wait_s up "
+           "(others wait in comm_s); storage latency unchanged.")
+
+    def on_host(self, t: float, frac: float, node: str, report: dict[str, Any]) -> None:
+        report["cpu_busy_pct"] = round(report["cpu_busy_pct"] + (99.0 - report["cpu_busy_pct"]) * frac
+                                       + self.rng.gauss(0, 0.3) * frac, 1)
+        report["cpu_busy_pct"] = min(100.0, report["cpu_busy_pct"])
+        report["cpu_pressure_some_avg10"] = round(report["cpu_pressure_some_avg10"]
+                                                  + 70.0 * frac * self.rng.uniform(0.85, 1.1), 2)
+        report["loader_cpu_pct"] = round(report["loader_cpu_pct"] * (1 + (self.params["loader_mult"] - 1) * frac), 1)
+
+
+class StorageSlow(Fault):
+    """A storage pool is slow for everyone: every job reading from it waits for input on every rank."""
+
+    name = "storage-slow"
+    cause = "storage.pool-slow"
+    culprit_kind = "pool"
+    target_kind = "pool"
+    signals = ("storage.devices[].read_latency_ms (every node mounting the pool)", "storage.devices[].queue_depth",
+               "storage.io_pressure_some_avg10", "steps.data_wait_s (all ranks)", "gpu.util_pct")
+    PARAMS = {"latency_mult": 20.0, "data_wait_s": 0.45}
+    doc = ("on every node mounting the pool: read/write latency × latency_mult, queue depth and io pressure "
+           "up; every rank of each job on the pool: data_wait_s + data_wait_s (no straggler, comm_s normal).")
+
+    def resolve(self, sim: Simulation) -> None:
+        if self.target not in sim.topology.pools():
+            raise SimulationError(f"fault {self.name!r}: unknown pool {self.target!r} "
+                                  f"(pools: {', '.join(sim.topology.pools()) or 'none'})")
+        self.nodes = frozenset(sim.topology.nodes_under(self.target))
+        self.job_ids = frozenset(j.spec.job for j in sim.jobs if j.spec.pool == self.target)
+
+    def culprit_ranks(self, job: JobState, ranks: tuple[int, ...]) -> tuple[int, ...]:
+        return ()
+
+    def on_step(self, t: float, job: JobState, fx: StepEffects) -> None:
+        extra = self.params["data_wait_s"] * self.level(t, 10.0, 0.5) * self.rng.lognormvariate(0, 0.15)
+        for r in job.ranks:
+            fx.data_add_s[r] += extra * self.rng.lognormvariate(0, 0.1)
+
+    def on_storage(self, t: float, frac: float, node: str, report: dict[str, Any]) -> None:
+        mult = 1.0 + (self.params["latency_mult"] - 1.0) * frac
+        for d in _mount_devices(report, self.target):
+            d["read_latency_ms"] = round(d["read_latency_ms"] * mult, 3)
+            d["write_latency_ms"] = round(d["write_latency_ms"] * mult, 3)
+            d["queue_depth"] = round(d["queue_depth"] * mult + 4.0 * frac, 3)
+        report["io_pressure_some_avg10"] = round(report["io_pressure_some_avg10"] + 25.0 * frac, 2)
+
+
+class _JobFault(Fault):
+    """A fault whose target is a job id; the culprit is the job unless a subclass says otherwise."""
+
+    culprit_kind = "job"
+    target_kind = "job"
+
+    def resolve(self, sim: Simulation) -> None:
+        self.js = self._job(sim, self.target)
+        self.nodes = frozenset(self.js.node_ranks)
+        self.job_ids = frozenset({self.target})
+        self.pool = self.js.spec.pool
+
+    def culprit_ranks(self, job: JobState, ranks: tuple[int, ...]) -> tuple[int, ...]:
+        return ()
+
+
+class WholeJobSlow(_JobFault):
+    """Every rank of a job computes more slowly (a code or configuration change): no straggler, no wait."""
+
+    name = "whole-job-slow"
+    cause = "job.slow-everywhere"
+    signals = ("steps.compute_s (all ranks)", "steps.duration_s")
+    PARAMS = {"compute_mult": 1.5}
+    doc = "every rank's compute_s × compute_mult; comm_s, data_wait_s and the hardware signals stay normal."
+
+    def on_step(self, t: float, job: JobState, fx: StepEffects) -> None:
+        m = self.params["compute_mult"]
+        fx.compute_mult[:] = [c * m for c in fx.compute_mult]
+
+
+class CheckpointGrowth(_JobFault):
+    """Each checkpoint of a job takes longer than the one before (state or metadata growing, bandwidth falling)."""
+
+    name = "checkpoint-growth"
+    cause = "checkpoint.growth"
+    signals = ("checkpoint.duration_s (end, rising)", "steps.checkpoint_s", "storage.devices[].write_bytes_per_s")
+    PARAMS = {"growth": 1.4, "bytes_growth": 1.0}
+    doc = ("the k-th checkpoint inside the window lasts growth^k times the normal and writes "
+           "bytes_growth^k times the bytes.")
+
+    def __init__(self, target: str, start: float, end: float, **params: Any) -> None:
+        super().__init__(target, start, end, **params)
+        self.first: int | None = None
+
+    def on_checkpoint(self, t: float, job: JobState, plan: CheckpointPlan) -> None:
+        if self.first is None:
+            self.first = plan.index
+        k = plan.index - self.first + 1
+        plan.duration_s *= self.params["growth"] ** k
+        plan.bytes = int(plan.bytes * self.params["bytes_growth"] ** k)
+
+
+class CheckpointStall(_JobFault):
+    """A checkpoint write hangs on the pool: the job does no training until it completes."""
+
+    name = "checkpoint-stall"
+    cause = "checkpoint.stall"
+    culprit_kind = "pool"
+    signals = ("checkpoint (start, then no end for the stall)", "steps (none during the stall)",
+               "steps.checkpoint_s", "storage.devices[].write_latency_ms", "storage.devices[].queue_depth",
+               "io_pressure_some_avg10", "gpu.util_pct (idle)")
+    PARAMS = {"stall_s": 0.0}
+    doc = ("the first checkpoint starting in the window lasts stall_s (0: until the fault's end): no step "
+           "completes meanwhile, GPUs idle, the job's mounts show write latency ×100 and a deep queue; then "
+           "phase end.  The ground truth's start is the stalled checkpoint's start.")
+
+    def __init__(self, target: str, start: float, end: float, **params: Any) -> None:
+        super().__init__(target, start, end, **params)
+        self.window: tuple[float, float] | None = None
+
+    def culprit(self) -> str:
+        return self.pool or self.target
+
+    def detail(self) -> dict[str, Any]:
+        return {"target": self.target, "job": self.target, **self.params}
+
+    def truth(self, sim: Simulation) -> list[GroundTruth]:
+        out = super().truth(sim)
+        if self.window is None:
+            return out
+        # The stall begins with the checkpoint that hangs, not with the fault's window.
+        lo, hi = (sim.start_time + self.window[0], sim.start_time + min(self.window[1], sim.duration_s))
+        return [GroundTruth(g.fault, lo, hi, g.culprit, g.culprit_kind, g.job, g.cause, g.signals, g.ranks,
+                            g.detail) for g in out]
+
+    def on_checkpoint(self, t: float, job: JobState, plan: CheckpointPlan) -> None:
+        if self.window is None:
+            plan.duration_s = self.params["stall_s"] or max(plan.duration_s, self.end - t)
+            self.window = (t, t + plan.duration_s)
+
+    def on_storage(self, t: float, frac: float, node: str, report: dict[str, Any]) -> None:
+        if self.window is None or not (self.window[0] < t <= self.window[1] + 1.0):
+            return
+        for d in _mount_devices(report, self.pool):
+            d["write_latency_ms"] = round(d["write_latency_ms"] * 100.0, 3)
+            d["queue_depth"] = round(d["queue_depth"] + 64.0, 3)
+            d["write_iops"] = round(d["write_iops"] * 0.02, 1)
+            d["write_bytes_per_s"] = round(d["write_bytes_per_s"] * 0.02, 1)
+        report["io_pressure_some_avg10"] = round(report["io_pressure_some_avg10"] + 60.0, 2)
+
+
+class CheckpointFailed(_JobFault):
+    """Checkpoint saves fail (quota, permissions, a full pool): ``failed`` events instead of ``end``."""
+
+    name = "checkpoint-failed"
+    cause = "checkpoint.failed"
+    culprit_kind = "pool"
+    signals = ("checkpoint.phase failed", "checkpoint.error")
+    PARAMS = {"after_s": 4.0}
+    doc = "each checkpoint starting in the window fails after ~after_s with error 'OSError: [Errno 122] Disk quota exceeded'."
+
+    def culprit(self) -> str:
+        return self.pool or self.target
+
+    def on_checkpoint(self, t: float, job: JobState, plan: CheckpointPlan) -> None:
+        plan.failed = True
+        plan.duration_s = self.params["after_s"] * self.rng.lognormvariate(0, 0.1)
+        plan.error = f"OSError: [Errno 122] Disk quota exceeded: '/{self.pool}/{job.spec.job}/{plan.checkpoint_id}'"
+
+
+class RankSilent(Fault):
+    """A rank stops: it hangs (the whole job stops completing steps) or, with hang=0, only its reports stop."""
+
+    name = "rank-silent"
+    cause = "job.rank-hung"
+    culprit_kind = "rank"
+    target_kind = "job:rank"
+    signals = ("steps (none from the rank; with hang=1 none from any rank)", "gpu.util_pct (rank's GPU idle, "
+               "others spinning ~100 at low power)", "net.nics[].tx_bytes_per_s (falls to ~0)")
+    PARAMS = {"hang": 1.0}
+    doc = ("hang=1: no rank completes a step; the rank's GPU idles (util 0) while the others spin in NCCL "
+           "(util ~100, power ~150 W) and NIC traffic stops. hang=0: training goes on but the rank reports "
+           "no steps.")
+
+    def resolve(self, sim: Simulation) -> None:
+        job, _, rank = self.target.rpartition(":")
+        self.js = self._job(sim, job)
+        try:
+            self.rank = int(rank)
+        except ValueError:
+            self.rank = -1
+        if self.rank not in self.js.ranks:
+            raise SimulationError(f"fault {self.name!r}: target must be JOB:RANK with a rank of 0.."
+                                  f"{len(self.js.ranks) - 1} (got {self.target!r})")
+        self.node = self.js.node_of[self.rank]
+        self.gpu = self.js.gpu_of[self.rank]
+        self.nodes = frozenset({self.node})
+        self.job_ids = frozenset({job})
+
+    def culprit(self) -> str:
+        return f"job {self.js.spec.job} rank {self.rank}"
+
+    def culprit_ranks(self, job: JobState, ranks: tuple[int, ...]) -> tuple[int, ...]:
+        return (self.rank,)
+
+    def detail(self) -> dict[str, Any]:
+        return {"target": self.target, "node": self.node, "gpu": self.gpu, **self.params}
+
+    def on_step(self, t: float, job: JobState, fx: StepEffects) -> None:
+        if self.params["hang"]:
+            fx.stalled = True
+        else:
+            fx.silent.add(self.rank)
+
+    def on_gpu(self, t: float, frac: float, node: str, gpus: list[dict[str, Any]]) -> None:
+        if not self.params["hang"]:
+            return
+        g = _gpu_sample(gpus, self.gpu)
+        if g is not None:
+            g.update(util_pct=0.0, mem_util_pct=0.0, power_w=round(90.0 + self.rng.gauss(0, 3), 1))
+
+
+class UplinkOversubscribed(Fault):
+    """A leaf's uplinks are oversubscribed: its nodes' ports wait for credits, traffic through it slows."""
+
+    name = "uplink-oversubscribed"
+    cause = "network.uplink-oversubscribed"
+    culprit_kind = "switch"
+    target_kind = "leaf"
+    signals = ("net.nics[].xmit_wait_per_s (every node under the leaf)", "net.nics[].tx_bytes_per_s (unbalanced)",
+               "steps.comm_s (jobs crossing the leaf)")
+    PARAMS = {"comm_mult": 1.8, "xmit_wait_per_s": 5.0e6}
+    doc = ("on every node under the leaf: xmit_wait_per_s ~ the parameter (vs ~2e3 healthy), tx bytes skewed "
+           "(some NICs ±40%); jobs with ranks under the leaf and elsewhere: comm_s × comm_mult.")
+
+    def resolve(self, sim: Simulation) -> None:
+        topo = sim.topology
+        if self.target not in topo.switches("leaf"):
+            raise SimulationError(f"fault {self.name!r}: unknown leaf switch {self.target!r} "
+                                  f"(leaves: {', '.join(topo.switches('leaf'))})")
+        self.nodes = frozenset(topo.nodes_under(self.target))
+        # Only traffic that crosses the uplinks suffers: jobs with ranks both under the leaf and elsewhere.
+        self.job_ids = frozenset(j.spec.job for j in sim.jobs
+                                 if set(j.node_ranks) & self.nodes and set(j.node_ranks) - self.nodes)
+
+    def culprit_ranks(self, job: JobState, ranks: tuple[int, ...]) -> tuple[int, ...]:
+        return ()
+
+    def on_step(self, t: float, job: JobState, fx: StepEffects) -> None:
+        fx.comm_mult *= 1.0 + (self.params["comm_mult"] - 1.0) * self.rng.lognormvariate(0, 0.2)
+
+    def on_net(self, t: float, frac: float, node: str, report: dict[str, Any]) -> None:
+        for i, c in enumerate(report["nics"]):
+            c["xmit_wait_per_s"] = round(c["xmit_wait_per_s"] + self.params["xmit_wait_per_s"] * frac
+                                         * self.rng.lognormvariate(0, 0.3), 1)
+            skew = 1.0 + 0.4 * frac * (1 if i % 2 == 0 else -1)
+            c["tx_bytes_per_s"] = round(c["tx_bytes_per_s"] * skew, 1)
+            c["tx_packets_per_s"] = round(c["tx_packets_per_s"] * skew, 1)
+
+
+class Contention(Fault):
+    """Another job saturates a shared leaf switch or storage pool; the victims are the other jobs sharing it.
+
+    Target ``AGGRESSOR_JOB/RESOURCE``: ``batch-etl/leaf-02`` or ``batch-etl/scratch``.  The culprit is the
+    aggressor job; one ground-truth record per victim job.
+    """
+
+    name = "contention"
+    cause = "contention"
+    culprit_kind = "job"
+    target_kind = "job/leaf or job/pool"
+    signals = ("leaf: net.nics[].tx_bytes_per_s (aggressor nodes near line rate), net.nics[].xmit_wait_per_s "
+               "(all nodes under the leaf), steps.comm_s (victims)",
+               "pool: storage.devices[].read_bytes_per_s (aggressor nodes), storage.devices[].read_latency_ms "
+               "(all nodes on the pool), steps.data_wait_s (victims)")
+    PARAMS = {"slowdown": 0.8}
+    doc = ("leaf: the aggressor's NICs under the leaf run near line rate, every node under the leaf sees "
+           "xmit_wait; victims' comm_s × (1 + slowdown). pool: the aggressor's nodes read ~3 GB/s each, every "
+           "node on the pool sees read latency ×10; victims' data_wait_s + slowdown × base step.")
+
+    def resolve(self, sim: Simulation) -> None:
+        job, sep, resource = self.target.partition("/")
+        if not sep:
+            raise SimulationError(f"fault {self.name!r}: target must be AGGRESSOR_JOB/LEAF_OR_POOL such as "
+                                  f"batch-etl/leaf-02 (got {self.target!r})")
+        self.aggressor = self._job(sim, job)
+        topo = sim.topology
+        kind = topo.kind_of(resource)
+        if kind == "pool":
+            self.resource_kind = "pool"
+        elif kind == "switch" and topo.tier_of(resource) == "leaf":
+            self.resource_kind = "leaf"
+        else:
+            raise SimulationError(f"fault {self.name!r}: {resource!r} is neither a leaf switch nor a pool "
+                                  f"(leaves: {', '.join(topo.switches('leaf'))}; pools: {', '.join(topo.pools())})")
+        self.resource = resource
+        under = set(topo.nodes_under(resource))
+        self.nodes = frozenset(under)
+        self.aggr_nodes = set(self.aggressor.node_ranks) & under
+        if not self.aggr_nodes:
+            raise SimulationError(f"fault {self.name!r}: job {job!r} has no rank on {resource} "
+                                  f"(its nodes: {', '.join(self.aggressor.node_ranks)})")
+        if self.resource_kind == "pool":
+            victims = [j for j in sim.jobs if j is not self.aggressor and j.spec.pool == resource]
+        else:
+            victims = [j for j in sim.jobs if j is not self.aggressor and set(j.node_ranks) & under]
+        self.job_ids = frozenset(j.spec.job for j in victims)
+
+    def culprit(self) -> str:
+        return self.aggressor.spec.job
+
+    def culprit_ranks(self, job: JobState, ranks: tuple[int, ...]) -> tuple[int, ...]:
+        return ()
+
+    def truth(self, sim: Simulation) -> list[GroundTruth]:
+        out = super().truth(sim)
+        cause = f"contention.{'network' if self.resource_kind == 'leaf' else 'storage'}"
+        return [GroundTruth(g.fault, g.start, g.end, g.culprit, g.culprit_kind, g.job, cause, g.signals, g.ranks,
+                            g.detail) for g in out]
+
+    def detail(self) -> dict[str, Any]:
+        return {"target": self.target, "resource": self.resource, "resource_kind": self.resource_kind,
+                "aggressor_project": self.aggressor.spec.project, **self.params}
+
+    def on_step(self, t: float, job: JobState, fx: StepEffects) -> None:
+        k = self.params["slowdown"] * self.rng.lognormvariate(0, 0.2)
+        if self.resource_kind == "leaf":
+            fx.comm_mult *= 1.0 + k
+        else:
+            extra = k * job.spec.base_step_s
+            for r in job.ranks:
+                fx.data_add_s[r] += extra * self.rng.lognormvariate(0, 0.1)
+
+    def on_net(self, t: float, frac: float, node: str, report: dict[str, Any]) -> None:
+        if self.resource_kind != "leaf":
+            return
+        line = 0.92 * 400e9 / 8
+        for c in report["nics"]:
+            if node in self.aggr_nodes:
+                c["tx_bytes_per_s"] = round(c["tx_bytes_per_s"] * (1 - frac) + line * frac
+                                            * self.rng.uniform(0.97, 1.0), 1)
+                c["rx_bytes_per_s"] = round(c["rx_bytes_per_s"] * (1 - frac) + line * frac
+                                            * self.rng.uniform(0.95, 1.0), 1)
+                c["tx_packets_per_s"] = round(c["tx_bytes_per_s"] / 4096.0, 1)
+                c["rx_packets_per_s"] = round(c["rx_bytes_per_s"] / 4096.0, 1)
+            c["xmit_wait_per_s"] = round(c["xmit_wait_per_s"] + 3.0e6 * frac * self.rng.lognormvariate(0, 0.3), 1)
+
+    def on_storage(self, t: float, frac: float, node: str, report: dict[str, Any]) -> None:
+        if self.resource_kind != "pool":
+            return
+        for d in _mount_devices(report, self.resource):
+            if node in self.aggr_nodes:
+                d["read_bytes_per_s"] = round(d["read_bytes_per_s"] + 3.0e9 * frac * self.rng.uniform(0.9, 1.1), 1)
+                d["read_iops"] = round(d["read_bytes_per_s"] / 1048576.0, 1)
+            d["read_latency_ms"] = round(d["read_latency_ms"] * (1.0 + 9.0 * frac), 3)
+            d["queue_depth"] = round(d["queue_depth"] + 3.0 * frac, 3)
+
+
 # name -> class.  The explicit registry: scenario files and --fault name these keys.
 FAULTS: dict[str, type[Fault]] = {
     NicPacketLoss.name: NicPacketLoss,
+    NicLinkFlap.name: NicLinkFlap,
+    NicLocality.name: NicLocality,
+    UplinkOversubscribed.name: UplinkOversubscribed,
+    Contention.name: Contention,
+    StorageSlow.name: StorageSlow,
+    StorageClientSlow.name: StorageClientSlow,
+    CpuBoundLoader.name: CpuBoundLoader,
+    CheckpointGrowth.name: CheckpointGrowth,
+    CheckpointStall.name: CheckpointStall,
+    CheckpointFailed.name: CheckpointFailed,
+    GpuThermal.name: GpuThermal,
+    GpuPower.name: GpuPower,
+    GpuEccXid.name: GpuEccXid,
+    WholeJobSlow.name: WholeJobSlow,
+    RankSilent.name: RankSilent,
 }
 
 

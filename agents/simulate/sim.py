@@ -127,6 +127,16 @@ class JobState:
         self.checkpoint_windows: list[tuple[float, float, int]] = []  # (start, end, bytes)
         n = len(self.ranks)
         self.bytes_per_step = 2.0 * spec.grad_bytes * (n - 1) / n if n > 1 else 0.0
+        self.stalled_at = -1.0  # offset of the latest hung attempt: the collective makes no progress
+
+    def activity(self, t0: float, t1: float) -> str:
+        """What the job's GPUs did during [t0, t1): ``hung``, ``checkpoint`` or ``train``."""
+        if self.stalled_at >= t0 - 1e-9 and self.stalled_at < t1 + 1e-9:
+            return "hung"
+        for cs, ce, _ in self.checkpoint_windows[-2:]:
+            if cs <= t0 and ce >= t1:
+                return "checkpoint"
+        return "train"
 
 
 class Simulation:
@@ -134,7 +144,7 @@ class Simulation:
 
     ``start_time`` is the event-time origin (Unix seconds); fault windows are
     offsets from it.  Construct, then iterate :meth:`messages` once; call
-    :meth:`ground_truth` any time.  The jobs are placed on ``topology``
+    :meth:`ground_truth` (exact after the run).  The jobs are placed on ``topology``
     (:meth:`Topology.place_job`), so the engine-side view matches the messages.
     """
 
@@ -169,7 +179,12 @@ class Simulation:
     # ------------------------------------------------------------------ public
 
     def ground_truth(self) -> list[GroundTruth]:
-        """What was injected: one record per fault and affected job (absolute event times)."""
+        """What was injected: one record per fault and affected job (absolute event times).
+
+        Exact once :meth:`messages` is exhausted; before that, a fault whose
+        timing depends on the run (a checkpoint-stall begins with the first
+        checkpoint inside its window) reports its scheduled window instead.
+        """
         out: list[GroundTruth] = []
         for f in self.faults:
             out.extend(f.truth(self))
@@ -226,7 +241,7 @@ class Simulation:
             rng = self._node_rng[node]
             node_faults = [(f, frac) for f, frac in active if f.touches(node)]
             gpus = self._gpu_report(node, rng, t0, t1)
-            net = self._net_report(node, rng, dt)
+            net = self._net_report(node, rng, t0, t1)
             storage = self._storage_report(node, rng, t0, t1, dt)
             host = self._host_report(node, rng)
             for f, frac in node_faults:
@@ -273,7 +288,8 @@ class Simulation:
                     f.on_step(s, js, fx)
             if fx.stalled:
                 # A hung collective: nobody completes a step; look again a little later.
-                js.next_start = s + min(1.0, self.interval_s)
+                js.stalled_at = s
+                js.next_start = s + min(1.0, self.interval_s) / 2
                 continue
             ckpt_s = 0.0
             plan: CheckpointPlan | None = None
@@ -350,6 +366,7 @@ class Simulation:
         out = []
         gauss = rng.gauss
         placed = self._gpu_rank[node]
+        activity: dict[str, str] = {}
         for g in self.topology.gpus_of(node):
             where = placed.get(g)
             if where is None:
@@ -368,6 +385,13 @@ class Simulation:
             # drops for input waits and checkpoints; power follows the share of real compute.
             busy = max(0.0, 1.0 - (last.data_wait_s + last.checkpoint_s) / dur)
             compute_share = min(1.0, last.compute_s / dur)
+            act = activity.get(js.spec.job)
+            if act is None:
+                act = activity[js.spec.job] = js.activity(t0, t1)
+            if act == "hung":
+                busy, compute_share = 1.0, 0.03  # spinning in a collective that never completes
+            elif act == "checkpoint":
+                busy, compute_share = 0.04, 0.02
             util = min(100.0, max(0.0, 97.0 * busy + gauss(0, 1.5)))
             power = 140.0 + 560.0 * compute_share * 0.93 + gauss(0, 12)
             # A heatsink has inertia: temperature follows power slowly, so a checkpoint barely dents it.
@@ -385,8 +409,9 @@ class Simulation:
                 "ecc_corrected": 0, "ecc_uncorrected": 0, "xid": []})
         return out
 
-    def _net_report(self, node: str, rng: random.Random, dt: float) -> dict[str, Any]:
+    def _net_report(self, node: str, rng: random.Random, t0: float, t1: float) -> dict[str, Any]:
         gauss = rng.gauss
+        dt = t1 - t0
         placed = self._gpu_rank[node]
         nics = []
         for nic in self.topology.nics_of(node):
@@ -395,7 +420,8 @@ class Simulation:
                 where = placed.get(g)
                 if where is not None:
                     js, r = where
-                    tx += js.bytes_per_step / max(js.last[r].duration_s, 1e-3)
+                    if js.activity(t0, t1) == "train":
+                        tx += js.bytes_per_step / max(js.last[r].duration_s, 1e-3)
             tx = max(0.0, tx * (1.0 + gauss(0, 0.03))) + 2.0e4 + abs(gauss(0, 5e3))
             rx = max(0.0, tx * (1.0 + gauss(0, 0.03)))
             nics.append({
@@ -427,8 +453,9 @@ class Simulation:
             for js in self.jobs:
                 if js.spec.pool != m.pool or node not in js.node_ranks:
                     continue
-                for r in js.node_ranks[node]:
-                    read_b += js.spec.read_bytes_per_step / max(js.last[r].duration_s, 1e-3)
+                if js.activity(t0, t1) == "train":
+                    for r in js.node_ranks[node]:
+                        read_b += js.spec.read_bytes_per_step / max(js.last[r].duration_s, 1e-3)
                 share = len(js.node_ranks[node]) / len(js.ranks)
                 for cs, ce, nbytes in js.checkpoint_windows[-3:]:
                     lo, hi = max(cs, t0), min(ce, t1)
