@@ -2,8 +2,8 @@
 
 Start-up order is chosen so that every mistake a user can make is one line and
 happens before anything runs: the rules are loaded (a bad file stops here with
-its file and line), then the topology, then the notifier (a rejected Slack token
-stops here), then the broker is probed (unreachable: one line).  Only then does
+its file and line), then the topology, then the broker is probed (unreachable:
+one line), then the notifier (a rejected Slack token stops here).  Only then does
 the faust worker start.
 """
 
@@ -98,12 +98,12 @@ def run(args: argparse.Namespace) -> int:
 
     rules = load_rules(args.rules or [default_rules_dir()])
     topology = load_topology(args.topology)
-    notifier = make_notifier()
     bootstrap = args.bootstrap or resolve_bootstrap()
     if not probe(bootstrap, timeout=5.0):
         from engine.errors import BrokerUnavailable
 
         raise BrokerUnavailable(bootstrap, "no answer to ApiVersions")
+    notifier = make_notifier()
     ensure_topics(bootstrap)
     evaluator = Evaluator(rules, topology)
     if not args.no_restore:
