@@ -328,6 +328,12 @@ def _locked(cache_dir: Path | str | None) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
+def _listening(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(0.5)
+        return s.connect_ex((host, port)) == 0
+
+
 def _tail(path: Path, n: int = 5) -> str:
     try:
         lines = [ln.strip() for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
@@ -430,6 +436,8 @@ class LocalBroker:
     def _start(self, port: int | None, data_dir: Path | str | None, timeout: float, quiet: bool) -> str:
         if self.is_running():
             return self.bootstrap
+        if port and _listening(HOST, port):
+            raise BrokerStartError(f"port {port} on {HOST} is already in use; pick another or omit it")
         libs = fetch_jars(self.cache_dir, quiet=quiet)
         java = _java()
         if data_dir is None:
@@ -460,10 +468,10 @@ class LocalBroker:
                 raise BrokerStartError(f"formatting the Kafka storage in {log_dir} failed: {out}")
 
         out_log = broker_dir / "broker.log"
-        with open(out_log, "ab") as out:
+        with open(out_log, "ab") as log_fh:
             self._popen = subprocess.Popen(
                 [java, *self.jvm_flags, *log_props, "-cp", classpath, "kafka.Kafka", str(props_file)],
-                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=broker_dir,
+                stdin=subprocess.DEVNULL, stdout=log_fh, stderr=subprocess.STDOUT, cwd=broker_dir,
                 start_new_session=True,
                 preexec_fn=None if self.detached else _set_parent_death_signal,
             )

@@ -73,20 +73,24 @@ async def test_round_trip_idempotent_acks_all_gzip_and_group_commit(kafka_bootst
         await again.stop()
 
 
-async def test_compacted_topic(kafka_bootstrap, kafka_topic_factory):
-    from aiokafka import AIOKafkaProducer
+async def _topic_config(bootstrap: str, topic: str) -> dict[str, str]:
     from aiokafka.admin import AIOKafkaAdminClient
     from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
-    topic = await kafka_topic_factory(compacted=True)
-    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
         [response] = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)])
     finally:
         await admin.close()
-    entries = {e[0]: e[1] for e in response.resources[0][4]}
-    assert entries["cleanup.policy"] == "compact"
+    return {entry[0]: entry[1] for entry in response.resources[0][4]}
+
+
+async def test_compacted_topic(kafka_bootstrap, kafka_topic_factory):
+    from aiokafka import AIOKafkaProducer
+
+    topic = await kafka_topic_factory(compacted=True)
+    assert (await _topic_config(kafka_bootstrap, topic))["cleanup.policy"] == "compact"
 
     producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all", enable_idempotence=True)
     await producer.start()
@@ -134,6 +138,9 @@ async def test_faust_agent_consumes_and_produces(kafka_bootstrap, kafka_topic_fa
         records, _ = await _consume(kafka_bootstrap, dst.get_topic_name(), 3, timeout=60)
         assert [r.value for r in records] == [b"HELLO0", b"HELLO1", b"HELLO2"]
         assert counts[b"gpu-0"] == 3
+        # faust created the table's changelog itself (its CreateTopics, with configs): compacted.
+        assert (await _topic_config(kafka_bootstrap, counts.changelog_topic.get_topic_name()))[
+            "cleanup.policy"] == "compact"
     finally:
         await app.stop()
 

@@ -196,3 +196,15 @@ def test_cli_fetch_error_is_one_line(cache, monkeypatch, capsys):
     assert main(["kafka", "fetch"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("whywait kafka: ") and "\n" not in err
+
+
+def test_start_on_a_busy_port_is_refused(cache, tmp_path):
+    libs = lb.libs_dir()
+    libs.mkdir(parents=True)
+    (libs.parent / ".fetched").write_text(lb._pom_digest())
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(lb.BrokerStartError, match=f"port {port} .* in use"):
+            lb.LocalBroker().start(port=port, data_dir=tmp_path / "broker")
