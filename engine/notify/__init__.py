@@ -27,22 +27,34 @@ def notifier_class(name: str) -> type[Notifier]:
     return NOTIFIERS[name]
 
 
-def make_notifier(env: Mapping[str, str] | None = None, **kwargs: Any) -> Notifier:
+def make_notifier(env: Mapping[str, str] | None = None, *, kafka_bootstrap: str | None = None,
+                  **kwargs: Any) -> Notifier:
     """Return the notifier the environment asks for.
 
     Slack when ``SLACK_BOT_TOKEN`` (or ``SLACK_BOT_TOKEN_FILE``) is set, talking to
-    ``WHYWAIT_SLACK_API_URL`` when that is set; otherwise the console.  ``kwargs``
-    go to the notifier's constructor.  A rejected token raises
-    :class:`~engine.errors.NotifyError` (``retryable=False``) here, at start.
+    ``WHYWAIT_SLACK_API_URL`` when that is set and configured by the other
+    ``WHYWAIT_*`` variables (``engine.notify.config``); otherwise the console.
+    With ``kafka_bootstrap``, the Slack notifier keeps its incident state and the
+    silences in their compacted topics (so a restart edits the same messages);
+    without, in memory.  ``kwargs`` go to the notifier's constructor.  A rejected
+    token raises :class:`~engine.errors.NotifyError` (``retryable=False``) here.
     """
     env = os.environ if env is None else env
     token = read_secret("SLACK_BOT_TOKEN", env)
     if token is None:
         log.info("no SLACK_BOT_TOKEN set: printing notifications to the console")
-        return ConsoleNotifier(**kwargs)
+        return ConsoleNotifier(dashboard_url_template=env.get("WHYWAIT_DASHBOARD_URL") or None, **kwargs)
     from engine.notify.config import SlackConfig
 
-    return SlackNotifier(token, SlackConfig.from_env(env), **kwargs)
+    config = SlackConfig.from_env(env)
+    if kafka_bootstrap and "state_store" not in kwargs:
+        from engine.notify.silences import KafkaSilenceStore
+        from engine.notify.state import KafkaStateStore
+
+        kwargs["state_store"] = KafkaStateStore(kafka_bootstrap)
+        kwargs.setdefault("silence_store", KafkaSilenceStore(kafka_bootstrap))
+        kwargs.setdefault("close_stores", True)
+    return SlackNotifier(token, config, **kwargs)
 
 
-__all__ = ["NOTIFIERS", "ConsoleNotifier", "Notifier", "make_notifier", "notifier_class", "SlackNotifier"]
+__all__ = ["NOTIFIERS", "ConsoleNotifier", "Notifier", "SlackNotifier", "make_notifier", "notifier_class"]

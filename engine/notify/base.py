@@ -33,7 +33,7 @@ class Notifier(ABC):
         """Deliver everything queued now (ignoring grouping delays); True when nothing is left."""
         return True
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook
         """Flush and release resources; the notifier is unusable afterwards."""
 
     def __enter__(self) -> Notifier:

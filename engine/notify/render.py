@@ -153,7 +153,7 @@ class _QuotedLabels(dict):  # type: ignore[type-arg]
 class MessageContext:
     """What the notifier knows beyond the diagnosis: incident key, mention, ack, silence.
 
-    ``key`` is put into the buttons' values (None: no buttons, as in a preview);
+    ``key`` (the incident's short id) is put into the buttons' values (None: no buttons);
     ``mention`` is a Slack mention such as ``<!here>`` from the routing configuration
     (trusted, not escaped).
     """
@@ -256,8 +256,8 @@ def render_blocks(d: Diagnosis, ctx: MessageContext | None = None) -> list[dict[
                                                                                         _SECTION_LIMIT)}})
     if d.clean_checks:
         checks = "  ".join(f":white_check_mark: {escape_mrkdwn(c)}" for c in d.clean_checks)
-        blocks.append({"type": "section", "text": {"type": "mrkdwn",
-                                                   "text": _truncate(f"*Checked and clean:* {checks}", _SECTION_LIMIT)}})
+        text = _truncate(f"*Checked and clean:* {checks}", _SECTION_LIMIT)
+        blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": text}})
     if d.next_step and d.status == "firing":
         blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": _truncate(
             f"*Next step:* {escape_mrkdwn(d.next_step)}", _SECTION_LIMIT)}})

@@ -28,9 +28,10 @@ def make_diagnosis() -> Callable[..., Diagnosis]:
     def make(**kw: Any) -> Diagnosis:
         rank = kw.pop("rank", 12)
         node = kw.pop("node", "node-07")
+        job = kw.get("job", "llm-70b")
         base = Diagnosis(
             rule_id="network.straggler-retransmits",
-            fingerprint=f"network.straggler-retransmits|job=llm-70b|node={node}",
+            fingerprint=f"network.straggler-retransmits|job={job}|node={node}",
             status="firing",
             severity="warning",
             title=f"Rank {rank} of llm-70b is the straggler: packet loss on {node}",
@@ -55,3 +56,28 @@ def make_diagnosis() -> Callable[..., Diagnosis]:
         return dataclasses.replace(base, **kw)
 
     return make
+
+
+FAST = dict(group_wait=0.2, group_interval=0.3, repeat_interval=3600.0, rate_per_channel=50.0,
+            retry_backoff=(0.05, 0.2), request_timeout=5.0)
+
+
+@pytest.fixture
+def make_notifier(slack_server: SlackServer, tmp_path: Any) -> Iterator[Callable[..., Any]]:
+    """Factory: a SlackNotifier on :func:`slack_server` with fast timings (overridable by keyword);
+    ``state_store``, ``silence_store``, ``clock`` and ``token`` pass through.  Closed at teardown."""
+    from engine.notify.config import SlackConfig
+    from engine.notify.slack import SlackNotifier
+
+    made: list[SlackNotifier] = []
+
+    def make(*, token: str = TOKEN, state_store: Any = None, silence_store: Any = None, **overrides: Any) -> Any:
+        kw = {**FAST, "api_url": slack_server.url, "outbox_dir": tmp_path / "outbox",
+              "default_channel": "#whywait", **overrides}
+        n = SlackNotifier(token, SlackConfig(**kw), state_store=state_store, silence_store=silence_store)
+        made.append(n)
+        return n
+
+    yield make
+    for n in made:
+        n.close(timeout=2)

@@ -340,11 +340,11 @@ class SlackServer:
             thread_ts = params.get("thread_ts") or None
             if thread_ts is not None:
                 thread_ts = str(thread_ts)
-                root = self.messages.get(thread_ts)
-                if root is None or root.channel != cid:
+                parent = self.messages.get(thread_ts)
+                if parent is None or parent.channel != cid:
                     return 200, {"ok": False, "error": "thread_not_found"}, {}
-                if root.thread_ts is not None:  # replying to a reply lands in the same thread
-                    thread_ts = root.thread_ts
+                if parent.thread_ts is not None:  # replying to a reply lands in the same thread
+                    thread_ts = parent.thread_ts
             ts = self._next_ts()
             msg = SlackMessage(channel=cid, ts=ts, text=text or "", blocks=blocks, thread_ts=thread_ts,
                                posted_at=now)
@@ -356,16 +356,16 @@ class SlackServer:
         # chat.update
         ts = str(params.get("ts", ""))
         call.ts = ts
-        msg = self.messages.get(ts)
-        if msg is None or msg.channel != cid:
+        old = self.messages.get(ts)
+        if old is None or old.channel != cid:
             return 200, {"ok": False, "error": "message_not_found"}, {}
         if not text and not blocks:
             return 200, {"ok": False, "error": "no_text"}, {}
-        msg.edits.append({"text": msg.text, "blocks": msg.blocks})
-        msg.text = text if text is not None else msg.text
-        msg.blocks = blocks if blocks is not None else msg.blocks
-        call.thread_ts = msg.thread_ts
-        return 200, {"ok": True, "channel": cid, "ts": ts, "text": msg.text, "message": self._as_json(msg)}, {}
+        old.edits.append({"text": old.text, "blocks": old.blocks})
+        old.text = text if text is not None else old.text
+        old.blocks = blocks if blocks is not None else old.blocks
+        call.thread_ts = old.thread_ts
+        return 200, {"ok": True, "channel": cid, "ts": ts, "text": old.text, "message": self._as_json(old)}, {}
 
     @staticmethod
     def _as_json(m: SlackMessage) -> dict[str, Any]:
@@ -443,7 +443,7 @@ def _parse_body(content_type: str, raw: bytes) -> dict[str, Any]:
         for part in msg.iter_parts():
             name = part.get_param("name", header="content-disposition")
             if name:
-                payload = part.get_payload(decode=True) or b""
-                out[str(name)] = payload.decode("utf-8", "replace")
+                payload = part.get_payload(decode=True)
+                out[str(name)] = payload.decode("utf-8", "replace") if isinstance(payload, bytes) else ""
         return out
     return dict(parse_qsl(raw.decode("utf-8"), keep_blank_values=True))

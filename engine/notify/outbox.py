@@ -1,0 +1,175 @@
+"""The durable outbox: every Slack write waits here, in order, until Slack has taken it.
+
+The notifier's worker appends an item for each message to post, edit or reply and
+removes it once Slack answers ``ok``.  While Slack is down or rate-limiting, items
+simply stay; when it returns they go out in the order they were queued (per
+incident, and per channel).  With a folder the outbox is a JSON-lines log
+(``outbox.jsonl``: ``{"add": item}`` and ``{"done": seq}`` records, each ``add``
+fsync'd), so a restarted notifier resumes where the last one stopped; an exclusive
+lock on ``outbox.lock`` keeps two notifiers from sharing one folder.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from engine.errors import NotifyError
+
+log = logging.getLogger(__name__)
+
+Kind = Literal["post", "update", "reply"]
+_COMPACT_AFTER = 2000  # done records before the log is rewritten
+
+
+@dataclass
+class OutboxItem:
+    """One Slack write.  ``post`` and ``update`` render the incident's root message when sent
+    (so a late edit shows the latest state); ``reply`` carries its text, fixed when queued."""
+
+    seq: int
+    kind: Kind
+    key: str  # incident key
+    lane: str  # ordering lane: the incident's routed channel
+    created: float  # wall time queued (for the give-up age)
+    text: str = ""
+    blocks: list[dict[str, Any]] | None = None
+    attempts: int = 0
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Outbox:
+    """Ordered pending Slack writes; on disk under ``directory``, in memory when it is None."""
+
+    def __init__(self, directory: Path | str | None = None, *, fsync: bool = True) -> None:
+        self.directory = Path(directory) if directory is not None else None
+        self._fsync = fsync
+        self._items: dict[int, OutboxItem] = {}  # insertion-ordered
+        self._next_seq = 1
+        self._done_since_compact = 0
+        self._log: Any = None
+        self._lock_fd: int | None = None
+        if self.directory is not None:
+            self._open()
+
+    # ---- persistence -----------------------------------------------------------------------
+
+    @property
+    def path(self) -> Path | None:
+        return None if self.directory is None else self.directory / "outbox.jsonl"
+
+    def _open(self) -> None:
+        assert self.directory is not None
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.directory / "outbox.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise NotifyError(f"cannot use the outbox folder {self.directory}: {exc.strerror or exc}",
+                              retryable=False) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise NotifyError(f"the outbox {self.directory} is in use by another notifier (pid {holder}); "
+                              "give each notifier its own WHYWAIT_NOTIFY_OUTBOX", retryable=False) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        self._lock_fd = fd
+        assert self.path is not None
+        if self.path.exists():
+            self._replay(self.path)
+        self._rewrite()
+
+    def _replay(self, path: Path) -> None:
+        with path.open("r", encoding="utf-8") as f:
+            for n, line in enumerate(f, 1):
+                line = line.strip()
+                if not line:
+                    continue
+                try:
+                    rec = json.loads(line)
+                    if "add" in rec:
+                        item = OutboxItem(**rec["add"])
+                        self._items[item.seq] = item
+                        self._next_seq = max(self._next_seq, item.seq + 1)
+                    elif "done" in rec:
+                        self._items.pop(int(rec["done"]), None)
+                except (json.JSONDecodeError, TypeError, ValueError, KeyError):
+                    # a crash mid-write leaves a torn last line; everything before it is intact
+                    log.warning("%s:%d: skipping a damaged outbox record", path, n)
+        if self._items:
+            log.info("outbox %s: %d notification(s) waiting from the last run", self.directory, len(self._items))
+
+    def _rewrite(self) -> None:
+        """Replace the log by the pending items alone (atomically)."""
+        assert self.path is not None
+        if self._log is not None:
+            self._log.close()
+        tmp = self.path.with_suffix(".tmp")
+        with tmp.open("w", encoding="utf-8") as f:
+            for item in self._items.values():
+                f.write(json.dumps({"add": item.to_dict()}, separators=(",", ":")) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+        self._log = self.path.open("a", encoding="utf-8")
+        self._done_since_compact = 0
+
+    def _write(self, rec: dict[str, Any], sync: bool) -> None:
+        if self._log is None:
+            return
+        self._log.write(json.dumps(rec, separators=(",", ":")) + "\n")
+        self._log.flush()
+        if sync and self._fsync:
+            os.fsync(self._log.fileno())
+
+    # ---- the queue -------------------------------------------------------------------------
+
+    def append(self, kind: Kind, key: str, lane: str, created: float, *, text: str = "",
+               blocks: list[dict[str, Any]] | None = None, meta: dict[str, Any] | None = None) -> OutboxItem:
+        """Queue a write; durable when this returns."""
+        item = OutboxItem(seq=self._next_seq, kind=kind, key=key, lane=lane, created=created, text=text,
+                          blocks=blocks, meta=dict(meta or {}))
+        self._next_seq += 1
+        self._items[item.seq] = item
+        self._write({"add": item.to_dict()}, sync=True)
+        return item
+
+    def done(self, seq: int) -> None:
+        """Remove a delivered (or given-up) item."""
+        if self._items.pop(seq, None) is None:
+            return
+        self._write({"done": seq}, sync=False)
+        self._done_since_compact += 1
+        if self._log is not None and (not self._items or self._done_since_compact >= _COMPACT_AFTER):
+            self._rewrite()
+
+    def items(self) -> list[OutboxItem]:
+        """Pending items, oldest first."""
+        return list(self._items.values())
+
+    def has(self, key: str, kind: Kind | None = None) -> bool:
+        """True when an item for incident ``key`` (of ``kind``) is pending."""
+        return any(i.key == key and (kind is None or i.kind == kind) for i in self._items.values())
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def close(self) -> None:
+        """Close the log and release the folder's lock (pending items stay on disk)."""
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+        if self._lock_fd is not None:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+            os.close(self._lock_fd)
+            self._lock_fd = None
