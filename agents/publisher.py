@@ -349,6 +349,8 @@ class KafkaPublisher(Publisher):
     async def _run(self) -> None:
         backoff = 0.5
         while True:
+            if self._closing:
+                return  # close() also cancels, but a wait_for woken at that moment can swallow the cancel
             if not self._pending():
                 self._idle.set()
                 if self._closing:

@@ -1,0 +1,163 @@
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from agents.agent import Agent, TrainingInbox, bind_training_socket
+from agents.collectors import AgentConfigError, HostCollector, NetworkCollector, StorageCollector
+from agents.events import validate
+from agents.publisher import MemoryPublisher
+from agents.training import Reporter
+
+T0 = 1_764_442_800.0
+
+
+def step(job: str, rank: int, n: int, **kw: object) -> bytes:
+    d = {"v": 1, "type": "step", "job": job, "rank": rank, "pid": 4242, "time": T0, "step": n, "duration_s": 1.0,
+         "data_wait_s": 0.5, "compute_s": 0.4, "comm_s": 0.1, "checkpoint_s": 0.0, **kw}
+    return json.dumps(d).encode()
+
+
+def test_inbox_batches_steps_per_job_and_counts_malformed() -> None:
+    inbox = TrainingInbox("node-01")
+    for n in range(3):
+        inbox.feed(step("job-a", 0, n))
+    inbox.feed(step("job-b", 5, 9, node="node-01"))
+    for bad in (b"not json", b"[1]", step("job-a", 0, -1), step("", 0, 1), step("job-a", 0, 1, compute_s="x"),
+                json.dumps({"type": "hello", "job": "j", "rank": 0}).encode()):
+        inbox.feed(bad)
+    msgs = inbox.take_steps(T0 + 1)
+    assert [m["job"] for m in msgs] == ["job-a", "job-b"] and len(msgs[0]["steps"]) == 3
+    for m in msgs:
+        validate(m, "whywait.steps.v1")
+    assert msgs[1]["steps"][0]["node"] == "node-01" and msgs[0]["steps"][0]["ended_at"] == T0
+    assert inbox.malformed == 6 and inbox.received == 10 and inbox.pids == {4242}
+    assert inbox.take_steps(T0 + 2) == []
+
+
+def test_inbox_checkpoint_messages_keep_event_time() -> None:
+    inbox = TrainingInbox("node-01")
+    inbox.feed(json.dumps({"type": "checkpoint", "job": "j", "rank": 1, "time": T0, "checkpoint_id": "c1",
+                           "phase": "end", "bytes": 10, "duration_s": 2.5, "path": "/ckpt"}).encode())
+    (msg,) = inbox.take_checkpoints()
+    validate(msg, "whywait.checkpoints.v1")
+    assert msg["time"] == T0 and msg["bytes"] == 10 and msg["path"] == "/ckpt"
+
+
+def test_bind_replaces_a_stale_socket_but_not_a_live_one(tmp_path: "os.PathLike[str]") -> None:
+    path = os.path.join(str(tmp_path), "run", "agent.sock")
+    first = bind_training_socket(path)
+    with pytest.raises(AgentConfigError, match="already listening"):
+        bind_training_socket(path)
+    first.close()  # the agent died; its socket file stays
+    assert os.path.exists(path)
+    bind_training_socket(path).close()
+
+
+def live_collectors() -> list:
+    return [NetworkCollector("/", include_virtual=True), StorageCollector("/"), HostCollector("/")]
+
+
+async def test_agent_rounds_publish_every_kind_and_the_training_steps(tmp_path: "os.PathLike[str]") -> None:
+    sock = os.path.join(str(tmp_path), "agent.sock")
+    pub = MemoryPublisher()
+    agent = Agent("node-01", live_collectors(), pub, interval=0.3, socket_path=sock)
+    rep = Reporter("job-7", rank=2, sock=sock)
+
+    async def train() -> None:
+        await asyncio.sleep(0.2)
+        for n in range(5):
+            with rep.step(n):
+                with rep.compute():
+                    pass
+            await asyncio.sleep(0.05)
+        rep.checkpoint_end(1 << 30, "/ckpt/5", checkpoint_id=rep.checkpoint_start("/ckpt/5"))
+
+    await asyncio.gather(agent.run(rounds=3), train())
+    assert pub.invalid == 0 and rep.dropped == 0
+    kinds = [m["kind"] for _, _, m in pub.messages]
+    assert kinds.count("host") == 3 and kinds.count("net") == 3 and kinds.count("storage") == 3
+    assert kinds.count("agent_health") == 3
+    steps = [s for m in pub.of_kind("steps") for s in m["steps"]]
+    assert [s["step"] for s in steps] == [0, 1, 2, 3, 4] and all(s["rank"] == 2 for s in steps)
+    assert [m["phase"] for m in pub.of_kind("checkpoint")] == ["start", "end"]
+    assert all(k == "job-7" for t, k, _ in pub.messages if t in ("whywait.steps.v1", "whywait.checkpoints.v1"))
+    health = pub.of_kind("agent_health")[-1]
+    assert health["samples"] == 9 and health["collector_errors"] == 0 and health["training_datagrams"] == 7
+    host = pub.of_kind("host")[-1]
+    assert host["loader_pids"] == [os.getpid()]  # the reporter's PID reached the host collector
+    assert not os.path.exists(sock)
+
+
+def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "agents.cli", *args], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, **(env or {})})
+
+
+def test_once_print_is_one_round_of_valid_json_without_kafka() -> None:
+    code = ("import sys; from agents.cli import main; rc = main(['--once', '--print', '--interval', '0.2', "
+            "'--node', 'n1']); assert 'aiokafka' not in sys.modules, 'imported aiokafka'; sys.exit(rc)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "WHYWAIT_KAFKA_BOOTSTRAP": ""})
+    assert proc.returncode == 0, proc.stderr
+    msgs = json.loads(proc.stdout)
+    for m in msgs:
+        validate(m)
+    assert {m["kind"] for m in msgs} >= {"net", "storage", "host", "agent_health"}
+    assert all(m["node"] == "n1" for m in msgs)
+
+
+def test_cli_without_kafka_says_so_in_one_line() -> None:
+    proc = run_cli("--rounds", "1", env={"WHYWAIT_KAFKA_BOOTSTRAP": ""})
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1].startswith("whywait agent: no Kafka to publish to: pass --bootstrap")
+
+
+def test_cli_unknown_collector_lists_the_valid_ones() -> None:
+    proc = run_cli("--once", "--print", "--collectors", "host,gpus")
+    assert proc.returncode == 2
+    assert "unknown collector 'gpus' (valid: gpu, dcgm, network, storage, host)" in proc.stderr
+
+
+def test_cli_dcgm_needs_a_url() -> None:
+    proc = run_cli("--once", "--print", "--collectors", "dcgm")
+    assert proc.returncode == 2 and "needs --dcgm-url" in proc.stderr
+
+
+def test_cli_registers_into_a_parent_parser() -> None:
+    import argparse
+
+    from agents import cli
+
+    parser = argparse.ArgumentParser()
+    cli.register(parser)
+    args = parser.parse_args(["--node", "x", "--interval", "2", "--bootstrap", "k:9092", "--spool-dir", "/tmp/s",
+                              "--once", "--print", "--collectors", "gpu,network", "--dcgm-url", "http://h/metrics"])
+    assert (args.node, args.interval, args.bootstrap, args.once, args.print_) == ("x", 2.0, "k:9092", True, True)
+
+
+def test_agents_package_stays_small() -> None:
+    """The node agent imports only the stdlib, aiokafka and pynvml: never the engine, faust or slack_sdk."""
+    code = ("import sys, agents.agent, agents.cli, agents.publisher, agents.training, agents.collectors, "
+            "agents.integrations, agents.rates\n"
+            "bad = sorted({m.split('.')[0] for m in sys.modules} & {'engine', 'faust', 'slack_sdk', 'topology', "
+            "'jinja2', 'networkx', 'yaml', 'mode'})\nprint(bad)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_socket_probe_does_not_steal_a_running_agents_socket(tmp_path: "os.PathLike[str]") -> None:
+    path = os.path.join(str(tmp_path), "agent.sock")
+    live = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    live.bind(path)
+    try:
+        proc = run_cli("--rounds", "1", "--print", "--interval", "0.1", "--socket", path)
+        assert proc.returncode == 2 and "already listening" in proc.stderr
+    finally:
+        live.close()

@@ -1,0 +1,199 @@
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from typing import Any
+
+import pytest
+
+from agents.events import TOPIC_HOST, envelope
+from agents.publisher import KafkaPublisher, MemoryPublisher, PrintPublisher, Spool
+
+T0 = 1_764_442_800.0
+
+
+def host_msg(i: int) -> dict[str, Any]:
+    return envelope("host", "node-01", T0 + i, cpu_busy_pct=1.0, cpu_iowait_pct=0.0, mem_used_bytes=i,
+                    mem_total_bytes=10**9)
+
+
+class Broker:
+    """What a fake producer talks to: up or down, and the values it acknowledged, in order."""
+
+    def __init__(self, up: bool = True) -> None:
+        self.up = up
+        self.log: list[tuple[str, bytes, bytes]] = []
+        self.producers = 0
+
+    def values(self) -> list[int]:
+        return [json.loads(v)["mem_used_bytes"] for _, _, v in self.log]
+
+
+class FakeProducer:
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+
+    async def start(self) -> None:
+        self.broker.producers += 1
+        if not self.broker.up:
+            raise ConnectionError("Unable to bootstrap from [('127.0.0.1', 1)]")
+
+    async def send(self, topic: str, value: bytes, key: bytes) -> "asyncio.Future[None]":
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if self.broker.up:
+            self.broker.log.append((topic, key, value))
+            fut.set_result(None)
+        else:
+            fut.set_exception(ConnectionError("KafkaTimeoutError"))
+        return fut
+
+    async def stop(self) -> None:
+        pass
+
+
+def kafka(tmp_path: "os.PathLike[str]", broker: Broker, **kw: Any) -> KafkaPublisher:
+    return KafkaPublisher("fake:9092", os.path.join(str(tmp_path), "spool"), producer_factory=lambda: FakeProducer(broker),
+                          max_backoff_s=0.05, **kw)
+
+
+async def test_memory_publisher_validates() -> None:
+    p = MemoryPublisher()
+    await p.send(TOPIC_HOST, "node-01", host_msg(1))
+    await p.send(TOPIC_HOST, "node-01", {"schema": 1, "kind": "host", "time": T0, "node": "n"})
+    await p.send("whywait.gpu.v1", "node-01", host_msg(2))  # right message, wrong topic
+    assert len(p.messages) == 1 and p.invalid == 2 and p.of_kind("host")[0]["mem_used_bytes"] == 1
+
+
+async def test_print_publisher_writes_json_lines() -> None:
+    import io
+
+    out = io.StringIO()
+    p = PrintPublisher(out)
+    await p.send(TOPIC_HOST, "node-01", host_msg(1))
+    line = json.loads(out.getvalue())
+    assert line["topic"] == TOPIC_HOST and line["kind"] == "host"
+
+
+def test_spool_order_commit_and_restart(tmp_path: "os.PathLike[str]") -> None:
+    d = str(tmp_path)
+    s = Spool(d, max_bytes=1 << 20)
+    for i in range(5):
+        s.append("t", "k", f"v{i}".encode())
+    assert len(s) == 5 and [r[2] for r in s.peek(2)] == [b"v0", b"v1"]
+    s.commit(2)
+    s.append("t", "k", b"v5")
+    s.close()
+    s2 = Spool(d, max_bytes=1 << 20)  # the agent restarted: what was not committed is still there
+    got = []
+    while len(s2):
+        batch = s2.peek(10)
+        got += [r[2] for r in batch]
+        s2.commit(len(batch))
+    assert got[-4:] == [b"v2", b"v3", b"v4", b"v5"]  # at least once: v0, v1 may come again after a restart
+    assert os.listdir(d) == []
+
+
+def test_spool_bound_drops_oldest_and_counts(tmp_path: "os.PathLike[str]") -> None:
+    s = Spool(str(tmp_path), max_bytes=8192)
+    for i in range(2000):
+        s.append("t", "k", f"value-{i:05d}".encode())
+    assert s.bytes <= 8192 and s.dropped > 0 and len(s) + s.dropped == 2000
+    assert s.peek(1)[0][2] == f"value-{s.dropped:05d}".encode()  # the oldest kept follows the dropped
+
+
+def test_spool_survives_a_torn_last_line(tmp_path: "os.PathLike[str]") -> None:
+    d = str(tmp_path)
+    s = Spool(d)
+    s.append("t", "k", b"v0")
+    s.close()
+    with open(os.path.join(d, os.listdir(d)[0]), "ab") as fh:
+        fh.write(b'["t","k","v1')  # the agent died mid-write
+    assert len(Spool(d)) == 1
+
+
+async def test_unreachable_broker_spools_then_delivers_in_order(tmp_path: "os.PathLike[str]") -> None:
+    broker = Broker(up=False)
+    p = kafka(tmp_path, broker)
+    for i in range(50):
+        await p.send(TOPIC_HOST, "node-01", host_msg(i))
+    await asyncio.sleep(0.1)
+    assert p.spooled == 50 and p.sent == 0 and broker.log == []
+    broker.up = True
+    assert await p.flush(timeout=5)
+    assert broker.values() == list(range(50)) and p.spooled == 0 and p.sent == 50
+    for i in range(50, 60):  # connected now: straight through
+        await p.send(TOPIC_HOST, "node-01", host_msg(i))
+    assert await p.flush(timeout=5)
+    assert broker.values() == list(range(60)) and broker.log[0][1] == b"node-01"
+    await p.close()
+
+
+async def test_broker_lost_midway_nothing_lost_order_kept(tmp_path: "os.PathLike[str]") -> None:
+    broker = Broker(up=True)
+    p = kafka(tmp_path, broker)
+    for i in range(10):
+        await p.send(TOPIC_HOST, "node-01", host_msg(i))
+    assert await p.flush(timeout=5)
+    broker.up = False
+    for i in range(10, 30):
+        await p.send(TOPIC_HOST, "node-01", host_msg(i))
+        await asyncio.sleep(0.005)
+    assert p.spooled > 0
+    broker.up = True
+    for i in range(30, 40):
+        await p.send(TOPIC_HOST, "node-01", host_msg(i))
+    assert await p.flush(timeout=5)
+    assert broker.values() == list(range(40))
+    await p.close()
+
+
+async def test_spool_bound_past_a_long_outage(tmp_path: "os.PathLike[str]") -> None:
+    broker = Broker(up=False)
+    p = kafka(tmp_path, broker, spool_max_bytes=16384)
+    for i in range(1000):
+        await p.send(TOPIC_HOST, "node-01", host_msg(i))
+    assert p.dropped_total > 0 and p.spooled + p.dropped_total == 1000
+    broker.up = True
+    assert await p.flush(timeout=5)
+    got = broker.values()
+    assert got == list(range(1000 - len(got), 1000))  # the newest survive, in order
+    await p.close()
+
+
+async def test_spool_survives_an_agent_restart(tmp_path: "os.PathLike[str]") -> None:
+    broker = Broker(up=False)
+    p = kafka(tmp_path, broker)
+    for i in range(20):
+        await p.send(TOPIC_HOST, "node-01", host_msg(i))
+    await p.close()
+    broker.up = True
+    p2 = kafka(tmp_path, broker)
+    assert p2.spooled == 20
+    await p2.start()
+    assert await p2.flush(timeout=5)
+    assert broker.values() == list(range(20))
+    await p2.close()
+
+
+async def test_invalid_message_is_not_spooled(tmp_path: "os.PathLike[str]") -> None:
+    p = kafka(tmp_path, Broker(up=False))
+    await p.send(TOPIC_HOST, "node-01", {"kind": "host"})
+    assert p.invalid == 1 and p.spooled == 0
+    await p.close()
+
+
+@pytest.mark.parametrize("real", [True])
+async def test_real_aiokafka_producer_to_a_closed_port_spools(tmp_path: "os.PathLike[str]", real: bool) -> None:
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()  # nothing listens there now
+    p = KafkaPublisher(f"127.0.0.1:{port}", os.path.join(str(tmp_path), "spool"), request_timeout_ms=1000)
+    for i in range(5):
+        await p.send(TOPIC_HOST, "node-01", host_msg(i))
+    assert not await p.flush(timeout=1.5)
+    assert p.spooled == 5 and p.sent == 0 and p.last_error
+    await p.close()
