@@ -408,8 +408,8 @@ class KafkaPublisher(Publisher):
             return False
 
     async def close(self, timeout: float = 5.0) -> None:
-        if self._task is not None and self._connected:
-            await self.flush(timeout)
+        if self._task is not None and (self._connected or self._producer is not None):
+            await self.flush(timeout)  # a broker that answered gets a few seconds to take the rest
         self._closing = True
         self._wake.set()
         if self._task is not None:
