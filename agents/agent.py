@@ -73,7 +73,7 @@ class TrainingInbox:
             else:
                 raise ValueError(f"unknown type {kind!r}")
             pid = d.get("pid")
-            if _is_int(pid) and pid > 0:
+            if isinstance(pid, int) and not isinstance(pid, bool) and pid > 0:
                 self.pids.add(pid)
         except (ValueError, KeyError, TypeError):
             self.malformed += 1

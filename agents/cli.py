@@ -24,6 +24,7 @@ import time
 from typing import Any
 
 from agents.collectors import COLLECTORS, AgentConfigError, AgentError, Collector, collector_class
+from agents.collectors.dcgm import DcgmCollector
 from agents.collectors.gpu import NvmlCollector
 from agents.training import DEFAULT_SOCKET, SOCKET_ENV
 
@@ -67,10 +68,10 @@ def build_collectors(names: list[str], root: str = "/", dcgm_url: str | None = N
             c: Collector = NvmlCollector(root)
             if c.enabled:
                 gpu_bus_ids = [b for b in c.bus_ids if b]  # type: ignore[attr-defined]
-        elif name == "dcgm":
+        elif cls is DcgmCollector:
             if not dcgm_url:
                 raise AgentConfigError("collector 'dcgm' needs --dcgm-url (the dcgm-exporter's /metrics URL)")
-            c = cls(dcgm_url, root=root)  # type: ignore[call-arg]
+            c = DcgmCollector(dcgm_url, root=root)
         elif name == "network":
             c = cls(root, gpu_bus_ids=gpu_bus_ids)  # type: ignore[call-arg]
         elif name == "host":
@@ -137,7 +138,9 @@ def run(args: argparse.Namespace) -> int:
         names = _names(args)
         collectors = build_collectors(names, args.root, args.dcgm_url, args.pid, args.node)
         if args.once and args.print_:
-            return _once_print(Agent(args.node, collectors, _NullPublisher(), args.interval))
+            from agents.publisher import MemoryPublisher  # noqa: PLC0415
+
+            return _once_print(Agent(args.node, collectors, MemoryPublisher(), args.interval))
         agent = Agent(args.node, collectors, make_publisher(args), args.interval, _socket_path(args))
         return asyncio.run(_run(agent, 1 if args.once else args.rounds))
     except AgentError as exc:
@@ -175,10 +178,6 @@ async def _run(agent: Any, rounds: int | None) -> int:
             pass
     await agent.run(rounds=rounds, stop=stop)
     return 0
-
-
-class _NullPublisher:
-    sent = spooled = dropped_total = invalid = 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -70,7 +70,7 @@ class Publisher(ABC):
             log.error("not publishing an invalid %s message: %s", msg.get("kind", "?"), exc)
             return False
 
-    async def start(self) -> None:
+    async def start(self) -> None:  # noqa: B027 - an optional hook
         """Connect (when there is something to connect to); never fails for an unreachable broker."""
 
     @abstractmethod
@@ -81,7 +81,7 @@ class Publisher(ABC):
         """Wait until everything accepted so far is delivered; False if ``timeout`` passed first."""
         return True
 
-    async def close(self) -> None:
+    async def close(self) -> None:  # noqa: B027 - an optional hook
         """Flush briefly and release connections; what is left stays in the spool."""
 
 
@@ -145,7 +145,7 @@ class Spool:
         return sum(r for r, _ in self._segments.values()) - self._head_done
 
     @property
-    def bytes(self) -> int:
+    def size_bytes(self) -> int:
         return sum(b for _, b in self._segments.values())
 
     def _path(self, seq: int) -> str:
@@ -179,7 +179,7 @@ class Spool:
         self._fh.flush()
         self._segments[tail][0] += 1
         self._segments[tail][1] += len(line)
-        while self.bytes > self.max_bytes and len(self._segments) > 1:
+        while self.size_bytes > self.max_bytes and len(self._segments) > 1:
             head = min(self._segments)
             lost = self._segments[head][0] - self._head_done
             self.dropped += lost

@@ -125,7 +125,7 @@ class Collector(ABC):
             log.warning("%s collector: sample failed: %s: %s", self.label, type(exc).__name__, exc)
         return None
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - an optional hook
         """Release what the collector holds (NVML, event sets); called once at shutdown."""
 
 

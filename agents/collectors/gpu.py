@@ -201,7 +201,8 @@ class NvmlCollector(Collector):
         mask = self._try(i, "throttle", reasons_fn, h)
         rec["throttle_reasons"] = decode_throttle(int(mask)) if mask is not None else []
         u = self.rates.update
-        for field, etype in (("ecc_corrected", _MEMORY_ERROR_CORRECTED), ("ecc_uncorrected", _MEMORY_ERROR_UNCORRECTED)):
+        for field, etype in (("ecc_corrected", _MEMORY_ERROR_CORRECTED),
+                             ("ecc_uncorrected", _MEMORY_ERROR_UNCORRECTED)):
             v = self._try(i, field, n.nvmlDeviceGetTotalEccErrors, h, etype, _VOLATILE_ECC)
             if v is not None:
                 d = u((i, field), int(v), mono)

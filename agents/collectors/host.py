@@ -178,7 +178,7 @@ class HostCollector(Collector):
         if prev is None or mem is None:
             return None
         # user nice system idle iowait irq softirq steal guest guest_nice; guest time is already in user.
-        d = [max(c - p, 0) for c, p in zip(cpu, prev)]
+        d = [max(c - p, 0) for c, p in zip(cpu, prev, strict=True)]
         total = sum(d[:8])
         if total <= 0:
             return None

@@ -100,7 +100,7 @@ class NetworkCollector(Collector):
                 self.errors += 1
                 header = None
                 continue
-            for k, v in zip(header, values):
+            for k, v in zip(header, values, strict=True):
                 try:
                     out[k] = int(v)
                 except ValueError:
@@ -310,7 +310,7 @@ class NetworkCollector(Collector):
             chosen: list[str] = []
             for nic, chain in nics.items():
                 depth = 0
-                for a, b in zip(chain, gchain):
+                for a, b in zip(chain, gchain, strict=False):
                     if a != b:
                         break
                     depth += 1

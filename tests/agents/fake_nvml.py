@@ -55,7 +55,7 @@ def load_capture(path: str) -> Capture:
             while not lines[j].startswith("timestamp"):
                 j += 1
             header = [h.strip().split(" ")[0] for h in lines[j].split(",")]
-            rows.append(dict(zip(header, (v.strip() for v in lines[j + 1].split(",")))))
+            rows.append(dict(zip(header, (v.strip() for v in lines[j + 1].split(",")), strict=True)))
         m = re.match(r"\s+Replays Since Reset\s+:\s+(\d+)", line)
         if m:
             cap.replays.append(int(m.group(1)))

@@ -33,7 +33,8 @@ class Canned(DcgmCollector):
         return self.scrapes.pop(0)
 
 
-def check(body: dict) -> dict:
+def check(body: dict | None) -> dict:
+    assert body is not None
     validate(envelope("gpu", "node-01", 1_764_442_800.0, **body), TOPIC_GPU)
     return body
 
@@ -84,8 +85,8 @@ def test_xid_gauge_change_is_one_occurrence_and_ecc_is_a_delta() -> None:
     base = "\n".join(line.replace('UUID="GPU-c2f76b33-7953-256e-8f33-1343419b1a1c"', 'UUID="GPU-x"')
                      for line in l4_scrape().splitlines()) + "\n"
     c = Canned([base + extra % (13, 2, 0), base + extra % (13, 2, 0), base + extra % (79, 5, 0x40)])
-    assert c.collect(0.0, 0.0)["gpus"][0]["xid"] == []  # an XID from before the agent started
-    assert c.collect(1.0, 1.0)["gpus"][0]["xid"] == []
+    assert check(c.collect(0.0, 0.0))["gpus"][0]["xid"] == []  # an XID from before the agent started
+    assert check(c.collect(1.0, 1.0))["gpus"][0]["xid"] == []
     g = check(c.collect(2.0, 2.0))["gpus"][0]
     assert g["xid"] == [79] and g["ecc_uncorrected"] == 3 and g["throttle_reasons"] == ["hw_thermal_slowdown"]
 

@@ -77,8 +77,9 @@ def test_no_proc_stat_turns_the_collector_off(tmp_path: "os.PathLike[str]") -> N
     assert c.collect(T0, 0.0) is None and not c.enabled and "/proc/stat" in (c.off_reason or "")
 
 
-STAT = "{pid} (python3 worker) S {ppid} 7446 5392 34835 7446 4218880 32533 309516 26 82 {utime} {stime} 158 99 20 0 1 0 " \
-       "82375 56274944 1981 18446744073709551615 4194304 6294284 140736914091744 0 0 0 0 12288 1870679807 0 0 0 17"
+STAT = "{pid} (python3 worker) S {ppid} 7446 5392 34835 7446 4218880 32533 309516 26 82 {utime} {stime} " \
+       "158 99 20 0 1 0 82375 56274944 1981 18446744073709551615 4194304 6294284 140736914091744 " \
+       "0 0 0 0 12288 1870679807 0 0 0 17"
 
 
 def write_proc(root: str, pid: int, ppid: int, ticks: int, children: list[int] | None) -> None:

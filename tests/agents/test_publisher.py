@@ -53,8 +53,8 @@ class FakeProducer:
 
 
 def kafka(tmp_path: "os.PathLike[str]", broker: Broker, **kw: Any) -> KafkaPublisher:
-    return KafkaPublisher("fake:9092", os.path.join(str(tmp_path), "spool"), producer_factory=lambda: FakeProducer(broker),
-                          max_backoff_s=0.05, **kw)
+    return KafkaPublisher("fake:9092", os.path.join(str(tmp_path), "spool"),
+                          producer_factory=lambda: FakeProducer(broker), max_backoff_s=0.05, **kw)
 
 
 async def test_memory_publisher_validates() -> None:
@@ -98,7 +98,7 @@ def test_spool_bound_drops_oldest_and_counts(tmp_path: "os.PathLike[str]") -> No
     s = Spool(str(tmp_path), max_bytes=8192)
     for i in range(2000):
         s.append("t", "k", f"value-{i:05d}".encode())
-    assert s.bytes <= 8192 and s.dropped > 0 and len(s) + s.dropped == 2000
+    assert s.size_bytes <= 8192 and s.dropped > 0 and len(s) + s.dropped == 2000
     assert s.peek(1)[0][2] == f"value-{s.dropped:05d}".encode()  # the oldest kept follows the dropped
 
 

@@ -14,8 +14,16 @@ import pytest
 
 from agents.agent import Agent
 from agents.collectors import HostCollector, NetworkCollector, StorageCollector
-from agents.events import (TOPIC_AGENT_HEALTH, TOPIC_CHECKPOINTS, TOPIC_HOST, TOPIC_NET, TOPIC_STEPS,
-                           TOPIC_STORAGE, decode, envelope)
+from agents.events import (
+    TOPIC_AGENT_HEALTH,
+    TOPIC_CHECKPOINTS,
+    TOPIC_HOST,
+    TOPIC_NET,
+    TOPIC_STEPS,
+    TOPIC_STORAGE,
+    decode,
+    envelope,
+)
 from agents.publisher import KafkaPublisher
 from agents.training import Reporter
 
