@@ -136,12 +136,14 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         names = _names(args)
-        collectors = build_collectors(names, args.root, args.dcgm_url, args.pid, args.node)
         if args.once and args.print_:
             from agents.publisher import MemoryPublisher  # noqa: PLC0415
 
+            collectors = build_collectors(names, args.root, args.dcgm_url, args.pid, args.node)
             return _once_print(Agent(args.node, collectors, MemoryPublisher(), args.interval))
-        agent = Agent(args.node, collectors, make_publisher(args), args.interval, _socket_path(args))
+        publisher = make_publisher(args)  # configuration errors before any collector starts
+        collectors = build_collectors(names, args.root, args.dcgm_url, args.pid, args.node)
+        agent = Agent(args.node, collectors, publisher, args.interval, _socket_path(args))
         return asyncio.run(_run(agent, 1 if args.once else args.rounds))
     except AgentError as exc:
         print(f"whywait agent: {exc}", file=sys.stderr)
