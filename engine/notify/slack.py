@@ -413,7 +413,8 @@ class SlackNotifier(Notifier):
         except (URLError, OSError, SlackClientError) as exc:
             self._transient(item, _reason(exc))
             return
-        self._limiter.record(target, time.monotonic())
+        done_at = time.monotonic()
+        self._limiter.record(target, done_at)
         with self._cond:
             self._recovered()
             inc = self.book.incidents.get(item.key)
@@ -421,6 +422,7 @@ class SlackNotifier(Notifier):
                 inc.ts, inc.channel_id = resp.get("ts"), resp.get("channel")
                 if inc.channel_id and lane_channel != inc.channel_id:
                     self._aliases[lane_channel] = inc.channel_id
+                    self._limiter.record(inc.channel_id, done_at)  # the name and the id are one channel
                 self.book.changed.add(inc.key)
             self._stats[{"post": "posted", "update": "updated", "reply": "replied"}[kind]] += 1
             if not keep:

@@ -1,0 +1,95 @@
+"""``whywait notify render`` and ``whywait silence add|list|expire`` (against an in-memory store)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+
+import pytest
+
+from engine.commands import notify_cmd, silence_cmd
+from engine.errors import ConfigError
+from engine.notify.silences import InMemorySilenceStore, Silence, SilenceError, parse_matchers
+
+
+def _run(module, argv: list[str]) -> int:
+    p = argparse.ArgumentParser()
+    module.register(p)
+    return module.run(p.parse_args(argv))
+
+
+def test_notify_render_prints_block_kit_and_preview(tmp_path, capsys, make_diagnosis) -> None:
+    f = tmp_path / "d.json"
+    f.write_text(json.dumps(make_diagnosis(job="<!channel>").to_dict()))
+    assert _run(notify_cmd, ["render", str(f)]) == 0
+    out = capsys.readouterr().out
+    payload_text, preview = out.split("\n\n[FIRING", 1)
+    payload = json.loads(payload_text)
+    assert payload["channel"] == "#ml-infra" and payload["blocks"][0]["type"] == "section"
+    assert "<!channel>" not in json.dumps(payload) and "&lt;!channel&gt;" in json.dumps(payload)
+    assert preview.startswith(" · warning] Rank 12") and "Job: <!channel>" in preview
+
+
+def test_notify_render_group_and_formats(tmp_path, capsys, make_diagnosis) -> None:
+    f = tmp_path / "g.json"
+    f.write_text(json.dumps([make_diagnosis(rank=i, node=f"node-{i}").to_dict() for i in range(3)]))
+    assert _run(notify_cmd, ["render", str(f), "--format", "text"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("[FIRING") and "ranks 0–2" in out
+    assert _run(notify_cmd, ["render", str(f), "--format", "json"]) == 0
+    assert "3 findings grouped" in json.loads(capsys.readouterr().out)["blocks"][1]["elements"][0]["text"]
+
+
+@pytest.mark.parametrize("content, message", [
+    ("{", "not JSON"), ("[1]", "a diagnosis must be a JSON object (got int)"), ('{"x": 1}', "not a diagnosis"),
+])
+def test_notify_render_bad_input_is_one_line(tmp_path, content, message) -> None:
+    f = tmp_path / "bad.json"
+    f.write_text(content)
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        _run(notify_cmd, ["render", str(f)])
+
+
+@pytest.fixture
+def store(monkeypatch) -> InMemorySilenceStore:
+    s = InMemorySilenceStore()
+    s.close = lambda: None  # type: ignore[method-assign]
+    monkeypatch.setattr(silence_cmd, "open_store", lambda bootstrap: s)
+    return s
+
+
+def test_silence_add_list_expire(store, capsys) -> None:
+    assert _run(silence_cmd, ["add", "-m", "job=llm-70b", "-m", "culprit=node-0*", "--for", "2h",
+                              "--comment", "maintenance", "--by", "alice"]) == 0
+    sid = capsys.readouterr().out.split()[0]
+    (s,) = store.active()
+    assert s.id == sid and s.matchers == {"job": "llm-70b", "culprit": "node-0*"} and s.created_by == "alice"
+    assert abs((s.ends_at - s.starts_at) - 7200) < 1
+    assert _run(silence_cmd, ["list"]) == 0
+    listing = capsys.readouterr().out
+    assert sid in listing and "job=llm-70b culprit=node-0*" in listing and "# maintenance" in listing
+    assert _run(silence_cmd, ["expire", sid]) == 0
+    assert store.active() == []
+    assert _run(silence_cmd, ["list"]) == 0 and "no silences in force" in capsys.readouterr().out
+    assert _run(silence_cmd, ["list", "--all"]) == 0 and "(expired)" in capsys.readouterr().out
+
+
+def test_silence_errors(store) -> None:
+    with pytest.raises(SilenceError, match="NAME=PATTERN"):
+        _run(silence_cmd, ["add", "-m", "job"])
+    with pytest.raises(ConfigError, match="--for must be a duration"):
+        _run(silence_cmd, ["add", "-m", "job=x", "--for", "later"])
+    with pytest.raises(SilenceError, match="no silence with id 'nope'"):
+        _run(silence_cmd, ["expire", "nope"])
+
+
+def test_silence_matching() -> None:
+    s = Silence.new(parse_matchers(["job=llm-*", "severity=warning"]), duration=60, created_by="x", now=0)
+    assert s.matches({"job": "llm-70b", "severity": "warning"})
+    assert not s.matches({"job": "llm-70b", "severity": "critical"})
+    assert not s.matches({"severity": "warning"})
+    assert s.active(30) and not s.active(60)
+    with pytest.raises(SilenceError, match="must name its incident"):
+        Silence.new({"job": "x"}, duration=None, created_by="x")
+    assert Silence.from_dict(s.to_dict()) == s

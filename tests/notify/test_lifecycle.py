@@ -1,0 +1,122 @@
+"""The pure incident book: grouping and Alertmanager-style timing, on a fake clock."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from engine.notify.config import SlackConfig
+from engine.notify.lifecycle import IncidentBook, group_key, routed_channel
+from engine.notify.silences import Silence
+from tests.notify.conftest import T0
+
+CFG = SlackConfig(group_wait=30, group_interval=300, repeat_interval=4 * 3600, reopen_within=3600,
+                  forget_after=86400)
+
+
+def kinds(anns):
+    return [a.kind for a in anns]
+
+
+def test_group_wait_collects_siblings_into_one_post(make_diagnosis) -> None:
+    book = IncidentBook(CFG)
+    for i in range(8):
+        book.observe(make_diagnosis(rank=i, node=f"node-{i}"), T0 + i)
+    assert book.due(T0 + 29) == []
+    anns = book.due(T0 + 30)
+    assert kinds(anns) == ["post"] and len(book.incidents) == 1
+    (inc,) = book.incidents.values()
+    assert len(inc.members) == 8 and inc.view().ranks == tuple(range(8))
+    assert book.next_due() == T0 + 30 + 4 * 3600  # the repeat
+
+
+def test_group_interval_spaces_updates_and_resolution_is_immediate(make_diagnosis) -> None:
+    book = IncidentBook(CFG)
+    d = make_diagnosis()
+    book.observe(d, T0)
+    book.due(T0 + 30)
+    book.observe(make_diagnosis(rank=5, node="node-05"), T0 + 60)
+    assert book.due(T0 + 100) == []  # not before last announcement + group_interval
+    anns = book.due(T0 + 330)
+    assert kinds(anns) == ["update", "reply"] and "1 more finding" in anns[1].text
+    book.observe(dataclasses.replace(d, status="resolved", ends_at=T0 + 400), T0 + 400)
+    assert "recovered: `node-07`" in book.due(T0 + 630)[1].text
+    book.observe(dataclasses.replace(make_diagnosis(rank=5, node="node-05"), status="resolved",
+                                     ends_at=T0 + 700), T0 + 700)
+    anns = book.due(T0 + 700)  # no group_interval wait for the resolution
+    assert kinds(anns) == ["update", "reply"] and "resolved at" in anns[1].text and "after 11m 40s" in anns[1].text
+
+
+def test_repeat_interval_reannounces_once_per_interval(make_diagnosis) -> None:
+    book = IncidentBook(CFG)
+    book.observe(make_diagnosis(), T0)
+    book.due(T0 + 30)
+    assert book.due(T0 + 30 + 4 * 3600 - 1) == []
+    anns = book.due(T0 + 30 + 4 * 3600)
+    assert kinds(anns) == ["update", "reply"] and "still firing since" in anns[1].text
+    assert book.due(T0 + 31 + 4 * 3600) == []
+
+
+def test_resolution_before_announcement_is_dropped_silently(make_diagnosis) -> None:
+    book = IncidentBook(CFG)
+    d = make_diagnosis()
+    book.observe(d, T0)
+    book.observe(dataclasses.replace(d, status="resolved"), T0 + 5)
+    assert book.due(T0 + 30) == [] and not book.incidents and book.dropped_unannounced == 1
+
+
+def test_silenced_incident_is_not_posted_but_a_posted_one_always_resolves(make_diagnosis) -> None:
+    book = IncidentBook(CFG)
+    silence = Silence.new({"job": "llm-*"}, duration=3600, created_by="ops", now=T0)
+    d = make_diagnosis()
+    book.observe(d, T0)
+    assert book.due(T0 + 30, lambda inc: silence if silence.matches(inc.fields()) else None) == []
+    assert book.due(T0 + 3600, lambda inc: None) and book.incidents[book.key_for(d)].posted  # after it ends
+    book.observe(dataclasses.replace(d, status="resolved", ends_at=T0 + 4000), T0 + 4000)
+    anns = book.due(T0 + 4000, lambda inc: silence)  # silenced again: the resolution goes out anyway
+    assert kinds(anns) == ["update", "reply"]
+
+
+def test_reopen_within_window_reuses_message_later_starts_new(make_diagnosis) -> None:
+    book = IncidentBook(CFG)
+    d = make_diagnosis()
+    book.observe(d, T0)
+    book.due(T0 + 30)
+    book.incidents[book.key_for(d)].ts = "111.222"
+    book.observe(dataclasses.replace(d, status="resolved"), T0 + 100)
+    book.due(T0 + 100)
+    book.observe(d, T0 + 200)
+    anns = book.due(T0 + 200)
+    assert kinds(anns) == ["update", "reply"] and "firing again" in anns[1].text
+    assert book.incidents[book.key_for(d)].ts == "111.222"
+    book.observe(dataclasses.replace(d, status="resolved"), T0 + 300)
+    book.due(T0 + 300)
+    book.observe(d, T0 + 300 + 3601)
+    assert book.incidents[book.key_for(d)].ts is None  # a new incident: a new message
+    assert kinds(book.due(T0 + 300 + 3601 + 30)) == ["post"]
+
+
+def test_keys_and_routing(make_diagnosis) -> None:
+    from engine.diagnosis import Owner
+
+    d = make_diagnosis()
+    assert group_key(d, ("job",)) == "network.straggler-retransmits|#ml-infra|job=llm-70b"
+    assert group_key(d, ()) == f"network.straggler-retransmits|#ml-infra|fingerprint={d.fingerprint}"
+    assert group_key(d, ("switch", "culprit")).endswith("switch=leaf-3|culprit=node-07")
+    cfg = SlackConfig(default_channel="#default", severity_channels={"info": "#quiet"})
+    assert routed_channel(d, cfg) == "#ml-infra"
+    assert routed_channel(dataclasses.replace(d, severity="info"), cfg) == "#quiet"
+    assert routed_channel(dataclasses.replace(d, owner=Owner("p", "t")), cfg) == "#default"
+    assert routed_channel(dataclasses.replace(d, owner=None), cfg) == "#default"
+
+
+def test_state_round_trips_through_records(make_diagnosis) -> None:
+    book = IncidentBook(CFG)
+    d = make_diagnosis()
+    book.observe(d, T0)
+    book.due(T0 + 30)
+    records = {k: inc.to_dict() for k, inc in book.incidents.items()}
+    again = IncidentBook(CFG, records)
+    assert again.key_for(d) == book.key_for(d)
+    assert again.incidents[book.key_for(d)].to_dict() == records[book.key_for(d)]
+    again.observe(dataclasses.replace(d, status="resolved", ends_at=T0 + 60), T0 + 60)
+    assert kinds(again.due(T0 + 60)) == ["update", "reply"]
