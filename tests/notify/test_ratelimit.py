@@ -40,7 +40,7 @@ def test_burst_of_50_at_the_default_1_per_second(slack_server, make_notifier, ma
     assert [p.text.split("burst ")[1][:2] for p in posts] == [f"{i:02d}" for i in range(50)]  # in order
     assert not [c for c in slack_server.calls if c.status == 429]  # the server's limit was never hit
     times = sorted(p.time for p in posts)
-    gaps = [b - a for a, b in zip(times, times[1:])]
+    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
     span = times[-1] - times[0]
     per_window = SlackServer.max_posts_per_window(posts, 1.0)
     print(f"\nburst: {len(posts)} messages into one channel in {span:.2f}s "
