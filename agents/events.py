@@ -114,8 +114,10 @@ def F(name: str, type_: str, unit: str, doc: str, required: bool = True) -> Fiel
 GPU_SAMPLE = Record("GpuSample", (
     F("gpu", "integer", "index", "GPU index on the node (NVML/nvidia-smi order)."),
     F("uuid", "string", "", "GPU UUID, `GPU-...`.", required=False),
-    F("util_pct", "number", "%", "GPU (SM) utilisation over the interval."),
-    F("mem_util_pct", "number", "%", "Memory-controller utilisation over the interval."),
+    F("util_pct", "number", "%", "GPU (SM) utilisation over the interval (absent on MIG, where NVML has none).",
+      required=False),
+    F("mem_util_pct", "number", "%", "Memory-controller utilisation over the interval (absent on MIG).",
+      required=False),
     F("mem_used_bytes", "integer", "bytes", "Framebuffer memory in use."),
     F("mem_total_bytes", "integer", "bytes", "Framebuffer memory in total."),
     F("temp_c", "number", "°C", "GPU core temperature."),
@@ -180,6 +182,8 @@ STEP_TIMING = Record("StepTiming", (
     F("comm_s", "number", "s", "Collective communication (all-reduce) not overlapped with compute."),
     F("checkpoint_s", "number", "s", "Time inside checkpoint saves during the step.", required=False),
     F("node", "string", "", "Node the rank runs on (for producers that batch several nodes).",
+      required=False),
+    F("ended_at", "number", "s since epoch (UTC)", "When this step ended (the envelope `time` is the batch's).",
       required=False),
 ), "One completed training step of one rank.")
 

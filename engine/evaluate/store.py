@@ -20,6 +20,7 @@ from typing import Any, Iterable, Sequence
 
 THERMAL = {"hw_thermal_slowdown", "sw_thermal_slowdown"}
 POWER = {"sw_power_cap", "hw_power_brake_slowdown"}
+_AGES = frozenset({"checkpoint.open_s", "step.since_last_s", "node.since_last_s"})
 _JOB_FIELDS = ("duration_s", "data_wait_s", "compute_s", "comm_s", "checkpoint_s")
 
 
@@ -132,8 +133,10 @@ class MetricStore:
         put = self.put
         for g in msg["gpus"]:
             e = f"{node}/gpu{g['gpu']}"
-            put("gpu.util_pct", e, t, g["util_pct"])
-            put("gpu.mem_util_pct", e, t, g["mem_util_pct"])
+            if g.get("util_pct") is not None:  # absent on MIG instances
+                put("gpu.util_pct", e, t, g["util_pct"])
+            if g.get("mem_util_pct") is not None:
+                put("gpu.mem_util_pct", e, t, g["mem_util_pct"])
             put("gpu.temp_c", e, t, g["temp_c"])
             put("gpu.power_w", e, t, g["power_w"])
             put("gpu.sm_clock_mhz", e, t, g["sm_clock_mhz"])
@@ -268,8 +271,24 @@ class MetricStore:
     # ---- reading ----------------------------------------------------------------------------------
 
     def window(self, metric: str, entity: str, t0: float, t1: float) -> tuple[Sequence[float], Sequence[float]]:
+        """The points of ``metric`` for ``entity`` with ``t0 < t <= t1``.
+
+        Ages (``checkpoint.open_s``, ``step.since_last_s``, ``node.since_last_s``) are not stored:
+        they are one point computed at ``t1``.
+        """
+        if metric in _AGES:
+            v = self.age(metric, entity, t1)
+            return ((t1,), (v,)) if v is not None else ((), ())
         s = self.series.get((metric, entity))
         return s.window(t0, t1) if s is not None else ((), ())
+
+    def age(self, metric: str, entity: str, now: float) -> float | None:
+        """Seconds at ``now`` since the entity last reported, or since its oldest open checkpoint began."""
+        if metric == "checkpoint.open_s":
+            starts = [t for (job, _), t in self.open_checkpoints.items() if job == entity and t <= now]
+            return now - min(starts) if starts else None
+        last = (self.rank_last if metric == "step.since_last_s" else self.node_last).get(entity)
+        return None if last is None else max(0.0, now - last)
 
     def value(self, metric: str, entity: str, agg: str, now: float, window_s: float) -> float | None:
         """The ``agg`` of ``metric`` for ``entity`` over ``(now - window_s, now]``, or None if no data."""
