@@ -1,3 +1,418 @@
-"""Loaders of real fabric-topology formats into :class:`~topology.model.Topology` (filled in below)."""
+"""Loaders of real fabric-topology formats into :class:`~topology.model.Topology`.
+
+* :func:`load_ibnetdiscover` — the text dump of ``ibnetdiscover`` (InfiniBand
+  fabric discovery; what NVIDIA topograph consumes): switches with their ports,
+  and the host channel adapters (HCAs) cabled to them.  Switch tiers are derived
+  from the wiring: a switch with host ports is a leaf, a switch wired to leaves
+  is a spine, anything above is core.
+* :func:`load_slurm_topology` — Slurm ``topology.conf`` in the tree form
+  (``SwitchName=... Switches=...|Nodes=...``) and the block form
+  (``BlockName=... Nodes=...``, read as racks), as topograph writes them.
+* :func:`load_nccl_topology` — an NCCL topology XML (``NCCL_TOPO_FILE``), read
+  for its GPU ↔ NIC PCIe locality, which a fabric dump lacks; :func:`add_nccl_node`
+  adds a host built from it.
+
+Every loader raises :class:`~topology.errors.TopologyError` naming the file and
+line of anything it cannot read.  Pure: stdlib and networkx only.
+"""
 
 from __future__ import annotations
+
+import re
+import xml.etree.ElementTree as ET
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+from topology.errors import TopologyError
+from topology.model import Nic, Topology, natural_key
+
+# ---------------------------------------------------------------------------------------------- ibnetdiscover
+
+_IB_NODE = re.compile(r'^(?P<type>Switch|Ca)\s+(?P<ports>\d+)\s+"(?P<id>[SH]-[0-9a-fA-F]+)"\s*#\s*"(?P<desc>[^"]*)"')
+_IB_SWITCH_PORT = re.compile(
+    r'^\[(?P<port>\d+)\]\s+"(?P<peer>[SH]-[0-9a-fA-F]+)"\[(?P<peer_port>\d+)\](?:\([0-9a-fA-F]+\))?\s*'
+    r'(?:#\s*"(?P<desc>[^"]*)")?')
+_HOST_DESC = re.compile(r"^(?P<host>\S+)\s+(?P<nic>(?:mlx\d+_\d+|HCA-\d+|ib\d+|[a-z]+\d+[a-z0-9_/.-]*))$")
+
+
+@dataclass
+class LoadReport:
+    """What a loader kept and what it skipped (and why), for ``whywait topology check``-style output."""
+
+    source: str
+    switches: int = 0
+    nodes: int = 0
+    nics: int = 0
+    skipped: list[str] = field(default_factory=list)
+
+
+def switch_name(desc: str, fallback: str) -> str:
+    """Readable switch id from an IB node description: ``MF0;A09-P1-IBLEAF-04-04:MQM9701/U1`` → ``A09-P1-IBLEAF-04-04``."""
+    name = desc.split(";", 1)[-1].split(":", 1)[0].strip()
+    return name or fallback
+
+
+def load_ibnetdiscover(path: str | Path, gpus_per_node: int = 8,
+                       nic_gpus: Mapping[str, Sequence[int]] | None = None,
+                       rack_of: Callable[[str], str | None] | str | None = None,
+                       name: str = "", report: LoadReport | None = None) -> Topology:
+    """Load an ``ibnetdiscover`` dump: switches (tiered by wiring), hosts and their HCAs.
+
+    A host is named by the first word of its HCA's node description
+    (``"a08-p1-dgx-04-c01 mlx5_5"`` → host ``a08-p1-dgx-04-c01``, NIC ``mlx5_5``);
+    HCAs whose description names no host (``"MT4129 ConnectX7 ..."``, SHARP
+    aggregation nodes) are skipped and listed in ``report.skipped``.  A host's
+    NICs are sorted naturally; the first is primary.  Each host gets
+    ``gpus_per_node`` GPUs; ``nic_gpus`` maps a NIC name to the GPUs it serves
+    (from :func:`load_nccl_topology`, say), otherwise NICs serve none.
+    ``rack_of`` maps a host name to its rack: a callable, or a regex whose first
+    group is the rack (``r"^(.*)-c\\d+$"``).
+    """
+    source = str(path)
+    rep = report if report is not None else LoadReport(source)
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError as exc:
+        raise TopologyError(f"{source}: cannot read: {exc.strerror or exc}", source=source) from None
+    switches: dict[str, str] = {}  # guid id -> description
+    hcas: dict[str, str] = {}  # guid id -> description
+    links: set[tuple[str, str]] = set()  # (switch id, peer id)
+    current: str | None = None
+    problems: list[str] = []
+    for lineno, raw in enumerate(lines, 1):
+        line = raw.strip()
+        if not line or line.startswith("#") or "=" in line.split()[0]:
+            if not line:
+                current = None
+            continue
+        m = _IB_NODE.match(line)
+        if m:
+            if m.group("type") == "Switch":
+                current = m.group("id")
+                switches[current] = m.group("desc")
+            else:
+                current = None  # a Ca's port lines repeat links already seen from the switch side
+                hcas[m.group("id")] = m.group("desc")
+            continue
+        if line.startswith("["):
+            if current is None:
+                if not line.startswith("[") or "(" not in line:
+                    problems.append(f"{source}:{lineno}: port line outside a Switch or Ca block (got {line[:60]!r})")
+                continue
+            p = _IB_SWITCH_PORT.match(line)
+            if p is None:
+                problems.append(f"{source}:{lineno}: expected a port line '[N] \"S-|H-<guid>\"[M] # \"desc\"' "
+                                f"(got {line[:60]!r})")
+                continue
+            peer = p.group("peer")
+            links.add((current, peer))
+            if peer.startswith("H-") and p.group("desc") and peer not in hcas:
+                hcas[peer] = p.group("desc")
+            continue
+        if line.split()[0] in ("Switch", "Ca", "Rt"):
+            problems.append(f"{source}:{lineno}: expected '{line.split()[0]} <ports> \"<guid>\" # \"<desc>\"' "
+                            f"(got {line[:60]!r})")
+    if problems:
+        raise TopologyError(problems, source=source)
+    if not switches:
+        raise TopologyError(f"{source}: expected an ibnetdiscover dump with 'Switch' blocks (found none)",
+                            source=source)
+
+    # Hosts and their NICs, from HCA descriptions.
+    host_nics: dict[str, dict[str, str | None]] = defaultdict(dict)  # host -> nic -> leaf guid
+    hca_host: dict[str, tuple[str, str]] = {}
+    for guid, desc in hcas.items():
+        m = _HOST_DESC.match(desc.strip())
+        if m is None:
+            rep.skipped.append(f"HCA {guid} ({desc!r}): no host name in its description")
+            continue
+        hca_host[guid] = (m.group("host"), m.group("nic"))
+    switch_peers: dict[str, set[str]] = defaultdict(set)
+    for sw, peer in links:
+        if peer.startswith("S-"):
+            switch_peers[sw].add(peer)
+            switch_peers[peer].add(sw)
+        elif peer in hca_host:
+            host, nic = hca_host[peer]
+            host_nics[host][nic] = sw
+
+    # Tiers by wiring: host-facing switches are leaves; their switch neighbours spines; the rest core.
+    leaves = {sw for sw in switches if any(sw == leaf for nics in host_nics.values() for leaf in nics.values())}
+    spines = {p for leaf in leaves for p in switch_peers[leaf] if p not in leaves}
+    tier = {sw: "leaf" if sw in leaves else "spine" if sw in spines else "core" for sw in switches}
+    ids: dict[str, str] = {}
+    for sw in switches:
+        readable = switch_name(switches[sw], sw)
+        ids[sw] = readable if readable not in ids.values() else f"{readable} ({sw})"
+
+    topo = Topology(name or Path(path).stem)
+    rack_fn = _rack_function(rack_of)
+    racks: set[str] = set()
+    order = {"core": 0, "spine": 1, "leaf": 2}
+    for sw in sorted(switches, key=lambda s: (order[tier[s]], natural_key(ids[s]))):
+        ups = sorted((ids[p] for p in switch_peers[sw] if order[tier[p]] < order[tier[sw]]), key=natural_key)
+        topo.add_switch(ids[sw], tier[sw], ups)
+        rep.switches += 1
+    for host in sorted(host_nics, key=natural_key):
+        rack = rack_fn(host) if rack_fn else None
+        if rack is not None and rack not in racks:
+            topo.add_rack(rack)
+            racks.add(rack)
+        nics = [Nic(host, nic, ids[leaf] if leaf else None, tuple((nic_gpus or {}).get(nic, ())))
+                for nic, leaf in sorted(host_nics[host].items(), key=lambda kv: natural_key(kv[0]))]
+        try:
+            topo.add_node(host, gpus_per_node, nics, rack)
+        except TopologyError as exc:
+            raise TopologyError(f"{source}: host {host!r}: {exc}", source=source) from None
+        rep.nodes += 1
+        rep.nics += len(nics)
+    return topo
+
+
+def _rack_function(rack_of: Callable[[str], str | None] | str | None) -> Callable[[str], str | None] | None:
+    if rack_of is None or callable(rack_of):
+        return rack_of
+    pattern = re.compile(rack_of)
+
+    def by_regex(host: str) -> str | None:
+        m = pattern.match(host)
+        return m.group(1) if m else None
+    return by_regex
+
+
+# ---------------------------------------------------------------------------------------------- Slurm topology.conf
+
+_HOSTLIST_PART = re.compile(r"([^,\[]+)(?:\[([^\]]+)\])?([^,\[]*)")
+
+
+def expand_hostlist(expr: str) -> list[str]:
+    """Expand a Slurm hostlist: ``srv[1101-1103,1105]`` → ``srv1101, srv1102, srv1103, srv1105``.
+
+    Supports one bracket group per name (what topology.conf writers produce),
+    keeping the width of zero-padded ranges.
+    """
+    out: list[str] = []
+    depth = 0
+    start = 0
+    parts: list[str] = []
+    for i, ch in enumerate(expr):
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append(expr[start:i])
+            start = i + 1
+    parts.append(expr[start:])
+    for part in filter(None, (p.strip() for p in parts)):
+        m = re.fullmatch(r"([^\[]*)\[([^\]]+)\](.*)", part)
+        if not m:
+            out.append(part)
+            continue
+        prefix, body, suffix = m.groups()
+        for rng in body.split(","):
+            a, sep, b = rng.partition("-")
+            if not sep:
+                out.append(f"{prefix}{a}{suffix}")
+                continue
+            width = len(a) if a.startswith("0") else 0
+            for i in range(int(a), int(b) + 1):
+                out.append(f"{prefix}{i:0{width}d}{suffix}")
+    return out
+
+
+def load_slurm_topology(path: str | Path, gpus_per_node: int = 8, nic: str = "ib0",
+                        name: str = "") -> Topology:
+    """Load a Slurm ``topology.conf``: the tree form gives switches and leaves, the block form racks.
+
+    Tree: ``SwitchName=S Nodes=<hostlist>`` makes a leaf; ``SwitchName=S
+    Switches=<hostlist>`` makes S the uplink of those switches; tiers follow the
+    depth (leaf, spine, then core).  Each node gets one NIC named ``nic``
+    cabled to its leaf and ``gpus_per_node`` GPUs (Slurm does not describe PCIe
+    locality).  Block: ``BlockName=B Nodes=<hostlist>`` makes rack B.  A
+    ``# id=friendly`` comment line (as topograph writes) is kept as nothing more
+    than a comment.  ``BlockSizes=`` and ``LinkSpeed=`` are accepted and ignored.
+    """
+    source = str(path)
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError as exc:
+        raise TopologyError(f"{source}: cannot read: {exc.strerror or exc}", source=source) from None
+    leaf_nodes: dict[str, list[str]] = {}
+    children: dict[str, list[str]] = {}
+    blocks: dict[str, list[str]] = {}
+    problems: list[str] = []
+    for lineno, raw in enumerate(lines, 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        fields: dict[str, str] = {}
+        for tok in line.split():
+            k, sep, v = tok.partition("=")
+            if not sep:
+                problems.append(f"{source}:{lineno}: expected KEY=VALUE (got {tok!r})")
+                continue
+            fields[k] = v
+        if "SwitchName" in fields:
+            sw = fields["SwitchName"]
+            if "Nodes" in fields:
+                leaf_nodes[sw] = expand_hostlist(fields["Nodes"])
+            if "Switches" in fields:
+                children[sw] = expand_hostlist(fields["Switches"])
+            if "Nodes" not in fields and "Switches" not in fields:
+                problems.append(f"{source}:{lineno}: SwitchName={sw}: expected Nodes= or Switches=")
+        elif "BlockName" in fields:
+            if "Nodes" not in fields:
+                problems.append(f"{source}:{lineno}: BlockName={fields['BlockName']}: expected Nodes=")
+            else:
+                blocks[fields["BlockName"]] = expand_hostlist(fields["Nodes"])
+        elif not set(fields) <= {"BlockSizes", "LinkSpeed"}:
+            problems.append(f"{source}:{lineno}: expected SwitchName=, BlockName= or BlockSizes= "
+                            f"(got {line[:60]!r})")
+    known = set(leaf_nodes) | set(children)
+    for sw, kids in children.items():
+        for k in kids:
+            if k not in known:
+                problems.append(f"{source}: SwitchName={sw}: Switches= names {k!r}, which no SwitchName= line defines")
+    if problems:
+        raise TopologyError(problems, source=source)
+    if not known and not blocks:
+        raise TopologyError(f"{source}: expected SwitchName= or BlockName= lines (found none)", source=source)
+    parent: dict[str, list[str]] = defaultdict(list)
+    for sw, kids in children.items():
+        for k in kids:
+            parent[k].append(sw)
+    # Depth above the leaves decides the tier; anything two or more levels up is core.
+    depth: dict[str, int] = {sw: 0 for sw in leaf_nodes}
+    frontier = list(leaf_nodes)
+    while frontier:
+        nxt = []
+        for sw in frontier:
+            for p in parent[sw]:
+                if depth.get(p, -1) < depth[sw] + 1:
+                    depth[p] = depth[sw] + 1
+                    nxt.append(p)
+        frontier = nxt
+    tiers = ("leaf", "spine", "core")
+    topo = Topology(name or Path(path).stem)
+    for sw in sorted(depth, key=lambda s: (-depth[s], natural_key(s))):
+        topo.add_switch(sw, tiers[min(depth[sw], 2)], sorted(parent[sw], key=natural_key))
+    rack_of: dict[str, str] = {}
+    for block in sorted(blocks, key=natural_key):
+        topo.add_rack(block)
+        for n in blocks[block]:
+            rack_of[n] = block
+    node_leaf: dict[str, str] = {}
+    for leaf, nodes in leaf_nodes.items():
+        for n in nodes:
+            node_leaf.setdefault(n, leaf)
+    for n in sorted(set(node_leaf) | set(rack_of), key=natural_key):
+        leaf = node_leaf.get(n)
+        nics = [Nic(n, nic, leaf, tuple(range(gpus_per_node)))] if leaf else []
+        topo.add_node(n, gpus_per_node, nics, rack_of.get(n))
+    return topo
+
+
+# ---------------------------------------------------------------------------------------------- NCCL topology XML
+
+_GPU_CLASS = "0x0302"  # 3D controller
+_NIC_CLASSES = ("0x0207", "0x0200")  # InfiniBand, Ethernet
+
+
+@dataclass(frozen=True)
+class NcclLocality:
+    """GPU ↔ NIC PCIe locality of one machine type, read from an NCCL topology XML.
+
+    ``gpus``: GPU index → PCI bus id (indexes follow bus-id order, as with
+    ``CUDA_DEVICE_ORDER=PCI_BUS_ID``); ``nics``: NIC name → bus id;
+    ``nic_gpus``: NIC name → the GPU indexes it serves.
+    """
+
+    gpus: Mapping[int, str]
+    nics: Mapping[str, str]
+    nic_gpus: Mapping[str, tuple[int, ...]]
+
+
+def load_nccl_topology(path: str | Path, nic_prefix: str = "mlx5_") -> NcclLocality:
+    """Read GPU ↔ NIC locality from an NCCL topology XML (``<system><cpu><pci>...``).
+
+    GPUs (class 0x0302) and NICs (0x0207 InfiniBand, 0x0200 Ethernet) under the
+    same PCIe switch are local to each other.  When a switch holds as many NICs
+    as GPUs they pair one to one in bus-id order (as NCCL pairs them);
+    otherwise each NIC serves every GPU on its switch.  NICs are named
+    ``<nic_prefix><n>`` in bus-id order; a GPU behind no NIC's switch is served
+    by the NICs of its CPU (NUMA node).
+    """
+    source = str(path)
+    try:
+        root = ET.parse(path).getroot()
+    except (OSError, ET.ParseError) as exc:
+        raise TopologyError(f"{source}: not a readable NCCL topology XML: {exc}", source=source) from None
+    if root.tag != "system":
+        raise TopologyError(f"{source}: expected a <system> root element (got <{root.tag}>)", source=source)
+    # (gpu bus ids, nic bus ids) per PCIe switch, and per CPU for the fallback.
+    groups: list[tuple[list[str], list[str]]] = []
+    cpu_groups: list[tuple[list[str], list[str]]] = []
+
+    def classify(el: ET.Element) -> str | None:
+        cls = el.get("class", "")
+        if cls.startswith(_GPU_CLASS):
+            return "gpu"
+        if cls.startswith(_NIC_CLASSES) or el.find("nic") is not None:
+            return "nic"
+        return None
+
+    for cpu in root.iter("cpu"):
+        cg: tuple[list[str], list[str]] = ([], [])
+        for sw in cpu.findall("pci"):
+            leaves = [el for el in sw.iter("pci") if el is not sw]
+            group: tuple[list[str], list[str]] = ([], [])
+            for el in (leaves or [sw]):
+                kind = classify(el)
+                if kind == "gpu":
+                    group[0].append(el.get("busid", ""))
+                elif kind == "nic":
+                    group[1].append(el.get("busid", ""))
+            groups.append(group)
+            cg[0].extend(group[0])
+            cg[1].extend(group[1])
+        cpu_groups.append(cg)
+    all_gpus = sorted(b for g, _ in groups for b in g)
+    all_nics = sorted(b for _, n in groups for b in n)
+    if not all_gpus:
+        raise TopologyError(f"{source}: expected GPUs (pci class 0x0302...) in the topology (found none)",
+                            source=source)
+    gpu_index = {b: i for i, b in enumerate(all_gpus)}
+    nic_name = {b: f"{nic_prefix}{i}" for i, b in enumerate(all_nics)}
+    served: dict[str, set[int]] = defaultdict(set)
+    covered: set[int] = set()
+    for gpus, nics in groups:
+        if not nics or not gpus:
+            continue
+        gs, ns = sorted(gpus), sorted(nics)
+        if len(gs) == len(ns):
+            for g, n in zip(gs, ns):
+                served[nic_name[n]].add(gpu_index[g])
+        else:
+            for n in ns:
+                served[nic_name[n]].update(gpu_index[g] for g in gs)
+        covered.update(gpu_index[g] for g in gs)
+    for gpus, nics in cpu_groups:
+        for g in gpus:
+            if gpu_index[g] not in covered:
+                for n in nics:
+                    served[nic_name[n]].add(gpu_index[g])
+    return NcclLocality(
+        gpus={i: b for b, i in gpu_index.items()},
+        nics={nic_name[b]: b for b in all_nics},
+        nic_gpus={n: tuple(sorted(served.get(n, ()))) for n in (nic_name[b] for b in all_nics)})
+
+
+def add_nccl_node(topo: Topology, node: str, locality: NcclLocality, leaf: str | Mapping[str, str] | None = None,
+                  rack: str | None = None, mounts: Mapping[str, str] | None = None) -> None:
+    """Add host ``node`` with the GPUs and NICs of ``locality``; ``leaf`` is one leaf or NIC name → leaf."""
+    nics = [Nic(node, n, leaf.get(n) if isinstance(leaf, Mapping) else leaf, locality.nic_gpus[n])
+            for n in locality.nics]
+    topo.add_node(node, sorted(locality.gpus), nics, rack, mounts)

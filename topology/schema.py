@@ -36,7 +36,7 @@ class _Problems:
     def __init__(self, source: str, lines: Mapping[str, int]) -> None:
         self.source = source
         self.lines = lines
-        self.items: list[str] = []
+        self.items: list[tuple[int, str]] = []
 
     def add(self, path: str, expected: str, got: Any = None, *, raw: str | None = None) -> None:
         line = self.lines.get(path)
@@ -47,11 +47,13 @@ class _Problems:
             line = self.lines.get(probe)
         where = f"{self.source}:{line}" if line else self.source
         text = raw if raw is not None else f"expected {expected} (got {got!r})"
-        self.items.append(f"{where}: {path}: {text}" if path else f"{where}: {text}")
+        self.items.append((line or 0, f"{where}: {path}: {text}" if path else f"{where}: {text}"))
 
     def raise_if_any(self) -> None:
         if self.items:
-            raise TopologyError(self.items, source=self.source)
+            # In file order, whatever order the checks ran in (uplinks are checked after all switches).
+            ordered = [text for _, text in sorted(self.items, key=lambda item: item[0])]
+            raise TopologyError(ordered, source=self.source)
 
 
 def _str(v: Any) -> bool:
@@ -104,6 +106,8 @@ def parse_topology(data: Any, source: str = "<dict>", lines: Mapping[str, int] |
     ids: dict[str, str] = {}  # id -> path of its declaration, to report duplicates
 
     def declare(ident: Any, path: str) -> bool:
+        if ident is None:
+            return False  # reported as "is required" already
         if not _str(ident):
             p.add(path, "a non-empty string id", ident)
             return False

@@ -128,8 +128,8 @@ def make_job(topology: Topology, job: str = "train-llm", project: str = "llm", t
         raise SimulationError(f"job {job!r}: no GPUs to place it on")
     pool = behaviour.pop("pool", None)  # type: ignore[arg-type]
     if pool is None:
-        pools = topology.pools_of(chosen[0])
-        pool = pools[0] if pools else None
+        mounts = topology.mounts_of(chosen[0])  # declaration order: the first pool listed is the default
+        pool = mounts[0].pool if mounts else None
     unknown = set(behaviour) - set(JobSpec.__dataclass_fields__)
     if unknown:
         raise SimulationError(f"job {job!r}: unknown setting(s) {', '.join(sorted(unknown))} "
