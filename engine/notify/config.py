@@ -99,6 +99,7 @@ class SlackConfig:
     evidence_growth: float = 1.5  # a value this many times its last announced one is news
     rate_per_channel: float = 1.0  # messages per second per channel (Slack's limit is about 1)
     outbox_dir: Path | None = None  # None: kept in memory (lost on restart)
+    outbox_shared_ok: bool = False  # True (the default folder): if in use, take a free sibling folder
     outbox_max_age: float = 86400.0
     retry_backoff: tuple[float, float] = (0.5, 30.0)  # first and largest pause after a failed delivery
     max_429_retries: int = 5
@@ -146,8 +147,10 @@ class SlackConfig:
                           ("WHYWAIT_NOTIFY_OUTBOX_MAX_AGE", "outbox_max_age")):
             if env.get(var):
                 kw[name] = parse_duration(env[var], var)
-        kw["outbox_dir"] = Path(env["WHYWAIT_NOTIFY_OUTBOX"]) if env.get("WHYWAIT_NOTIFY_OUTBOX") \
-            else default_outbox_dir(env)
+        if env.get("WHYWAIT_NOTIFY_OUTBOX"):
+            kw["outbox_dir"] = Path(env["WHYWAIT_NOTIFY_OUTBOX"])
+        else:
+            kw["outbox_dir"], kw["outbox_shared_ok"] = default_outbox_dir(env), True
         if env.get("WHYWAIT_DASHBOARD_URL"):
             kw["dashboard_url_template"] = env["WHYWAIT_DASHBOARD_URL"]
         return cls(**kw)  # type: ignore[arg-type]

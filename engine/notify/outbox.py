@@ -46,6 +46,13 @@ class OutboxItem:
         return asdict(self)
 
 
+class OutboxBusy(NotifyError):
+    """The outbox folder is locked by another notifier."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, retryable=False)
+
+
 class Outbox:
     """Ordered pending Slack writes; on disk under ``directory``, in memory when it is None."""
 
@@ -79,8 +86,8 @@ class Outbox:
         except BlockingIOError:
             holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
             os.close(fd)
-            raise NotifyError(f"the outbox {self.directory} is in use by another notifier (pid {holder}); "
-                              "give each notifier its own WHYWAIT_NOTIFY_OUTBOX", retryable=False) from None
+            raise OutboxBusy(f"the outbox {self.directory} is in use by another notifier (pid {holder}); "
+                             "give each notifier its own WHYWAIT_NOTIFY_OUTBOX") from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
         self._lock_fd = fd
@@ -152,6 +159,22 @@ class Outbox:
         self._done_since_compact += 1
         if self._log is not None and (not self._items or self._done_since_compact >= _COMPACT_AFTER):
             self._rewrite()
+
+    @classmethod
+    def first_free(cls, directory: Path, *, tries: int = 16, fsync: bool = True) -> Outbox:
+        """The outbox in ``directory``, or, while another notifier holds it, in the first free
+        ``directory-N`` beside it (several notifiers on one machine sharing the default folder)."""
+        for n in range(tries):
+            candidate = directory if n == 0 else directory.with_name(f"{directory.name}-{n}")
+            try:
+                box = cls(candidate, fsync=fsync)
+            except OutboxBusy:
+                continue
+            if n:
+                log.info("outbox %s is in use; using %s", directory, candidate)
+            return box
+        raise OutboxBusy(f"the outbox {directory} and {tries - 1} folders beside it are in use; "
+                         "set WHYWAIT_NOTIFY_OUTBOX")
 
     def items(self) -> list[OutboxItem]:
         """Pending items, oldest first."""

@@ -114,7 +114,10 @@ class SlackNotifier(Notifier):
 
         self._cond = threading.Condition()
         self.book = IncidentBook(self.config, self.state_store.load())
-        self.outbox = Outbox(self.config.outbox_dir)
+        if self.config.outbox_dir is not None and self.config.outbox_shared_ok:
+            self.outbox = Outbox.first_free(self.config.outbox_dir)
+        else:
+            self.outbox = Outbox(self.config.outbox_dir)
         self._limiter = ChannelRateLimiter(self.config.rate_per_channel)
         self._aliases: dict[str, str] = {}  # channel name -> id, learned from Slack's answers
         self._stats: Counter[str] = Counter()

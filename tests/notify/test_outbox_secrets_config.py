@@ -45,6 +45,14 @@ def test_outbox_folder_is_exclusive(tmp_path) -> None:
     Outbox(tmp_path).close()
 
 
+def test_default_outbox_folder_moves_aside_when_busy(tmp_path) -> None:
+    first = Outbox.first_free(tmp_path / "box")
+    second = Outbox.first_free(tmp_path / "box")
+    assert first.directory == tmp_path / "box" and second.directory == tmp_path / "box-1"
+    first.close()
+    second.close()
+
+
 def test_outbox_compacts_when_drained(tmp_path) -> None:
     box = Outbox(tmp_path)
     for i in range(5):
