@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable  # noqa: UP035
 
 import jinja2
 
@@ -89,6 +89,88 @@ def _check_templates(rule: Rule, errors: list[RuleSchemaError]) -> None:
                                           f"template does not parse: {e.message}"))
 
 
+@dataclass
+class _Doc:
+    """One rule document on its way to parsing, with where each key came from."""
+
+    file: Path
+    data: Any
+    lines: dict[Any, int]
+    expected_id: str | None = None
+    origins: dict[str, tuple[Path, int]] = field(default_factory=dict)  # overridden key -> (file, line)
+
+    def __post_init__(self) -> None:
+        if self.expected_id is None:
+            self.expected_id = self.file.stem
+
+
+def _apply_overrides(docs: list[_Doc], errors: list[RuleSchemaError]) -> list[_Doc]:
+    """Apply ``override:`` and ``extends:`` documents, in load order, to the rules they name.
+
+    A site keeps its changes in its own folder, loaded after the shipped one
+    (``--rules rules/ --rules site-rules/``), without copying the shipped rule:
+
+    - ``override: <id>`` replaces the top-level keys it sets in that rule (``labels`` are merged);
+      ``disable: true`` removes the rule.  Its file name is free.
+    - ``extends: <id>`` plus its own ``id`` makes a new rule that starts as a copy of ``<id>``.
+    """
+    by_id: dict[str, _Doc] = {}
+    plain: list[_Doc] = []
+    mods: list[_Doc] = []
+    for d in docs:
+        if isinstance(d.data, dict) and ("override" in d.data or "extends" in d.data):
+            mods.append(d)
+        else:
+            plain.append(d)
+            if isinstance(d.data, dict) and isinstance(d.data.get("id"), str):
+                by_id.setdefault(d.data["id"], d)
+    disabled: set[str] = set()
+    for m in mods:
+        key = "override" if "override" in m.data else "extends"
+        target = m.data[key]
+        base = by_id.get(target)
+        if base is None:
+            errors.append(RuleSchemaError(str(m.file), m.lines.get((key,), 1), None, key,
+                                          f"must name a rule loaded before it (got {target!r})"))
+            continue
+        changes = {k: v for k, v in m.data.items() if k not in (key, "disable")}
+        if key == "override":
+            if m.data.get("disable") is True:
+                disabled.add(target)
+                continue
+            if "id" in changes and changes["id"] != target:
+                errors.append(RuleSchemaError(str(m.file), m.lines.get(("id",), 1), target, "id",
+                                              "an override cannot rename its rule (use extends:)"))
+                continue
+            doc = base
+        else:
+            doc = _Doc(m.file, dict(base.data), dict(base.lines), origins=dict(base.origins))
+            plain.append(doc)
+        merged = dict(doc.data)
+        for k, v in changes.items():
+            if k == "labels" and isinstance(v, dict) and isinstance(merged.get("labels"), dict):
+                merged["labels"] = {**merged["labels"], **v}
+            else:
+                merged[k] = v
+            doc.origins[k] = (m.file, m.lines.get((k,), 1))
+            for path, line in m.lines.items():
+                if path and path[0] == k:
+                    doc.lines[path] = line
+        doc.data = merged
+        if key == "extends":
+            by_id.setdefault(str(merged.get("id")), doc)
+    return [d for d in plain if not (isinstance(d.data, dict) and d.data.get("id") in disabled)]
+
+
+def _attribute(e: RuleSchemaError, doc: _Doc) -> RuleSchemaError:
+    """Name the override file, not the shipped one, for an error in a key the override set."""
+    top = e.path.split(".")[0].split("[")[0]
+    if top in doc.origins:
+        f, _ = doc.origins[top]
+        return RuleSchemaError(str(f), e.line, e.rule_id, e.path, e.message)
+    return e
+
+
 def load_rules(paths: Iterable[str | Path]) -> RuleSet:
     """Load every rule under ``paths``; raise :class:`RuleLoadError` listing all problems."""
     paths = [Path(p) for p in paths]
@@ -99,6 +181,7 @@ def load_rules(paths: Iterable[str | Path]) -> RuleSet:
     macros = _load_macros(paths, errors)
     rules: dict[str, Rule] = {}
     files = rule_files(p for p in paths if p.exists())
+    docs: list[_Doc] = []
     for f in files:
         try:
             data, lines = load_with_lines(f.read_text())
@@ -108,12 +191,14 @@ def load_rules(paths: Iterable[str | Path]) -> RuleSet:
         except OSError as e:
             errors.append(RuleSchemaError(str(f), 0, None, "", f"cannot read: {e.strerror}"))
             continue
-        rule, errs = parse_rule(data, str(f), lines, macros, expected_id=f.stem)
-        errors += errs
+        docs.append(_Doc(f, data, lines))
+    for doc in _apply_overrides(docs, errors):
+        rule, errs = parse_rule(doc.data, str(doc.file), doc.lines, macros, expected_id=doc.expected_id)
+        errors += [_attribute(e, doc) for e in errs]
         if rule is None:
             continue
         if rule.id in rules:
-            errors.append(RuleSchemaError(str(f), lines.get(("id",), 1), rule.id, "id",
+            errors.append(RuleSchemaError(str(doc.file), doc.lines.get(("id",), 1), rule.id, "id",
                                           f"duplicates the rule in {rules[rule.id].file}"))
             continue
         _check_templates(rule, errors)

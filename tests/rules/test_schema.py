@@ -94,3 +94,48 @@ def test_inhibits_must_name_a_rule(tmp_path: Path) -> None:
 def test_shipped_rules_load() -> None:
     rs = load_rules([Path(__file__).resolve().parents[2] / "rules"])
     assert "network.straggler-retransmits" in rs.rules
+
+
+def test_site_override_changes_a_shipped_rule_without_copying(tmp_path: Path) -> None:
+    shipped, site = tmp_path / "shipped", tmp_path / "site"
+    shipped.mkdir()
+    site.mkdir()
+    (shipped / "network.test-rule.yaml").write_text(GOOD + "labels: {team: net}\n")
+    (site / "stricter.yaml").write_text("override: network.test-rule\nseverity: critical\nfor: 30s\n"
+                                        "labels: {site: dc1}\n")
+    rule = load_rules([shipped, site]).rules["network.test-rule"]
+    assert rule.severity == "critical" and rule.for_s == 30.0
+    assert rule.labels == {"team": "net", "site": "dc1"}
+    assert rule.when.items[0].params["window"] == 5.0  # type: ignore[union-attr]  # untouched
+
+
+def test_override_errors_name_the_override_file(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "network.test-rule.yaml").write_text(GOOD)
+    (tmp_path / "b").mkdir()
+    site = tmp_path / "b" / "site.yaml"
+    site.write_text("override: network.test-rule\nfor: soon\n")
+    with pytest.raises(RuleLoadError) as exc:
+        load_rules([tmp_path / "a", tmp_path / "b"])
+    assert [str(e) for e in exc.value.errors] == [
+        f"{site}:2: rule 'network.test-rule': 'for' must be a duration like '60s' (units ms, s, m, h) (got 'soon')"]
+
+
+def test_disable_and_extends(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "network.test-rule.yaml").write_text(GOOD)
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "network.test-rule-copy.yaml").write_text(
+        "extends: network.test-rule\nid: network.test-rule-copy\nseverity: info\n")
+    (tmp_path / "b" / "off.yaml").write_text("override: network.test-rule\ndisable: true\n")
+    rs = load_rules([tmp_path / "a", tmp_path / "b"])
+    assert list(rs.rules) == ["network.test-rule-copy"]
+    assert rs.rules["network.test-rule-copy"].severity == "info"
+
+
+def test_override_of_unknown_rule(tmp_path: Path) -> None:
+    f = tmp_path / "x.yaml"
+    f.write_text("override: network.nope\nseverity: info\n")
+    with pytest.raises(RuleLoadError) as exc:
+        load_rules([f])
+    assert str(exc.value) == f"{f}:1: 'override' must name a rule loaded before it (got 'network.nope')"
