@@ -187,13 +187,17 @@ async def test_invalid_message_is_not_spooled(tmp_path: "os.PathLike[str]") -> N
 async def test_real_aiokafka_producer_to_a_closed_port_spools(tmp_path: "os.PathLike[str]", real: bool) -> None:
     import socket
 
+    # Keep the port bound but not listening: connections are refused, and no other process
+    # (a broker or HTTP server started by another test) can take the port meanwhile.
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
-    s.close()  # nothing listens there now
-    p = KafkaPublisher(f"127.0.0.1:{port}", os.path.join(str(tmp_path), "spool"), request_timeout_ms=1000)
-    for i in range(5):
-        await p.send(TOPIC_HOST, "node-01", host_msg(i))
-    assert not await p.flush(timeout=1.5)
-    assert p.spooled == 5 and p.sent == 0 and p.last_error
-    await p.close()
+    try:
+        p = KafkaPublisher(f"127.0.0.1:{port}", os.path.join(str(tmp_path), "spool"), request_timeout_ms=1000)
+        for i in range(5):
+            await p.send(TOPIC_HOST, "node-01", host_msg(i))
+        assert not await p.flush(timeout=1.5)
+        assert p.spooled == 5 and p.sent == 0 and p.last_error
+        await p.close()
+    finally:
+        s.close()

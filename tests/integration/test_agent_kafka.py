@@ -81,12 +81,11 @@ async def test_agent_rounds_on_this_machine_reach_kafka(kafka_bootstrap: str, tm
     assert times == sorted(times)
 
 
-def free_port() -> int:
+def refused_port() -> socket.socket:
+    """A socket bound but not listening: connecting is refused, and nothing else can take the port."""
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+    return s
 
 
 def host_msg(node: str, i: int) -> dict[str, Any]:
@@ -97,12 +96,14 @@ def host_msg(node: str, i: int) -> dict[str, Any]:
 async def test_spooled_while_no_broker_then_everything_arrives_in_order(kafka_bootstrap: str, tmp_path: Any) -> None:
     node = f"it-spool-{uuid.uuid4().hex[:8]}"
     spool = os.path.join(str(tmp_path), "spool")
-    down = KafkaPublisher(f"127.0.0.1:{free_port()}", spool, request_timeout_ms=1000)
+    held = refused_port()
+    down = KafkaPublisher(f"127.0.0.1:{held.getsockname()[1]}", spool, request_timeout_ms=1000)
     for i in range(200):
         await down.send(TOPIC_HOST, node, host_msg(node, i))
     assert not await down.flush(timeout=1.0)
     assert down.spooled == 200 and down.sent == 0
     await down.close()
+    held.close()
 
     up = KafkaPublisher(kafka_bootstrap, spool)  # the agent restarted, and the broker is back
     assert up.spooled == 200
