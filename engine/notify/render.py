@@ -203,15 +203,28 @@ def _facts(d: Diagnosis, ctx: MessageContext) -> list[str]:
 
 
 def evidence_table(evidence: tuple[Evidence, ...], *, escape: bool = True, limit: int = MAX_EVIDENCE_ROWS) -> str:
-    """The evidence as aligned plain-text rows: entity, metric, value, peers' baseline, threshold."""
+    """The evidence as a narrow preformatted table (about 40 columns, for a phone): one header
+    line per metric with its rule, then one line per entity, value against baseline::
+
+        tcp_retrans_segs_per_s  (> 3x peers' median)
+          node-07   412 /s  vs 3.1 /s
+    """
     e = escape_mrkdwn if escape else str
-    rows = [("entity", "metric", "value", "baseline", "rule")]
-    for ev in evidence[:limit]:
-        unit = f" {ev.unit}" if ev.unit else ""
-        rows.append((str(ev.entity), str(ev.metric), fmt_number(ev.value) + unit,
-                     (fmt_number(ev.baseline) + unit) if ev.baseline is not None else "–", str(ev.threshold)))
-    widths = [max(len(r[i]) for r in rows) for i in range(5)]
-    lines = ["  ".join(c.ljust(widths[i]) for i, c in enumerate(r)).rstrip() for r in rows]
+    shown = evidence[:limit]
+    groups: dict[str, list[Evidence]] = {}
+    for ev in shown:
+        groups.setdefault(ev.metric, []).append(ev)
+    ent_w = min(18, max((len(str(ev.entity)) for ev in shown), default=0))
+    val_w = max((len(fmt_number(ev.value) + (f" {ev.unit}" if ev.unit else "")) for ev in shown), default=0)
+    lines: list[str] = []
+    for metric, rows in groups.items():
+        rules = {ev.threshold for ev in rows if ev.threshold}
+        lines.append(metric + (f"  ({rules.pop()})" if len(rules) == 1 else ""))
+        for ev in rows:
+            unit = f" {ev.unit}" if ev.unit else ""
+            base = f"  vs {fmt_number(ev.baseline)}{unit}" if ev.baseline is not None else ""
+            rule = f"  ({ev.threshold})" if len(rules) > 1 and ev.threshold else ""
+            lines.append(f"  {str(ev.entity):<{ent_w}}  {(fmt_number(ev.value) + unit):>{val_w}}{base}{rule}".rstrip())
     if len(evidence) > limit:
         lines.append(f"… and {len(evidence) - limit} more")
     return e("\n".join(lines).replace("```", "'''"))

@@ -36,7 +36,8 @@ def test_blocks_headline_evidence_path_checks_next_links_buttons(make_diagnosis)
     assert "*Rank 12 of llm-70b is the straggler: packet loss on node-07*" in head
     assert "*Owner:* llm-pretrain · team ml-infra" in head
     table = blocks[2]["text"]["text"]
-    assert table.startswith("*Evidence*\n```entity") and "412 /s" in table and "3.1 /s" in table
+    assert table.startswith("*Evidence*\n```tcp_retrans_segs_per_s  (&gt; 3x peers' median)\n"
+                            "  node-07  412 /s  vs 3.1 /s")
     assert "→ `leaf-3` →" in blocks[3]["text"]["text"]
     assert ":white_check_mark: GPU clocks" in blocks[4]["text"]["text"]
     assert blocks[5]["text"]["text"].startswith("*Next step:* Drain node-07")
@@ -73,12 +74,13 @@ def test_mention_only_where_configured_and_only_while_firing(make_diagnosis) -> 
     assert "<!here>" not in fallback_text(r, MessageContext(mention="<!here>"))
 
 
-def test_evidence_table_is_compact_and_capped() -> None:
-    ev = tuple(Evidence("m", f"node-{i}", float(i), "ms") for i in range(12))
-    table = evidence_table(ev)
+def test_evidence_table_is_narrow_and_capped() -> None:
+    ev = tuple(Evidence("latency_ms", f"node-{i}", float(i), "ms", 1.0, "> 2x peers") for i in range(12))
+    table = evidence_table(ev, escape=False)
     lines = table.splitlines()
+    assert lines[0] == "latency_ms  (> 2x peers)" and lines[1] == "  node-0  0 ms  vs 1 ms"
     assert len(lines) == 1 + 8 + 1 and lines[-1] == "… and 4 more"
-    assert max(len(x) for x in lines) < 60
+    assert max(len(x) for x in lines) <= 40
 
 
 def test_formatting_helpers() -> None:
@@ -110,4 +112,5 @@ def test_plain_text_preview_unescaped(make_diagnosis) -> None:
     assert text.startswith("[FIRING · warning] Rank 12 of llm-70b is the straggler")
     assert "Job: <!channel> · ranks 12 · culprit node-07" in text
     assert "Dashboard: https://g/%3C%21channel%3E" in text
-    assert "Evidence:\n  entity" in text and "Path: rank 12 -> node-07 -> node-07/eth0 -> leaf-3 -> spine-1" in text
+    assert "Evidence:\n  tcp_retrans_segs_per_s" in text
+    assert "Path: rank 12 -> node-07 -> node-07/eth0 -> leaf-3 -> spine-1" in text
