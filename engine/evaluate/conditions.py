@@ -62,8 +62,23 @@ class Ctx:
         return sorted({self.node_of(e) for e in self.culprits})
 
     def entities(self, level: str, on: str = "job") -> list[str]:
-        """The job's entities at ``level``; with ``on == "culprit"``, only the culprit's."""
+        """The job's entities at ``level``; with ``on == "culprit"``, only the culprit's.
+
+        At the culprit's own level that is the culprit entities themselves; between ranks and
+        GPUs it follows the placement (a culprit GPU's rank, a culprit rank's GPU); at any other
+        level it is the entities on the culprit's nodes.
+        """
         job = self.job
+        if on == "culprit" and self.culprits:
+            lvl = self.culprit_level
+            if lvl == level and level != "job":
+                return list(self.culprits)
+            if (lvl, level) in (("gpu", "rank"), ("rank", "gpu")):
+                placed = self._placed()
+                if level == "rank":
+                    return [f"{job.job}:{r}" for r in placed if f"{placed[r][0]}/gpu{placed[r][1]}" in self.culprits]
+                return sorted({f"{placed[int(e.rsplit(':', 1)[1])][0]}/gpu{placed[int(e.rsplit(':', 1)[1])][1]}"
+                               for e in self.culprits if e.startswith(job.job + ":")})
         only = set(self.culprit_nodes()) if on == "culprit" else None
         if level == "job":
             return [job.job]
@@ -77,6 +92,22 @@ class Ctx:
         if level == "nic":
             return self.store.nic_entities(nodes)
         raise ValueError(level)
+
+    def _placed(self) -> dict[int, tuple[str, int]]:
+        return dict(sorted(self.job.ranks.items()))
+
+    def culprit_ranks(self) -> list[int]:
+        """The job's ranks at the culprit: a rank itself, the rank on a GPU, or the ranks on a node."""
+        job, out = self.job, set()
+        for e in self.culprits:
+            if e.startswith(job.job + ":"):
+                out.add(int(e.rsplit(":", 1)[1]))
+            elif "/gpu" in e:
+                node, g = e.split("/gpu", 1)
+                out.update(r for r, (n, gg) in job.ranks.items() if n == node and str(gg) == g)
+            elif e != job.job and "/" not in e:
+                out.update(r for r, (n, _) in job.ranks.items() if n == e)
+        return sorted(out)
 
 
 @dataclass
@@ -99,12 +130,14 @@ def _threshold(c: Condition, ctx: Ctx) -> Result:
     p = c.params
     level = METRICS[p["metric"]].level
     res = Result(False)
-    for e in ctx.entities(level, c.on):
+    ents = ctx.entities(level, c.on)
+    for e in ents:
         v = ctx.store.value(p["metric"], e, p["agg"], ctx.now, p["window"])
         if v is not None and p["value"](v):
             res.entities.append(e)
             res.evidence.append(_ev(c, p["metric"], e, v, None, f"{p['agg']} {p['value']}", p["window"]))
-    res.holds = bool(res.entities)
+    n = len(res.entities)
+    res.holds = n >= max(1.0, p["min_entities"]) and (not ents or n / len(ents) >= p["min_share"])
     return res
 
 
@@ -205,15 +238,20 @@ def _absence(c: Condition, ctx: Ctx) -> Result:
     last = ctx.store.rank_last if p["level"] == "rank" else ctx.store.node_last
     metric = "step.since_last_s" if p["level"] == "rank" else "node.since_last_s"
     res = Result(False)
-    for e in ctx.entities(p["level"], c.on):
+    ents = ctx.entities(p["level"], c.on)
+    known = 0
+    for e in ents:
         t = last.get(e)
         if t is None:  # never reported: the job may still be starting; that is not a silence
             continue
+        known += 1
         since = ctx.now - t
         if since >= p["for"]:
             res.entities.append(e)
             res.evidence.append(_ev(c, metric, e, since, None, f">= {p['for']:g}s", None, "no report since"))
-    res.holds = bool(res.entities)
+    # Share of the entities that have reported at all: a whole job pausing (a checkpoint) is not
+    # one rank falling silent.
+    res.holds = bool(res.entities) and len(res.entities) <= p["max_share"] * max(known, 1)
     return res
 
 
@@ -239,11 +277,16 @@ def _event(c: Condition, ctx: Ctx) -> Result:
     return res
 
 
+_NIC_LOW, _NIC_HIGH = 0.75, 1.25  # a NIC below 3/4 of its node's mean while another is above 5/4
+
+
 def _topology(c: Condition, ctx: Ctx) -> Result:
     p = c.params
     topo = ctx.topology
-    nodes = ctx.culprit_nodes()
     pred = p["predicate"]
+    # Culprits at job level (a checkpoint, the job itself) have no nodes: the job's own nodes stand in.
+    nodes = ctx.culprit_nodes() if any(e != ctx.job.job for e in ctx.culprits) else ctx.nodes()
+    nodes = [n for n in nodes if n != ctx.job.job]
     if len(nodes) < p["min_entities"] or topo is None:
         return Result(False)
     if pred in ("share_switch", "share_rack", "share_pool"):
@@ -256,22 +299,63 @@ def _topology(c: Condition, ctx: Ctx) -> Result:
         return Result(True, [common], [Evidence("topology", common, float(len(nodes)), "nodes",
                                                 note=f"{len(nodes)} affected node(s) share {common}")])
     if pred == "wrong_nic":
-        hits = []
-        for nic_e in ctx.culprits:
-            node, nic = nic_e.split("/", 1)
-            served = ctx.store.nic_gpus.get(nic_e, ())
-            for g in {g for n, g in ctx.job.ranks.values() if n == node}:
-                exp = topo.expected_nic(node, g)
-                if exp and exp != nic and g not in served:
-                    hits.append((node, g, exp, nic))
-        if not hits:
-            return Result(False)
-        node, g, exp, nic = hits[0]
-        ctx.facts.update(gpu=f"{node} gpu {g}", expected_nic=exp, actual_nic=nic)
-        return Result(True, [f"{node}/gpu{g}"], [Evidence("topology", f"{node}/gpu{g}", 1.0, "",
-                      note=f"traffic of {node} gpu {g} leaves through {nic}, expected {exp}")])
-    # other_project_on_switch / other_project_on_pool: contention from another project's job.
-    where = "switch" if pred.endswith("switch") else "pool"
+        return _wrong_nic(c, ctx, nodes)
+    return _other_project(c, ctx, nodes)
+
+
+def _wrong_nic(c: Condition, ctx: Ctx, nodes: list[str]) -> Result:
+    """A node whose PCIe-local NIC idles while another NIC of the node carries the traffic.
+
+    For each node, the NICs' transmit rates over the window: one below 3/4 of the node's mean whose
+    GPUs the job uses, another above 5/4 of it.  The facts name the GPUs, the NIC they should use
+    (``expected_nic``) and the one that carries their traffic (``actual_nic``).
+    """
+    topo, store, w = ctx.topology, ctx.store, c.params["window"]
+    used = {(n, g) for n, g in ctx.job.ranks.values()}
+    for node in nodes:
+        tx: dict[str, float] = {}
+        for e in store.nic_entities([node]):
+            v = store.value("nic.tx_bytes_per_s", e, "avg", ctx.now, w)
+            if v is not None:
+                tx[e.split("/", 1)[1]] = v
+        if len(tx) < 2:
+            continue
+        mean = sum(tx.values()) / len(tx)
+        busiest = max(tx, key=lambda k: tx[k])
+        if mean <= 0 or tx[busiest] < _NIC_HIGH * mean:
+            continue
+        starved = sorted(k for k, v in tx.items() if v < _NIC_LOW * mean)
+        gpus = sorted(g for n, g in used if n == node and topo.expected_nic(node, g) in starved)
+        if not gpus:
+            continue
+        exp = ", ".join(starved)
+        ctx.facts.update(gpu=f"{node} GPU{'s' if len(gpus) > 1 else ''} {_span(gpus)}", gpus=gpus,
+                         expected_nic=exp, actual_nic=busiest, nic_node=node)
+        ev = [Evidence("nic.tx_bytes_per_s", f"{node}/{k}", round(tx[k], 1), "bytes/s", round(mean, 1),
+                       f"< {_NIC_LOW:g}x the node's NIC mean", w, f"local NIC of GPU(s) {_span(gpus)}, idle")
+              for k in starved]
+        ev.append(Evidence("nic.tx_bytes_per_s", f"{node}/{busiest}", round(tx[busiest], 1), "bytes/s",
+                           round(mean, 1), f"> {_NIC_HIGH:g}x the node's NIC mean", w, "carries their traffic"))
+        ev.append(Evidence("topology", node, float(len(gpus)), "GPUs",
+                           note=f"traffic of {node} GPU(s) {_span(gpus)} leaves through {busiest}, expected {exp}"))
+        return Result(True, [node], ev)
+    return Result(False)
+
+
+def _span(nums: list[int]) -> str:
+    return f"{nums[0]}" if len(nums) == 1 else (f"{nums[0]}–{nums[-1]}" if nums == list(range(nums[0], nums[-1] + 1))
+                                                else ", ".join(map(str, nums)))
+
+
+def _other_project(c: Condition, ctx: Ctx, nodes: list[str]) -> Result:
+    """other_project_on_switch / other_project_on_pool: contention from another project's job.
+
+    With ``metric`` and ``value``, the other job counts only when one of its nodes on the shared
+    switch or pool is busy that way (for example sending near line rate); its busiest node becomes
+    evidence, and the facts name the job, its project and team, and the shared place.
+    """
+    p, topo = c.params, ctx.topology
+    where = "switch" if p["predicate"].endswith("switch") else "pool"
     places: set[str] = set()
     for n in nodes:
         if where == "switch":
@@ -281,12 +365,26 @@ def _topology(c: Condition, ctx: Ctx) -> Result:
         else:
             places.update(topo.pools_of(n))
     for place in sorted(places):
-        others = [j for j in topo.other_jobs_sharing(ctx.job.job, place) if j.project != ctx.job.project]
-        if others:
-            o = others[0]
+        under = set(topo.nodes_under(place))
+        for o in topo.other_jobs_sharing(ctx.job.job, place):
+            if o.project == ctx.job.project:
+                continue
+            ev: list[Evidence] = []
+            if p["metric"] is not None:
+                best: tuple[float, str] | None = None
+                for n in sorted({n for n, _ in o.ranks.values()} & under):
+                    v = ctx.store.value(p["metric"], n, p["agg"], ctx.now, p["window"])
+                    if v is not None and p["value"](v) and (best is None or v > best[0]):
+                        best = (v, n)
+                if best is None:
+                    continue
+                ev.append(_ev(c, p["metric"], best[1], best[0], None, f"{p['agg']} {p['value']}", p["window"],
+                              f"{o.job} ({o.project}) on {best[1]}"))
+                ctx.facts.update(other_node=best[1], other_value=best[0])
             ctx.facts.update(other_job=o.job, other_project=o.project, other_team=o.team, shared=place)
-            return Result(True, [place], [Evidence("topology", place, float(len(others)), "jobs",
-                          note=f"{o.job} of project {o.project} also uses {place}")])
+            ev.insert(0, Evidence("topology", place, 1.0, "jobs", note=f"{o.job} of project {o.project} also uses {place}"))
+            ev.append(Evidence("topology", o.job, 1.0, "job", note=f"{o.job} (project {o.project}, team {o.team})"))
+            return Result(True, [place], ev)
     return Result(False)
 
 
@@ -301,14 +399,23 @@ EVALUATORS: dict[str, Callable[[Condition, Ctx], Result]] = {
 }
 
 
+# Past this much event time without any input, no leaf holds.  Live, the watermark never passes the
+# newest input, so this only cuts short replays and rule tests that run the clock on after their
+# last event (to let keep_firing_for run out), where every window is empty anyway.
+QUIET_S = 120.0
+
+
 def evaluate(node: Node, ctx: Ctx) -> Result:
     """Evaluate a condition tree; culprit leaves update ``ctx.culprits`` as a side effect."""
     if isinstance(node, Condition):
+        if ctx.now - ctx.store.max_time > QUIET_S:
+            return Result(False)
         r = EVALUATORS[node.type](node, ctx)
         if r.holds and node.culprit:
             ctx.culprits = list(r.entities)
-            ctx.culprit_level = METRICS[node.params["metric"]].level if "metric" in node.params else \
-                node.params.get("level")
+            metric = node.params.get("metric")
+            ctx.culprit_level = METRICS[metric].level if metric else node.params.get("level")
+            ctx.facts["culprit_ranks"] = ctx.culprit_ranks()
         return r
     if isinstance(node, Not):
         inner = evaluate(node.item, ctx)

@@ -201,7 +201,10 @@ _AGG = P(_enum(*AGGS), default="avg")
 # The explicit registry of leaf condition types: type name -> its parameters.
 CONDITION_TYPES: dict[str, dict[str, P]] = {
     # A metric's windowed aggregate against a fixed threshold, per entity.
-    "threshold": {"metric": P(_metric, True), "agg": _AGG, "window": _WINDOW, "value": P(_compare, True)},
+    # ``min_entities``/``min_share``: how many (or what share) of the job's entities must match, so a
+    # rule can say "the whole pool is slow" (most nodes) rather than "one node is slow".
+    "threshold": {"metric": P(_metric, True), "agg": _AGG, "window": _WINDOW, "value": P(_compare, True),
+                  "min_entities": P(_number, default=1.0), "min_share": P(_number, default=0.0)},
     # An entity against its job's peers: ratio to the peers' median and robust z-score.
     "peer_outlier": {"metric": P(_metric, True), "agg": _AGG, "window": _WINDOW,
                      "ratio": P(_compare), "zscore": P(_compare), "min_value": P(_compare),
@@ -214,14 +217,20 @@ CONDITION_TYPES: dict[str, dict[str, P]] = {
     "trend": {"metric": P(_metric, True), "count": P(_number, default=3.0),
               "growth": P(_compare, default=Compare(">", 1.0)), "window": P(_duration, default=3600.0)},
     # An entity that stops reporting while its job runs.
-    "absence": {"level": P(_enum("rank", "node"), True), "for": P(_duration, True)},
+    # ``max_share``: hold only while at most this share of the job's entities is silent (one rank gone
+    # quiet while its peers report, as opposed to the whole job pausing for a checkpoint).
+    "absence": {"level": P(_enum("rank", "node"), True), "for": P(_duration, True),
+                "max_share": P(_number, default=1.0)},
     # Discrete events (XID, uncorrectable ECC, link down, checkpoint failure) counted in a window.
     "event": {"metric": P(_metric, True), "window": _WINDOW, "count": P(_compare, default=Compare(">=", 1)),
               "codes": P(_ints)},
     # Topology predicates over the culprit entities found by the other conditions.
     "topology": {"predicate": P(_enum("share_switch", "share_rack", "share_pool", "wrong_nic",
                                       "other_project_on_switch", "other_project_on_pool"), True),
-                 "min_entities": P(_number, default=1.0)},
+                 "min_entities": P(_number, default=1.0),
+                 # For other_project_*: the other job counts only when one of its nodes on the shared
+                 # switch or pool shows ``metric`` (its ``agg`` over ``window``) matching ``value``.
+                 "metric": P(_metric), "agg": _AGG, "window": _WINDOW, "value": P(_compare)},
 }
 _LEAF_COMMON = {"type", "culprit", "scope", "name"}
 _RULE_KEYS = {"apiVersion", "id", "title", "cause", "next_step", "severity", "confidence", "when", "for",
@@ -316,6 +325,13 @@ def _parse_node(ctx: _Ctx, v: Any, path: Path_, macros: dict[str, Any], depth: i
     if t == "peer_outlier" and not any(params.get(k) for k in ("ratio", "zscore")):
         ctx.err(path, "'peer_outlier' needs 'ratio' or 'zscore'")
         ok = False
+    if t == "topology" and ok and (params.get("metric") is None) != (params.get("value") is None):
+        ctx.err(path, "'topology' needs both 'metric' and 'value' (the other job's activity) or neither")
+        ok = False
+    for share in ("min_share", "max_share"):
+        if ok and share in params and not 0 <= params[share] <= 1:
+            ctx.err(path + (share,), f"must be a share between 0 and 1 (got {params[share]:g})")
+            ok = False
     culprit = ctx.parse(path + ("culprit",), v.get("culprit", False), _bool, False)
     # The key is `scope`, not `on`: YAML 1.1 reads a bare `on` key as the boolean true.
     on = ctx.parse(path + ("scope",), v.get("scope", "job"), _enum("job", "culprit"), "job")

@@ -1,0 +1,82 @@
+"""``whywait eval``: measure the rules' accuracy on a labelled suite of simulated scenarios.
+
+Runs every fault class on several cluster shapes and seeds, two faults at once,
+faults on a job that shares a switch and a pool with another project's job, and
+fault-free time, through the same evaluator as production (no Kafka), and
+prints per fault class: precision, recall, F1, root-cause accuracy and
+detection latency (median, p90).  See :mod:`engine.eval` for the definitions.
+
+Exit status 0 when every target holds, 1 when one does not (a benchmark, not a
+test: the table is the point).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+TARGETS = {"precision": 0.95, "recall": 0.95, "root_cause_accuracy": 0.95, "latency_median_s": 10.0,
+           "latency_p90_s": 15.0}
+
+
+def register(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--rules", action="append", type=Path, help="rule files or folders (default: ./rules)")
+    p.add_argument("--quick", action="store_true", help="a small suite: one scenario per fault class")
+    p.add_argument("--only", action="append", metavar="CLASS",
+                   help="only these fault classes (repeatable; 'fault-free' for the fault-free part)")
+    p.add_argument("--seed", type=int, default=0, help="the suite's seed (default 0)")
+    p.add_argument("--fault-free", type=float, default=1.0, metavar="HOURS",
+                   help="hours of dedicated fault-free time (default 1)")
+    p.add_argument("--workers", type=int, default=min(4, os.cpu_count() or 1),
+                   help="processes to run scenarios in (default: up to 4)")
+    p.add_argument("--json", type=Path, metavar="FILE", help="write the figures as JSON")
+    p.add_argument("--plot", type=Path, metavar="FILE.png", help="plot per-class F1 and latency")
+    p.add_argument("-v", "--verbose", action="store_true", help="list every miss and false diagnosis")
+
+
+def run(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from engine import eval as ev
+    from engine.commands.engine_cmd import default_rules_dir
+    from engine.rules.loader import RuleLoadError, load_rules
+
+    rule_paths = args.rules or [default_rules_dir()]
+    try:
+        load_rules(rule_paths)  # fail early, with every error, before starting workers
+    except RuleLoadError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    suite = ev.build_suite(quick=args.quick, seed=args.seed, classes=args.only,
+                           fault_free_s=args.fault_free * 3600)
+    bar = tqdm(total=len(suite), unit="scenario", desc="eval", file=sys.stderr, dynamic_ncols=True)
+
+    def progress(r: ev.ScenarioRun) -> None:
+        bar.set_postfix_str(r.scenario.name[:40], refresh=False)
+        bar.update(1)
+
+    runs = ev.run_suite(rule_paths, suite, workers=args.workers, progress=progress)
+    bar.close()
+    rep = ev.score(runs)
+    print(ev.format_table(rep))
+    if args.verbose:
+        details = ev.format_details(rep)
+        if details:
+            print("\n" + details)
+    if args.json:
+        data = rep.to_dict()
+        data["targets"] = TARGETS
+        args.json.write_text(json.dumps(data, indent=2, default=str))
+    if args.plot:
+        ev.plot(rep, args.plot)
+    o = rep.overall
+    ok = all(
+        (s.precision is None or s.precision >= TARGETS["precision"])
+        and (s.recall or 0) >= TARGETS["recall"] and (s.rca or 0) >= TARGETS["root_cause_accuracy"]
+        for s in rep.classes.values() if s.truths) and not rep.fault_free_diagnoses
+    ok = ok and (o.latency_median or 0) <= TARGETS["latency_median_s"] and \
+        (o.latency_p90 or 0) <= TARGETS["latency_p90_s"]
+    return 0 if ok else 1
