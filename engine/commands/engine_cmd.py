@@ -96,7 +96,10 @@ def run(args: argparse.Namespace) -> int:
     from engine.stream.processor import Processor
     from engine.stream.topics import ensure_topics
 
-    rules = load_rules(args.rules or [default_rules_dir()])
+    from engine.rules.reload import RuleReloader
+
+    rule_paths = args.rules or [default_rules_dir()]
+    rules = load_rules(rule_paths)
     topology = load_topology(args.topology)
     bootstrap = args.bootstrap or resolve_bootstrap()
     if not probe(bootstrap, timeout=5.0):
@@ -114,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
     log.info("engine: %d rule(s), %d node(s), Kafka %s, notifier %s", len(rules), len(topology.nodes()),
              bootstrap, type(notifier).__name__)
     cfg = EngineConfig(bootstrap=bootstrap, group_id=args.group, from_beginning=not args.latest)
-    app = build_app(cfg, Processor(evaluator, not_before=args.not_before), notifier)
+    app = build_app(cfg, Processor(evaluator, not_before=args.not_before), notifier, RuleReloader(rule_paths))
     # Keep whywait's own logging (one line per event worth saying) and no terminal spinner.
     worker = faust.Worker(app, quiet=True, redirect_stdouts=False, override_logging=False)
     worker.spinner = None

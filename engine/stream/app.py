@@ -47,6 +47,7 @@ class EngineConfig:
     batch_within_s: float = 0.2
     checkpoint_every_s: float = 10.0
     from_beginning: bool = True
+    reload_every_s: float = 3.0
 
 
 def diagnosis_value(d: Diagnosis, latency: dict[str, Any] | None = None) -> bytes:
@@ -57,7 +58,21 @@ def diagnosis_value(d: Diagnosis, latency: dict[str, Any] | None = None) -> byte
     return json.dumps(body, separators=(",", ":"), default=str).encode()
 
 
-def build_app(cfg: EngineConfig, processor: Processor, notifier: Notifier) -> faust.App:
+def reload_notice(errors: tuple[str, ...] | None, now: float) -> Diagnosis:
+    """The operations-channel message for a refused (or, with ``errors=None``, a recovered) rule reload."""
+    n = len(errors or ())
+    return Diagnosis(
+        rule_id="whywait.rules-reload", fingerprint="whywait-rules-reload",
+        status="firing" if errors else "resolved", severity="warning",
+        title=f"Rule reload refused: {n} error(s); the last good rules keep running" if errors
+        else "Rules reloaded: the refused edit is fixed",
+        cause="\n".join(errors or ()) or "The rule files load again.", job=None, owner=None,
+        starts_at=now, detected_at=now, next_step="Fix the files named above; `whywait rules check` shows "
+        "the same errors before you save.", confidence=1.0)
+
+
+def build_app(cfg: EngineConfig, processor: Processor, notifier: Notifier,
+              reloader: Any = None) -> faust.App:
     """Return the faust app wired to ``processor`` and ``notifier``; the caller runs it with a Worker."""
     app = faust.App(
         cfg.group_id,
@@ -114,6 +129,26 @@ def build_app(cfg: EngineConfig, processor: Processor, notifier: Notifier) -> fa
                 snap = json.dumps(processor.evaluator.snapshot(), default=str).encode()
                 await state_topic.send(key=cfg.group_id.encode(), value=snap)
                 log.info("engine: %s", processor.stats())
+
+    refused = [False]
+
+    if reloader is not None:
+        @app.timer(cfg.reload_every_s)
+        async def reload_rules() -> None:
+            res = reloader.poll()
+            if res is None:
+                return
+            loop = asyncio.get_running_loop()
+            if res.ok:
+                processor.evaluator.rules = res.rules
+                log.info("rules reloaded: %d rule(s)", len(res.rules))
+                if refused[0]:
+                    refused[0] = False
+                    loop.run_in_executor(pool, _notify, reload_notice(None, time.time()), None)
+                return
+            refused[0] = True
+            log.error("rule reload refused, keeping the last good rules:\n  %s", "\n  ".join(res.errors))
+            loop.run_in_executor(pool, _notify, reload_notice(res.errors, time.time()), None)
 
     @app.on_before_shutdown.connect  # type: ignore[misc]
     async def _drain(app: faust.App, **kwargs: Any) -> None:

@@ -86,7 +86,8 @@ def run(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
     start = float(int(time.time()) + 86_400 * 30)  # a month ahead: no other test's events overlap
     with SlackServer(channels=["#ml-platform", "#whywait"], token="xoxb-e2e") as slack:
         env = {**os.environ, "WHYWAIT_KAFKA_BOOTSTRAP": kafka_bootstrap, "SLACK_BOT_TOKEN": "xoxb-e2e",
-               "WHYWAIT_SLACK_API_URL": slack.url, "PYTHONUNBUFFERED": "1"}
+               "WHYWAIT_SLACK_API_URL": slack.url, "PYTHONUNBUFFERED": "1",
+               "WHYWAIT_NOTIFY_OUTBOX": str(work / "outbox")}
         log = (work / "engine.log").open("w")
         engine = subprocess.Popen(whywait("engine", "--topology", str(topo), "--group", f"e2e-{start:.0f}",
                                           "--not-before", str(start), "--no-restore"),
