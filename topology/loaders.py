@@ -49,7 +49,10 @@ class LoadReport:
 
 
 def switch_name(desc: str, fallback: str) -> str:
-    """Readable switch id from an IB node description: ``MF0;A09-P1-IBLEAF-04-04:MQM9701/U1`` → ``A09-P1-IBLEAF-04-04``."""
+    """Readable switch id from an IB node description.
+
+    ``MF0;A09-P1-IBLEAF-04-04:MQM9701/U1`` → ``A09-P1-IBLEAF-04-04``; ``fallback`` when it is empty.
+    """
     name = desc.split(";", 1)[-1].split(":", 1)[0].strip()
     return name or fallback
 
@@ -309,8 +312,8 @@ def load_slurm_topology(path: str | Path, gpus_per_node: int = 8, nic: str = "ib
         for n in nodes:
             node_leaf.setdefault(n, leaf)
     for n in sorted(set(node_leaf) | set(rack_of), key=natural_key):
-        leaf = node_leaf.get(n)
-        nics = [Nic(n, nic, leaf, tuple(range(gpus_per_node)))] if leaf else []
+        leaf_of = node_leaf.get(n)
+        nics = [Nic(n, nic, leaf_of, tuple(range(gpus_per_node)))] if leaf_of else []
         topo.add_node(n, gpus_per_node, nics, rack_of.get(n))
     return topo
 
@@ -393,7 +396,7 @@ def load_nccl_topology(path: str | Path, nic_prefix: str = "mlx5_") -> NcclLocal
             continue
         gs, ns = sorted(gpus), sorted(nics)
         if len(gs) == len(ns):
-            for g, n in zip(gs, ns):
+            for g, n in zip(gs, ns, strict=True):
                 served[nic_name[n]].add(gpu_index[g])
         else:
             for n in ns:

@@ -9,7 +9,7 @@ pure and deterministic.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 
 from agents.simulate.errors import SimulationError
 from topology import Nic, Topology
@@ -56,8 +56,8 @@ def make_cluster(nodes: int = 16, gpus_per_node: int = 8, nodes_per_leaf: int = 
     per_nic = max(1, gpus_per_node // nics_per_node)
     for i in range(nodes):
         node = _name("node", i + 1, w)
-        leaf = _name("leaf", i // nodes_per_leaf + 1, w)
-        nics = [Nic(node, f"mlx5_{k}", leaf,
+        leaf_id = _name("leaf", i // nodes_per_leaf + 1, w)
+        nics = [Nic(node, f"mlx5_{k}", leaf_id,
                     tuple(g for g in range(gpus_per_node) if min(g // per_nic, nics_per_node - 1) == k))
                 for k in range(nics_per_node)]
         topo.add_node(node, gpus_per_node, nics, _name("rack", i // per_rack + 1, w),
@@ -109,7 +109,7 @@ class JobSpec:
 
 def make_job(topology: Topology, job: str = "train-llm", project: str = "llm", team: str = "ml-platform",
              channel: str | None = "#ml-platform", nodes: Sequence[str] | None = None,
-             gpus_per_node: int | None = None, **behaviour: float) -> JobSpec:
+             gpus_per_node: int | None = None, **behaviour: Any) -> JobSpec:
     """Describe a job with one rank per GPU on ``nodes`` (default: every node), ranks in node order.
 
     ``gpus_per_node`` limits the GPUs used per node (the first ones); keyword
@@ -126,12 +126,13 @@ def make_job(topology: Topology, job: str = "train-llm", project: str = "llm", t
             ranks[len(ranks)] = (n, g)
     if not ranks:
         raise SimulationError(f"job {job!r}: no GPUs to place it on")
-    pool = behaviour.pop("pool", None)  # type: ignore[arg-type]
+    pool: Any = behaviour.pop("pool", None)
     if pool is None:
         mounts = topology.mounts_of(chosen[0])  # declaration order: the first pool listed is the default
         pool = mounts[0].pool if mounts else None
     unknown = set(behaviour) - set(JobSpec.__dataclass_fields__)
     if unknown:
+        valid = sorted(set(JobSpec.__dataclass_fields__) - {"job", "project", "team", "channel", "ranks", "nodes"})
         raise SimulationError(f"job {job!r}: unknown setting(s) {', '.join(sorted(unknown))} "
-                              f"(valid: {', '.join(sorted(f for f in JobSpec.__dataclass_fields__ if f not in ('job', 'project', 'team', 'channel', 'ranks', 'nodes')))})")
+                              f"(valid: {', '.join(valid)})")
     return JobSpec(job, project, team, channel, ranks, pool=pool, **behaviour)  # type: ignore[arg-type]

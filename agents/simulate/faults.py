@@ -211,6 +211,7 @@ class NicPacketLoss(Fault):
     signals = ("net.nics[].rx_drops_per_s", "net.nics[].tx_drops_per_s", "net.nics[].rx_errors_per_s",
                "net.tcp_retrans_segs_per_s", "net.tcp_timeouts_per_s", "steps.comm_s", "steps.duration_s")
     PARAMS = {"loss_pct": 1.5, "slowdown": 0.8, "retrans_per_s": 1200.0}
+    nic: str | None
     doc = ("rx/tx drops and errors on the NIC; TCP retransmits from ~1/s to ~hundreds-thousands/s, timeouts up; "
            "every rank's comm_s and duration_s grow by ~slowdown × the healthy step; the culprit's ranks "
            "exit the collective last (largest comm_s).")
@@ -465,6 +466,7 @@ class NicLinkFlap(Fault):
     signals = ("net.nics[].carrier_changes", "net.nics[].link_up", "net.nics[].symbol_errors",
                "net.tcp_retrans_segs_per_s", "steps.comm_s")
     PARAMS = {"period_s": 15.0, "down_s": 2.0}
+    nic: str | None
     doc = ("every period_s the link drops for down_s: link_up false, bytes 0, carrier_changes 2 (down+up), "
            "symbol_errors; retransmits spike after; each flap adds ~down_s to the step in flight for every rank.")
 
@@ -704,7 +706,8 @@ class CheckpointFailed(_JobFault):
     culprit_kind = "pool"
     signals = ("checkpoint.phase failed", "checkpoint.error")
     PARAMS = {"after_s": 4.0}
-    doc = "each checkpoint starting in the window fails after ~after_s with error 'OSError: [Errno 122] Disk quota exceeded'."
+    doc = ("each checkpoint starting in the window fails after ~after_s with error "
+           "'OSError: [Errno 122] Disk quota exceeded'.")
 
     def culprit(self) -> str:
         return self.pool or self.target

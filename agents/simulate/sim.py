@@ -228,7 +228,7 @@ class Simulation:
         events: list[tuple[float, dict[str, Any]]] = []
         for js in self.jobs:
             if js.events:
-                keep = []
+                keep: list[tuple[float, dict[str, Any]]] = []
                 for t, msg in js.events:
                     (events if t <= ts else keep).append((t, msg))
                 js.events = keep

@@ -44,3 +44,32 @@ def test_bad_fault_spec_is_one_line(capsys):
 def test_unknown_fault_lists_the_valid_ones(capsys):
     assert main(["simulate", "--dry-run", "--fault", "meteor:node-01@1-2"]) == 2
     assert "unknown fault 'meteor' (valid: " in capsys.readouterr().err
+
+
+def test_unreachable_broker_is_one_line(capsys):
+    rc = main(["simulate", "--speed", "0", "--nodes", "2", "--duration", "2", "--bootstrap", "127.0.0.1:1"])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert err.startswith("whywait simulate: Kafka at 127.0.0.1:1 is unreachable") and err.count("\n") == 1
+    assert "Traceback" not in err
+
+
+def test_scenario_with_flag_overrides(tmp_path, capsys):
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text("seed: 4\nduration_s: 100\ncluster: {nodes: 2}\n"
+                        "faults:\n  - {fault: cpu-bound-loader, target: node-02, start: 1, end: 3}\n")
+    truth = tmp_path / "truth.json"
+    assert main(["simulate", "--dry-run", "--speed", "0", "--scenario", str(scenario), "--duration", "4",
+                 "--start-time", "1000", "--truth-out", str(truth)]) == 0
+    msgs = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert max(m["time"] for m in msgs) == 1004.0
+    assert json.loads(truth.read_text())[0]["cause"] == "data-loader.cpu-bound"
+
+
+def test_real_time_pacing(capsys):
+    import time
+
+    t0 = time.monotonic()
+    assert main(["simulate", "--dry-run", "--speed", "20", "--nodes", "1", "--duration", "2"]) == 0
+    assert time.monotonic() - t0 >= 2 / 20 * 0.9
+    assert capsys.readouterr().out.count("\n") > 5

@@ -16,7 +16,7 @@ from agents.simulate.cluster import make_job
 from agents.simulate.errors import SimulationError
 from agents.simulate.faults import FAULTS, make_fault, parse_fault_spec
 from tests.simulate.conftest import run_sim
-from tests.simulate.support import START, by_rank, gpu_samples, mean, net_field, of_kind, steps
+from tests.simulate.support import START, by_rank, gpu_samples, mean, of_kind, steps
 
 FAULT_START, FAULT_END = 50, 130
 
@@ -249,7 +249,7 @@ def _checkpoints(msgs):
 def test_checkpoint_growth_each_longer_than_the_last():
     sim, msgs = _run("checkpoint-growth", "train-llm")
     ends = [d for t, phase, d in _checkpoints(msgs) if phase == "end" and FAULT_START < t < FAULT_END + 30]
-    assert len(ends) >= 2 and all(b > 1.2 * a for a, b in zip(ends, ends[1:]))
+    assert len(ends) >= 2 and all(b > 1.2 * a for a, b in zip(ends, ends[1:], strict=False))
     _truth(sim, culprit="train-llm", culprit_kind="job", cause="checkpoint.growth")
 
 
@@ -272,7 +272,8 @@ def test_checkpoint_stall_blocks_training_until_the_window_ends():
            for d in m["devices"] if d.get("pool") == "scratch"]
     assert min(lat) > 100
     (gt,) = sim.ground_truth()
-    assert gt.start == pytest.approx(START + stalled[0], abs=0.1) and gt.culprit == "scratch" and gt.cause == "checkpoint.stall"
+    assert gt.start == pytest.approx(START + stalled[0], abs=0.1)
+    assert (gt.culprit, gt.cause) == ("scratch", "checkpoint.stall")
 
 
 @pytest.mark.parametrize("spec, message", [
