@@ -108,8 +108,10 @@ class Fault:
     def bind(self, sim: Simulation, rng: random.Random) -> None:
         """Resolve the target against the simulation's topology and jobs; called once by the Simulation."""
         self.rng = rng
-        self.sim_start = sim.start_time
-        self.end = min(self.end, sim.duration_s) if self.end > sim.duration_s else self.end
+        if self.start >= sim.duration_s:
+            raise SimulationError(f"fault {self.name!r} on {self.target}: starts at {self.start:g}s, after the "
+                                  f"simulation ends ({sim.duration_s:g}s)")
+        self.end = min(self.end, sim.duration_s)
         self.resolve(sim)
 
     def resolve(self, sim: Simulation) -> None:

@@ -42,7 +42,7 @@ from agents.events import (
 )
 from agents.simulate.cluster import JobSpec
 from agents.simulate.errors import SimulationError
-from topology import Topology
+from topology import Topology, TopologyError
 
 if TYPE_CHECKING:
     from agents.simulate.faults import Fault, GroundTruth
@@ -161,7 +161,10 @@ class Simulation:
         self.seed = seed
         self.jobs: list[JobState] = []
         for spec in jobs:
-            topology.place_job(spec.job, spec.project, spec.team, spec.channel, spec.ranks)
+            try:
+                topology.place_job(spec.job, spec.project, spec.team, spec.channel, spec.ranks)
+            except TopologyError as exc:
+                raise SimulationError(f"job {spec.job!r}: {exc}") from None
             self.jobs.append(JobState(spec, random.Random(f"{seed}:job:{spec.job}")))
         self.job_by_id = {j.spec.job: j for j in self.jobs}
         self.nodes: tuple[str, ...] = topology.nodes()
@@ -170,6 +173,13 @@ class Simulation:
         self._gpu_rank: dict[str, dict[int, tuple[JobState, int]]] = {n: {} for n in self.nodes}
         for js in self.jobs:
             for r in js.ranks:
+                if js.node_of[r] not in self._gpu_rank:
+                    raise SimulationError(f"job {js.spec.job!r} rank {r}: node {js.node_of[r]!r} is not in the "
+                                          "topology")
+                other = self._gpu_rank[js.node_of[r]].get(js.gpu_of[r])
+                if other is not None:
+                    raise SimulationError(f"job {js.spec.job!r} rank {r} and job {other[0].spec.job!r} rank "
+                                          f"{other[1]} both use {js.node_of[r]} gpu {js.gpu_of[r]}")
                 self._gpu_rank[js.node_of[r]][js.gpu_of[r]] = (js, r)
         self._temp: dict[tuple[str, int], float] = {}
         self.faults: list[Fault] = list(faults)

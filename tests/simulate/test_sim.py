@@ -146,3 +146,29 @@ def test_generation_is_fast_enough():
     elapsed = time.process_time() - t0
     assert n > 40000
     assert elapsed < 5.0, f"{n} messages took {elapsed:.2f}s of CPU"
+
+
+def test_simulator_core_imports_no_engine_kafka_or_slack():
+    import subprocess
+    import sys
+
+    code = ("import sys, agents.simulate.sim, agents.simulate.faults, agents.simulate.scenario, "
+            "agents.simulate.cli; "
+            "print(sorted({'faust', 'aiokafka', 'slack_sdk', 'pynvml', 'engine'} & set(sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_two_jobs_on_one_gpu_and_faults_after_the_end_are_refused():
+    import pytest
+
+    from agents.simulate.errors import SimulationError
+
+    topo = make_cluster(nodes=2)
+    a = make_job(topo, job="a", nodes=["node-01"])
+    b = make_job(topo, job="b", nodes=["node-01"], gpus_per_node=1)
+    with pytest.raises(SimulationError, match="job 'b' rank 0 and job 'a' rank 0 both use node-01 gpu 0"):
+        Simulation(topo, [a, b])
+    topo = make_cluster(nodes=2)
+    with pytest.raises(SimulationError, match=r"starts at 700s, after the simulation ends \(600s\)"):
+        Simulation(topo, [make_job(topo)], [make_fault("nic-packet-loss", "node-01", 700, 800)])
