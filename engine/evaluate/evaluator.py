@@ -33,6 +33,9 @@ log = logging.getLogger(__name__)
 
 # Inputs every node sends every interval: the watermark waits for all of them.
 _PERIODIC = frozenset({"gpu", "net", "storage", "host", "steps"})
+# Steps stop when a job hangs or stalls in a checkpoint, which is exactly when the rules must run:
+# the watermark stops waiting for them after a few seconds, not after ``idle_s``.
+_IDLE_S = {"steps": 5.0}
 
 
 @dataclass
@@ -91,7 +94,7 @@ class Evaluator:
         if not self.kind_max:
             return self.store.max_time - self.lateness_s
         top = max(self.kind_max.values())
-        return min(t for t in self.kind_max.values() if top - t <= self.idle_s) - self.lateness_s
+        return min(t for k, t in self.kind_max.items() if top - t <= _IDLE_S.get(k, self.idle_s)) - self.lateness_s
 
     def ingest_many(self, msgs: Iterable[dict[str, Any]]) -> list[Diagnosis]:
         """Feed a batch of messages (one poll of the consumer); return all diagnoses in order."""
