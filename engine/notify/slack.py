@@ -131,6 +131,7 @@ class SlackNotifier(Notifier):
         self._inflight: int | None = None
         self._resume()
         self._persist_lock = threading.Lock()
+        self._persist_retry_at = 0.0  # monotonic; after a failed save, the next try waits until then
         self._threads = [threading.Thread(target=self._schedule, name="slack-notifier-schedule", daemon=True),
                          threading.Thread(target=self._send, name="slack-notifier-send", daemon=True)]
         for t in self._threads:
@@ -288,9 +289,14 @@ class SlackNotifier(Notifier):
                     self._cond.notify_all()  # the sender, and flush() waiters
                     nxt = self.book.next_due()
                     wait = 1.0 if nxt is None else min(1.0, max(0.0, nxt - now))
-                    if not (self.book.changed or self.book.removed) and wait > 0:
+                    mono = time.monotonic()
+                    unsaved = bool(self.book.changed or self.book.removed)
+                    if unsaved and mono < self._persist_retry_at:  # the store is failing: don't hammer it
+                        wait, unsaved = min(wait, self._persist_retry_at - mono), False
+                    if not unsaved and wait > 0:
                         self._cond.wait(wait)
-                self._persist()
+                if time.monotonic() >= self._persist_retry_at and not self._persist():
+                    self._persist_retry_at = time.monotonic() + 1.0
             except Exception:  # must outlive any bug
                 log.exception("Slack notifier (scheduling): unexpected error; continuing")
                 time.sleep(1.0)
@@ -514,9 +520,10 @@ class SlackNotifier(Notifier):
         self._busy = False
         self._cond.notify_all()
 
-    def _persist(self) -> None:
+    def _persist(self) -> bool:
         """Write changed incident records to the state store, outside the lock (it may be Kafka);
-        serialised, so records reach the store in the order they were taken."""
+        serialised, so records reach the store in the order they were taken.  False if a write
+        failed (the record is kept for the next try)."""
         with self._persist_lock:
             with self._cond:
                 changed = {k: self.book.incidents[k].to_dict() for k in self.book.changed
@@ -539,6 +546,7 @@ class SlackNotifier(Notifier):
             if failed:
                 with self._cond:
                     self.book.changed.update(k for k in failed if k in self.book.incidents)
+            return not failed
 
 
 def _reason(exc: BaseException) -> str:

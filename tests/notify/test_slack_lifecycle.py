@@ -262,3 +262,37 @@ def test_token_never_appears_in_logs_or_messages(slack_server, make_notifier, ma
     assert TOKEN not in caplog.text
     assert all(TOKEN not in (repr(c.text) + repr(c.blocks)) for c in slack_server.calls)
     assert TOKEN not in repr(n.__dict__)
+
+
+def test_whole_lifecycle_during_an_outage_arrives_in_order(slack_server, make_notifier, make_diagnosis) -> None:
+    n = make_notifier(group_wait=0.0, group_interval=0.0)
+    d = make_diagnosis()
+    n.notify(d)
+    assert n.flush(5)
+    with slack_server.down("refuse"):
+        n.notify(make_diagnosis(rank=3, node="node-03"))
+        assert not n.flush(0.5)
+        n.notify(make_diagnosis(rank=4, node="node-04"))
+        assert not n.flush(0.5)
+        for x in (d, make_diagnosis(rank=3, node="node-03"), make_diagnosis(rank=4, node="node-04")):
+            n.notify(dataclasses.replace(x, status="resolved", ends_at=T0 + 900))
+        assert not n.flush(0.5)
+    assert n.flush(15)
+    (root,) = slack_server.roots()
+    replies = [m.text for m in slack_server.thread(root.ts)]
+    assert "node-03" in replies[0] and "node-04" in replies[1] and "resolved at" in replies[-1]
+    assert root.text.startswith("RESOLVED")
+
+
+def test_a_failing_state_store_does_not_stop_notifications(slack_server, make_notifier, make_diagnosis,
+                                                           caplog) -> None:
+    class Broken(InMemoryStateStore):
+        def put(self, key, record):
+            raise OSError("disk on fire")
+
+    caplog.set_level(logging.WARNING, logger="engine.notify.slack")
+    n = make_notifier(state_store=Broken())
+    n.notify(make_diagnosis())
+    assert n.flush(5)
+    assert len(slack_server.roots()) == 1
+    assert "could not save notifier state" in caplog.text
