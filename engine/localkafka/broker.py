@@ -227,15 +227,21 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
 
 
 def probe(bootstrap: str, timeout: float = 2.0) -> bool:
-    """True when ``host:port`` speaks Kafka and its metadata lists at least one broker.
+    """True when a server of ``bootstrap`` speaks Kafka and its metadata lists at least one broker.
 
-    Sends ApiVersions v0 (answered by every Kafka version) and Metadata v4 for no
-    topics; the broker only lists itself once it has registered with the controller,
-    i.e. once topics can be created.
+    ``bootstrap`` is ``host:port`` or a comma-separated list of them (the first that
+    answers counts).  Sends ApiVersions v0 (answered by every Kafka version) and
+    Metadata v4 for no topics; the broker only lists itself once it has registered
+    with the controller, i.e. once topics can be created.
     """
-    host, _, port = bootstrap.rpartition(":")
+    return any(_probe_one(server.strip(), timeout) for server in bootstrap.split(",") if server.strip())
+
+
+def _probe_one(server: str, timeout: float) -> bool:
+    host, _, port = server.rpartition(":")
+    host = host.strip("[]") or HOST
     try:
-        with socket.create_connection((host or HOST, int(port)), timeout=timeout) as sock:
+        with socket.create_connection((host, int(port)), timeout=timeout) as sock:
             sock.settimeout(timeout)
             body = _request(sock, 18, 0, 1, b"")  # ApiVersions v0
             if struct.unpack(">h", body[:2])[0] != 0:

@@ -208,3 +208,42 @@ def test_start_on_a_busy_port_is_refused(cache, tmp_path):
         port = busy.getsockname()[1]
         with pytest.raises(lb.BrokerStartError, match=f"port {port} .* in use"):
             lb.LocalBroker().start(port=port, data_dir=tmp_path / "broker")
+
+
+def test_probe_accepts_a_server_list_and_rejects_garbage():
+    closed = f"127.0.0.1:{lb.free_port()}"
+    assert lb.probe(f"{closed}, {closed}", timeout=0.5) is False
+    assert lb.probe("not-a-bootstrap", timeout=0.5) is False
+    assert lb.probe("", timeout=0.5) is False
+
+
+def test_probe_talks_kafka_to_a_fake_broker():
+    """A fake server answering ApiVersions, then Metadata with one broker: the probe's byte layout."""
+    import struct
+    import threading
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    port = server.getsockname()[1]
+    seen = []
+
+    def serve() -> None:
+        conn, _ = server.accept()
+        with conn:
+            for body in (struct.pack(">h", 0) + b"\0" * 8, struct.pack(">ii", 0, 1) + b"\0" * 8):
+                size = struct.unpack(">i", conn.recv(4))[0]
+                req = conn.recv(size)
+                api_key, version, corr = struct.unpack(">hhi", req[:8])
+                seen.append((api_key, version))
+                reply = struct.pack(">i", corr) + body
+                conn.sendall(struct.pack(">i", len(reply)) + reply)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        assert lb.probe(f"127.0.0.1:{lb.free_port()},127.0.0.1:{port}", timeout=2.0) is True
+    finally:
+        thread.join(5)
+        server.close()
+    assert seen == [(18, 0), (3, 4)]
