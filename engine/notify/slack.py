@@ -95,7 +95,8 @@ class SlackNotifier(Notifier):
         self.config = config or SlackConfig()
         self._token = token if isinstance(token, Secret) else Secret(token)
         self._clock = clock
-        self._close_stores = close_stores or state_store is None
+        self._close_state = close_stores or state_store is None
+        self._close_silences = close_stores or silence_store is None
         self.state_store = state_store if state_store is not None else InMemoryStateStore()
         self.silences = silence_store if silence_store is not None else InMemorySilenceStore()
         kw: dict[str, Any] = {"base_url": self.config.api_url} if self.config.api_url else {}
@@ -110,14 +111,17 @@ class SlackNotifier(Notifier):
                                         interval_calculator=BackoffRetryIntervalCalculator(backoff_factor=0.2)),
                 RateLimitErrorRetryHandler(max_retry_count=self.config.max_429_retries)],
             logger=_sdk_log, **kw)
-        self.identity = self._check_token()
-
         self._cond = threading.Condition()
-        self.book = IncidentBook(self.config, self.state_store.load())
-        if self.config.outbox_dir is not None and self.config.outbox_shared_ok:
-            self.outbox = Outbox.first_free(self.config.outbox_dir)
-        else:
-            self.outbox = Outbox(self.config.outbox_dir)
+        try:
+            self.identity = self._check_token()
+            self.book = IncidentBook(self.config, self.state_store.load())
+            if self.config.outbox_dir is not None and self.config.outbox_shared_ok:
+                self.outbox = Outbox.first_free(self.config.outbox_dir)
+            else:
+                self.outbox = Outbox(self.config.outbox_dir)
+        except BaseException:
+            self._close_owned_stores()
+            raise
         self._limiter = ChannelRateLimiter(self.config.rate_per_channel)
         self._aliases: dict[str, str] = {}  # channel name -> id, learned from Slack's answers
         self._stats: Counter[str] = Counter()
@@ -215,8 +219,12 @@ class SlackNotifier(Notifier):
             log.warning("Slack notifier closed with %d write(s) undelivered %s", left, where)
         self._persist()
         self.outbox.close()
-        if self._close_stores:
+        self._close_owned_stores()
+
+    def _close_owned_stores(self) -> None:
+        if self._close_state:
             self.state_store.close()
+        if self._close_silences:
             self.silences.close()
 
     @property
