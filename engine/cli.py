@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "engine": ("engine.commands.engine_cmd", "consume telemetry, evaluate the rules, publish and notify"),
     "kafka": ("engine.localkafka.cli", "fetch, start, stop or inspect the local Kafka broker"),
     "rules": ("engine.commands.rules_cmd", "check rule files, run rule tests, list metrics"),
+    "replay": ("engine.commands.replay_cmd", "re-run the rules over recorded topics, for a postmortem (with a plot)"),
     "eval": ("engine.commands.eval_cmd", "measure the rules' accuracy on a labelled suite of simulated faults"),
     "events": ("engine.commands.events_cmd", "print the event contract, or check messages against it"),
     "agent": ("agents.cli", "run the node agent: collect GPU, network, storage, host and training timings"),

@@ -92,11 +92,10 @@ def run(args: argparse.Namespace) -> int:
     from engine.localkafka.broker import probe, resolve_bootstrap
     from engine.notify import make_notifier
     from engine.rules.loader import load_rules
+    from engine.rules.reload import RuleReloader
     from engine.stream.app import EngineConfig, build_app
     from engine.stream.processor import Processor
     from engine.stream.topics import ensure_topics
-
-    from engine.rules.reload import RuleReloader
 
     rule_paths = args.rules or [default_rules_dir()]
     rules = load_rules(rule_paths)
