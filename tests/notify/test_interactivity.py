@@ -147,3 +147,12 @@ def test_unknown_incident_is_answered_not_crashed(posted) -> None:
     body = _payload(ACTION_ACK, "0000000000000000")
     status, answer = _post(server.url, body, _signed(body))
     assert status == 200 and "no longer tracks" in answer["text"]
+
+
+def test_endpoint_from_env(tmp_path) -> None:
+    assert InteractivityServer.from_env(object(), {}) is None  # type: ignore[arg-type]
+    f = tmp_path / "secret"
+    f.write_text(SECRET)
+    srv = InteractivityServer.from_env(object(), {"SLACK_SIGNING_SECRET_FILE": str(f),  # type: ignore[arg-type]
+                                                  "WHYWAIT_SLACK_ACTIONS_ADDR": "127.0.0.1:0"})
+    assert srv is not None and srv.port == 0 and SECRET not in repr(vars(srv))
