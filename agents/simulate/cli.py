@@ -95,20 +95,26 @@ def run(args: argparse.Namespace) -> int:
         sim.topology.to_yaml(args.topology_out)
     # The schedule is known up front; a few faults (checkpoint-stall) learn their exact window while running,
     # so the file is written now for early readers and rewritten once the run is over.
-    _write_truth(sim, args.truth_out)
-    stream = _with_progress(sim.messages(), sim, args.speed)
+    _write_truth([g.to_dict() for g in sim.ground_truth()], args.truth_out)
     if args.dry_run:
-        rc = _print(_paced(stream, sim.start_time, args.speed), sys.stdout)
+        rc = _print(_paced(_with_progress(sim.messages(), sim, args.speed), sim.start_time, args.speed),
+                    sys.stdout)
+        truth = [g.to_dict() for g in sim.ground_truth()]
     else:
         from engine.localkafka.broker import resolve_bootstrap  # lazy: the broker helper is engine-side
 
         bootstrap = args.bootstrap or resolve_bootstrap()
-        rc = asyncio.run(_publish(stream, bootstrap, sim.start_time, args.speed))
-    _write_truth(sim, args.truth_out)
+        source = _GeneratorProcess(sim) if _can_fork() else _InlineSource(sim)
+        try:
+            rc = asyncio.run(_publish(source, bootstrap, sim, args.speed))
+        finally:
+            source.close()
+        truth = source.truth
+    _write_truth(truth, args.truth_out)
     return rc
 
 
-def _write_truth(sim: Any, path: str | None) -> None:
+def _write_truth(truth: list[dict[str, Any]], path: str | None) -> None:
     """Write the ground truth as a JSON list, atomically (a reader never sees half a file)."""
     if not path:
         return
@@ -116,9 +122,94 @@ def _write_truth(sim: Any, path: str | None) -> None:
 
     tmp = f"{path}.tmp"
     with open(tmp, "w") as fh:
-        json.dump([g.to_dict() for g in sim.ground_truth()], fh, indent=2)
+        json.dump(truth, fh, indent=2)
         fh.write("\n")
     os.replace(tmp, path)
+
+
+# One encoded message: (topic, key, value, event time).
+Encoded = tuple[str, bytes, bytes, float]
+CHUNK = 2000
+
+
+def _encoded_chunks(sim: Any) -> Iterator[list[Encoded]]:
+    """Generate, encode and key the simulation's messages, ``CHUNK`` at a time."""
+    buf: list[Encoded] = []
+    for topic, msg in sim.messages():
+        buf.append((topic, message_key(msg), encode(msg), msg["time"]))
+        if len(buf) >= CHUNK:
+            yield buf
+            buf = []
+    if buf:
+        yield buf
+
+
+class _InlineSource:
+    """Encoded chunks generated in this process (where ``fork`` is unavailable)."""
+
+    def __init__(self, sim: Any) -> None:
+        self.sim = sim
+        self._it = _encoded_chunks(sim)
+        self.truth: list[dict[str, Any]] = []
+
+    async def next_chunk(self) -> list[Encoded] | None:
+        chunk = next(self._it, None)
+        if chunk is None:
+            self.truth = [g.to_dict() for g in self.sim.ground_truth()]
+        return chunk
+
+    def close(self) -> None:
+        pass
+
+
+def _can_fork() -> bool:
+    import multiprocessing as mp
+
+    return "fork" in mp.get_all_start_methods()
+
+
+def _generate_into(sim: Any, queue: Any) -> None:
+    """Child process body: push encoded chunks, then ``("truth", [...])``, or ``("error", text)``."""
+    try:
+        for chunk in _encoded_chunks(sim):
+            queue.put(chunk)
+        queue.put(("truth", [g.to_dict() for g in sim.ground_truth()]))
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent, which raises it as one line
+        queue.put(("error", f"{type(exc).__name__}: {exc}"))
+
+
+class _GeneratorProcess:
+    """Encoded chunks generated in a forked child, so generation and publishing use two cores.
+
+    Generating and JSON-encoding cost about as much CPU as aiokafka's send path;
+    splitting them is what lets one ``whywait simulate`` push over 20k messages/s.
+    The queue holds a few chunks, so the child never runs far ahead of a paced run.
+    """
+
+    def __init__(self, sim: Any) -> None:
+        import multiprocessing as mp
+
+        ctx = mp.get_context("fork")
+        self.queue = ctx.Queue(maxsize=8)
+        self.proc = ctx.Process(target=_generate_into, args=(sim, self.queue), daemon=True,
+                                name="whywait-simulate-generator")
+        self.proc.start()
+        self.truth: list[dict[str, Any]] = []
+
+    async def next_chunk(self) -> list[Encoded] | None:
+        item = await asyncio.get_running_loop().run_in_executor(None, self.queue.get)
+        if isinstance(item, tuple):
+            tag, payload = item
+            if tag == "error":
+                raise SimulationError(f"the generator failed: {payload}")
+            self.truth = payload
+            return None
+        return item
+
+    def close(self) -> None:
+        if self.proc.is_alive():
+            self.proc.terminate()
+        self.proc.join(timeout=5)
 
 
 def _paced(messages: Iterable[tuple[str, dict[str, Any]]], origin: float, speed: float
@@ -138,12 +229,11 @@ def _paced(messages: Iterable[tuple[str, dict[str, Any]]], origin: float, speed:
 def _with_progress(messages: Iterator[tuple[str, dict[str, Any]]], sim: Any, speed: float
                    ) -> Iterator[tuple[str, dict[str, Any]]]:
     """Show a tqdm bar (event seconds done) on stderr unless running in real time."""
-    if speed == 1.0 or not sys.stderr.isatty():
+    bar = _progress_bar(sim, speed)
+    if bar is None:
         yield from messages
         return
-    from tqdm import tqdm
-
-    with tqdm(total=round(sim.duration_s), unit="s", desc="event time", file=sys.stderr, leave=False) as bar:
+    with bar:
         done = 0
         for topic, msg in messages:
             now = int(msg["time"] - sim.start_time)
@@ -151,6 +241,15 @@ def _with_progress(messages: Iterator[tuple[str, dict[str, Any]]], sim: Any, spe
                 bar.update(now - done)
                 done = now
             yield topic, msg
+
+
+def _progress_bar(sim: Any, speed: float) -> Any:
+    """A tqdm bar over event seconds on stderr, or None in real time or when stderr is not a terminal."""
+    if speed == 1.0 or not sys.stderr.isatty():
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=round(sim.duration_s), unit="s", desc="event time", file=sys.stderr, leave=False)
 
 
 def _print(messages: Iterable[tuple[str, dict[str, Any]]], out: TextIO) -> int:
@@ -215,13 +314,13 @@ def _fast_gzip() -> None:
         pass
 
 
-async def _publish(messages: Iterable[tuple[str, dict[str, Any]]], bootstrap: str, origin: float = 0.0,
-                   speed: float = 0.0) -> int:
+async def _publish(source: Any, bootstrap: str, sim: Any, speed: float = 0.0) -> int:
     """Send every message (key per the contract) with an idempotent gzip producer; batch, then flush.
 
     Sends are not awaited one by one: each ``send`` only queues the message and
-    returns a future, and the futures are checked every 20 000 messages and at
-    the end, so a broker error still surfaces (as :class:`BrokerUnavailable`).
+    returns a future; the futures are checked once per chunk and at the end, so
+    a broker error still surfaces (as :class:`BrokerUnavailable`).  With
+    ``speed`` > 0 each message waits for its event time scaled to the wall clock.
     """
     from aiokafka import AIOKafkaProducer
     from aiokafka.errors import KafkaConnectionError, KafkaError
@@ -238,19 +337,25 @@ async def _publish(messages: Iterable[tuple[str, dict[str, Any]]], bootstrap: st
         await producer.stop()
         raise BrokerUnavailable(bootstrap, str(exc) or type(exc).__name__) from None
     sent = 0
+    origin = sim.start_time
+    bar = _progress_bar(sim, speed)
+    done = 0
     started = time.monotonic()
-    pending: list[asyncio.Future[Any]] = []
     try:
-        wall0 = time.monotonic()
-        for topic, msg in messages:
-            if speed:
-                # Sleep on the event loop, not in the generator, so the producer keeps sending meanwhile.
-                delay = wall0 + (msg["time"] - origin) / speed - time.monotonic()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-            pending.append(await producer.send(topic, encode(msg), key=message_key(msg)))
-            sent += 1
-            if len(pending) >= 20000:
+        pending: list[asyncio.Future[Any]] = []
+        while (chunk := await source.next_chunk()) is not None:
+            for topic, key, value, t in chunk:
+                if speed:
+                    # Sleep on the event loop, not in the generator, so the producer keeps sending meanwhile.
+                    delay = started + (t - origin) / speed - time.monotonic()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+                pending.append(await producer.send(topic, value, key=key))
+            sent += len(chunk)
+            if bar is not None and int(chunk[-1][3] - origin) > done:
+                bar.update(int(chunk[-1][3] - origin) - done)
+                done = int(chunk[-1][3] - origin)
+            if len(pending) >= 10 * CHUNK:
                 await asyncio.gather(*pending)
                 pending.clear()
         await producer.flush()
@@ -259,6 +364,8 @@ async def _publish(messages: Iterable[tuple[str, dict[str, Any]]], bootstrap: st
     except KafkaError as exc:
         raise BrokerUnavailable(bootstrap, str(exc) or type(exc).__name__) from None
     finally:
+        if bar is not None:
+            bar.close()
         await producer.stop()
     elapsed = max(time.monotonic() - started, 1e-9)
     print(f"whywait simulate: published {sent} messages to {bootstrap} in {elapsed:.1f}s "
