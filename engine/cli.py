@@ -26,6 +26,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "engine": ("engine.commands.engine_cmd", "consume telemetry, evaluate the rules, publish and notify"),
     "kafka": ("engine.localkafka.cli", "fetch, start, stop or inspect the local Kafka broker"),
     "rules": ("engine.commands.rules_cmd", "check rule files, run rule tests, list metrics"),
+    "notify": ("engine.commands.notify_cmd", "render a diagnosis as its Slack message, or send it"),
+    "silence": ("engine.commands.silence_cmd", "add, list or expire silences"),
     "replay": ("engine.commands.replay_cmd", "re-run the rules over recorded topics, for a postmortem (with a plot)"),
     "eval": ("engine.commands.eval_cmd", "measure the rules' accuracy on a labelled suite of simulated faults"),
     "events": ("engine.commands.events_cmd", "print the event contract, or check messages against it"),
@@ -60,8 +62,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     # aiokafka and faust log a traceback per retry when a broker is down; we say it once ourselves.
-    for noisy in ("aiokafka", "kafka", "faust", "mode"):
+    for noisy in ("aiokafka", "kafka"):
         logging.getLogger(noisy).setLevel(logging.CRITICAL if not args.verbose else logging.DEBUG)
+    for noisy in ("faust", "mode"):  # their errors (a worker that cannot start) must still show
+        logging.getLogger(noisy).setLevel(logging.ERROR if not args.verbose else logging.DEBUG)
     if not getattr(args, "_run", None):
         parser.print_help()
         return 2

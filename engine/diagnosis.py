@@ -76,7 +76,9 @@ class Diagnosis:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Diagnosis:
         """Rebuild a diagnosis from :meth:`to_dict` output (e.g. read back from Kafka)."""
-        d = dict(d)
+        # Ignore fields a newer engine added (forward compatibility of the diagnoses topic).
+        known = set(cls.__dataclass_fields__)
+        d = {k: v for k, v in d.items() if k in known}
         d["evidence"] = tuple(Evidence(**e) for e in d.get("evidence", ()))
         d["owner"] = Owner(**d["owner"]) if d.get("owner") else None
         for k in ("topology_path", "clean_checks", "ranks"):

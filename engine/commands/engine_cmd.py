@@ -14,6 +14,7 @@ import asyncio
 import json
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -105,9 +106,18 @@ def run(args: argparse.Namespace) -> int:
         from engine.errors import BrokerUnavailable
 
         raise BrokerUnavailable(bootstrap, "no answer to ApiVersions")
-    notifier = make_notifier()
+    # Notifier state and silences live in compacted topics, so a restarted engine edits its messages.
+    notifier = make_notifier(kafka_bootstrap=bootstrap)
+    actions = None
+    if hasattr(notifier, "handle_action"):
+        from engine.notify.interactivity import InteractivityServer
+
+        actions = InteractivityServer.from_env(notifier)  # None unless SLACK_SIGNING_SECRET is set
+        if actions is not None:
+            actions.start()
+            log.info("Slack interactivity endpoint: %s", actions.url)
     ensure_topics(bootstrap)
-    evaluator = Evaluator(rules, topology)
+    evaluator = Evaluator(rules, topology, arrival_clock=time.monotonic)
     if not args.no_restore:
         snap = asyncio.run(read_snapshot(bootstrap, args.group))
         if snap:
@@ -120,5 +130,10 @@ def run(args: argparse.Namespace) -> int:
     # Keep whywait's own logging (one line per event worth saying) and no terminal spinner.
     worker = faust.Worker(app, quiet=True, redirect_stdouts=False, override_logging=False)
     worker.spinner = None
-    worker.execute_from_commandline()  # returns (or exits) when the worker stops: SIGTERM, SIGINT
+    try:
+        worker.execute_from_commandline()  # returns (or exits) when the worker stops: SIGTERM, SIGINT
+    finally:
+        if actions is not None:
+            actions.stop()
+        notifier.close()
     return 0

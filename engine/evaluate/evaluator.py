@@ -18,7 +18,7 @@ import hashlib
 import logging
 import math
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from engine.diagnosis import Diagnosis, Evidence, Owner
 from engine.evaluate.conditions import Ctx, Result, evaluate
@@ -68,6 +68,13 @@ class Evaluator:
     next_tick: float | None = None
     ticks: int = 0
     kind_max: dict[str, float] = field(default_factory=dict)
+    # Live engines pass a wall clock: an input is "idle" when nothing of it has *arrived* lately,
+    # which stays right while the consumer catches up on a backlog (every topic still arrives,
+    # at event times far behind each other).  Without it (rule tests, replays: sorted input) an
+    # input is idle when its event time lags the newest one.
+    arrival_clock: Callable[[], float] | None = None
+    idle_wall_s: float = 10.0
+    kind_arrival: dict[str, float] = field(default_factory=dict)
 
     # ---- feeding ---------------------------------------------------------------------------------
 
@@ -77,8 +84,11 @@ class Evaluator:
             self._place(msg)
         t = self.store.ingest(msg)
         kind = msg["kind"]
-        if kind in _PERIODIC and t > self.kind_max.get(kind, -math.inf):
-            self.kind_max[kind] = t
+        if kind in _PERIODIC:
+            if t > self.kind_max.get(kind, -math.inf):
+                self.kind_max[kind] = t
+            if self.arrival_clock is not None:
+                self.kind_arrival[kind] = self.arrival_clock()
         if self.next_tick is None:
             self.next_tick = math.floor(t) + self.step_s
         return self.advance(self.watermark())
@@ -93,6 +103,10 @@ class Evaluator:
         """
         if not self.kind_max:
             return self.store.max_time - self.lateness_s
+        if self.arrival_clock is not None:
+            now = self.arrival_clock()
+            active = [t for k, t in self.kind_max.items() if now - self.kind_arrival.get(k, now) <= self.idle_wall_s]
+            return min(active or self.kind_max.values()) - self.lateness_s
         top = max(self.kind_max.values())
         return min(t for k, t in self.kind_max.items() if top - t <= _IDLE_S.get(k, self.idle_s)) - self.lateness_s
 
@@ -249,7 +263,12 @@ class Evaluator:
 
     def snapshot(self) -> dict[str, Any]:
         """Return the incident lifecycle state as JSON-ready data (checkpointed by the engine)."""
-        return {"next_tick": self.next_tick, "incidents": [
+        return {"next_tick": self.next_tick,
+                # frozen self-history baselines: without them a restart mid-fault would compare the
+                # fault with itself and resolve it
+                "cond_state": [[list(k), v] for k, v in self.cond_state.items()
+                               if isinstance(v, (int, float))],
+                "incidents": [
             {"rule_id": i.rule_id, "fingerprint": i.fingerprint, "labels": i.labels,
              "pending_since": i.pending_since, "last_true": i.last_true, "firing": i.firing,
              "announced": i.announced, "last": i.last.to_dict() if i.last else None}
@@ -257,6 +276,8 @@ class Evaluator:
 
     def restore(self, snap: dict[str, Any]) -> None:
         """Reload :meth:`snapshot` output, so a restarted engine neither re-fires nor forgets to resolve."""
+        for k, v in snap.get("cond_state", ()):
+            self.cond_state[tuple(k)] = v
         for d in snap.get("incidents", ()):
             last = Diagnosis.from_dict(d["last"]) if d.get("last") else None
             inc = Incident(d["rule_id"], d["fingerprint"], d["labels"], d["pending_since"], d["last_true"],

@@ -22,7 +22,8 @@ import json
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
 from typing import Any
 
 import faust
@@ -48,6 +49,9 @@ class EngineConfig:
     checkpoint_every_s: float = 10.0
     from_beginning: bool = True
     reload_every_s: float = 3.0
+    datadir: str = field(default_factory=lambda: os.path.join(
+        os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state"),
+        "whywait", "faust", "{conf.name}"))  # faust expands {conf.name}: one folder per consumer group
 
 
 def diagnosis_value(d: Diagnosis, latency: dict[str, Any] | None = None) -> bytes:
@@ -74,6 +78,7 @@ def reload_notice(errors: tuple[str, ...] | None, now: float) -> Diagnosis:
 def build_app(cfg: EngineConfig, processor: Processor, notifier: Notifier,
               reloader: Any = None) -> faust.App:
     """Return the faust app wired to ``processor`` and ``notifier``; the caller runs it with a Worker."""
+    os.makedirs(os.path.dirname(cfg.datadir), exist_ok=True)  # faust creates only the last level
     app = faust.App(
         cfg.group_id,
         broker=f"kafka://{cfg.bootstrap}",
@@ -88,6 +93,8 @@ def build_app(cfg: EngineConfig, processor: Processor, notifier: Notifier,
         producer_acks=-1,
         producer_compression_type="gzip",
         broker_commit_every=100,
+        # faust keeps a data folder even with the memory store; never in the user's working directory.
+        datadir=cfg.datadir,
     )
     inputs = app.topic(*INPUT_TOPICS, key_type=bytes, value_type=bytes, key_serializer="raw",
                        value_serializer="raw", allow_empty=True)
@@ -95,7 +102,17 @@ def build_app(cfg: EngineConfig, processor: Processor, notifier: Notifier,
     dead = app.topic(TOPIC_DEADLETTER, key_serializer="raw", value_serializer="raw")
     state_topic = app.topic(TOPIC_ENGINE_STATE, key_serializer="raw", value_serializer="raw")
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="notify")
-    last_checkpoint = [time.monotonic()]
+    seen_at_checkpoint = [-1]
+
+    async def checkpoint() -> None:
+        """Write the evaluator's compact state (incidents, frozen baselines) if anything moved."""
+        n = processor.counts["messages"]
+        if n == seen_at_checkpoint[0]:
+            return
+        seen_at_checkpoint[0] = n
+        snap = json.dumps(processor.evaluator.snapshot(), default=str).encode()
+        await state_topic.send(key=cfg.group_id.encode(), value=snap)
+        log.info("engine: %s", processor.stats())
 
     def _notify(d: Diagnosis, trigger_ms: int | None) -> None:
         try:
@@ -124,11 +141,10 @@ def build_app(cfg: EngineConfig, processor: Processor, notifier: Notifier,
                 lat = {"trigger_produced_ms": trig, "evaluated_ms": now_ms} if trig else None
                 await diagnoses.send(key=d.fingerprint.encode(), value=diagnosis_value(d, lat))
                 loop.run_in_executor(pool, _notify, d, trig)
-            if time.monotonic() - last_checkpoint[0] >= cfg.checkpoint_every_s:
-                last_checkpoint[0] = time.monotonic()
-                snap = json.dumps(processor.evaluator.snapshot(), default=str).encode()
-                await state_topic.send(key=cfg.group_id.encode(), value=snap)
-                log.info("engine: %s", processor.stats())
+
+    @app.timer(cfg.checkpoint_every_s)
+    async def periodic_checkpoint() -> None:
+        await checkpoint()
 
     refused = [False]
 
@@ -152,6 +168,7 @@ def build_app(cfg: EngineConfig, processor: Processor, notifier: Notifier,
 
     @app.on_before_shutdown.connect  # type: ignore[misc]
     async def _drain(app: faust.App, **kwargs: Any) -> None:
+        await checkpoint()  # a restarted engine resumes the incidents as they stand now
         await asyncio.get_running_loop().run_in_executor(pool, notifier.flush)
 
     return app
