@@ -174,7 +174,12 @@ def build_suite(quick: bool = False, seed: int = 0, classes: Iterable[str] | Non
             shape = SHAPES["shared" if cls == "contention" else shape_name]
             start = float(rng.randint(90, 130))
             end = start + float(rng.randint(60, 90))
-            behaviour: dict[str, Any] = {"checkpoint_every_s": 45.0 if cls in _CHECKPOINT_CLASSES else 60.0}
+            # Checkpoint faults need checkpoints in their window (growth: at least two after the
+            # first slow one); elsewhere a checkpoint falls at a random phase, sometimes in a fault.
+            every = 40.0 if cls in _CHECKPOINT_CLASSES else float(rng.randint(100, 200))
+            if cls == "checkpoint-growth":
+                start, end = float(rng.randint(60, 90)), start + 150.0
+            behaviour: dict[str, Any] = {"checkpoint_every_s": every}
             fault = _fault(cls, rng, shape, start, end, set())
             spec = {"seed": rng.randrange(10_000), "duration_s": end + 20.0, "cluster": dict(shape.cluster),
                     "jobs": shape.jobs(**behaviour), "faults": [fault]}
@@ -190,7 +195,7 @@ def build_suite(quick: bool = False, seed: int = 0, classes: Iterable[str] | Non
         end = start + float(rng.randint(60, 90))
         avoid: set[str] = set()
         faults = [_fault(a, rng, shape, start, end, avoid), _fault(b, rng, shape, start + 5, end, avoid)]
-        every = 45.0 if {a, b} & _CHECKPOINT_CLASSES else 60.0
+        every = 40.0 if {a, b} & _CHECKPOINT_CLASSES else float(rng.randint(100, 200))
         spec = {"seed": rng.randrange(10_000), "duration_s": end + 20.0, "cluster": dict(shape.cluster),
                 "jobs": shape.jobs(checkpoint_every_s=every), "faults": faults}
         out.append(EvalScenario(f"pair:{a}+{b}/{shape.name}", (a, b), spec))

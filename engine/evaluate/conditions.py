@@ -235,23 +235,22 @@ def _trend(c: Condition, ctx: Ctx) -> Result:
 
 def _absence(c: Condition, ctx: Ctx) -> Result:
     p = c.params
-    last = ctx.store.rank_last if p["level"] == "rank" else ctx.store.node_last
     metric = "step.since_last_s" if p["level"] == "rank" else "node.since_last_s"
     res = Result(False)
-    ents = ctx.entities(p["level"], c.on)
     known = 0
-    for e in ents:
-        t = last.get(e)
-        if t is None:  # never reported: the job may still be starting; that is not a silence
+    for e in ctx.entities(p["level"], c.on):
+        since = ctx.store.age(metric, e, ctx.now)
+        if since is None:  # never reported: the job may still be starting; that is not a silence
             continue
         known += 1
-        since = ctx.now - t
         if since >= p["for"]:
             res.entities.append(e)
-            res.evidence.append(_ev(c, metric, e, since, None, f">= {p['for']:g}s", None, "no report since"))
     # Share of the entities that have reported at all: a whole job pausing (a checkpoint) is not
     # one rank falling silent.
     res.holds = bool(res.entities) and len(res.entities) <= p["max_share"] * max(known, 1)
+    if res.holds:
+        res.evidence = [_ev(c, metric, e, ctx.store.age(metric, e, ctx.now) or 0.0, None, f">= {p['for']:g}s", None,
+                            "no report since") for e in res.entities]
     return res
 
 
@@ -324,7 +323,9 @@ def _wrong_nic(c: Condition, ctx: Ctx, nodes: list[str]) -> Result:
         busiest = max(tx, key=lambda k: tx[k])
         if mean <= 0 or tx[busiest] < _NIC_HIGH * mean:
             continue
-        starved = sorted(k for k, v in tx.items() if v < _NIC_LOW * mean)
+        # A NIC whose link went down is idle for another reason (network.link-flap explains it).
+        starved = sorted(k for k, v in tx.items() if v < _NIC_LOW * mean
+                         and (store.value("nic.link_up", f"{node}/{k}", "min", ctx.now, w) or 0.0) >= 1.0)
         gpus = sorted(g for n, g in used if n == node and topo.expected_nic(node, g) in starved)
         if not gpus:
             continue

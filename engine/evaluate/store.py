@@ -102,6 +102,10 @@ class MetricStore:
         self.nics: dict[str, set[str]] = defaultdict(set)  # node -> NIC entity keys seen
         self.nic_gpus: dict[str, tuple[int, ...]] = {}  # NIC entity key -> GPUs it serves
         self.open_checkpoints: dict[tuple[str, str], float] = {}  # (job, checkpoint id) -> start time
+        # job -> checkpoint id -> [start, end or None]: ages are judged at the evaluation time, which
+        # trails the newest message by the lateness, so a save that ended "later" was still open then.
+        self.checkpoint_spans: dict[str, dict[str, list[float | None]]] = defaultdict(dict)
+        self.node_seen: dict[str, Series] = {}  # node -> times it reported (any periodic kind)
         # Job-level metrics are the median over ranks per second of event time: steps land in
         # per-second buckets that are closed (reduced to their median) once the watermark passes.
         self._buckets: dict[tuple[str, str], dict[int, list[float]]] = defaultdict(dict)
@@ -124,6 +128,11 @@ class MetricStore:
         node = msg["node"]
         if kind in ("gpu", "net", "storage", "host"):
             self.node_last[node] = max(t, self.node_last.get(node, t))
+            seen = self.node_seen.get(node)
+            if seen is None:
+                seen = self.node_seen[node] = Series()
+            if not seen.t or seen.t[-1] != t:
+                seen.add(t, 1.0)
         handler = getattr(self, f"_ingest_{kind}", None)
         if handler is not None:
             handler(msg, t, node)
@@ -238,10 +247,16 @@ class MetricStore:
 
     def _ingest_checkpoint(self, msg: dict[str, Any], t: float, node: str) -> None:
         job, cid, phase = msg["job"], msg["checkpoint_id"], msg["phase"]
+        spans = self.checkpoint_spans[job]
         if phase == "start":
             self.open_checkpoints[(job, cid)] = t
+            spans[cid] = [t, None]
+            while len(spans) > 8:  # the recent saves are enough to judge what is open now
+                del spans[next(iter(spans))]
             return
         start = self.open_checkpoints.pop((job, cid), None)
+        if cid in spans:
+            spans[cid][1] = t
         if phase == "end":
             dur = msg.get("duration_s")
             if dur is None and start is not None:
@@ -267,6 +282,8 @@ class MetricStore:
         cutoff = now - self.retention_s
         for s in self.series.values():
             s.trim(cutoff)
+        for s in self.node_seen.values():
+            s.trim(cutoff)
 
     # ---- reading ----------------------------------------------------------------------------------
 
@@ -285,10 +302,18 @@ class MetricStore:
     def age(self, metric: str, entity: str, now: float) -> float | None:
         """Seconds at ``now`` since the entity last reported, or since its oldest open checkpoint began."""
         if metric == "checkpoint.open_s":
-            starts = [t for (job, _), t in self.open_checkpoints.items() if job == entity and t <= now]
+            spans = self.checkpoint_spans.get(entity)
+            starts = [s for s, e in (spans or {}).values() if s is not None and s <= now and (e is None or e > now)]
             return now - min(starts) if starts else None
-        last = (self.rank_last if metric == "step.since_last_s" else self.node_last).get(entity)
-        return None if last is None else max(0.0, now - last)
+        # The last report at or before ``now``: messages up to the lateness ahead are already stored.
+        seen = self.series.get(("step.duration_s", entity)) if metric == "step.since_last_s" else \
+            self.node_seen.get(entity)
+        if seen is None or not seen.t:
+            return None
+        i = bisect.bisect_right(seen.t, now)
+        if i == 0:
+            return None
+        return now - seen.t[i - 1]
 
     def value(self, metric: str, entity: str, agg: str, now: float, window_s: float) -> float | None:
         """The ``agg`` of ``metric`` for ``entity`` over ``(now - window_s, now]``, or None if no data."""
