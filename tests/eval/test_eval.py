@@ -1,0 +1,137 @@
+"""The accuracy benchmark's scorer and suite (engine.eval) and the `whywait eval` command."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine import eval as ev
+from engine.commands import eval_cmd
+
+RULES = Path(__file__).resolve().parents[2] / "rules"
+S = ev.START
+
+
+def _truth(fault: str, cause: str, culprit: str, kind: str, start: float = 100, end: float = 160,
+           job: str = "train-llm", ranks: tuple[int, ...] = ()) -> dict[str, Any]:
+    return {"fault": fault, "cause": cause, "culprit": culprit, "culprit_kind": kind, "job": job,
+            "start": S + start, "end": S + end, "ranks": list(ranks)}
+
+
+def _diag(rule: str, cause: str, at: float, culprit: str | None = None, job: str = "train-llm",
+          status: str = "firing", labels: dict[str, str] | None = None,
+          evidence: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    return {"rule_id": rule, "fingerprint": f"{rule}|{culprit}|{(labels or {}).get('gpu', '')}", "status": status,
+            "job": job, "culprit": culprit, "detected_at": S + at, "labels": {"cause": cause, **(labels or {})},
+            "evidence": evidence or []}
+
+
+def _run(name: str, classes: tuple[str, ...], truths: list[dict[str, Any]], diags: list[dict[str, Any]],
+         duration: float = 200, placement: dict[int, tuple[str, int]] | None = None) -> ev.ScenarioRun:
+    sc = ev.EvalScenario(name, classes, {"duration_s": duration})
+    return ev.ScenarioRun(sc, truths, diags, {"train-llm": placement or {18: ("node-03", 2)}}, messages=100, seconds=0.1)
+
+
+def test_suite_covers_every_class_on_several_shapes_pairs_and_an_hour_fault_free() -> None:
+    suite = ev.build_suite()
+    for cls in ev.FAULT_CLASSES:
+        mine = [s for s in suite if s.classes == (cls,)]
+        assert len(mine) >= 6, cls
+        assert len({s.name.split("/")[1] for s in mine}) >= (1 if cls == "contention" else 3), cls
+    assert all(s.spec["jobs"][1]["project"] != s.spec["jobs"][0]["project"]
+               for s in suite if s.classes == ("contention",))
+    assert sum(1 for s in suite if len(s.classes) == 2) >= 4
+    assert sum(s.spec["duration_s"] for s in suite if s.fault_free) == pytest.approx(3600)
+    # A fault on a job that shares a switch and a pool with another project's job.
+    assert any(len(s.spec["jobs"]) == 2 and s.classes and s.classes[0] != "contention" for s in suite)
+
+
+def test_quick_suite_is_small_and_deterministic() -> None:
+    quick = ev.build_suite(quick=True)
+    assert len(quick) < 25
+    assert [s.spec for s in quick] == [s.spec for s in ev.build_suite(quick=True)]
+
+
+@pytest.mark.parametrize(("truth", "diag", "ok"), [
+    (_truth("nic-packet-loss", "network.packet-loss", "node-03", "node"), {"culprit": "node-03"}, True),
+    (_truth("nic-packet-loss", "network.packet-loss", "node-03", "node"), {"culprit": "node-04"}, False),
+    (_truth("wrong-nic", "topology.wrong-nic", "node-03 gpu 3", "node"), {"culprit": "node-03"}, True),
+    (_truth("gpu-thermal", "gpu.thermal-throttle", "node-03 gpu 2", "gpu"),
+     {"culprit": "node-03", "labels": {"gpu": "node-03/gpu2"}}, True),
+    (_truth("gpu-thermal", "gpu.thermal-throttle", "node-03 gpu 2", "gpu"),
+     {"culprit": "node-03", "labels": {"gpu": "node-03/gpu1"}}, False),
+    (_truth("rank-silent", "job.rank-hung", "job train-llm rank 18", "rank"), {"labels": {"rank": "18"}}, True),
+    (_truth("rank-silent", "job.rank-hung", "job train-llm rank 18", "rank"), {"labels": {"gpu": "node-03/gpu2"}}, True),
+    (_truth("rank-silent", "job.rank-hung", "job train-llm rank 18", "rank"), {"labels": {"rank": "17"}}, False),
+    (_truth("uplink-oversubscribed", "network.uplink-oversubscribed", "leaf-01", "switch"),
+     {"labels": {"switch": "leaf-01"}}, True),
+    (_truth("storage-slow", "storage.pool-slow", "scratch", "pool"),
+     {"evidence": [{"metric": "topology", "entity": "scratch"}]}, True),
+    (_truth("storage-slow", "storage.pool-slow", "scratch", "pool"),
+     {"evidence": [{"metric": "storage.read_latency_ms", "entity": "scratch"}]}, False),
+    (_truth("contention", "contention.storage", "batch-etl", "job"),
+     {"evidence": [{"metric": "topology", "entity": "batch-etl"}]}, True),
+    (_truth("whole-job-slow", "job.slow-everywhere", "train-llm", "job"), {"job": "train-llm"}, True),
+])
+def test_culprit_matches_at_the_truths_kind(truth: dict[str, Any], diag: dict[str, Any], ok: bool) -> None:
+    d = {"job": "train-llm", "culprit": None, "labels": {}, "evidence": [], **diag}
+    assert ev.culprit_matches(d, truth, {18: ("node-03", 2)}) is ok
+
+
+def test_score_counts_recall_precision_root_cause_latency_and_fault_free() -> None:
+    runs = [
+        # Detected at +6 s with the right culprit.
+        _run("a", ("nic-packet-loss",), [_truth("nic-packet-loss", "network.packet-loss", "node-03", "node")],
+             [_diag("network.straggler-retransmits", "network.packet-loss", 106, "node-03"),
+              _diag("network.straggler-retransmits", "network.packet-loss", 130, "node-03", status="resolved")]),
+        # Right cause, wrong node: detected (recall) but not the root cause; a false diagnosis before the fault.
+        _run("b", ("nic-packet-loss",), [_truth("nic-packet-loss", "network.packet-loss", "node-03", "node")],
+             [_diag("gpu.thermal-throttle", "gpu.thermal-throttle", 50, "node-01", labels={"gpu": "node-01/gpu0"}),
+              _diag("network.straggler-retransmits", "network.packet-loss", 110, "node-05")]),
+        # Missed.
+        _run("c", ("nic-packet-loss",), [_truth("nic-packet-loss", "network.packet-loss", "node-03", "node")], []),
+    ]
+    rep = ev.score(runs)
+    nic = rep.classes["nic-packet-loss"]
+    assert (nic.truths, nic.detected, nic.root_cause_ok) == (3, 2, 1)
+    assert nic.recall == pytest.approx(2 / 3) and nic.rca == pytest.approx(1 / 3)
+    assert nic.precision == 1.0 and nic.latencies == [6.0, 10.0]
+    assert rep.classes["gpu-thermal"].precision == 0.0  # its only diagnosis matched no thermal fault
+    assert len(rep.fault_free_diagnoses) == 1 and rep.fault_free_s == pytest.approx(300)
+    assert "overall" in ev.format_table(rep) and "node-05" in ev.format_details(rep)
+
+
+def test_a_wrong_first_diagnosis_costs_root_cause_accuracy() -> None:
+    run = _run("x", ("gpu-thermal",), [_truth("gpu-thermal", "gpu.thermal-throttle", "node-03 gpu 2", "gpu")],
+               [_diag("job.whole-job-slow", "job.slow-everywhere", 104),
+                _diag("gpu.thermal-throttle", "gpu.thermal-throttle", 106, "node-03", labels={"gpu": "node-03/gpu2"})])
+    s = ev.score([run]).classes["gpu-thermal"]
+    assert (s.detected, s.root_cause_ok) == (1, 0)
+
+
+def test_run_scenario_through_the_shipped_rules() -> None:
+    from engine.rules.loader import load_rules
+
+    sc = next(s for s in ev.build_suite(quick=True) if s.classes == ("gpu-ecc-xid",))
+    run = ev.run_scenario(load_rules([RULES]), sc)
+    rep = ev.score([run])
+    assert rep.classes["gpu-ecc-xid"].root_cause_ok == 1
+    assert rep.classes["gpu-ecc-xid"].latency_median is not None and rep.classes["gpu-ecc-xid"].latency_median <= 10
+
+
+def test_eval_command_prints_the_table_and_writes_json_and_plot(tmp_path: Path, capsys: Any) -> None:
+    p = argparse.ArgumentParser()
+    eval_cmd.register(p)
+    args = p.parse_args(["--rules", str(RULES), "--quick", "--only", "link-flap", "--workers", "1",
+                         "--json", str(tmp_path / "e.json"), "--plot", str(tmp_path / "e.png")])
+    rc = eval_cmd.run(args)
+    out = capsys.readouterr().out
+    assert "link-flap" in out and "fault-free" in out
+    data = json.loads((tmp_path / "e.json").read_text())
+    assert data["classes"]["link-flap"]["recall"] == 1.0
+    assert (tmp_path / "e.png").stat().st_size > 1000
+    assert rc in (0, 1)
