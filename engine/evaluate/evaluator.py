@@ -72,9 +72,13 @@ class Evaluator:
     # which stays right while the consumer catches up on a backlog (every topic still arrives,
     # at event times far behind each other).  Without it (rule tests, replays: sorted input) an
     # input is idle when its event time lags the newest one.
+    # After a stall (a busy machine, a broker hiccup) the first batch may hold one topic only, so
+    # an input must also have been missing from several consecutive batches to count as idle.
     arrival_clock: Callable[[], float] | None = None
     idle_wall_s: float = 10.0
-    kind_arrival: dict[str, float] = field(default_factory=dict)
+    idle_batches: int = 5
+    kind_arrival: dict[str, tuple[float, int]] = field(default_factory=dict)
+    batch_no: int = 0
 
     # ---- feeding ---------------------------------------------------------------------------------
 
@@ -88,7 +92,7 @@ class Evaluator:
             if t > self.kind_max.get(kind, -math.inf):
                 self.kind_max[kind] = t
             if self.arrival_clock is not None:
-                self.kind_arrival[kind] = self.arrival_clock()
+                self.kind_arrival[kind] = (self.arrival_clock(), self.batch_no)
         if self.next_tick is None:
             self.next_tick = math.floor(t) + self.step_s
         return self.advance(self.watermark())
@@ -105,10 +109,18 @@ class Evaluator:
             return self.store.max_time - self.lateness_s
         if self.arrival_clock is not None:
             now = self.arrival_clock()
-            active = [t for k, t in self.kind_max.items() if now - self.kind_arrival.get(k, now) <= self.idle_wall_s]
+            active = [t for k, t in self.kind_max.items() if not self._idle(k, now)]
             return min(active or self.kind_max.values()) - self.lateness_s
         top = max(self.kind_max.values())
         return min(t for k, t in self.kind_max.items() if top - t <= _IDLE_S.get(k, self.idle_s)) - self.lateness_s
+
+    def _idle(self, kind: str, now: float) -> bool:
+        at, batch = self.kind_arrival.get(kind, (now, self.batch_no))
+        return now - at > self.idle_wall_s and self.batch_no - batch >= self.idle_batches
+
+    def begin_batch(self) -> None:
+        """Called by the live engine before each consumed batch (see ``idle_batches``)."""
+        self.batch_no += 1
 
     def ingest_many(self, msgs: Iterable[dict[str, Any]]) -> list[Diagnosis]:
         """Feed a batch of messages (one poll of the consumer); return all diagnoses in order."""

@@ -74,6 +74,7 @@ class Processor:
     def process(self, records: Iterable[Record]) -> Output:
         """Decode and evaluate one batch; return diagnoses and dead letters, in order."""
         out = Output()
+        self.evaluator.begin_batch()
         for rec in records:
             if rec.value is None:  # a tombstone on a compacted topic: nothing to evaluate
                 self.counts["tombstones"] += 1
@@ -87,14 +88,14 @@ class Processor:
             if self.not_before is not None and msg["time"] < self.not_before:
                 self.counts["skipped_before_start"] += 1
                 continue
-            self.counts["messages"] += 1
-            self.counts[f"kind.{msg['kind']}"] += 1
             try:
                 diags = self.evaluator.ingest(msg)
             except TopologyError as exc:  # e.g. a placement on a node the topology does not hold
                 self.counts["dead_letters"] += 1
                 out.dead_letters.append(dead_letter(rec, f"topology: {exc}"))
                 continue
+            self.counts["messages"] += 1
+            self.counts[f"kind.{msg['kind']}"] += 1
             if diags and rec.timestamp_ms is not None:
                 for d in diags:
                     self.trigger_ms[d.fingerprint] = rec.timestamp_ms
