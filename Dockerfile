@@ -9,7 +9,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 
 WORKDIR /app
 # Only what the package and its rules need (never a local .venv or caches).
-COPY pyproject.toml ./
+COPY pyproject.toml README.md ./
 COPY agents ./agents
 COPY engine ./engine
 COPY topology ./topology
