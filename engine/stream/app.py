@@ -20,9 +20,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
-import os
 from dataclasses import dataclass, field
 from typing import Any
 

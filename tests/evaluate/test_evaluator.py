@@ -20,7 +20,9 @@ RULE = """\
 apiVersion: whywait/v1
 id: network.test-straggler
 title: "{{ job }} waits on {{ node }}"
-cause: "{{ node }} retransmits {{ ev['net.tcp_retrans_segs_per_s'].value | num }}/s vs {{ ev['net.tcp_retrans_segs_per_s'].baseline | num }}"
+cause: >-
+  {{ node }} retransmits {{ ev['net.tcp_retrans_segs_per_s'].value | num }}/s
+  vs {{ ev['net.tcp_retrans_segs_per_s'].baseline | num }}
 next_step: "check {{ switch }}"
 for: {for_}
 keep_firing_for: {kff}

@@ -48,7 +48,8 @@ CASES = [
       "{f}:3: rule 'network.test-rule': 'when.for' is required for 'absence'"]),
     ("bad-severity-and-id", GOOD.replace("id: network.test-rule", "id: network.test-rule\nseverity: loud"),
      ["{f}:3: rule 'network.test-rule': 'severity' must be one of info, warning, critical (got 'loud')"]),
-    ("bad-yaml", "apiVersion: whywait/v1\nid: [unclosed\n", ["{f}:3: not valid YAML: expected ',' or ']', but got '<stream end>'"]),
+    ("bad-yaml", "apiVersion: whywait/v1\nid: [unclosed\n",
+     ["{f}:3: not valid YAML: expected ',' or ']', but got '<stream end>'"]),
     ("bad-template", GOOD.replace('cause: "because"', 'cause: "{{ job "'),
      ["{f}:1: rule 'network.test-rule': 'cause' template does not parse: unexpected end of template, "
       "expected 'end of print statement'."]),
@@ -88,7 +89,8 @@ def test_inhibits_must_name_a_rule(tmp_path: Path) -> None:
     (tmp_path / "network.test-rule.yaml").write_text(GOOD + "inhibits: [storage.nope]\n")
     with pytest.raises(RuleLoadError) as exc:
         load_rules([tmp_path])
-    assert str(exc.value).endswith(":16: rule 'network.test-rule': 'inhibits[0]' must name a loaded rule (got 'storage.nope')")
+    assert str(exc.value).endswith(
+        ":16: rule 'network.test-rule': 'inhibits[0]' must name a loaded rule (got 'storage.nope')")
 
 
 def test_shipped_rules_load() -> None:
