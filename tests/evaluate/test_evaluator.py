@@ -24,8 +24,8 @@ cause: >-
   {{ node }} retransmits {{ ev['net.tcp_retrans_segs_per_s'].value | num }}/s
   vs {{ ev['net.tcp_retrans_segs_per_s'].baseline | num }}
 next_step: "check {{ switch }}"
-for: {for_}
-keep_firing_for: {kff}
+for: @FOR@
+keep_firing_for: @KFF@
 group_by: [job, node]
 when:
   all:
@@ -42,18 +42,15 @@ when:
       baseline: 60s
       ratio: "> 1.3"
 checks:
-  - name: "CPU fine on {{{{ node }}}}"
-    when: {{type: threshold, metric: host.cpu_busy_pct, value: "> 95", scope: culprit}}
+  - name: "CPU fine on {{ node }}"
+    when: {type: threshold, metric: host.cpu_busy_pct, value: "> 95", scope: culprit}
 """
 
 
 def rules_dir(tmp_path: Path, for_: str = "2s", kff: str = "0s", extra: dict[str, str] | None = None) -> Path:
     d = tmp_path / "rules"
     d.mkdir(exist_ok=True)
-    (d / "network.test-straggler.yaml").write_text(RULE.replace("{{{{", "@@").replace("}}}}", "##")
-                                                   .replace("{for_}", for_).replace("{kff}", kff)
-                                                   .replace("{{type", "{type").replace("}}\n", "}\n")
-                                                   .replace("@@", "{{").replace("##", "}}"))
+    (d / "network.test-straggler.yaml").write_text(RULE.replace("@FOR@", for_).replace("@KFF@", kff))
     for name, text in (extra or {}).items():
         (d / name).write_text(text)
     return d
