@@ -286,8 +286,8 @@ def culprit_matches(d: dict[str, Any], truth: dict[str, Any], placement: dict[in
         if labels.get("rank") == str(rank):
             return True
         if rank in placement:
-            node, g = placement[rank]
-            return labels.get("gpu") == f"{node}/gpu{g}"
+            node, gpu = placement[rank]
+            return labels.get("gpu") == f"{node}/gpu{gpu}"
         return False
     if kind == "job" and truth.get("job") == culprit:  # the job itself is the culprit (no other entity)
         return d.get("job") == culprit
@@ -408,8 +408,8 @@ def score(runs: Iterable[ScenarioRun]) -> Report:
         for d in incidents:
             cause = (d.get("labels") or {}).get("cause", "")
             cls = to_class.get(cause)
-            hit = any(t["job"] == d["job"] and t["cause"] == cause and t["start"] <= d["detected_at"] <= t["end"] + GRACE_S
-                      for t in truths)
+            hit = any(t["job"] == d["job"] and t["cause"] == cause
+                      and t["start"] <= d["detected_at"] <= t["end"] + GRACE_S for t in truths)
             if cls is None:
                 continue
             if hit:
@@ -422,7 +422,8 @@ def score(runs: Iterable[ScenarioRun]) -> Report:
             cls = t["fault"]
             s = scores[cls]
             s.truths += 1
-            mine = [d for d in incidents if d["job"] == t["job"] and t["start"] <= d["detected_at"] <= t["end"] + GRACE_S]
+            mine = [d for d in incidents
+                    if d["job"] == t["job"] and t["start"] <= d["detected_at"] <= t["end"] + GRACE_S]
             right = [d for d in mine if (d.get("labels") or {}).get("cause") == t["cause"]]
             if not right:
                 seen = ", ".join(f"{d['rule_id']}@+{d['detected_at'] - t['start']:.0f}s" for d in mine) or "nothing"

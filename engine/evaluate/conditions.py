@@ -383,7 +383,8 @@ def _other_project(c: Condition, ctx: Ctx, nodes: list[str]) -> Result:
                               f"{o.job} ({o.project}) on {best[1]}"))
                 ctx.facts.update(other_node=best[1], other_value=best[0])
             ctx.facts.update(other_job=o.job, other_project=o.project, other_team=o.team, shared=place)
-            ev.insert(0, Evidence("topology", place, 1.0, "jobs", note=f"{o.job} of project {o.project} also uses {place}"))
+            ev.insert(0, Evidence("topology", place, 1.0, "jobs",
+                                  note=f"{o.job} of project {o.project} also uses {place}"))
             ev.append(Evidence("topology", o.job, 1.0, "job", note=f"{o.job} (project {o.project}, team {o.team})"))
             return Result(True, [place], ev)
     return Result(False)

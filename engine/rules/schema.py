@@ -408,7 +408,7 @@ def parse_rule(data: Any, file: str, lines: dict[Path_, int], macros: dict[str, 
             checks.append(Check(str(c["name"]), node))
     if ctx.errors or when is None:
         return None, ctx.errors
-    return Rule(id=rid, file=file, title=data["title"], cause=data["cause"], next_step=data["next_step"],
+    return Rule(id=str(rid), file=file, title=data["title"], cause=data["cause"], next_step=data["next_step"],
                 severity=sev, confidence=float(conf), when=when, for_s=for_s, keep_firing_for_s=kff,
                 group_by=tuple(group_by), checks=tuple(checks), inhibits=tuple(inhibits),
                 labels=dict(labels), runbook_url=runbook, layer=layer,

@@ -33,7 +33,8 @@ def _diag(rule: str, cause: str, at: float, culprit: str | None = None, job: str
 def _run(name: str, classes: tuple[str, ...], truths: list[dict[str, Any]], diags: list[dict[str, Any]],
          duration: float = 200, placement: dict[int, tuple[str, int]] | None = None) -> ev.ScenarioRun:
     sc = ev.EvalScenario(name, classes, {"duration_s": duration})
-    return ev.ScenarioRun(sc, truths, diags, {"train-llm": placement or {18: ("node-03", 2)}}, messages=100, seconds=0.1)
+    return ev.ScenarioRun(sc, truths, diags, {"train-llm": placement or {18: ("node-03", 2)}},
+                          messages=100, seconds=0.1)
 
 
 def test_suite_covers_every_class_on_several_shapes_pairs_and_an_hour_fault_free() -> None:
@@ -65,7 +66,8 @@ def test_quick_suite_is_small_and_deterministic() -> None:
     (_truth("gpu-thermal", "gpu.thermal-throttle", "node-03 gpu 2", "gpu"),
      {"culprit": "node-03", "labels": {"gpu": "node-03/gpu1"}}, False),
     (_truth("rank-silent", "job.rank-hung", "job train-llm rank 18", "rank"), {"labels": {"rank": "18"}}, True),
-    (_truth("rank-silent", "job.rank-hung", "job train-llm rank 18", "rank"), {"labels": {"gpu": "node-03/gpu2"}}, True),
+    (_truth("rank-silent", "job.rank-hung", "job train-llm rank 18", "rank"),
+     {"labels": {"gpu": "node-03/gpu2"}}, True),
     (_truth("rank-silent", "job.rank-hung", "job train-llm rank 18", "rank"), {"labels": {"rank": "17"}}, False),
     (_truth("uplink-oversubscribed", "network.uplink-oversubscribed", "leaf-01", "switch"),
      {"labels": {"switch": "leaf-01"}}, True),
