@@ -11,19 +11,11 @@ from pathlib import Path
 import pytest
 
 from tests.rules.test_schema import GOOD
+from tests.support.kafka import wait_for
 from tests.support.slack_server import SlackServer
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
-
-
-def wait_for(pred, timeout: float = 45.0) -> bool:  # type: ignore[no-untyped-def]
-    end = time.time() + timeout
-    while time.time() < end:
-        if pred():
-            return True
-        time.sleep(0.2)
-    return False
 
 
 def test_bad_edit_is_refused_and_announced(kafka_bootstrap: str, tmp_path: Path) -> None:
@@ -47,8 +39,8 @@ def test_bad_edit_is_refused_and_announced(kafka_bootstrap: str, tmp_path: Path)
             assert wait_for(lambda: "engine: 1 rule(s)" in log_path.read_text()), log_path.read_text()
             time.sleep(4)  # past the first reload poll
             rule.write_text(GOOD.replace("window: 5s", "window: five"))
-            assert wait_for(lambda: any("Rule reload refused" in m.all_text for m in slack.roots("#whywait"))), \
-                log_path.read_text()[-2000:]
+            assert wait_for(lambda: any("Rule reload refused" in m.all_text for m in slack.roots("#whywait")),
+                            timeout=45), log_path.read_text()[-2000:]
             text = slack.roots("#whywait")[0].all_text
             assert f"{rule}:10" in text and "'when.all[0].window' must be a duration" in text
             assert "rule reload refused, keeping the last good rules" in log_path.read_text()

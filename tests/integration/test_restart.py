@@ -16,36 +16,16 @@ from pathlib import Path
 
 import pytest
 
-from agents.events import encode, message_key
 from agents.simulate.cluster import make_cluster, make_job
 from agents.simulate.faults import make_fault
 from agents.simulate.sim import Simulation
+from tests.support.kafka import publish_messages as publish
+from tests.support.kafka import wait_for
 from tests.support.slack_server import SlackServer
 from topology.model import Topology
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
-
-
-async def publish(bootstrap: str, msgs: list) -> None:  # type: ignore[type-arg]
-    from aiokafka import AIOKafkaProducer
-
-    p = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=20)
-    await p.start()
-    try:
-        for topic, m in msgs:
-            await p.send(topic, encode(m), key=message_key(m))
-    finally:
-        await p.stop()
-
-
-def wait_for(pred, timeout: float = 60.0) -> bool:  # type: ignore[no-untyped-def]
-    end = time.time() + timeout
-    while time.time() < end:
-        if pred():
-            return True
-        time.sleep(0.2)
-    return False
 
 
 def test_restart_mid_incident_edits_the_same_message(kafka_bootstrap: str, tmp_path: Path) -> None:

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from agents.events import encode, message_key
 from agents.simulate.cluster import make_cluster, make_job
 from agents.simulate.faults import make_fault
 from agents.simulate.sim import Simulation
@@ -51,24 +50,14 @@ def test_parse_time() -> None:
 
 @pytest.mark.integration
 def test_whywait_replay_over_kafka(kafka_bootstrap: str, tmp_path: Path) -> None:
-    from aiokafka import AIOKafkaProducer
-
     from engine.stream.topics import ensure_topics
+    from tests.support.kafka import publish_messages
 
     start = 2_100_000_000.0  # its own stretch of event time, after every other test's
     infra, s = sim(start)
     ensure_topics(kafka_bootstrap)
 
-    async def publish() -> None:
-        p = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all", linger_ms=20)
-        await p.start()
-        try:
-            for topic, m in s.messages():
-                await p.send(topic, encode(m), key=message_key(m))
-        finally:
-            await p.stop()
-
-    asyncio.run(publish())
+    asyncio.run(publish_messages(kafka_bootstrap, list(s.messages())))
     topo = tmp_path / "topology.yaml"
     infra.to_yaml(topo)
     r = subprocess.run([sys.executable, "-m", "engine.cli", "replay", "--bootstrap", kafka_bootstrap,

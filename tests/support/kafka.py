@@ -6,7 +6,7 @@ aiokafka is imported lazily so that collecting unit tests never needs it.
 from __future__ import annotations
 
 import uuid
-from typing import Mapping
+from typing import Callable, Mapping
 
 
 def unique_topic(prefix: str = "test") -> str:
@@ -44,3 +44,30 @@ async def create_topic(
     finally:
         await admin.close()
     return name
+
+
+async def publish_messages(bootstrap: str, msgs: list[tuple[str, dict]]) -> None:
+    """Publish contract messages ``(topic, message)`` with their contract keys, in order, and wait."""
+    from aiokafka import AIOKafkaProducer
+
+    from agents.events import encode, message_key
+
+    p = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=20)
+    await p.start()
+    try:
+        for topic, m in msgs:
+            await p.send(topic, encode(m), key=message_key(m))
+    finally:
+        await p.stop()
+
+
+def wait_for(pred: Callable[[], bool], timeout: float = 60.0) -> bool:
+    """Poll ``pred`` every 0.2 s until it is true (True) or ``timeout`` passes (False)."""
+    import time
+
+    end = time.time() + timeout
+    while time.time() < end:
+        if pred():
+            return True
+        time.sleep(0.2)
+    return False
