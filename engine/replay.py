@@ -98,9 +98,9 @@ def plot_timeline(result: ReplayResult, path: Path, max_metrics: int = 3) -> Pat
     ax0.legend(loc="upper left", fontsize=8)
     for i, (metric, entity) in enumerate(metrics, start=1):
         ax = axes[i][0]
-        s = store.series.get((metric, entity))
-        if s is not None:
-            ax.plot([t - t0 for t in s.t], s.v, color="tab:red", lw=1.2, label=f"{entity}")
+        culprit = store.series.get((metric, entity))
+        if culprit is not None:
+            ax.plot([t - t0 for t in culprit.t], culprit.v, color="tab:red", lw=1.2, label=f"{entity}")
         peers = [v for (m, e), v in store.series.items() if m == metric and e != entity]
         if peers:
             grid = sorted({round(t) for p in peers for t in p.t})

@@ -64,8 +64,8 @@ def run(args: argparse.Namespace) -> int:
     failed = [r for r in results if not r.ok]
     for r in results:
         print(f"{'PASS' if r.ok else 'FAIL'}  {r.file}: {r.name}")
-        for f in r.failures:
-            print(f"      {f}")
+        for failure in r.failures:
+            print(f"      {failure}")
     missing = untested_rules(rules, paths) if args.require_all else []
     for rid in missing:
         print(f"FAIL  rule {rid} has no test cases")

@@ -173,14 +173,14 @@ def _attribute(e: RuleSchemaError, doc: _Doc) -> RuleSchemaError:
 
 def load_rules(paths: Iterable[str | Path]) -> RuleSet:
     """Load every rule under ``paths``; raise :class:`RuleLoadError` listing all problems."""
-    paths = [Path(p) for p in paths]
+    given = [Path(p) for p in paths]
     errors: list[RuleSchemaError] = []
-    for p in paths:
+    for p in given:
         if not p.exists():
             errors.append(RuleSchemaError(str(p), 0, None, "", "no such file or folder"))
-    macros = _load_macros(paths, errors)
+    macros = _load_macros(given, errors)
     rules: dict[str, Rule] = {}
-    files = rule_files(p for p in paths if p.exists())
+    files = rule_files(p for p in given if p.exists())
     docs: list[_Doc] = []
     for f in files:
         try:

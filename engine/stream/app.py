@@ -128,7 +128,8 @@ def build_app(cfg: EngineConfig, processor: Processor, notifier: Notifier,
     @app.agent(inputs, concurrency=1)
     async def evaluate(stream: faust.StreamT) -> None:  # a processor, in this project's words
         loop = asyncio.get_running_loop()
-        async for events in stream.take_events(cfg.batch_max, within=cfg.batch_within_s):
+        async for events in stream.take_events(  # type: ignore[attr-defined]  # faust's stubs lag its API
+                cfg.batch_max, within=cfg.batch_within_s):
             recs = [Record(e.message.topic, e.message.value, e.message.key, e.message.partition,
                            e.message.offset, int(e.message.timestamp * 1000) if e.message.timestamp else None)
                     for e in events]
@@ -166,7 +167,7 @@ def build_app(cfg: EngineConfig, processor: Processor, notifier: Notifier,
             log.error("rule reload refused, keeping the last good rules:\n  %s", "\n  ".join(res.errors))
             loop.run_in_executor(pool, _notify, reload_notice(res.errors, time.time()), None)
 
-    @app.on_before_shutdown.connect  # type: ignore[misc]
+    @app.on_before_shutdown.connect  # type: ignore[misc,arg-type]
     async def _drain(app: faust.App, **kwargs: Any) -> None:
         await checkpoint()  # a restarted engine resumes the incidents as they stand now
         await asyncio.get_running_loop().run_in_executor(pool, notifier.flush)
