@@ -55,6 +55,22 @@ FAULT_CLASSES = ("nic-packet-loss", "link-flap", "wrong-nic", "uplink-oversubscr
                  "checkpoint-stall", "checkpoint-failed", "gpu-thermal", "gpu-power", "gpu-ecc-xid",
                  "whole-job-slow", "rank-silent")
 _CHECKPOINT_CLASSES = {"checkpoint-growth", "checkpoint-stall", "checkpoint-failed"}
+# Per class, the parameters drawn for each scenario (uniform in [lo, hi]).
+_SEVERITY: dict[str, dict[str, tuple[float, float]]] = {
+    "nic-packet-loss": {"retrans_per_s": (400.0, 1500.0), "slowdown": (0.4, 1.0)},
+    "link-flap": {"period_s": (10.0, 30.0), "down_s": (1.0, 3.0)},
+    "wrong-nic": {"comm_mult": (1.3, 1.6)},
+    "uplink-oversubscribed": {"comm_mult": (1.5, 2.0), "xmit_wait_per_s": (2e6, 6e6)},
+    "contention": {"slowdown": (0.5, 1.0)},
+    "storage-slow": {"latency_mult": (8.0, 25.0), "data_wait_s": (0.25, 0.5)},
+    "storage-client-slow": {"latency_mult": (8.0, 30.0), "data_wait_s": (0.3, 0.7)},
+    "cpu-bound-loader": {"data_wait_s": (0.25, 0.6)},
+    "checkpoint-growth": {"growth": (1.25, 1.5)},
+    "checkpoint-failed": {"after_s": (2.0, 8.0)},
+    "gpu-thermal": {"compute_mult": (1.3, 1.7)},
+    "gpu-power": {"compute_mult": (1.15, 1.35)},
+    "whole-job-slow": {"compute_mult": (1.3, 1.6)},
+}
 
 
 @dataclass(frozen=True)
@@ -147,6 +163,9 @@ def _fault(cls: str, rng: random.Random, shape: Shape, start: float, end: float,
         target, node = "train-llm", ""
     if node:
         avoid.add(node)
+    # Severity varies around the simulator's defaults, so thresholds are judged on milder faults too.
+    for k, (lo, hi) in _SEVERITY.get(cls, {}).items():
+        params[k] = round(rng.uniform(lo, hi), 3)
     f: dict[str, Any] = {"fault": cls, "target": target, "start": start, "end": end}
     if params:
         f["params"] = params
