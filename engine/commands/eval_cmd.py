@@ -6,8 +6,9 @@ fault-free time, through the same evaluator as production (no Kafka), and
 prints per fault class: precision, recall, F1, root-cause accuracy and
 detection latency (median, p90).  See :mod:`engine.eval` for the definitions.
 
-Exit status 0 when every target holds, 1 when one does not (a benchmark, not a
-test: the table is the point).
+Exit status 0 when every target holds (precision, recall and root-cause
+accuracy per class; detection latency over the classes not bound to checkpoint
+saves; no fault-free diagnosis), 1 when one does not: a benchmark, not a test.
 """
 
 from __future__ import annotations
@@ -72,11 +73,13 @@ def run(args: argparse.Namespace) -> int:
         args.json.write_text(json.dumps(data, indent=2, default=str))
     if args.plot:
         ev.plot(rep, args.plot)
-    o = rep.overall
+    # Latency targets apply to the classes whose evidence is continuous; a failed or growing checkpoint
+    # can only show at the next save (the table reports their latency from that save as well).
+    lat = rep.continuous or rep.overall
     ok = all(
-        (s.precision is None or s.precision >= TARGETS["precision"])
-        and (s.recall or 0) >= TARGETS["recall"] and (s.rca or 0) >= TARGETS["root_cause_accuracy"]
-        for s in rep.classes.values() if s.truths) and not rep.fault_free_diagnoses
-    ok = ok and (o.latency_median or 0) <= TARGETS["latency_median_s"] and \
-        (o.latency_p90 or 0) <= TARGETS["latency_p90_s"]
+        (c.precision is None or c.precision >= TARGETS["precision"])
+        and (c.recall or 0) >= TARGETS["recall"] and (c.rca or 0) >= TARGETS["root_cause_accuracy"]
+        for c in rep.classes.values() if c.truths) and not rep.fault_free_diagnoses
+    ok = ok and (lat.latency_median or 0) <= TARGETS["latency_median_s"] and \
+        (lat.latency_p90 or 0) <= TARGETS["latency_p90_s"]
     return 0 if ok else 1
