@@ -16,6 +16,7 @@ import jinja2
 
 from engine.errors import RuleError
 from engine.rules.schema import Rule, RuleSchemaError, parse_rule
+from engine.rules.templating import TEMPLATE_VARS, undeclared
 from engine.rules.templating import env as _env
 from engine.rules.yamlsrc import YamlSyntaxError, load_with_lines
 
@@ -75,18 +76,20 @@ def _load_macros(paths: Iterable[Path], errors: list[RuleSchemaError]) -> dict[s
 
 
 
-def _check_templates(rule: Rule, errors: list[RuleSchemaError]) -> None:
-    for key in ("title", "cause", "next_step"):
+def _check_templates(rule: Rule, errors: list[RuleSchemaError], lines: dict[Any, int]) -> None:
+    texts = [(key, getattr(rule, key), (key,)) for key in ("title", "cause", "next_step")]
+    texts += [(f"checks[{i}].name", c.name, ("checks", i, "name")) for i, c in enumerate(rule.checks)]
+    for key, text, path in texts:
         try:
-            _env.from_string(getattr(rule, key))
+            _env.from_string(text)
         except jinja2.TemplateSyntaxError as e:
             errors.append(RuleSchemaError(rule.file, e.lineno, rule.id, key, f"template does not parse: {e.message}"))
-    for i, c in enumerate(rule.checks):
-        try:
-            _env.from_string(c.name)
-        except jinja2.TemplateSyntaxError as e:
-            errors.append(RuleSchemaError(rule.file, e.lineno, rule.id, f"checks[{i}].name",
-                                          f"template does not parse: {e.message}"))
+            continue
+        unknown = sorted(undeclared(text))
+        if unknown:
+            errors.append(RuleSchemaError(
+                rule.file, lines.get(path, 1), rule.id, key, f"template uses unknown variable(s) {', '.join(unknown)} "
+                f"(known: {', '.join(sorted(TEMPLATE_VARS))})"))
 
 
 @dataclass
@@ -201,7 +204,7 @@ def load_rules(paths: Iterable[str | Path]) -> RuleSet:
             errors.append(RuleSchemaError(str(doc.file), doc.lines.get(("id",), 1), rule.id, "id",
                                           f"duplicates the rule in {rules[rule.id].file}"))
             continue
-        _check_templates(rule, errors)
+        _check_templates(rule, errors, doc.lines)
         rules[rule.id] = rule
     for rule in rules.values():
         for i, target in enumerate(rule.inhibits):

@@ -44,6 +44,33 @@ def _ranges(values: Any) -> str:
     return ", ".join(parts)
 
 
+# What a rule's title, cause, next step and check names may use; the evaluator fills them
+# (engine.evaluate.evaluator and the topology predicates' facts).  `whywait rules check`
+# refuses a template naming anything else, so a typo is caught before it reaches a pager.
+TEMPLATE_VARS: dict[str, str] = {
+    "job": "the job id", "project": "its owning project", "team": "its owning team",
+    "channel": "the team's Slack channel", "culprit": "the culprit node(s), or None",
+    "node": "the first culprit node", "nodes": "every culprit node", "rank": "the first culprit rank",
+    "ranks": "every rank on the culprit nodes", "culprit_ranks": "the culprit ranks themselves",
+    "n_ranks": "the job's world size", "switch": "the culprit's leaf switch (or the shared switch)",
+    "rack": "the culprit's rack (or the shared rack)", "pool": "the shared storage pool",
+    "pools": "the culprit nodes' storage pools", "ev": "evidence by metric name: ev['m'].value / .baseline",
+    "evidence": "every Evidence", "path": "the topology path", "labels": "the incident's labels",
+    "gpu": "the GPU(s) in question (wrong NIC)", "gpus": "their indexes", "expected_nic": "the GPU's local NIC",
+    "actual_nic": "the NIC carrying its traffic", "nic_node": "the node of that NIC",
+    "other_job": "another project's job on the same switch or pool", "other_project": "its project",
+    "other_team": "its team", "shared": "the switch or pool they share",
+    "other_node": "the other job's busiest node there", "other_value": "that node's figure",
+}
+
+
+def undeclared(template: str) -> set[str]:
+    """Names ``template`` reads that are neither in :data:`TEMPLATE_VARS` nor set inside it."""
+    from jinja2 import meta
+
+    return meta.find_undeclared_variables(env.parse(template)) - set(TEMPLATE_VARS)
+
+
 env = SandboxedEnvironment(undefined=jinja2.ChainableUndefined, autoescape=False, trim_blocks=True)
 env.filters["num"] = _num
 env.filters["ranges"] = _ranges

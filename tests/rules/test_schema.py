@@ -141,3 +141,13 @@ def test_override_of_unknown_rule(tmp_path: Path) -> None:
     with pytest.raises(RuleLoadError) as exc:
         load_rules([f])
     assert str(exc.value) == f"{f}:1: 'override' must name a rule loaded before it (got 'network.nope')"
+
+
+def test_template_with_an_unknown_variable_is_refused(tmp_path: Path) -> None:
+    f = tmp_path / "network.test-rule.yaml"
+    f.write_text(GOOD.replace('next_step: "look"', 'next_step: "look at {{ nod }}"'))
+    with pytest.raises(RuleLoadError) as exc:
+        load_rules([f])
+    msg = str(exc.value)
+    assert msg.startswith(f"{f}:5: rule 'network.test-rule': 'next_step' template uses unknown variable(s) nod "
+                          "(known: actual_nic, channel,")
