@@ -162,7 +162,9 @@ def run_case(rules: RuleSet, case: dict[str, Any], file: str = "") -> CaseResult
     res = CaseResult(file, str(case["name"]))
     for _topic, m in msgs:
         res.diagnoses += ev.ingest(m)
-    res.diagnoses += ev.advance(ev.store.max_time + 3600)  # let pending keep_firing_for run out
+    # Let pending `for` and `keep_firing_for` run out, and no longer: ticks cost time.
+    tail = max((r.for_s + r.keep_firing_for_s for r in rules), default=0.0) + 10.0
+    res.diagnoses += ev.advance(ev.store.max_time + tail)
     expects = case.get("expect", [])
     used: set[int] = set()
     for j, exp in enumerate(expects):

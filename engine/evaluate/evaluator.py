@@ -211,6 +211,8 @@ class Evaluator:
                 labels["node"] = node
                 labels["switch"] = self.topology.leaf_of(node) or ""
                 labels["rack"] = self.topology.rack_of(node) or ""
+                pools = self.topology.pools_of(node)
+                labels["pool"] = ctx.facts.get("pool") or (pools[0] if pools else "")
             if e.startswith(job.job + ":"):
                 labels["rank"] = e.rsplit(":", 1)[1]
             if "/gpu" in e:
@@ -228,11 +230,17 @@ class Evaluator:
         ents = ents or list(ctx.culprits)
         ctx.culprits = ents or ctx.culprits
         nodes = sorted({ctx.node_of(e) for e in ents if ctx.node_of(e) != job.job})
-        ranks = tuple(sorted(r for r, (n, _) in job.ranks.items() if n in nodes))
+        if ctx.culprit_level in ("rank", "gpu"):
+            ranks = tuple(ctx.culprit_ranks())  # the culprit's own rank(s), not all of its node's
+        else:
+            ranks = tuple(sorted(r for r, (n, _) in job.ranks.items() if n in nodes))
         culprit = nodes[0] if len(nodes) == 1 else (", ".join(nodes) if nodes else None)
-        ev_ents = set(ents) | set(nodes) | {job.job}
-        evidence = [e for e in res.evidence if not ents or e.entity in ev_ents or ctx.node_of(e.entity) in nodes
-                    or e.metric == "topology"]
+        if not ents or job.job in ents:
+            evidence = list(res.evidence)  # the job itself is the culprit: every figure speaks to it
+        else:
+            ev_ents = set(ents) | set(nodes) | {job.job}
+            evidence = [e for e in res.evidence if e.entity in ev_ents or ctx.node_of(e.entity) in nodes
+                        or e.metric == "topology"]
         if ranks:
             path = tuple(topo.path_for_rank(job.job, ranks[0]))
         elif nodes:
@@ -261,6 +269,8 @@ class Evaluator:
                 evidence.append(Evidence("check", name, 1.0, note="also seen: " + name))
             else:
                 clean.append(name)
+        if rule.culprit:  # place-level rules name their culprit: a switch, a pool, another job
+            culprit = _render(rule.culprit, tctx) or culprit
         owner = Owner(job.project, job.team, job.channel)
         return Diagnosis(
             rule_id=rule.id, fingerprint=inc.fingerprint, status="firing", severity=rule.severity,  # type: ignore[arg-type]

@@ -117,6 +117,7 @@ class Rule:
     runbook_url: str | None = None
     layer: str = "compute"  # data | communication | checkpoint | compute | availability
     inhibits_line: int = 0  # where `inhibits` stands, for the loader's cross-rule errors
+    culprit: str | None = None  # a template naming the culprit when it is not a node (switch, pool, job)
 
 
 # ---- field kinds -------------------------------------------------------------------------------
@@ -234,7 +235,7 @@ CONDITION_TYPES: dict[str, dict[str, P]] = {
 }
 _LEAF_COMMON = {"type", "culprit", "scope", "name"}
 _RULE_KEYS = {"apiVersion", "id", "title", "cause", "next_step", "severity", "confidence", "when", "for",
-              "keep_firing_for", "group_by", "checks", "inhibits", "labels", "runbook_url", "layer",
+              "keep_firing_for", "group_by", "checks", "inhibits", "labels", "runbook_url", "layer", "culprit",
               "description"}
 _GROUP_LABELS = ("job", "node", "rank", "gpu", "switch", "rack", "pool", "project")
 _LAYERS = ("data", "communication", "checkpoint", "compute", "availability")
@@ -388,6 +389,7 @@ def parse_rule(data: Any, file: str, lines: dict[Path_, int], macros: dict[str, 
         ctx.err(("labels",), f"must be a mapping of strings to strings (got {labels!r})")
         labels = {}
     runbook = ctx.parse(("runbook_url",), data["runbook_url"], _string) if "runbook_url" in data else None
+    culprit_t = ctx.parse(("culprit",), data["culprit"], _string) if "culprit" in data else None
     when = None
     if "when" not in data:
         ctx.err(("when",), "is required (the condition that fires the rule)")
@@ -412,7 +414,7 @@ def parse_rule(data: Any, file: str, lines: dict[Path_, int], macros: dict[str, 
                 severity=sev, confidence=float(conf), when=when, for_s=for_s, keep_firing_for_s=kff,
                 group_by=tuple(group_by), checks=tuple(checks), inhibits=tuple(inhibits),
                 labels=dict(labels), runbook_url=runbook, layer=layer,
-                inhibits_line=line_of(lines, ("inhibits",))), []
+                inhibits_line=line_of(lines, ("inhibits",)), culprit=culprit_t), []
 
 
 def leaves(node: Node) -> list[Condition]:
