@@ -247,6 +247,12 @@ class Evaluator:
             path = tuple(topo.path_for_node(nodes[0]))
         else:
             path = (f"job {job.job}",)
+        for extra in rule.evidence:  # figures that round out the story, if present
+            ectx = Ctx(self.store, now, job, topo, rule.id + "#evidence", self.cond_state, list(ctx.culprits),
+                       ctx.culprit_level)
+            r = evaluate(extra, ectx)
+            if r.holds:
+                evidence += r.evidence
         ev_by_metric: dict[str, Evidence] = {}
         for e in evidence:
             ev_by_metric.setdefault(e.metric, e)

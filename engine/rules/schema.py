@@ -112,6 +112,9 @@ class Rule:
     keep_firing_for_s: float = 0.0
     group_by: tuple[str, ...] = ("job",)
     checks: tuple[Check, ...] = ()
+    # Conditions evaluated after `when` only to add their figures to the evidence (never gate firing):
+    # a cause can then quote, say, the culprit's packet drops when there are any.
+    evidence: tuple[Node, ...] = ()
     inhibits: tuple[str, ...] = ()
     labels: dict[str, str] = field(default_factory=dict)
     runbook_url: str | None = None
@@ -235,7 +238,7 @@ CONDITION_TYPES: dict[str, dict[str, P]] = {
 }
 _LEAF_COMMON = {"type", "culprit", "scope", "name"}
 _RULE_KEYS = {"apiVersion", "id", "title", "cause", "next_step", "severity", "confidence", "when", "for",
-              "keep_firing_for", "group_by", "checks", "inhibits", "labels", "runbook_url", "layer", "culprit",
+              "keep_firing_for", "group_by", "checks", "inhibits", "labels", "runbook_url", "layer", "culprit", "evidence",
               "description"}
 _GROUP_LABELS = ("job", "node", "rank", "gpu", "switch", "rack", "pool", "project")
 _LAYERS = ("data", "communication", "checkpoint", "compute", "availability")
@@ -408,13 +411,23 @@ def parse_rule(data: Any, file: str, lines: dict[Path_, int], macros: dict[str, 
         node = _parse_node(ctx, c["when"], p + ("when",), macros)
         if node is not None:
             checks.append(Check(str(c["name"]), node))
+    extra: list[Node] = []
+    raw_ev = data.get("evidence", [])
+    if not isinstance(raw_ev, list):
+        ctx.err(("evidence",), f"must be a list of conditions (got {raw_ev!r})")
+        raw_ev = []
+    for i, c in enumerate(raw_ev):
+        node = _parse_node(ctx, c, ("evidence", i), macros)
+        if node is not None:
+            extra.append(node)
     if ctx.errors or when is None:
         return None, ctx.errors
     return Rule(id=str(rid), file=file, title=data["title"], cause=data["cause"], next_step=data["next_step"],
                 severity=sev, confidence=float(conf), when=when, for_s=for_s, keep_firing_for_s=kff,
                 group_by=tuple(group_by), checks=tuple(checks), inhibits=tuple(inhibits),
                 labels=dict(labels), runbook_url=runbook, layer=layer,
-                inhibits_line=line_of(lines, ("inhibits",)), culprit=culprit_t), []
+                inhibits_line=line_of(lines, ("inhibits",)), culprit=culprit_t,
+                evidence=tuple(extra)), []
 
 
 def leaves(node: Node) -> list[Condition]:

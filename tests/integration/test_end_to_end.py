@@ -137,7 +137,8 @@ def test_slack_message_posted_to_owning_team_channel(run: Run) -> None:
     roots = [p for p in posts if not p.thread_ts]
     assert len(roots) == 1, [p.text for p in posts]
     msg = run.slack.roots("#ml-platform")[0].all_text
-    for needle in ("train-llm", "node-07", "48–55", "retransmit", "llm", "ml-platform", "leaf-02"):
+    for needle in ("train-llm", "node-07", "48–55", "drops", "packets/s", "retransmit", "llm", "ml-platform",
+                   "leaf-02"):
         assert needle in msg, needle
     assert run.slack.posts("#whywait") == []  # routed to the owner, not the default channel
 

@@ -151,3 +151,14 @@ def test_template_with_an_unknown_variable_is_refused(tmp_path: Path) -> None:
     msg = str(exc.value)
     assert msg.startswith(f"{f}:5: rule 'network.test-rule': 'next_step' template uses unknown variable(s) nod "
                           "(known: actual_nic, channel,")
+
+
+def test_evidence_conditions_parse_and_must_be_conditions(tmp_path: Path) -> None:
+    f = tmp_path / "network.test-rule.yaml"
+    f.write_text(GOOD + "evidence:\n  - {type: threshold, metric: net.rx_drops_per_s, value: '> 0', scope: culprit}\n")
+    rule = load_rules([f]).rules["network.test-rule"]
+    assert len(rule.evidence) == 1 and rule.evidence[0].on == "culprit"  # type: ignore[union-attr]
+    f.write_text(GOOD + "evidence: [drops]\n")
+    with pytest.raises(RuleLoadError) as exc:
+        load_rules([f])
+    assert "'evidence[0]' must be a condition mapping (got 'drops')" in str(exc.value)
