@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Sequence, Callable, Protocol
 
 from engine.diagnosis import Evidence
 from engine.evaluate.store import MetricStore
@@ -215,6 +215,63 @@ def _self_history(c: Condition, ctx: Ctx) -> Result:
     return res
 
 
+def change_point(times: Sequence[float], values: Sequence[float], min_segment: int
+                 ) -> tuple[float, float, float, float] | None:
+    """The most likely single level shift: ``(score, time, mean before, mean after)``, or None.
+
+    The score is Welch's t statistic between the two sides of the best split, computed for
+    every split in O(n) with prefix sums after clipping outliers; a window with fewer than two
+    segments' worth of points has no split.
+    """
+    n = len(values)
+    if n < 2 * min_segment:
+        return None
+    # Clip to the 2nd..98th percentile first: one checkpoint's 10-second step would otherwise
+    # inflate its side's variance and hide a real shift.  A shift of more than 2% of the window
+    # survives the clipping.
+    ordered = sorted(values)
+    lo, hi = ordered[int(0.02 * (n - 1))], ordered[int(0.98 * (n - 1))]
+    values = [min(max(v, lo), hi) for v in values]
+    s1 = [0.0]
+    s2 = [0.0]
+    for v in values:
+        s1.append(s1[-1] + v)
+        s2.append(s2[-1] + v * v)
+    best: tuple[float, float, float, float] | None = None
+    for k in range(min_segment, n - min_segment + 1):
+        nl, nr = k, n - k
+        ml, mr = s1[k] / nl, (s1[n] - s1[k]) / nr
+        vl = max(s2[k] / nl - ml * ml, 0.0)
+        vr = max((s2[n] - s2[k]) / nr - mr * mr, 0.0)
+        # a floor on the spread, as for peer_outlier: two flat segments must not give an infinite score
+        se = math.sqrt(vl / nl + vr / nr) or 1e-9
+        se = max(se, 0.01 * max(abs(ml), abs(mr)) / math.sqrt(min(nl, nr)))
+        score = abs(mr - ml) / se
+        if best is None or score > best[0]:
+            best = (score, times[k], ml, mr)
+    return best
+
+
+def _change_point(c: Condition, ctx: Ctx) -> Result:
+    p = c.params
+    level = METRICS[p["metric"]].level
+    res = Result(False)
+    for e in ctx.entities(level, c.on):
+        times, values = ctx.store.window(p["metric"], e, ctx.now - p["window"], ctx.now)
+        cp = change_point(times, values, int(p["min_segment"]))
+        if cp is None:
+            continue
+        score, at, before, after = cp
+        ratio = after / before if before > 0 else (math.inf if after > 0 else 1.0)
+        if p["score"](score) and p["ratio"](ratio):
+            res.entities.append(e)
+            ctx.facts.setdefault("changed_at", at)
+            res.evidence.append(_ev(c, p["metric"], e, after, before, f"level shift {p['ratio']}", p["window"],
+                                    f"shifted {ratio:.2f}x at {ctx.now - at:.0f}s before now (score {score:.0f})"))
+    res.holds = bool(res.entities)
+    return res
+
+
 def _trend(c: Condition, ctx: Ctx) -> Result:
     p = c.params
     level = METRICS[p["metric"]].level
@@ -395,6 +452,7 @@ EVALUATORS: dict[str, Callable[[Condition, Ctx], Result]] = {
     "peer_outlier": _peer_outlier,
     "self_history": _self_history,
     "trend": _trend,
+    "change_point": _change_point,
     "absence": _absence,
     "event": _event,
     "topology": _topology,

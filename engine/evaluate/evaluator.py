@@ -253,6 +253,8 @@ class Evaluator:
             r = evaluate(extra, ectx)
             if r.holds:
                 evidence += r.evidence
+                for k, v in ectx.facts.items():
+                    ctx.facts.setdefault(k, v)
         ev_by_metric: dict[str, Evidence] = {}
         for e in evidence:
             ev_by_metric.setdefault(e.metric, e)

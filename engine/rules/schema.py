@@ -220,6 +220,11 @@ CONDITION_TYPES: dict[str, dict[str, P]] = {
     # Successive values growing: each of the last `count` points larger than the one before.
     "trend": {"metric": P(_metric, True), "count": P(_number, default=3.0),
               "growth": P(_compare, default=Compare(">", 1.0)), "window": P(_duration, default=3600.0)},
+    # A level shift inside the window: the split that best separates "before" from "after"
+    # (a two-sample t statistic over every split point), with the shift's size as a ratio.
+    "change_point": {"metric": P(_metric, True), "window": P(_duration, default=120.0),
+                     "score": P(_compare, default=Compare(">", 6.0)), "ratio": P(_compare, True),
+                     "min_segment": P(_number, default=10.0)},
     # An entity that stops reporting while its job runs.
     # ``max_share``: hold only while at most this share of the job's entities is silent (one rank gone
     # quiet while its peers report, as opposed to the whole job pausing for a checkpoint).

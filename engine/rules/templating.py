@@ -9,6 +9,7 @@ it.
 from __future__ import annotations
 
 import functools
+from datetime import datetime, timezone
 import logging
 import math
 from typing import Any
@@ -61,6 +62,7 @@ TEMPLATE_VARS: dict[str, str] = {
     "other_job": "another project's job on the same switch or pool", "other_project": "its project",
     "other_team": "its team", "shared": "the switch or pool they share",
     "other_node": "the other job's busiest node there", "other_value": "that node's figure",
+    "changed_at": "when a change_point condition found the level shift (event time; see the clock filter)",
 }
 
 
@@ -74,6 +76,8 @@ def undeclared(template: str) -> set[str]:
 env = SandboxedEnvironment(undefined=jinja2.ChainableUndefined, autoescape=False, trim_blocks=True)
 env.filters["num"] = _num
 env.filters["ranges"] = _ranges
+env.filters["clock"] = lambda t: (datetime.fromtimestamp(t, timezone.utc).strftime("%H:%M:%S UTC")
+                                  if isinstance(t, (int, float)) else "?")
 
 
 @functools.lru_cache(maxsize=1024)
