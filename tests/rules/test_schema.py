@@ -40,7 +40,7 @@ CASES = [
       "{f}:15: rule 'network.test-rule': 'when.all[1].ratio' must be a comparison like '> 10' (got 1.3)"]),
     ("unknown-type", GOOD.replace("type: self_history", "type: selfhistory"),
      ["{f}:13: rule 'network.test-rule': 'when.all[1].type' must be one of all, any, not, macro, or a condition "
-      "type (threshold, peer_outlier, self_history, trend, absence, event, topology) (got 'selfhistory')"]),
+      "type (threshold, peer_outlier, self_history, trend, change_point, absence, event, topology) (got 'selfhistory')"]),
     ("missing-keys", "apiVersion: whywait/v1\nid: network.test-rule\nwhen: {type: absence, level: rank}\n",
      ["{f}:1: rule 'network.test-rule': 'title' is required (a Jinja2 template string)",
       "{f}:1: rule 'network.test-rule': 'cause' is required (a Jinja2 template string)",
@@ -150,7 +150,7 @@ def test_template_with_an_unknown_variable_is_refused(tmp_path: Path) -> None:
         load_rules([f])
     msg = str(exc.value)
     assert msg.startswith(f"{f}:5: rule 'network.test-rule': 'next_step' template uses unknown variable(s) nod "
-                          "(known: actual_nic, channel,")
+                          "(known: actual_nic, changed_at, channel,")
 
 
 def test_evidence_conditions_parse_and_must_be_conditions(tmp_path: Path) -> None:
