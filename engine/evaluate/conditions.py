@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass, field
-from typing import Any, Sequence, Callable, Protocol
+from typing import Any, Callable, Protocol, Sequence
 
 from engine.diagnosis import Evidence
 from engine.evaluate.store import MetricStore

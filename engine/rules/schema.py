@@ -243,8 +243,8 @@ CONDITION_TYPES: dict[str, dict[str, P]] = {
 }
 _LEAF_COMMON = {"type", "culprit", "scope", "name"}
 _RULE_KEYS = {"apiVersion", "id", "title", "cause", "next_step", "severity", "confidence", "when", "for",
-              "keep_firing_for", "group_by", "checks", "inhibits", "labels", "runbook_url", "layer", "culprit", "evidence",
-              "description"}
+              "keep_firing_for", "group_by", "checks", "inhibits", "labels", "runbook_url", "layer", "culprit",
+              "evidence", "description"}
 _GROUP_LABELS = ("job", "node", "rank", "gpu", "switch", "rack", "pool", "project")
 _LAYERS = ("data", "communication", "checkpoint", "compute", "availability")
 

@@ -9,9 +9,9 @@ it.
 from __future__ import annotations
 
 import functools
-from datetime import datetime, timezone
 import logging
 import math
+from datetime import datetime, timezone
 from typing import Any
 
 import jinja2

@@ -40,7 +40,8 @@ CASES = [
       "{f}:15: rule 'network.test-rule': 'when.all[1].ratio' must be a comparison like '> 10' (got 1.3)"]),
     ("unknown-type", GOOD.replace("type: self_history", "type: selfhistory"),
      ["{f}:13: rule 'network.test-rule': 'when.all[1].type' must be one of all, any, not, macro, or a condition "
-      "type (threshold, peer_outlier, self_history, trend, change_point, absence, event, topology) (got 'selfhistory')"]),
+      "type (threshold, peer_outlier, self_history, trend, change_point, absence, event, topology) "
+      "(got 'selfhistory')"]),
     ("missing-keys", "apiVersion: whywait/v1\nid: network.test-rule\nwhen: {type: absence, level: rank}\n",
      ["{f}:1: rule 'network.test-rule': 'title' is required (a Jinja2 template string)",
       "{f}:1: rule 'network.test-rule': 'cause' is required (a Jinja2 template string)",
