@@ -154,7 +154,7 @@ class Evaluator:
         """Evaluate every rule for every running job at event time ``now``."""
         seen: set[str] = set()
         out: list[Diagnosis] = []
-        firing_by_job: dict[str, set[str]] = {}
+        firing: list[Incident] = []
         for job in self.topology.jobs():
             for rule in self.rules:
                 ctx = Ctx(self.store, now, job, self.topology, rule.id, self.cond_state)
@@ -172,7 +172,7 @@ class Evaluator:
                         inc.firing = True
                         diag = self._diagnose(rule, ctx, res, inc, ents, now)
                         inc.last = diag
-                        firing_by_job.setdefault(job.job, set()).add(rule.id)
+                        firing.append(inc)
         # Lifecycle: announce new or changed incidents, resolve the ones that stopped holding.
         for fp, inc in list(self.incidents.items()):
             rule = self.rules.rules.get(inc.rule_id)
@@ -184,8 +184,7 @@ class Evaluator:
                 continue
             if not inc.firing or inc.last is None:
                 continue
-            job = inc.labels.get("job", "")
-            if self._inhibited(inc.rule_id, firing_by_job.get(job, set())):
+            if self._inhibited(inc, firing):
                 continue
             sig = (inc.last.severity, inc.last.ranks, inc.last.culprit, tuple(e.entity for e in inc.last.evidence))
             if not inc.announced or sig != inc.signature:
@@ -194,8 +193,33 @@ class Evaluator:
                 out.append(inc.last)
         return out
 
-    def _inhibited(self, rule_id: str, firing: set[str]) -> bool:
-        return any(rule_id in self.rules.rules[r].inhibits for r in firing if r != rule_id and r in self.rules.rules)
+    def _inhibited(self, inc: Incident, firing: list[Incident]) -> bool:
+        """Whether a firing incident of a rule that inhibits ``inc``'s rule covers it.
+
+        It covers it when it is about the same job, or, topology-aware, when its culprit is a
+        place (a leaf switch, a rack, a storage pool) and every node ``inc`` blames lies beneath
+        it: a leaf-switch diagnosis mutes the straggler diagnoses of the ranks under that switch,
+        whichever job they belong to.
+        """
+        targets = self._blamed_nodes(inc)
+        for other in firing:
+            rule = self.rules.rules.get(other.rule_id)
+            if other is inc or rule is None or inc.rule_id not in rule.inhibits:
+                continue
+            if other.labels.get("job") == inc.labels.get("job"):
+                return True
+            place = other.last.culprit if other.last is not None else None
+            if place and targets and self.topology.kind_of(place) in ("switch", "rack", "pool"):
+                if targets <= set(self.topology.nodes_under(place)):
+                    return True
+        return False
+
+    def _blamed_nodes(self, inc: Incident) -> set[str]:
+        if inc.labels.get("node"):
+            return {inc.labels["node"]}
+        culprit = inc.last.culprit if inc.last is not None else None
+        nodes = set(self.topology.nodes())
+        return {c.strip() for c in (culprit or "").split(",") if c.strip() in nodes}
 
     def _groups(self, rule: Rule, ctx: Ctx, res: Result) -> list[tuple[dict[str, str], list[str]]]:
         """Split the culprit entities into incidents by the rule's ``group_by`` labels."""
