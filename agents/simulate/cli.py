@@ -249,7 +249,8 @@ def _progress_bar(sim: Any, speed: float) -> Any:
         return None
     from tqdm import tqdm
 
-    return tqdm(total=round(sim.duration_s), unit="s", desc="event time", file=sys.stderr, leave=False)
+    return tqdm(total=round(sim.duration_s), unit="s", desc="event time", file=sys.stderr, leave=False,
+                disable=None)  # None: a bar on a terminal, nothing in logs
 
 
 def _print(messages: Iterable[tuple[str, dict[str, Any]]], out: TextIO) -> int:

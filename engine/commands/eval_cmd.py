@@ -53,7 +53,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     suite = ev.build_suite(quick=args.quick, seed=args.seed, classes=args.only,
                            fault_free_s=args.fault_free * 3600)
-    bar = tqdm(total=len(suite), unit="scenario", desc="eval", file=sys.stderr, dynamic_ncols=True)
+    bar = tqdm(total=len(suite), unit="scenario", desc="eval", file=sys.stderr, dynamic_ncols=True,
+               disable=None)  # None: a bar on a terminal, nothing in CI logs
 
     def progress(r: ev.ScenarioRun) -> None:
         bar.set_postfix_str(r.scenario.name[:40], refresh=False)

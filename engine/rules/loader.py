@@ -77,7 +77,8 @@ def _load_macros(paths: Iterable[Path], errors: list[RuleSchemaError]) -> dict[s
 
 
 def _check_templates(rule: Rule, errors: list[RuleSchemaError], lines: dict[Any, int]) -> None:
-    texts = [(key, getattr(rule, key), (key,)) for key in ("title", "cause", "next_step")]
+    texts: list[tuple[str, str, tuple[Any, ...]]] = [
+        (key, getattr(rule, key), (key,)) for key in ("title", "cause", "next_step")]
     texts += [("culprit", rule.culprit, ("culprit",))] if rule.culprit else []
     texts += [(f"checks[{i}].name", c.name, ("checks", i, "name")) for i, c in enumerate(rule.checks)]
     for key, text, path in texts:
