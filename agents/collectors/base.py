@@ -21,19 +21,9 @@ import time
 from abc import ABC, abstractmethod
 from typing import Any
 
+from agents.errors import AgentConfigError, AgentError, CollectorOff  # noqa: F401  (re-exported)
+
 log = logging.getLogger("whywait.agent")
-
-
-class AgentError(Exception):
-    """Root of the agents package's errors; the CLI prints them as one line."""
-
-
-class CollectorOff(AgentError):
-    """A collector cannot run on this host (no driver, no file, no permission)."""
-
-
-class AgentConfigError(AgentError):
-    """A flag or environment variable of ``whywait agent`` is missing or wrong."""
 
 
 class Collector(ABC):
