@@ -104,6 +104,22 @@ async def _newest_event_time(bootstrap: str) -> float:
         await c.stop()
 
 
+def _timeline(bootstrap: str, topo_file: Path, since: float, until: float, out: Path) -> Path | None:
+    """Replay the demo's window from Kafka and draw its timeline; None (and a line) if that fails."""
+    try:
+        from engine.commands.engine_cmd import default_rules_dir, load_topology
+        from engine.commands.replay_cmd import fetch
+        from engine.replay import plot_timeline, replay
+        from engine.rules.loader import load_rules
+
+        msgs = asyncio.run(fetch(bootstrap, since, until))
+        res = replay(msgs, load_rules([default_rules_dir()]), load_topology(topo_file))
+        return plot_timeline(res, out)
+    except Exception as exc:  # the plot is a bonus: the demo's figures stand without it
+        print(f"(no timeline plot: {exc})", file=sys.stderr)
+        return None
+
+
 def run(args: argparse.Namespace) -> int:
     from agents.simulate.cluster import make_cluster
     from engine.localkafka.broker import ensure_broker
@@ -120,13 +136,16 @@ def run(args: argparse.Namespace) -> int:
     env = {**os.environ, "WHYWAIT_KAFKA_BOOTSTRAP": bootstrap, "PYTHONUNBUFFERED": "1"}
     engine = subprocess.Popen(
         _whywait("engine", "--topology", str(topo_file), "--group", f"whywait-demo-{int(start)}",
-                 "--not-before", str(start), "--no-restore"),
+                 "--not-before", str(start), "--no-restore", "--latest"),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     latencies: list[tuple[str, str, int]] = []
+    ready = threading.Event()
 
     def pump() -> None:  # echo the engine's output (the alert), keep its latency lines
         assert engine.stdout is not None
         for line in engine.stdout:
+            if "engine: consuming" in line:
+                ready.set()
             m = _LATENCY.search(line)
             if m:
                 latencies.append((m.group(1), m.group(2), int(m.group(4))))
@@ -138,6 +157,11 @@ def run(args: argparse.Namespace) -> int:
 
     threading.Thread(target=pump, daemon=True).start()
     try:
+        # Start the telemetry once the engine consumes (from the end of the topics: earlier
+        # demos' data stays unread), so the latency figures are the engine's and not its
+        # start-up (faust takes a few seconds to join its group).
+        if not ready.wait(60):
+            print("whywait demo: the engine did not start consuming within 60 s", file=sys.stderr)
         fault = f"nic-packet-loss:{args.culprit}@{args.fault_start:g}-{args.fault_end:g}"
         print(f"simulating {args.duration:g} s of event time at {args.speed:g}x: fault {fault}")
         sim = subprocess.run(
@@ -177,5 +201,8 @@ def run(args: argparse.Namespace) -> int:
     if wall:
         print(f"wall-clock       : {wall[0]} ms (event produced → notification posted)")
     print(f"false alarms     : {len(early)} during the fault-free lead-in")
+    png = _timeline(bootstrap, topo_file, start, start + args.duration, work / "timeline.png")
+    if png is not None:
+        print(f"timeline         : {png} (what `whywait replay --plot` draws)")
     print(f"files            : {work}")
     return 0 if first["culprit"] == t["culprit"] and not early else 1

@@ -79,6 +79,10 @@ class Evaluator:
     idle_batches: int = 5
     kind_arrival: dict[str, tuple[float, int]] = field(default_factory=dict)
     batch_no: int = 0
+    first_arrival: tuple[float, int] | None = None
+    # Inputs the consumer knows have unread messages (its offset is behind the partition's end):
+    # such an input is never idle, however long the consumer spends on other topics' backlog.
+    pending_kinds: frozenset[str] = frozenset()
 
     # ---- feeding ---------------------------------------------------------------------------------
 
@@ -93,6 +97,8 @@ class Evaluator:
                 self.kind_max[kind] = t
             if self.arrival_clock is not None:
                 self.kind_arrival[kind] = (self.arrival_clock(), self.batch_no)
+                if self.first_arrival is None:
+                    self.first_arrival = self.kind_arrival[kind]
         if self.next_tick is None:
             self.next_tick = math.floor(t) + self.step_s
         return self.advance(self.watermark())
@@ -109,13 +115,27 @@ class Evaluator:
             return self.store.max_time - self.lateness_s
         if self.arrival_clock is not None:
             now = self.arrival_clock()
+            # An input not seen yet holds time back too, until it counts as idle since the first
+            # arrival: at start-up the consumer's first batches may hold one topic only (minutes of
+            # it, on a backlog), and ticking on those would pass windows before their data came.
+            if any(k not in self.kind_arrival and (k in self.pending_kinds
+                                                   or not self._idle_since(self.first_arrival, now))
+                   for k in _PERIODIC):
+                return -math.inf
             active = [t for k, t in self.kind_max.items() if not self._idle(k, now)]
             return min(active or self.kind_max.values()) - self.lateness_s
         top = max(self.kind_max.values())
         return min(t for k, t in self.kind_max.items() if top - t <= _IDLE_S.get(k, self.idle_s)) - self.lateness_s
 
     def _idle(self, kind: str, now: float) -> bool:
-        at, batch = self.kind_arrival.get(kind, (now, self.batch_no))
+        return kind not in self.pending_kinds and self._idle_since(self.kind_arrival.get(kind), now)
+
+    def set_pending(self, kinds: Iterable[str]) -> None:
+        """Called by the live engine after each batch with the inputs that still have unread messages."""
+        self.pending_kinds = frozenset(kinds)
+
+    def _idle_since(self, seen: tuple[float, int] | None, now: float) -> bool:
+        at, batch = seen if seen is not None else (now, self.batch_no)
         return now - at > self.idle_wall_s and self.batch_no - batch >= self.idle_batches
 
     def begin_batch(self) -> None:

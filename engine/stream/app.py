@@ -28,7 +28,7 @@ from typing import Any
 
 import faust
 
-from agents.events import INPUT_TOPICS, TOPIC_DEADLETTER, TOPIC_DIAGNOSES
+from agents.events import INPUT_TOPICS, TOPIC_DEADLETTER, TOPIC_DIAGNOSES, kind_for_topic
 from engine.diagnosis import Diagnosis
 from engine.notify.base import Notifier
 from engine.stream.processor import Processor, Record
@@ -73,6 +73,28 @@ def reload_notice(errors: tuple[str, ...] | None, now: float) -> Diagnosis:
         cause="\n".join(errors or ()) or "The rule files load again.", job=None, owner=None,
         starts_at=now, detected_at=now, next_step="Fix the files named above; `whywait rules check` shows "
         "the same errors before you save.", confidence=1.0)
+
+
+def _pending_kinds(app: faust.App, done: dict[tuple[str, int], int]) -> set[str]:
+    """The input kinds whose partitions hold messages not yet processed (consumer lag > 0).
+
+    The evaluator never counts such an input as idle: while the engine works through a
+    backlog one topic at a time, the others are late, not silent.
+    """
+    pending: set[str] = set()
+    try:
+        consumer = app.consumer
+        for tp in consumer.assignment():
+            kind = kind_for_topic(tp.topic)
+            if kind is None:
+                continue
+            hw = consumer.highwater(tp)
+            last = done.get((tp.topic, tp.partition))
+            if hw is None or (hw > 0 and (last is None or last + 1 < hw)):
+                pending.add(kind)
+    except Exception:  # no consumer yet, or a driver without highwater: fall back to arrival times
+        return set()
+    return pending
 
 
 def build_app(cfg: EngineConfig, processor: Processor, notifier: Notifier,
@@ -125,6 +147,8 @@ def build_app(cfg: EngineConfig, processor: Processor, notifier: Notifier,
             log.info("latency: rule=%s status=%s job=%s produced_to_notified_ms=%.0f", d.rule_id, d.status,
                      d.job, time.time() * 1000 - trigger_ms)
 
+    done: dict[tuple[str, int], int] = {}  # (topic, partition) -> last offset processed
+
     @app.agent(inputs, concurrency=1)
     async def evaluate(stream: faust.StreamT) -> None:  # a processor, in this project's words
         loop = asyncio.get_running_loop()
@@ -134,6 +158,9 @@ def build_app(cfg: EngineConfig, processor: Processor, notifier: Notifier,
                            e.message.offset, int(e.message.timestamp * 1000) if e.message.timestamp else None)
                     for e in events]
             out = processor.process(recs)
+            for r in recs:
+                done[(r.topic, r.partition)] = r.offset
+            processor.evaluator.set_pending(_pending_kinds(app, done))
             for key, value in out.dead_letters:
                 await dead.send(key=key, value=value)
             for d in out.diagnoses:
@@ -166,6 +193,11 @@ def build_app(cfg: EngineConfig, processor: Processor, notifier: Notifier,
             refused[0] = True
             log.error("rule reload refused, keeping the last good rules:\n  %s", "\n  ".join(res.errors))
             loop.run_in_executor(pool, _notify, reload_notice(res.errors, time.time()), None)
+
+    @app.on_partitions_assigned.connect  # type: ignore[misc,arg-type]
+    async def _assigned(app: faust.App, assigned: Any, **kwargs: Any) -> None:
+        # One line others can wait for (the demo starts its simulator after it).
+        log.info("engine: consuming %d partition(s)", len(assigned))
 
     @app.on_before_shutdown.connect  # type: ignore[misc,arg-type]
     async def _drain(app: faust.App, **kwargs: Any) -> None:
