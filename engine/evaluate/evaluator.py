@@ -99,8 +99,12 @@ class Evaluator:
                 self.kind_arrival[kind] = (self.arrival_clock(), self.batch_no)
                 if self.first_arrival is None:
                     self.first_arrival = self.kind_arrival[kind]
-        if self.next_tick is None:
-            self.next_tick = math.floor(t) + self.step_s
+        if self.ticks == 0:
+            # Until the first tick runs, time starts at the *earliest* message seen: a consumer may
+            # hand over a sparse topic first (a checkpoint at +150 s before the telemetry of +1 s).
+            first = math.floor(t) + self.step_s
+            if self.next_tick is None or first < self.next_tick:
+                self.next_tick = first
         return self.advance(self.watermark())
 
     def watermark(self) -> float:
@@ -108,19 +112,28 @@ class Evaluator:
 
         The minimum over the periodic inputs, as in Flink: when the consumer catches up on a
         backlog, one topic can run minutes ahead of another, and evaluating at the fastest
-        topic's time would see steps without their network samples.  An input lagging the
-        newest by more than ``idle_s`` (a collector that is off) no longer holds time back.
+        topic's time would see steps without their network samples.  Offline (sorted input), an
+        input lagging the newest by more than ``idle_s`` (a collector that is off) no longer holds
+        time back; live (``arrival_clock`` set), an input is idle only when it has no unread
+        messages and has not arrived for ``idle_wall_s`` and ``idle_batches``; no tick runs
+        before every input has arrived or gone idle, nor while placements are unread.
         """
-        if not self.kind_max:
-            return self.store.max_time - self.lateness_s
+        if self.arrival_clock is None and not self.kind_max:
+            return self.store.max_time - self.lateness_s  # sorted input without telemetry (events only)
         if self.arrival_clock is not None:
             now = self.arrival_clock()
             # An input not seen yet holds time back too, until it counts as idle since the first
             # arrival: at start-up the consumer's first batches may hold one topic only (minutes of
             # it, on a backlog), and ticking on those would pass windows before their data came.
+            # Unread placements hold time too: a job the evaluator does not know yet is not
+            # evaluated, and the windows that pass before its placement arrives are lost to it.
+            if "placement" in self.pending_kinds:
+                return -math.inf
             if any(k not in self.kind_arrival and (k in self.pending_kinds
                                                    or not self._idle_since(self.first_arrival, now))
                    for k in _PERIODIC):
+                return -math.inf
+            if not self.kind_max:
                 return -math.inf
             active = [t for k, t in self.kind_max.items() if not self._idle(k, now)]
             return min(active or self.kind_max.values()) - self.lateness_s

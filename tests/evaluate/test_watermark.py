@@ -71,3 +71,33 @@ def test_without_lag_information_the_start_up_hold_still_waits_for_every_input()
     for m in [m for m in msgs if m["kind"] in ("placement", "host")][:400]:
         assert ev.ingest(m) == []
     assert ev.ticks == 0
+
+
+def test_unread_placements_hold_time() -> None:
+    topo, msgs = messages()
+    clock = FakeClock()
+    ev = Evaluator(load_rules([RULES]), topo, arrival_clock=clock)
+    telemetry = [m for m in msgs if m["kind"] != "placement"]
+    ev.begin_batch()
+    ev.set_pending({"placement"})  # the consumer has not reached the placement partition yet
+    for m in telemetry[:3000]:
+        ev.ingest(m)
+    assert ev.ticks == 0
+    firing = []
+    ev.set_pending(set())
+    for m in [msgs[0]] + telemetry[3000:]:  # the placement arrives, late, with the rest
+        firing += [d for d in ev.ingest(m) if d.status == "firing"]
+    assert firing and firing[0].detected_at - START == 128.0
+
+
+def test_time_starts_at_the_earliest_message_not_the_first_delivered() -> None:
+    topo, msgs = messages()
+    clock = FakeClock()
+    ev = Evaluator(load_rules([RULES]), topo, arrival_clock=clock)
+    late_first = [m for m in msgs if m["kind"] == "checkpoint"][:1]  # a save at +150 s, delivered first
+    assert late_first and late_first[0]["time"] - START > 100
+    ev.begin_batch()
+    firing = []
+    for m in late_first + [m for m in msgs if m is not late_first[0]]:
+        firing += [d for d in ev.ingest(m) if d.status == "firing"]
+    assert firing and firing[0].detected_at - START == 128.0
