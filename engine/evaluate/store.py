@@ -280,8 +280,10 @@ class MetricStore:
     def trim(self, now: float) -> None:
         """Forget points older than the retention; called by the evaluator now and then."""
         cutoff = now - self.retention_s
-        for s in self.series.values():
+        for key, s in list(self.series.items()):
             s.trim(cutoff)
+            if not s.t:  # an entity gone for the whole retention (a finished job's ranks): forget it
+                del self.series[key]
         for s in self.node_seen.values():
             s.trim(cutoff)
 

@@ -177,3 +177,13 @@ def test_pure_core_imports_no_io_libraries() -> None:
             "print(bad); sys.exit(1 if bad else 0)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_store_forgets_entities_gone_for_the_whole_retention() -> None:
+    from engine.evaluate.store import MetricStore
+
+    st = MetricStore(retention_s=60)
+    st.put("step.duration_s", "old-job:0", 100.0, 1.0)
+    st.put("step.duration_s", "job:0", 200.0, 1.0)
+    st.trim(200.0)
+    assert list(st.series) == [("step.duration_s", "job:0")]
