@@ -155,13 +155,6 @@ class Evaluator:
         """Called by the live engine before each consumed batch (see ``idle_batches``)."""
         self.batch_no += 1
 
-    def ingest_many(self, msgs: Iterable[dict[str, Any]]) -> list[Diagnosis]:
-        """Feed a batch of messages (one poll of the consumer); return all diagnoses in order."""
-        out: list[Diagnosis] = []
-        for m in msgs:
-            out += self.ingest(m)
-        return out
-
     def advance(self, watermark: float) -> list[Diagnosis]:
         """Run every due tick up to ``watermark`` (event time); return the diagnoses they produce."""
         out: list[Diagnosis] = []

@@ -32,10 +32,9 @@ from agents.events import INPUT_TOPICS, TOPIC_DEADLETTER, TOPIC_DIAGNOSES, kind_
 from engine.diagnosis import Diagnosis
 from engine.notify.base import Notifier
 from engine.stream.processor import Processor, Record
+from engine.stream.topics import TOPIC_ENGINE_STATE
 
 log = logging.getLogger(__name__)
-
-from engine.stream.topics import TOPIC_ENGINE_STATE  # noqa: E402
 
 
 @dataclass
