@@ -30,7 +30,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+# Versions this engine reads.  Version 2 only adds optional fields (parallel coordinates on a
+# placement, an optional step split, communication split into collectives and pipeline waits),
+# so every version-1 message is also a valid version-2 message.
+SUPPORTED_SCHEMAS: frozenset[int] = frozenset({1, 2})
 
 # Topics are dotted and versioned; a breaking change to a body bumps the suffix.
 TOPIC_GPU = "whywait.gpu.v1"
@@ -177,9 +181,16 @@ STEP_TIMING = Record("StepTiming", (
     F("rank", "integer", "", "Global rank in the job."),
     F("step", "integer", "", "Training step number (monotonic per rank)."),
     F("duration_s", "number", "s", "Wall time of the whole step."),
-    F("data_wait_s", "number", "s", "Time waiting on the input pipeline."),
-    F("compute_s", "number", "s", "Forward and backward compute."),
-    F("comm_s", "number", "s", "Collective communication (all-reduce) not overlapped with compute."),
+    F("data_wait_s", "number", "s", "Time waiting on the input pipeline. Optional since v2: a producer that "
+      "knows only the step time leaves the split out, and an absent phase is *unknown*, not zero.",
+      required=False),
+    F("compute_s", "number", "s", "Forward and backward compute (optional since v2).", required=False),
+    F("comm_s", "number", "s", "Communication not overlapped with compute: collectives plus pipeline waits "
+      "(optional since v2; when only `collective_s`/`pipeline_wait_s` are given, their sum).", required=False),
+    F("collective_s", "number", "s", "Of `comm_s`, time in collectives (all-reduce, all-gather, "
+      "reduce-scatter) not overlapped with compute (v2).", required=False),
+    F("pipeline_wait_s", "number", "s", "Of `comm_s`, time waiting on pipeline send/recv and bubbles (v2).",
+      required=False),
     F("checkpoint_s", "number", "s", "Time inside checkpoint saves during the step.", required=False),
     F("node", "string", "", "Node the rank runs on (for producers that batch several nodes).",
       required=False),
@@ -191,7 +202,14 @@ PLACED_RANK = Record("PlacedRank", (
     F("rank", "integer", "", "Global rank."),
     F("node", "string", "", "Node id."),
     F("gpu", "integer", "index", "GPU index on that node."),
-), "Where one rank runs.")
+    F("dp", "integer", "index", "Data-parallel replica this rank belongs to (v2).", required=False),
+    F("pp", "integer", "index", "Pipeline stage of this rank, 0 = first (v2).", required=False),
+    F("tp", "integer", "index", "Tensor-parallel group this rank belongs to (v2).", required=False),
+    F("cp", "integer", "index", "Context-parallel group (v2).", required=False),
+    F("ep", "integer", "index", "Expert-parallel group (v2).", required=False),
+    F("gpu_share", "number", "fraction", "Share of the GPU this rank has, in (0, 1] (MIG, MPS, time "
+      "slicing); 1 when absent (v2).", required=False),
+), "Where one rank runs, and (v2) its coordinates in the job's parallel layout.")
 
 TOPICS: tuple[Topic, ...] = (
     Topic(TOPIC_PLACEMENT, "placement", "job id", Record("Placement", (
@@ -201,6 +219,11 @@ TOPICS: tuple[Topic, ...] = (
         F("slack_channel", "string", "", "The team's channel, `#name`.", required=False),
         F("state", "string", "", "`running` or `finished`."),
         F("ranks", "list[PlacedRank]", "", "Every rank's node and GPU."),
+        F("user", "string", "", "User the job runs as (Slurm `UserId`, pod's service account) (v2).",
+          required=False),
+        F("account", "string", "", "Scheduler account or Kubernetes namespace (v2).", required=False),
+        F("source", "string", "", "Who published this placement: `slurm`, `k8s`, `file`, `simulator` (v2).",
+          required=False),
     )), "Which job runs where and who owns it. Compacted: the latest message per job wins. "
         "`node` in the envelope is the producer (the scheduler hook or simulator).",
         compacted=True, lists={"ranks": PLACED_RANK}),
@@ -261,7 +284,8 @@ _TOPIC_BY_NAME = {t.name: t for t in TOPICS}
 _RECORDS = {r.name: r for t in TOPICS for r in (t.body, *t.lists.values())}
 
 ENVELOPE: tuple[Field, ...] = (
-    F("schema", "integer", "", f"Schema version; this document describes version {SCHEMA_VERSION}."),
+    F("schema", "integer", "", f"Schema version; this document describes version {SCHEMA_VERSION} "
+      "(version-1 messages stay valid: version 2 only adds optional fields)."),
     F("kind", "string", "", "Which body follows: " + ", ".join(f"`{t.kind}`" for t in TOPICS) + "."),
     F("time", "number", "s since epoch (UTC)", "Event time: when the producer took the sample."),
     F("node", "string", "", "The producing node (host name or topology id)."),
@@ -341,9 +365,9 @@ def validate(msg: Any, topic: str | None = None) -> dict[str, Any]:
             _check(msg[f.name], f.type, f.name, errors)
     if errors:
         raise ContractError("; ".join(errors[:3]))
-    if msg["schema"] != SCHEMA_VERSION:
-        raise ContractError(f"unsupported schema version {msg['schema']} (this engine reads {SCHEMA_VERSION})",
-                            "schema")
+    if msg["schema"] not in SUPPORTED_SCHEMAS:
+        raise ContractError(f"unsupported schema version {msg['schema']} (this engine reads "
+                            f"{', '.join(map(str, sorted(SUPPORTED_SCHEMAS)))})", "schema")
     t = _TOPIC_BY_KIND.get(msg["kind"])
     if t is None:
         raise ContractError(f"unknown kind {msg['kind']!r} (valid: {', '.join(sorted(_TOPIC_BY_KIND))})", "kind")

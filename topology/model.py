@@ -108,11 +108,18 @@ class JobInfo:
     channel: str | None
     ranks: Mapping[int, tuple[str, int]] = field(hash=False, compare=True)
     nodes: tuple[str, ...] = ()
+    # rank -> its parallel coordinates (``dp``, ``pp``, ``tp``, ``cp``, ``ep``) where the placement
+    # gives them, and its ``gpu_share`` when it has only part of a GPU.  Empty for v1 placements.
+    coords: Mapping[int, Mapping[str, float]] = field(default_factory=dict, hash=False, compare=False)
 
     @property
     def world_size(self) -> int:
         """Number of ranks."""
         return len(self.ranks)
+
+
+# The per-rank fields of a placement that place a rank in the job's parallel layout (agents.events).
+PARALLEL_COORDS: tuple[str, ...] = ("dp", "pp", "tp", "cp", "ep", "gpu_share")
 
 
 class Topology:
@@ -240,7 +247,8 @@ class Topology:
         self._bump()
 
     def place_job(self, job: str, project: str, team: str, channel: str | None,
-                  ranks: Mapping[int, tuple[str, int]]) -> JobInfo:
+                  ranks: Mapping[int, tuple[str, int]],
+                  coords: Mapping[int, Mapping[str, float]] | None = None) -> JobInfo:
         """Place (or re-place) ``job``: ``ranks`` maps rank → ``(node, gpu)``.
 
         Called by the engine for each ``running`` placement message; replaces any
@@ -260,7 +268,9 @@ class Topology:
         for rank in sorted(clean):
             if clean[rank][0] not in order:
                 order.append(clean[rank][0])
-        info = JobInfo(job, project, team, channel, MappingProxyType(clean), tuple(order))
+        info = JobInfo(job, project, team, channel, MappingProxyType(clean), tuple(order),
+                       MappingProxyType({int(r): MappingProxyType(dict(c)) for r, c in (coords or {}).items()
+                                         if c}))
         self._jobs[job] = info
         self._bump()
         return info
@@ -281,8 +291,10 @@ class Topology:
             self.remove_job(str(msg["job"]))
             return None
         ranks = {int(r["rank"]): (str(r["node"]), int(r["gpu"])) for r in msg["ranks"]}
+        coords = {int(r["rank"]): {k: r[k] for k in PARALLEL_COORDS if r.get(k) is not None}
+                  for r in msg["ranks"]}
         return self.place_job(str(msg["job"]), str(msg["project"]), str(msg["team"]),
-                              msg.get("slack_channel"), ranks)
+                              msg.get("slack_channel"), ranks, coords)
 
     # ------------------------------------------------------------------ lookups
 

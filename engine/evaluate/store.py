@@ -21,7 +21,8 @@ from typing import Any, Iterable, Sequence
 THERMAL = {"hw_thermal_slowdown", "sw_thermal_slowdown"}
 POWER = {"sw_power_cap", "hw_power_brake_slowdown"}
 _AGES = frozenset({"checkpoint.open_s", "step.since_last_s", "node.since_last_s"})
-_JOB_FIELDS = ("duration_s", "data_wait_s", "compute_s", "comm_s", "checkpoint_s")
+_JOB_FIELDS = ("duration_s", "data_wait_s", "compute_s", "comm_s", "collective_s", "pipeline_wait_s",
+               "checkpoint_s")
 
 
 class Series:
@@ -234,16 +235,19 @@ class MetricStore:
             e = f"{job}:{s['rank']}"
             self.rank_last[e] = max(t, self.rank_last.get(e, t))
             dur = s["duration_s"]
+            if s.get("comm_s") is None and (s.get("collective_s") is not None or s.get("pipeline_wait_s") is not None):
+                s = {**s, "comm_s": (s.get("collective_s") or 0.0) + (s.get("pipeline_wait_s") or 0.0)}
             for f in _JOB_FIELDS:
                 v = s.get(f)
-                if v is None:
+                if v is None:  # an absent phase is unknown, not zero: no point at all
                     continue
                 put(f"step.{f}", e, t, v)
                 self._buckets[(job, f)].setdefault(sec, []).append(v)
             if dur > 0:
                 for f, share in (("data_wait_s", "data_wait_share"), ("comm_s", "comm_share"),
                                  ("compute_s", "compute_share")):
-                    self._buckets[(job, share)].setdefault(sec, []).append(s[f] / dur)
+                    if s.get(f) is not None:
+                        self._buckets[(job, share)].setdefault(sec, []).append(s[f] / dur)
 
     def _ingest_checkpoint(self, msg: dict[str, Any], t: float, node: str) -> None:
         job, cid, phase = msg["job"], msg["checkpoint_id"], msg["phase"]

@@ -46,12 +46,11 @@ CASES = [
                            "(char 1)"),
     ("array", b"[]", "message must be a JSON object (got list)"),
     ("missing time", {"schema": 1, "kind": "steps", "node": "n"}, "time: is required (number)"),
-    ("future schema", {**good_steps(), "schema": 2}, "schema: unsupported schema version 2 (this engine reads 1)"),
+    ("future schema", {**good_steps(), "schema": 3}, "schema: unsupported schema version 3 (this engine reads 1, 2)"),
     ("unknown kind", {**good_steps(), "kind": "gpus"},
      "kind: unknown kind 'gpus' (valid: agent_health, checkpoint, gpu, host, net, placement, steps, storage)"),
     ("missing step field", {**good_steps(), "steps": [{"rank": 0}]},
-     "steps[0].step: is required (integer, no unit); steps[0].duration_s: is required (number, s); "
-     "steps[0].data_wait_s: is required (number, s) (+2 more)"),
+     "steps[0].step: is required (integer, no unit); steps[0].duration_s: is required (number, s)"),
     ("bool for number", {**good_steps(), "steps": [{**good_steps()["steps"][0], "comm_s": True}]},
      "steps[0].comm_s: must be a finite number (got True)"),
     ("string time", {**good_steps(), "time": "now"}, "time: must be a finite number (got 'now')"),
@@ -86,3 +85,21 @@ def test_simulator_messages_all_validate() -> None:
     sim = Simulation(topo, [make_job(topo)], duration_s=20)
     n = sum(1 for topic, m in sim.messages() if validate(m, topic))
     assert n > 80
+
+
+def test_v1_messages_stay_valid_and_v2_split_is_optional() -> None:
+    """A version-1 producer keeps working; a v2 step may carry its duration alone."""
+    v1 = {**good_steps(), "schema": 1}
+    assert validate(v1)["schema"] == 1
+    bare = {**good_steps(), "steps": [{"rank": 0, "step": 7, "duration_s": 1.5}]}
+    assert validate(bare)["steps"][0]["duration_s"] == 1.5
+
+
+def test_placement_carries_parallel_coordinates() -> None:
+    msg = {"schema": 2, "kind": "placement", "time": 1.0, "node": "sched", "job": "j", "project": "p",
+           "team": "t", "state": "running", "user": "alice", "account": "llm",
+           "ranks": [{"rank": 0, "node": "n1", "gpu": 0, "dp": 0, "pp": 3, "tp": 1, "gpu_share": 0.5}]}
+    assert validate(msg)["ranks"][0]["pp"] == 3
+    bad = {**msg, "ranks": [{"rank": 0, "node": "n1", "gpu": 0, "pp": "last"}]}
+    with pytest.raises(ContractError, match=r"ranks\[0\]\.pp: must be an integer"):
+        validate(bad)
