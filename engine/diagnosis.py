@@ -68,6 +68,11 @@ class Diagnosis:
     ends_at: float | None = None
     runbook_url: str | None = None
     text: str = ""  # the rule's rendered explanation (Jinja2), plain text
+    # What the waiting costs, when the rule can say (straggler and job-pattern rules): ``step_s``
+    # (the job's step time now), ``whatif_step_s`` (its step time were the culprit as fast as its
+    # peers), ``slowdown_pct``, ``gpus`` (GPUs the job holds) and ``gpu_hours_lost`` since the
+    # incident began (on a resolved diagnosis: over the whole incident).  None when unknown.
+    cost: dict[str, float] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Return a JSON-ready dict (the value written to the diagnoses topic)."""
