@@ -132,7 +132,8 @@ def _threshold(c: Condition, ctx: Ctx) -> Result:
     res = Result(False)
     ents = ctx.entities(level, c.on)
     for e in ents:
-        v = ctx.store.value(p["metric"], e, p["agg"], ctx.now, p["window"])
+        w = ctx.store.span(p["metric"], e, ctx.now, p["window"], int(p["steps"]))
+        v = ctx.store.value(p["metric"], e, p["agg"], ctx.now, w)
         if v is not None and p["value"](v):
             res.entities.append(e)
             res.evidence.append(_ev(c, p["metric"], e, v, None, f"{p['agg']} {p['value']}", p["window"]))
@@ -146,7 +147,8 @@ def _peer_outlier(c: Condition, ctx: Ctx) -> Result:
     level = METRICS[p["metric"]].level
     vals: dict[str, float] = {}
     for e in ctx.entities(level):  # peers are always the whole job, even when judging only the culprit
-        v = ctx.store.value(p["metric"], e, p["agg"], ctx.now, p["window"])
+        v = ctx.store.value(p["metric"], e, p["agg"], ctx.now,
+                            ctx.store.span(p["metric"], e, ctx.now, p["window"], int(p["steps"])))
         if v is not None:
             vals[e] = v
     if len(vals) < p["min_peers"] + 1:
@@ -186,8 +188,11 @@ def _self_history(c: Condition, ctx: Ctx) -> Result:
     p = c.params
     level = METRICS[p["metric"]].level
     res = Result(False)
-    w, b = p["window"], p["baseline"]
-    for e in ctx.entities(level, c.on):
+    b = p["baseline"]
+    ents = ctx.entities(level, c.on)
+    judged = 0
+    for e in ents:
+        w = ctx.store.span(p["metric"], e, ctx.now, p["window"], int(p["steps"]))
         v = ctx.store.value(p["metric"], e, p["agg"], ctx.now, w)
         if v is None:
             continue
@@ -196,10 +201,15 @@ def _self_history(c: Condition, ctx: Ctx) -> Result:
         if frozen is not None:
             base = frozen
         else:
-            times, values = ctx.store.window(p["metric"], e, ctx.now - w - b, ctx.now - w)
+            if p["baseline_steps"]:  # the baseline_steps points before the window, however long ago
+                _, values = ctx.store.window(p["metric"], e, ctx.now - w - b, ctx.now - w)
+                values = values[-int(p["baseline_steps"]):]
+            else:
+                _, values = ctx.store.window(p["metric"], e, ctx.now - w - b, ctx.now - w)
             if len(values) < p["min_baseline_points"]:
                 continue
             base = statistics.median(values)
+        judged += 1
         ratio = v / base if base > 0 else (math.inf if v > 0 else 1.0)
         ok = p["ratio"](ratio) and (p["min_value"] is None or p["min_value"](v))
         if ok:
@@ -208,10 +218,13 @@ def _self_history(c: Condition, ctx: Ctx) -> Result:
             ctx.state[key] = base
             res.entities.append(e)
             res.evidence.append(_ev(c, p["metric"], e, v, base, f"ratio to own baseline {p['ratio']}", w,
-                                    f"{ratio:.2f}x its own median of the previous {b:g}s"))
+                                    f"{ratio:.2f}x its own median of the previous "
+                                    + (f"{int(p['baseline_steps'])} steps" if p["baseline_steps"] else f"{b:g}s")))
         else:
             ctx.state.pop(key, None)
-    res.holds = bool(res.entities)
+    # With min_share, enough of the job's entities must have grown ("every rank slowed", not one).
+    res.holds = bool(res.entities) and (not p["min_share"] or
+                                        (judged > 0 and len(res.entities) >= p["min_share"] * len(ents)))
     return res
 
 
@@ -458,6 +471,12 @@ EVALUATORS: dict[str, Callable[[Condition, Ctx], Result]] = {
     "topology": _topology,
 }
 
+# The step-aligned conditions live in their own module; it imports this one, so it registers here,
+# after Ctx and Result exist.
+from engine.evaluate.step_conditions import STEP_EVALUATORS  # noqa: E402
+
+EVALUATORS.update(STEP_EVALUATORS)
+
 
 # Past this much event time without any input, no leaf holds.  Live, the watermark never passes the
 # newest input, so this only cuts short replays and rule tests that run the clock on after their
@@ -471,7 +490,7 @@ def evaluate(node: Node, ctx: Ctx) -> Result:
         if ctx.now - ctx.store.max_time > QUIET_S:
             return Result(False)
         r = EVALUATORS[node.type](node, ctx)
-        if r.holds and node.culprit:
+        if r.holds and node.culprit and r.entities:
             ctx.culprits = list(r.entities)
             metric = node.params.get("metric")
             ctx.culprit_level = METRICS[metric].level if metric else node.params.get("level")

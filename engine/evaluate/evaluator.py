@@ -51,6 +51,10 @@ class Incident:
     announced: bool = False
     signature: tuple[Any, ...] = ()
     last: Diagnosis | None = None
+    # The cost so far: wall seconds the job lost to this incident, summed over the steps that ended
+    # after it began (each counted once: up to ``cost_until``).
+    cost_lost_s: float = 0.0
+    cost_until: float = -math.inf
 
 
 @dataclass
@@ -299,12 +303,13 @@ class Evaluator:
             path = (f"job {job.job}",)
         for extra in rule.evidence:  # figures that round out the story, if present
             ectx = Ctx(self.store, now, job, topo, rule.id + "#evidence", self.cond_state, list(ctx.culprits),
-                       ctx.culprit_level)
+                       ctx.culprit_level, {**ctx.facts, "incident_since": inc.pending_since})
             r = evaluate(extra, ectx)
             if r.holds:
                 evidence += r.evidence
                 for k, v in ectx.facts.items():
                     ctx.facts.setdefault(k, v)
+        cost = self._cost(inc, job, ctx.facts)
         ev_by_metric: dict[str, Evidence] = {}
         for e in evidence:
             ev_by_metric.setdefault(e.metric, e)
@@ -315,6 +320,7 @@ class Evaluator:
             "switch": topo.leaf_of(nodes[0]) if nodes else None, "rack": topo.rack_of(nodes[0]) if nodes else None,
             "pools": sorted({p for n in nodes for p in topo.pools_of(n)}),
             "ev": ev_by_metric, "evidence": evidence, "path": list(path), "labels": inc.labels, **ctx.facts,
+            "cost": cost,
         }
         clean: list[str] = []
         confidence = rule.confidence
@@ -333,11 +339,37 @@ class Evaluator:
         return Diagnosis(
             rule_id=rule.id, fingerprint=inc.fingerprint, status="firing", severity=rule.severity,  # type: ignore[arg-type]
             title=_render(rule.title, tctx), cause=_render(rule.cause, tctx), job=job.job, owner=owner,
-            starts_at=inc.pending_since, detected_at=now, labels={**rule.labels, **inc.labels},
+            starts_at=inc.pending_since, detected_at=now,
+            labels={**{k: (_render(v, tctx) if "{" in v else v) for k, v in rule.labels.items()}, **inc.labels},
             evidence=tuple(evidence), topology_path=path, clean_checks=tuple(clean),
             confidence=round(max(0.05, min(1.0, confidence)), 2), next_step=_render(rule.next_step, tctx),
-            culprit=culprit, ranks=ranks, runbook_url=rule.runbook_url,
+            culprit=culprit, ranks=ranks, runbook_url=rule.runbook_url, cost=cost,
         )
+
+    def _cost(self, inc: Incident, job: Any, facts: dict[str, Any]) -> dict[str, float] | None:
+        """Add the steps lost since the last tick to ``inc``'s running cost; return the cost figure.
+
+        ``step_losses`` (end time, step time, seconds lost) come from the rule's step-aligned leaves
+        (``what_if``, ``stage_imbalance``, ``rotation``, ``periodic``).  Each step counts once, and
+        only if it ended after the incident began.  Every GPU the job holds waits for the lost time,
+        so GPU-hours are the lost seconds times the job's GPUs (a rank with part of a GPU counts its
+        share).
+        """
+        losses = facts.get("step_losses")
+        if losses is None:
+            return None
+        for t, _, lost in sorted(losses):
+            if t > inc.cost_until and t >= inc.pending_since:
+                inc.cost_lost_s += lost
+                inc.cost_until = t
+        coords = getattr(job, "coords", None) or {}
+        gpus = sum(float((coords.get(r) or {}).get("gpu_share", 1.0)) for r in job.ranks)
+        out = {"gpus": round(gpus, 3), "gpu_hours_lost": round(inc.cost_lost_s * gpus / 3600.0, 4),
+               "lost_s": round(inc.cost_lost_s, 3)}
+        for k in ("step_s", "whatif_step_s", "slowdown_pct"):
+            if facts.get(k) is not None:
+                out[k] = facts[k]
+        return out
 
     # ---- durable state ---------------------------------------------------------------------------
 
@@ -351,7 +383,8 @@ class Evaluator:
                 "incidents": [
             {"rule_id": i.rule_id, "fingerprint": i.fingerprint, "labels": i.labels,
              "pending_since": i.pending_since, "last_true": i.last_true, "firing": i.firing,
-             "announced": i.announced, "last": i.last.to_dict() if i.last else None}
+             "announced": i.announced, "last": i.last.to_dict() if i.last else None,
+             "cost_lost_s": i.cost_lost_s, "cost_until": i.cost_until if math.isfinite(i.cost_until) else None}
             for i in self.incidents.values()]}
 
     def restore(self, snap: dict[str, Any]) -> None:
@@ -361,7 +394,8 @@ class Evaluator:
         for d in snap.get("incidents", ()):
             last = Diagnosis.from_dict(d["last"]) if d.get("last") else None
             inc = Incident(d["rule_id"], d["fingerprint"], d["labels"], d["pending_since"], d["last_true"],
-                           d["firing"], d["announced"], last=last)
+                           d["firing"], d["announced"], last=last, cost_lost_s=float(d.get("cost_lost_s") or 0.0),
+                           cost_until=float(d["cost_until"]) if d.get("cost_until") is not None else -math.inf)
             if last is not None:
                 inc.signature = (last.severity, last.ranks, last.culprit, tuple(e.entity for e in last.evidence))
             self.incidents[inc.fingerprint] = inc

@@ -18,6 +18,8 @@ import statistics
 from collections import defaultdict
 from typing import Any, Iterable, Sequence
 
+from engine.evaluate.steps import StepRec, StepTable
+
 THERMAL = {"hw_thermal_slowdown", "sw_thermal_slowdown"}
 POWER = {"sw_power_cap", "hw_power_brake_slowdown"}
 _AGES = frozenset({"checkpoint.open_s", "step.since_last_s", "node.since_last_s"})
@@ -111,6 +113,11 @@ class MetricStore:
         # per-second buckets that are closed (reduced to their median) once the watermark passes.
         self._buckets: dict[tuple[str, str], dict[int, list[float]]] = defaultdict(dict)
         self.max_time = float("-inf")
+        # job -> its last steps, rank by rank, for the step-aligned conditions (engine.evaluate.steps)
+        self.step_tables: dict[str, StepTable] = {}
+        # Job-level series are one point per job per second: keeping an hour of them costs little and
+        # lets a periodic slowdown (every few minutes) show several periods.
+        self.job_retention_s = max(retention_s, 3600.0)
 
     # ---- writing ----------------------------------------------------------------------------------
 
@@ -231,12 +238,23 @@ class MetricStore:
         job = msg["job"]
         put = self.put
         sec = int(t)
+        table = self.step_tables.get(job)
+        if table is None:
+            table = self.step_tables[job] = StepTable()
         for s in msg["steps"]:
             e = f"{job}:{s['rank']}"
             self.rank_last[e] = max(t, self.rank_last.get(e, t))
             dur = s["duration_s"]
             if s.get("comm_s") is None and (s.get("collective_s") is not None or s.get("pipeline_wait_s") is not None):
                 s = {**s, "comm_s": (s.get("collective_s") or 0.0) + (s.get("pipeline_wait_s") or 0.0)}
+            ended = s.get("ended_at")
+            # A step's own end time when the producer gives it (several steps per message), else the
+            # message's time; never later than the message, so a bad clock cannot run ahead of it.
+            t_end = min(float(ended), t) if ended is not None else t
+            table.add(int(s["step"]), int(s["rank"]), StepRec(
+                t_end, float(dur), *(None if s.get(f) is None else float(s[f]) for f in
+                                     ("data_wait_s", "compute_s", "comm_s", "collective_s", "pipeline_wait_s",
+                                      "checkpoint_s"))))
             for f in _JOB_FIELDS:
                 v = s.get(f)
                 if v is None:  # an absent phase is unknown, not zero: no point at all
@@ -284,12 +302,16 @@ class MetricStore:
     def trim(self, now: float) -> None:
         """Forget points older than the retention; called by the evaluator now and then."""
         cutoff = now - self.retention_s
+        job_cutoff = now - self.job_retention_s
         for key, s in list(self.series.items()):
-            s.trim(cutoff)
+            s.trim(job_cutoff if key[0].startswith("job.") else cutoff)
             if not s.t:  # an entity gone for the whole retention (a finished job's ranks): forget it
                 del self.series[key]
         for s in self.node_seen.values():
             s.trim(cutoff)
+        for job, table in list(self.step_tables.items()):
+            if table.newest_t < cutoff:  # a finished job: forget its steps
+                del self.step_tables[job]
 
     # ---- reading ----------------------------------------------------------------------------------
 
@@ -320,6 +342,22 @@ class MetricStore:
         if i == 0:
             return None
         return now - seen.t[i - 1]
+
+    def span(self, metric: str, entity: str, now: float, window_s: float, min_points: int = 0) -> float:
+        """The window length to use at ``now``: ``window_s``, or longer to hold the last ``min_points`` points.
+
+        Lets a rule count its window in steps as well as seconds ("whichever is longer"): a job
+        with 45 s steps has no step in most 5 s windows.
+        """
+        if min_points <= 0 or metric in _AGES:
+            return window_s
+        s = self.series.get((metric, entity))
+        if s is None or not s.t:
+            return window_s
+        j = bisect.bisect_right(s.t, now)
+        if j < min_points:
+            return window_s if j == 0 else max(window_s, now - s.t[0] + 1e-6)
+        return max(window_s, now - s.t[j - min_points] + 1e-6)
 
     def value(self, metric: str, entity: str, agg: str, now: float, window_s: float) -> float | None:
         """The ``agg`` of ``metric`` for ``entity`` over ``(now - window_s, now]``, or None if no data."""

@@ -81,6 +81,8 @@ def _check_templates(rule: Rule, errors: list[RuleSchemaError], lines: dict[Any,
         (key, getattr(rule, key), (key,)) for key in ("title", "cause", "next_step")]
     texts += [("culprit", rule.culprit, ("culprit",))] if rule.culprit else []
     texts += [(f"checks[{i}].name", c.name, ("checks", i, "name")) for i, c in enumerate(rule.checks)]
+    # A label value may be a template too (`phase: "{{ phase }}"`): the diagnosis carries it rendered.
+    texts += [(f"labels.{k}", v, ("labels", k)) for k, v in rule.labels.items() if "{" in v]
     for key, text, path in texts:
         try:
             _env.from_string(text)

@@ -202,21 +202,33 @@ class P:
 _WINDOW = P(_duration, default=10.0)
 _AGG = P(_enum(*AGGS), default="avg")
 
+_STEPS = P(_number, default=5.0)  # at least this many of the latest steps, however long they take
+_MEASURE = P(_enum("work", "duration_s", "compute_s", "data_wait_s", "comm_s"), default="work")
+_WITHIN = P(_enum("stage", "job"), default="stage")
+
 # The explicit registry of leaf condition types: type name -> its parameters.
 CONDITION_TYPES: dict[str, dict[str, P]] = {
     # A metric's windowed aggregate against a fixed threshold, per entity.
     # ``min_entities``/``min_share``: how many (or what share) of the job's entities must match, so a
     # rule can say "the whole pool is slow" (most nodes) rather than "one node is slow".
     "threshold": {"metric": P(_metric, True), "agg": _AGG, "window": _WINDOW, "value": P(_compare, True),
-                  "min_entities": P(_number, default=1.0), "min_share": P(_number, default=0.0)},
+                  "min_entities": P(_number, default=1.0), "min_share": P(_number, default=0.0),
+                  # the window holds at least the entity's last `steps` points (rank metrics: steps)
+                  "steps": P(_number, default=0.0)},
     # An entity against its job's peers: ratio to the peers' median and robust z-score.
     "peer_outlier": {"metric": P(_metric, True), "agg": _AGG, "window": _WINDOW,
                      "ratio": P(_compare), "zscore": P(_compare), "min_value": P(_compare),
-                     "min_peers": P(_number, default=3.0), "direction": P(_enum("high", "low"), default="high")},
+                     "min_peers": P(_number, default=3.0), "direction": P(_enum("high", "low"), default="high"),
+                     "steps": P(_number, default=0.0)},
     # An entity against its own past: the recent window over a baseline window before it.
     "self_history": {"metric": P(_metric, True), "agg": _AGG, "window": _WINDOW,
                      "baseline": P(_duration, default=300.0), "ratio": P(_compare, True),
-                     "min_value": P(_compare), "min_baseline_points": P(_number, default=10.0)},
+                     "min_value": P(_compare), "min_baseline_points": P(_number, default=10.0),
+                     # windows counted in points (steps) too: the recent window holds at least the last
+                     # `steps` points and the baseline the `baseline_steps` points before them
+                     "steps": P(_number, default=0.0), "baseline_steps": P(_number, default=0.0),
+                     # hold only when at least this share of the job's entities grew (0: any one)
+                     "min_share": P(_number, default=0.0)},
     # Successive values growing: each of the last `count` points larger than the one before.
     "trend": {"metric": P(_metric, True), "count": P(_number, default=3.0),
               "growth": P(_compare, default=Compare(">", 1.0)), "window": P(_duration, default=3600.0)},
@@ -240,6 +252,30 @@ CONDITION_TYPES: dict[str, dict[str, P]] = {
                  # For other_project_*: the other job counts only when one of its nodes on the shared
                  # switch or pool shows ``metric`` (its ``agg`` over ``window``) matching ``value``.
                  "metric": P(_metric), "agg": _AGG, "window": _WINDOW, "value": P(_compare)},
+    # ---- step-aligned conditions (engine.evaluate.step_conditions): ranks compared on the same steps
+    # Ranks whose own work per step exceeds their comparable peers' (same pipeline stage): stragglers.
+    "step_outlier": {"measure": _MEASURE, "window": P(_duration, default=5.0), "steps": _STEPS,
+                     "ratio": P(_compare, default=Compare(">", 1.1)), "zscore": P(_compare, default=Compare(">", 4.0)),
+                     "persist": P(_number, default=0.6), "within": _WITHIN, "history": P(_number, default=20.0),
+                     "steady_ratio": P(_number, default=1.5), "max_share": P(_number, default=0.5),
+                     "min_ranks": P(_number, default=4.0), "level": P(_enum("rank"), default="rank")},
+    # Which phase (compute, input, communication) of the culprit ranks' step is slow.
+    "phase": {"phase": P(_enum("any", "compute", "input", "communication"), default="any"), "window": _WINDOW,
+              "steps": _STEPS},
+    # One pipeline stage slower than the others on (nearly) every data-parallel replica.
+    "stage_imbalance": {"measure": _MEASURE, "window": _WINDOW, "steps": _STEPS,
+                        "ratio": P(_compare, default=Compare(">", 1.15)), "persist": P(_number, default=0.6),
+                        "replica_share": P(_number, default=0.9), "min_replicas": P(_number, default=2.0)},
+    # A different rank slow on each step (data or sequence-length imbalance): no single culprit.
+    "rotation": {"measure": _MEASURE, "window": P(_duration, default=30.0), "steps": P(_number, default=10.0),
+                 "ratio": P(_compare, default=Compare(">", 1.15)), "zscore": P(_compare, default=Compare(">", 6.0)),
+                 "persist": P(_number, default=0.5), "max_share": P(_number, default=0.34),
+                 "min_distinct": P(_number, default=3.0), "within": _WITHIN},
+    # Slowdowns of the job's step time that recur with a regular period.
+    "periodic": {"window": P(_duration, default=1800.0), "ratio": P(_compare, default=Compare(">", 1.3)),
+                 "min_bursts": P(_number, default=3.0), "tolerance": P(_number, default=0.25)},
+    # The cost: the step time were the culprits as fast as their peers, and the time lost per step.
+    "what_if": {"measure": _MEASURE, "window": _WINDOW, "steps": _STEPS, "within": _WITHIN},
 }
 _LEAF_COMMON = {"type", "culprit", "scope", "name"}
 _RULE_KEYS = {"apiVersion", "id", "title", "cause", "next_step", "severity", "confidence", "when", "for",

@@ -63,6 +63,23 @@ TEMPLATE_VARS: dict[str, str] = {
     "other_team": "its team", "shared": "the switch or pool they share",
     "other_node": "the other job's busiest node there", "other_value": "that node's figure",
     "changed_at": "when a change_point condition found the level shift (event time; see the clock filter)",
+    "stragglers": "step_outlier: each straggler's rank, node, gpu, stage, replica, ratio and history_ratio",
+    "straggler_ratio": "step_outlier: the slowest straggler's work over its peers'",
+    "n_stragglers": "step_outlier: how many ranks it names", "aligned_steps": "steps compared",
+    "steady": "step_outlier: a straggler has no history before the window (slow since it was first seen)",
+    "phase": "the slow phase: compute, input, communication, or step (split unknown)",
+    "phase_field": "the step field of that phase", "phase_value": "the culprits' median of it",
+    "phase_baseline": "their peers' median of it",
+    "stage": "stage_imbalance: the slow pipeline stage", "n_stages": "pipeline stages",
+    "n_replicas": "data-parallel replicas", "imbalance": "stage_imbalance: the stage's work over the others'",
+    "slow_share": "rotation: share of steps with a slow rank", "distinct_ranks": "rotation: ranks taking turns",
+    "rotation_ratio": "rotation: the slow rank's typical ratio",
+    "period_s": "periodic: the period", "burst_s": "periodic: how long each slowdown lasts",
+    "bursts": "periodic: slowdowns seen", "periodic_ratio": "periodic: step time in a slowdown over normal",
+    "step_s": "what_if: the job's step time now", "whatif_step_s": "what_if: its step time without the culprit",
+    "slowdown_pct": "what_if: how much slower, %", "step_losses": "what_if: (end, step time, seconds lost) per step",
+    "cost": "the incident's cost: step_s, whatif_step_s, slowdown_pct, gpus, gpu_hours_lost",
+    "incident_since": "when the incident began (event time)",
 }
 
 

@@ -33,14 +33,15 @@ CASES = [
       "(units ms, s, m, h) (got 5)"]),
     ("unknown-key", GOOD.replace("ratio: \"> 10\"", "ratio: \"> 10\"\n      threshold: 3"),
      ["{f}:12: rule 'network.test-rule': 'when.all[0].threshold' is not a parameter of 'peer_outlier' "
-      "(valid: agg, culprit, direction, metric, min_peers, min_value, name, ratio, scope, type, window, zscore)"]),
+      "(valid: agg, culprit, direction, metric, min_peers, min_value, name, ratio, scope, steps, type, window, zscore)"]),
     ("unknown-metric-and-bad-compare", GOOD.replace("job.comm_s", "job.comms").replace('"> 1.3"', "1.3"),
      ["{f}:14: rule 'network.test-rule': 'when.all[1].metric' must be a known metric "
       "(see `whywait rules metrics`) (got 'job.comms')",
       "{f}:15: rule 'network.test-rule': 'when.all[1].ratio' must be a comparison like '> 10' (got 1.3)"]),
     ("unknown-type", GOOD.replace("type: self_history", "type: selfhistory"),
      ["{f}:13: rule 'network.test-rule': 'when.all[1].type' must be one of all, any, not, macro, or a condition "
-      "type (threshold, peer_outlier, self_history, trend, change_point, absence, event, topology) "
+      "type (threshold, peer_outlier, self_history, trend, change_point, absence, event, topology, step_outlier, "
+      "phase, stage_imbalance, rotation, periodic, what_if) "
       "(got 'selfhistory')"]),
     ("missing-keys", "apiVersion: whywait/v1\nid: network.test-rule\nwhen: {type: absence, level: rank}\n",
      ["{f}:1: rule 'network.test-rule': 'title' is required (a Jinja2 template string)",
@@ -151,7 +152,7 @@ def test_template_with_an_unknown_variable_is_refused(tmp_path: Path) -> None:
         load_rules([f])
     msg = str(exc.value)
     assert msg.startswith(f"{f}:5: rule 'network.test-rule': 'next_step' template uses unknown variable(s) nod "
-                          "(known: actual_nic, changed_at, channel,")
+                          "(known: actual_nic, aligned_steps, burst_s, bursts, changed_at, channel,")
 
 
 def test_evidence_conditions_parse_and_must_be_conditions(tmp_path: Path) -> None:

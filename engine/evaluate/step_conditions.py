@@ -1,0 +1,397 @@
+"""Condition types that read the job's own step timings, aligned by step number.
+
+Registered in :data:`engine.evaluate.conditions.EVALUATORS` (their parameters in
+:data:`engine.rules.schema.CONDITION_TYPES`).  Each is called once per tick per
+(rule, job), like every leaf, and returns a :class:`Result`.  They fill
+``ctx.facts`` for the rule's templates and for the cost figure:
+
+- ``step_outlier``: ranks slower than the comparable ranks (their pipeline stage
+  on the other replicas) on the same steps; a culprit leaf that names rank(s).
+  With no hardware signature this is the straggler of unknown cause.
+- ``phase``: which part of the culprits' step is slow: compute, input or communication.
+- ``stage_imbalance``: one pipeline stage slower than the others on every replica.
+- ``rotation``: a different slow rank each step (input or sequence-length imbalance).
+- ``periodic``: slowdowns that recur with a regular period.
+- ``what_if``: the step time were the culprits as fast as their peers, and the
+  seconds lost per step since the incident began (the evaluator turns those into
+  GPU-hours).
+
+See :mod:`engine.evaluate.steps` for why the split, not the step time, and for the
+robust statistics.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from typing import Any
+
+from engine.diagnosis import Evidence
+from engine.evaluate.conditions import Ctx, Result
+from engine.evaluate.steps import (
+    PHASE_NAMES,
+    StepRec,
+    groups_of,
+    judge_ranks,
+    lower_quartile,
+    phase_excess,
+    select,
+    step_loss,
+)
+from engine.rules.schema import Condition
+
+Steps = list[tuple[int, dict[int, StepRec]]]
+# How many steps before the window count as a rank's history (bounded: the table keeps ~600).
+_HISTORY_MAX = 200
+
+
+def _coords(ctx: Ctx) -> Any:
+    return getattr(ctx.job, "coords", None) or {}
+
+
+def _window(c: Condition, ctx: Ctx) -> tuple[Steps, Steps] | None:
+    table = ctx.store.step_tables.get(ctx.job.job)
+    if table is None:
+        return None
+    done = table.complete(ctx.now)
+    p = c.params
+    win, hist = select(done, ctx.now, p["window"], int(p["steps"]))
+    if len(win) < int(p["steps"]):
+        return None
+    return win, hist[-_HISTORY_MAX:]
+
+
+def _ent(ctx: Ctx, rank: int) -> str:
+    return f"{ctx.job.job}:{rank}"
+
+
+def _where(ctx: Ctx, rank: int) -> dict[str, Any]:
+    node, gpu = ctx.job.ranks.get(rank, ("?", -1))
+    co = _coords(ctx).get(rank) or {}
+    return {"rank": rank, "node": node, "gpu": gpu, "stage": co.get("pp"), "replica": co.get("dp")}
+
+
+def _step_outlier(c: Condition, ctx: Ctx) -> Result:
+    """Ranks whose own work per step exceeds their comparable peers' on most aligned steps.
+
+    A rank is a straggler when, over the window, the median of its per-step ratio to its group's
+    lower quartile passes ``ratio``, its robust z against the fast group passes ``zscore``, and it
+    was over ``ratio`` on at least ``persist`` of the steps (one hiccup is not a straggler).  When the
+    rank has history (steps before the window) its ratio must also have grown by ``ratio`` against
+    that history, unless it exceeds ``steady_ratio``: a rank that was always 20% slower (an older
+    GPU) is heterogeneity, not a new fault.  The history ratio is frozen while the rank is flagged,
+    so a long fault never becomes its own baseline.  More than ``max_share`` of the ranks flagged is
+    not a straggler: the reference itself is then in doubt.
+    """
+    p = c.params
+    got = _window(c, ctx)
+    if got is None:
+        return Result(False)
+    win, hist = got
+    ranks = [r for r in ctx.job.ranks if any(r in row for _, row in win)]
+    groups = groups_of(ranks, _coords(ctx), p["within"])
+    thr = p["ratio"].value
+    judged = judge_ranks(win, hist, groups, p["measure"], thr, int(p["history"]))
+    if len(judged) < int(p["min_ranks"]):
+        return Result(False)
+    flagged = []
+    for j in judged:
+        key = (ctx.rule_id, c.line, ctx.job.job, j.rank)
+        base = ctx.state.get(key, j.history_ratio)
+        ok = p["ratio"](j.ratio) and p["zscore"](j.z) and j.slow_share >= p["persist"]
+        if ok and j.ratio < p["steady_ratio"]:
+            # Modestly slower: a fault only if it grew against its own past.  Without a past (the job,
+            # or the rank, just started) it may be a slower GPU model: wait for history.
+            ok = base is not None and (p["ratio"](j.ratio / base) if base > 0 else True)
+        if ok:
+            if base is not None:
+                ctx.state[key] = base
+            flagged.append((j, base))
+        else:
+            ctx.state.pop(key, None)
+    if not flagged or len(flagged) > p["max_share"] * len(judged):
+        return Result(False)
+    res = Result(True)
+    stragglers = []
+    for j, base in sorted(flagged, key=lambda x: -x[0].ratio):
+        e = _ent(ctx, j.rank)
+        res.entities.append(e)
+        since = "since its history began" if base is None or base >= thr else f"{base:.2f}x before"
+        res.evidence.append(Evidence(
+            "step.work_s" if p["measure"] == "work" else f"step.{p['measure']}", e, round(j.value, 6), "s",
+            round(j.reference, 6), f"ratio {p['ratio']} on {p['persist']:.0%} of {len(win)} aligned steps", None,
+            f"{j.ratio:.2f}x the {'stage' if j.group else 'job'}'s fast ranks, robust z {j.z:.1f}, "
+            f"slow on {j.slow_share:.0%} of steps ({since})"))
+        stragglers.append({**_where(ctx, j.rank), "ratio": round(j.ratio, 3),
+                           "history_ratio": None if base is None else round(base, 3)})
+    res.entities.sort(key=lambda e: int(e.rsplit(":", 1)[1]))
+    ctx.facts.update(stragglers=stragglers, straggler_ratio=stragglers[0]["ratio"], n_stragglers=len(stragglers),
+                     aligned_steps=len(win), steady=any(s["history_ratio"] is None for s in stragglers))
+    _set_phase(ctx, win, [j.rank for j, _ in flagged], ranks)
+    return res
+
+
+def _set_phase(ctx: Ctx, win: Steps, culprits: list[int], ranks: list[int]) -> list[Evidence]:
+    """Name the slow phase of ``culprits`` (facts ``phase``, ``phase_field``); return its evidence."""
+    peers = [r for r in ranks if r not in culprits]
+    ex = phase_excess(win, culprits, peers, ("compute_s", "data_wait_s"))
+    best = max(ex.items(), key=lambda kv: kv[1][0] - kv[1][1], default=None)
+    if best is None or best[1][0] - best[1][1] <= 0:
+        ctx.facts.setdefault("phase", "step")  # the producer sent the step time only: the phase is unknown
+        ctx.facts.setdefault("phase_field", "duration_s")
+        return []
+    ctx.facts["phase"] = PHASE_NAMES[best[0]]
+    ctx.facts["phase_field"] = best[0]
+    ctx.facts["phase_value"], ctx.facts["phase_baseline"] = best[1]
+    return [Evidence(f"step.{f}", _ent(ctx, culprits[0]) if len(culprits) == 1 else ctx.job.job, round(m, 6), "s",
+                     round(t, 6), "", None, f"{PHASE_NAMES[f]}: culprit(s) {m:.3g} s against peers {t:.3g} s")
+            for f, (m, t) in sorted(ex.items())]
+
+
+def _phase(c: Condition, ctx: Ctx) -> Result:
+    """Which phase of the culprit ranks' step is slow, against their peers on the same steps.
+
+    Holds when the phase named by ``phase`` (``any``: whichever is slowest) is the one that grew; the
+    evidence gives every known phase, culprits against peers.
+    """
+    got = _window(c, ctx)
+    culprits = [int(e.rsplit(":", 1)[1]) for e in ctx.culprits if e.startswith(ctx.job.job + ":")]
+    if got is None or not culprits:
+        return Result(False)
+    win, _ = got
+    ranks = sorted(ctx.job.ranks)
+    ev = _set_phase(ctx, win, culprits, ranks)
+    want = c.params["phase"]
+    holds = bool(ev) and (want == "any" or ctx.facts.get("phase") == want)
+    return Result(holds, [], ev if holds else [])
+
+
+def _stage_imbalance(c: Condition, ctx: Ctx) -> Result:
+    """One pipeline stage does more work than the others on (nearly) every data-parallel replica.
+
+    Per aligned step and replica, the stage with the most work and its ratio to the median of the
+    replica's stages.  The imbalance holds when one stage is that slowest stage, over ``ratio``, on at
+    least ``replica_share`` of the replicas, on at least ``persist`` of the steps.  A node fault
+    slows one replica only, so it never makes a stage slow on every replica.
+    """
+    p = c.params
+    got = _window(c, ctx)
+    coords = _coords(ctx)
+    if got is None or not coords:
+        return Result(False)
+    win, _ = got
+    layout: dict[int, dict[int, list[int]]] = {}  # replica -> stage -> ranks
+    for r, co in coords.items():
+        if co.get("pp") is not None:
+            layout.setdefault(int(co.get("dp", 0) or 0), {}).setdefault(int(co["pp"]), []).append(int(r))
+    stages = {s for st in layout.values() for s in st}
+    if len(stages) < 2:
+        return Result(False)
+    hits: Counter[int] = Counter()
+    ratios: dict[int, list[float]] = {}
+    losses: list[tuple[float, float, float]] = []
+    for _, row in win:
+        slowest: Counter[int] = Counter()
+        step_ratios: dict[int, list[float]] = {}
+        n_rep = 0
+        for st in layout.values():
+            w = {s: statistics.median(v) for s, rs in st.items()
+                 if (v := [x for r in rs if r in row and (x := row[r].get(p["measure"])) is not None])}
+            if len(w) < 2:
+                continue
+            n_rep += 1
+            top = max(w, key=lambda s: w[s])
+            others = statistics.median(v for s, v in w.items() if s != top)
+            if others > 0 and p["ratio"](w[top] / others):
+                slowest[top] += 1
+                step_ratios.setdefault(top, []).append(w[top] / others)
+        if n_rep < int(p["min_replicas"]) or not slowest:
+            continue
+        stage, n = slowest.most_common(1)[0]
+        if n >= p["replica_share"] * n_rep:
+            hits[stage] += 1
+            ratios.setdefault(stage, []).extend(step_ratios[stage])
+            dur = statistics.median(r.duration_s for r in row.values())
+            ratio = statistics.median(step_ratios[stage])
+            # Balanced, the bottleneck stage would do the mean work: the step shrinks in proportion.
+            mean_ratio = (ratio + len(stages) - 1) / len(stages)
+            losses.append((max(r.t for r in row.values()), dur, dur * (1 - mean_ratio / ratio)))
+    if not hits:
+        return Result(False)
+    stage, n = hits.most_common(1)[0]
+    if n < p["persist"] * len(win):
+        return Result(False)
+    ratio = statistics.median(ratios[stage])
+    ctx.facts.update(stage=stage, n_stages=len(stages), n_replicas=len(layout), imbalance=round(ratio, 3),
+                     step_losses=losses, aligned_steps=len(win))
+    ev = Evidence("step.work_s", ctx.job.job, round(ratio, 4), "ratio", 1.0,
+                  f"ratio {p['ratio']} on {p['replica_share']:.0%} of replicas", None,
+                  f"stage {stage} does {ratio:.2f}x the work of the other stages on {n} of {len(win)} steps, "
+                  f"on every replica")
+    return Result(True, [ctx.job.job], [ev])
+
+
+def _rotation(c: Condition, ctx: Ctx) -> Result:
+    """A different rank is the slow one each step: imbalance in the data, not in any one rank.
+
+    Per aligned step, the slowest rank of its group against the group's lower quartile (ratio) and
+    against the fast ranks' spread (robust z).  Holds when at least ``persist`` of the steps have
+    such a slow rank, no rank is it on more than ``max_share`` of them, and at least
+    ``min_distinct`` ranks take turns.
+    """
+    p = c.params
+    got = _window(c, ctx)
+    if got is None:
+        return Result(False)
+    win, _ = got
+    ranks = sorted(ctx.job.ranks)
+    groups = groups_of(ranks, _coords(ctx), p["within"])
+    slow: list[tuple[int, int, float]] = []  # (step index, rank, ratio)
+    losses: list[tuple[float, float, float]] = []
+    excess = {"compute_s": 0.0, "data_wait_s": 0.0}
+    # Each rank against its own usual level first: a rank that is always slower (an older GPU) is
+    # heterogeneity, and must not be "the slow one" on every step it happens to top.
+    usual: dict[int, float] = {}
+    for r in ranks:
+        xs = [v for _, row in win if r in row and (v := row[r].get(p["measure"])) is not None]
+        if xs:
+            usual[r] = statistics.median(xs)
+    for i, (_, row) in enumerate(win):
+        best: tuple[float, int, float] | None = None
+        for members in groups.values():
+            raw = {r: v for r in members if r in row and (v := row[r].get(p["measure"])) is not None}
+            known = {r: v / usual[r] for r, v in raw.items() if usual.get(r)}
+            if len(known) < 4:
+                continue
+            vals = sorted(known.values())
+            ref = lower_quartile(vals)
+            centre = statistics.median(vals)
+            fast = [v for v in vals if v <= centre]
+            fmed = statistics.median(fast)
+            scale = max(1.4826 * statistics.median(abs(v - fmed) for v in fast), 0.02 * ref, 1e-9)
+            top = max(known, key=lambda r: known[r])
+            q, z = known[top] / ref if ref > 0 else 0.0, (known[top] - fmed) / scale
+            if p["ratio"](q) and p["zscore"](z) and (best is None or q > best[0]):
+                best = (q, top, sorted(raw.values())[-2])
+        if best is None:
+            continue
+        q, top, second = best
+        slow.append((i, top, q))
+        dur = statistics.median(r.duration_s for r in row.values())
+        lost = (row[top].get(p["measure"]) or 0.0) - second
+        losses.append((max(r.t for r in row.values()), dur, max(0.0, min(dur, lost))))
+        for f in excess:
+            mine = row[top].get(f)
+            peers = [v for r, rec in row.items() if r != top and (v := rec.get(f)) is not None]
+            if mine is not None and peers:
+                excess[f] += mine - statistics.median(peers)
+    if len(slow) < p["persist"] * len(win):
+        return Result(False)
+    who = Counter(r for _, r, _ in slow)
+    if who.most_common(1)[0][1] > p["max_share"] * len(slow) or len(who) < int(p["min_distinct"]):
+        return Result(False)
+    phase = max(excess, key=lambda f: excess[f])
+    ratio = statistics.median(q for _, _, q in slow)
+    ctx.facts.update(phase=PHASE_NAMES[phase] if excess[phase] > 0 else "step", phase_field=phase,
+                     slow_share=round(len(slow) / len(win), 3), distinct_ranks=len(who), rotation_ratio=round(ratio, 3),
+                     step_losses=losses, aligned_steps=len(win))
+    ev = Evidence("step.work_s", ctx.job.job, round(ratio, 4), "ratio", 1.0, f"ratio {p['ratio']}", None,
+                  f"{len(who)} different ranks were the slow one on {len(slow)} of {len(win)} steps; "
+                  f"none on more than {who.most_common(1)[0][1]}")
+    return Result(True, [ctx.job.job], [ev])
+
+
+def _periodic(c: Condition, ctx: Ctx) -> Result:
+    """The job's step time rises in bursts that recur with a regular period.
+
+    Reads ``job.duration_s`` over ``window`` (seconds with a checkpoint save left out: a save is
+    periodic by design and has its own rules).  Bursts are runs of points over ``ratio`` times the
+    window's median; at least ``min_bursts`` of them whose start-to-start intervals agree within
+    ``tolerance`` make a period.  Holds while the latest burst is no older than 1.5 periods.
+    """
+    p = c.params
+    job = ctx.job.job
+    times, values = ctx.store.window("job.duration_s", job, ctx.now - p["window"], ctx.now)
+    if len(values) < 20:
+        return Result(False)
+    _, ck = ctx.store.window("job.checkpoint_s", job, ctx.now - p["window"], ctx.now)
+    ck_times = set(ctx.store.window("job.checkpoint_s", job, ctx.now - p["window"], ctx.now)[0][i]
+                   for i, v in enumerate(ck) if v > 0)
+    pts = [(t, v) for t, v in zip(times, values, strict=True) if t not in ck_times]
+    if len(pts) < 20:
+        return Result(False)
+    base = statistics.median(v for _, v in pts)
+    gap = statistics.median(b[0] - a[0] for a, b in zip(pts, pts[1:], strict=False))
+    bursts: list[list[tuple[float, float]]] = []
+    for t, v in pts:
+        if base > 0 and p["ratio"](v / base):
+            if bursts and t - bursts[-1][-1][0] <= 2.5 * gap:
+                bursts[-1].append((t, v))
+            else:
+                bursts.append([(t, v)])
+    if len(bursts) < int(p["min_bursts"]):
+        return Result(False)
+    starts = [b[0][0] for b in bursts]
+    gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
+    period = statistics.median(gaps)
+    if period < 4 * gap or any(abs(g - period) > p["tolerance"] * period for g in gaps):
+        return Result(False)
+    if ctx.now - bursts[-1][-1][0] > 1.5 * period:
+        return Result(False)
+    burst_s = statistics.median(b[-1][0] - b[0][0] + gap for b in bursts)
+    slow = statistics.median(v / base for b in bursts for _, v in b)
+    losses = [(t, v, max(v, 1.0) * (1 - base / v)) for b in bursts for t, v in b]
+    ctx.facts.update(period_s=round(period), burst_s=round(burst_s, 1), bursts=len(bursts),
+                     periodic_ratio=round(slow, 3), step_losses=losses, phase=ctx.facts.get("phase", "step"))
+    ev = Evidence("job.duration_s", job, round(base * slow, 6), "s", round(base, 6), f"ratio {p['ratio']}",
+                  p["window"], f"{len(bursts)} slowdowns of ~{burst_s:.0f}s, every {period:.0f}s "
+                  f"(intervals {', '.join(f'{g:.0f}' for g in gaps)} s)")
+    return Result(True, [job], [ev])
+
+
+def _what_if(c: Condition, ctx: Ctx) -> Result:
+    """What the waiting costs: the step time were the culprits as fast as their peers.
+
+    Uses the per-step losses a pattern leaf left in the facts (stage, rotation, periodic), or
+    computes them for the culprit ranks (:func:`engine.evaluate.steps.step_loss`) over the complete
+    steps since the incident began (``incident_since``, set by the evaluator).  Sets ``step_s``,
+    ``whatif_step_s``, ``slowdown_pct`` and ``step_losses`` (which the evaluator sums into
+    GPU-hours).  Never gates a rule: put it under ``evidence:``.
+    """
+    p = c.params
+    losses = ctx.facts.get("step_losses")
+    if losses is None:
+        table = ctx.store.step_tables.get(ctx.job.job)
+        culprits = {int(e.rsplit(":", 1)[1]) for e in ctx.culprits if e.startswith(ctx.job.job + ":")}
+        if table is None or not culprits:
+            return Result(False)
+        since = ctx.facts.get("incident_since", ctx.now - p["window"])
+        groups = groups_of(ctx.job.ranks, _coords(ctx), p["within"])
+        losses = []
+        for _, row in table.complete(ctx.now):
+            t = max(r.t for r in row.values())
+            if t > since:
+                dur, lost = step_loss(row, culprits, groups, p["measure"])
+                losses.append((t, dur, lost))
+        ctx.facts["step_losses"] = losses
+    if not losses:
+        return Result(False)
+    recent = losses[-max(int(p["steps"]), 1):]
+    step_s = statistics.median(d for _, d, _ in recent)
+    whatif = statistics.median(d - lost for _, d, lost in recent)
+    slowdown = 100.0 * (step_s / whatif - 1) if whatif > 0 else 0.0
+    ctx.facts.update(step_s=round(step_s, 6), whatif_step_s=round(whatif, 6), slowdown_pct=round(slowdown, 1))
+    ev = Evidence("job.step_s", ctx.job.job, round(step_s, 6), "s", round(whatif, 6), "what-if", None,
+                  f"a step takes {step_s:.3g} s; {whatif:.3g} s were the culprit as fast as its peers "
+                  f"({slowdown:.0f}% slower)")
+    return Result(True, [], [ev])
+
+
+STEP_EVALUATORS = {
+    "step_outlier": _step_outlier,
+    "phase": _phase,
+    "stage_imbalance": _stage_imbalance,
+    "rotation": _rotation,
+    "periodic": _periodic,
+    "what_if": _what_if,
+}

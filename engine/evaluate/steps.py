@@ -1,0 +1,251 @@
+"""Step-aligned views of a job's timings: ranks compared on the same step numbers.
+
+Wall-clock windows fail on real jobs.  A 45 s step lands in a 5 s window on one
+tick in nine, and a 300 s baseline holds a handful of points.  Ranks of a
+synchronous job also finish a step at slightly different times, so buckets by
+second pair step 812 of one rank with step 811 of another.  This module keeps,
+per job, the last few hundred steps as a table ``step -> rank -> StepRec``.  The
+step-aligned conditions (:mod:`engine.evaluate.conditions`) read it.
+
+Why compare the *split* and not the step time: in a synchronous job every rank
+leaves the collective together, so every rank's step time is the same.  The
+straggler shows only in how that time divides.  It has the most local work
+(compute plus input wait) and the least communication, because everyone else
+waits for it there.  :func:`work` is that local work.  Where a producer sends
+the step time alone (contract v2: the split is optional), the step time stands
+in.  That still finds stragglers in asynchronous jobs, whose step times differ.
+
+Statistics are robust by construction, not by tuning:
+
+- The reference at each step is the *lower quartile* of the comparable ranks.
+  Up to half the ranks may be slow without moving it, where the median flips.
+- The spread is measured on the *fast group* (ranks at or below the median).
+- A rank's own history (the steps before the window) tells steady heterogeneity
+  (a slower GPU model since the start) from a new fault.
+
+Pure: no Kafka, no faust.  Fed by :class:`engine.evaluate.store.MetricStore`.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Iterable, Mapping, Sequence
+
+PHASES = ("data_wait_s", "compute_s", "comm_s", "collective_s", "pipeline_wait_s", "checkpoint_s")
+# How a phase is named in diagnoses (the issue's words: compute, input, communication).
+PHASE_NAMES = {"compute_s": "compute", "data_wait_s": "input", "comm_s": "communication",
+               "collective_s": "communication", "pipeline_wait_s": "communication", "duration_s": "step"}
+
+
+@dataclass(frozen=True)
+class StepRec:
+    """One rank's timings for one step; a phase the producer did not send is None (unknown, not zero)."""
+
+    t: float  # when the step ended (event time)
+    duration_s: float
+    data_wait_s: float | None = None
+    compute_s: float | None = None
+    comm_s: float | None = None
+    collective_s: float | None = None
+    pipeline_wait_s: float | None = None
+    checkpoint_s: float | None = None
+
+    def get(self, phase: str) -> float | None:
+        """The value of ``phase`` (``work``, ``duration_s`` or a field name), None when unknown."""
+        if phase == "work":
+            return work(self)
+        v = getattr(self, phase)
+        return None if v is None else float(v)
+
+
+def work(r: StepRec) -> float:
+    """A rank's own time in a step, waits for others excluded.
+
+    Compute plus input wait when the producer split the step; else the step time less its
+    communication; else the step time itself.
+    """
+    if r.compute_s is not None:
+        return r.compute_s + (r.data_wait_s or 0.0)
+    if r.comm_s is not None:
+        return max(0.0, r.duration_s - r.comm_s - (r.checkpoint_s or 0.0))
+    return r.duration_s
+
+
+class StepTable:
+    """The last ``keep`` steps of one job: ``step -> {rank: StepRec}``, oldest first."""
+
+    __slots__ = ("keep", "steps", "ranks", "newest_t")
+
+    def __init__(self, keep: int = 600) -> None:
+        self.keep = keep
+        self.steps: OrderedDict[int, dict[int, StepRec]] = OrderedDict()
+        self.ranks: set[int] = set()  # every rank that has reported (the coverage a complete step needs)
+        self.newest_t = -math.inf
+
+    def add(self, step: int, rank: int, rec: StepRec) -> None:
+        """Called by the store for each step record; keeps the table bounded by ``keep`` steps."""
+        row = self.steps.get(step)
+        if row is None:
+            if self.steps and step < next(iter(self.steps)) and len(self.steps) >= self.keep:
+                return  # older than anything kept, and the table is full: it cannot matter
+            row = self.steps[step] = {}
+            if self.steps and step < next(reversed(self.steps)):
+                self.steps = OrderedDict(sorted(self.steps.items()))  # rare: a late step arrived
+            while len(self.steps) > self.keep:
+                self.steps.popitem(last=False)
+        row[rank] = rec
+        self.ranks.add(rank)
+        if rec.t > self.newest_t:
+            self.newest_t = rec.t
+
+    def complete(self, now: float, coverage: float = 0.9) -> list[tuple[int, dict[int, StepRec]]]:
+        """Steps every (``coverage`` of the) reporting ranks ended by ``now``, oldest first.
+
+        A step still missing ranks is left out until they report, so the slowest rank of a step
+        is never judged on the fast ranks alone.
+        """
+        need = max(1, math.ceil(coverage * len(self.ranks)))
+        out = []
+        for s, row in self.steps.items():
+            done = [r for r in row.values() if r.t <= now]
+            if len(done) >= need and len(done) == len(row):
+                out.append((s, row))
+        return out
+
+
+def select(steps: Sequence[tuple[int, dict[int, StepRec]]], now: float, window_s: float, min_steps: int
+           ) -> tuple[list[tuple[int, dict[int, StepRec]]], list[tuple[int, dict[int, StepRec]]]]:
+    """Split complete steps into ``(window, history)``.
+
+    The window holds the steps that ended in the last ``window_s`` seconds, but at least the last
+    ``min_steps`` steps, whichever is longer: 50 ms steps are judged over seconds, 5-minute steps
+    over steps.  The history is every older step.
+    """
+    n = sum(1 for _, row in steps if max(r.t for r in row.values()) > now - window_s)
+    n = min(len(steps), max(n, min_steps))
+    return list(steps[len(steps) - n:]), list(steps[:len(steps) - n])
+
+
+def lower_quartile(values: Sequence[float]) -> float:
+    """The 25th percentile (inclusive method), or the minimum for fewer than 4 values."""
+    s = sorted(values)
+    if len(s) < 4:
+        return s[0]
+    pos = 0.25 * (len(s) - 1)
+    lo = int(pos)
+    return s[lo] + (s[min(lo + 1, len(s) - 1)] - s[lo]) * (pos - lo)
+
+
+def groups_of(ranks: Iterable[int], coords: Mapping[int, Mapping[str, float]], by: str) -> dict[str, list[int]]:
+    """Ranks that do comparable work: all of them, or (``by == "stage"``) those of one pipeline stage.
+
+    Pipeline stages do different work by design, so a rank is compared with the same stage on the
+    other replicas.  Ranks without coordinates form one group.
+    """
+    out: dict[str, list[int]] = {}
+    for r in sorted(ranks):
+        key = ""
+        if by == "stage":
+            pp = (coords.get(r) or {}).get("pp")
+            key = "" if pp is None else str(int(pp))
+        out.setdefault(key, []).append(r)
+    return out
+
+
+@dataclass
+class RankJudgement:
+    """How one rank compares with its group over the window."""
+
+    rank: int
+    group: str
+    ratio: float  # median over the window's steps of (its measure / the group's lower quartile)
+    slow_share: float  # share of the window's steps in which it was over the ratio threshold
+    z: float  # robust z of ``ratio`` against the fast group's spread
+    history_ratio: float | None  # the same ratio over the history steps, when there are enough
+    value: float  # its median measure over the window
+    reference: float  # the group's median lower quartile over the window
+
+
+def judge_ranks(window: Sequence[tuple[int, dict[int, StepRec]]], history: Sequence[tuple[int, dict[int, StepRec]]],
+                groups: Mapping[str, list[int]], measure: str, ratio_thr: float, min_history: int,
+                min_group: int = 2) -> list[RankJudgement]:
+    """Compare every rank with its group on each step of the window (and of the history)."""
+    out: list[RankJudgement] = []
+    for g, members in groups.items():
+        if len(members) < min_group:
+            continue
+        per_rank: dict[int, list[float]] = {r: [] for r in members}
+        refs: list[float] = []
+        values: dict[int, list[float]] = {r: [] for r in members}
+        for _, row in window:
+            vals = {r: row[r].get(measure) for r in members if r in row}
+            known = {r: v for r, v in vals.items() if v is not None}
+            if len(known) < min_group:
+                continue
+            ref = lower_quartile(list(known.values()))
+            if ref <= 0:
+                continue
+            refs.append(ref)
+            for r, v in known.items():
+                per_rank[r].append(v / ref)
+                values[r].append(v)
+        hist: dict[int, list[float]] = {r: [] for r in members}
+        for _, row in history:
+            known = {r: v for r in members if r in row and (v := row[r].get(measure)) is not None}
+            if len(known) < min_group:
+                continue
+            ref = lower_quartile(list(known.values()))
+            if ref > 0:
+                for r, v in known.items():
+                    hist[r].append(v / ref)
+        meds = {r: statistics.median(x) for r, x in per_rank.items() if x}
+        if len(meds) < min_group:
+            continue
+        centre = statistics.median(meds.values())
+        fast = [m for m in meds.values() if m <= centre]
+        fmed = statistics.median(fast)
+        mad = statistics.median(abs(m - fmed) for m in fast)
+        # A floor on the spread (2% of the reference): identical ranks must not make a 1% wobble
+        # an infinite z-score.
+        scale = max(1.4826 * mad, 0.02)
+        ref_med = statistics.median(refs) if refs else 0.0
+        for r, m in meds.items():
+            xs = per_rank[r]
+            h = hist[r]
+            out.append(RankJudgement(
+                rank=r, group=g, ratio=m, slow_share=sum(1 for x in xs if x >= ratio_thr) / len(xs),
+                z=(m - fmed) / scale, history_ratio=statistics.median(h) if len(h) >= min_history else None,
+                value=statistics.median(values[r]), reference=ref_med))
+    return out
+
+
+def phase_excess(window: Sequence[tuple[int, dict[int, StepRec]]], ranks: Sequence[int], peers: Sequence[int],
+                 phases: Sequence[str] = ("compute_s", "data_wait_s", "comm_s")) -> dict[str, tuple[float, float]]:
+    """Per phase, ``(the culprits' median, the peers' median)`` over the window; unknown phases left out."""
+    out: dict[str, tuple[float, float]] = {}
+    for ph in phases:
+        mine = [v for _, row in window for r in ranks if r in row and (v := row[r].get(ph)) is not None]
+        theirs = [v for _, row in window for r in peers if r in row and (v := row[r].get(ph)) is not None]
+        if mine and theirs:
+            out[ph] = (statistics.median(mine), statistics.median(theirs))
+    return out
+
+
+def step_loss(row: Mapping[int, StepRec], culprits: set[int], groups: Mapping[str, list[int]],
+              measure: str = "work") -> tuple[float, float]:
+    """``(step time, seconds of it lost to the culprits)`` for one step.
+
+    In a synchronous job the step ends when the slowest rank's work is done, so the step would be
+    shorter by how far the culprits' work exceeds the slowest *other* rank of their group.
+    """
+    dur = statistics.median(r.duration_s for r in row.values())
+    lost = 0.0
+    for members in groups.values():
+        mine = [v for r in members if r in culprits and r in row and (v := row[r].get(measure)) is not None]
+        others = [v for r in members if r not in culprits and r in row and (v := row[r].get(measure)) is not None]
+        if mine and others:
+            lost = max(lost, max(mine) - max(others))
+    return dur, max(0.0, min(lost, dur))

@@ -1,0 +1,228 @@
+"""Step-aligned conditions and the job.* pattern rules, driven through the real Evaluator.
+
+The step messages come from a small model of a synchronous job written here, independent of the
+simulator: each rank's own work per step (compute plus input wait) is drawn with lognormal jitter;
+the collective ends when the slowest rank arrives plus the all-reduce time, so every rank's step
+time is the same and each rank's ``comm_s`` is what is left.  Pipeline jobs add stages whose
+bottleneck sets the pace.  Telemetry other than steps is left out: the job.* rules read steps only,
+and the hardware-signature guards then see no data (clean).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from pathlib import Path
+from typing import Any, Callable
+
+from agents.events import envelope, validate
+from agents.simulate.cluster import make_cluster
+from engine.evaluate.evaluator import Evaluator
+from engine.evaluate.steps import StepRec, StepTable, judge_ranks, lower_quartile, select, work
+from engine.rules.loader import load_rules
+
+RULES = Path(__file__).resolve().parents[2] / "rules"
+T0 = 1_764_442_800.0
+
+Slow = Callable[[int, int], tuple[float, float]]  # (step, rank) -> (compute multiplier, data wait added)
+
+
+def _job(ranks: int, gpus: int = 8, pp: int = 1) -> tuple[Any, dict[str, Any]]:
+    nodes = max(1, ranks // gpus)
+    topo = make_cluster(nodes=nodes, gpus_per_node=gpus)
+    rk = []
+    for r in range(ranks):
+        entry: dict[str, Any] = {"rank": r, "node": f"node-{r // gpus + 1:02d}", "gpu": r % gpus}
+        if pp > 1:
+            entry.update(pp=r % pp, dp=r // pp)
+        rk.append(entry)
+    place = envelope("placement", "sched", T0, job="train-llm", project="llm", team="ml-platform",
+                     slack_channel="#ml-platform", state="running", ranks=rk)
+    return topo, validate(place)
+
+
+def run_job(seconds: float, step_s: float = 1.0, ranks: int = 32, pp: int = 1, split: bool = True,
+            slow: Slow | None = None, jitter: float = 0.04, seed: int = 1, hiccups: float = 0.0,
+            base_mult: Callable[[int], float] | None = None) -> tuple[list[Any], list[dict[str, Any]]]:
+    """Simulate a synchronous job and feed it to the Evaluator with the shipped rules.
+
+    Returns the diagnoses and the truth per step (``dur``, ``dur_without_fault``).
+    """
+    rng = random.Random(seed)
+    topo, place = _job(ranks, pp=pp)
+    ev = Evaluator(load_rules([RULES]), topo)
+    out = list(ev.ingest(place))
+    truth: list[dict[str, Any]] = []
+    t = T0
+    step = 0
+    micro = 8
+    while t < T0 + seconds:
+        works: dict[int, tuple[float, float]] = {}
+        works_clean: dict[int, float] = {}
+        for r in range(ranks):
+            j = math.exp(rng.gauss(0, jitter))
+            comp = 0.7 * step_s * j * (base_mult(r) if base_mult else 1.0)
+            data = 0.05 * step_s
+            if hiccups and rng.random() < hiccups:
+                comp *= 3.0
+            clean = comp + data
+            if slow is not None:
+                m, extra = slow(step, r)
+                comp *= m
+                data += extra * step_s
+            works[r] = (comp, data)
+            works_clean[r] = clean
+        allreduce = 0.2 * step_s
+        if pp > 1:  # the bottleneck stage sets the pace: (m + p - 1) microbatches of the slowest stage
+            def pace(w: dict[int, float]) -> float:
+                return max(w.values()) * (micro + pp - 1) / micro
+            dur = pace({r: c + d for r, (c, d) in works.items()}) + allreduce
+            dur_clean = pace(works_clean) + allreduce
+        else:
+            dur = max(c + d for c, d in works.values()) + allreduce
+            dur_clean = max(works_clean.values()) + allreduce
+        t += dur
+        step += 1
+        truth.append({"step": step, "t": t, "dur": dur, "clean": dur_clean})
+        by_node: dict[str, list[dict[str, Any]]] = {}
+        for r, (c, d) in works.items():
+            rec: dict[str, Any] = {"rank": r, "step": step, "duration_s": dur, "ended_at": t}
+            if split:
+                rec.update(compute_s=c, data_wait_s=d, comm_s=max(0.0, dur - c - d))
+            by_node.setdefault(f"node-{r // 8 + 1:02d}", []).append(rec)
+        for node, recs in by_node.items():
+            out += ev.ingest(validate(envelope("steps", node, t, job="train-llm", steps=recs)))
+    return out, truth
+
+
+def firing(diags: list[Any], rule: str | None = None) -> list[Any]:
+    return [d for d in diags if d.status == "firing" and (rule is None or d.rule_id == rule)]
+
+
+# ---- the pure helpers ------------------------------------------------------------------------------
+
+def test_work_is_the_split_without_waits_and_the_step_time_when_unknown() -> None:
+    assert work(StepRec(1.0, 2.0, data_wait_s=0.1, compute_s=1.2, comm_s=0.7)) == 1.3
+    assert work(StepRec(1.0, 2.0, comm_s=0.5)) == 1.5
+    assert work(StepRec(1.0, 2.0)) == 2.0
+
+
+def test_lower_quartile_ignores_up_to_half_slow() -> None:
+    fast, slow = [1.0] * 8, [10.0] * 8
+    assert lower_quartile(fast + slow) == 1.0
+    assert lower_quartile([3.0, 1.0]) == 1.0
+
+
+def test_table_is_bounded_and_waits_for_every_rank() -> None:
+    tab = StepTable(keep=10)
+    for s in range(30):
+        for r in range(4):
+            if not (s == 29 and r == 3):
+                tab.add(s, r, StepRec(float(s), 1.0))
+    assert len(tab.steps) == 10
+    done = tab.complete(100.0, coverage=1.0)
+    assert [s for s, _ in done][-1] == 28  # step 29 misses rank 3
+
+
+def test_window_is_seconds_or_steps_whichever_longer() -> None:
+    steps = [(s, {0: StepRec(float(s * 45), 45.0)}) for s in range(20)]
+    win, hist = select(steps, now=19 * 45, window_s=5.0, min_steps=5)
+    assert [s for s, _ in win] == [15, 16, 17, 18, 19] and len(hist) == 15
+    fast = [(s, {0: StepRec(s * 0.05, 0.05)}) for s in range(400)]
+    win, _ = select(fast, now=399 * 0.05, window_s=5.0, min_steps=5)
+    assert len(win) == 100
+
+
+def test_judge_ranks_names_the_slow_rank_with_half_the_job_slow() -> None:
+    rows = []
+    for s in range(10):
+        row = {r: StepRec(float(s), 3.0, compute_s=1.0 + 0.01 * ((r * 7 + s) % 3), data_wait_s=0.0) for r in range(8)}
+        for r in range(8, 16):
+            row[r] = StepRec(float(s), 3.0, compute_s=2.5 + 0.01 * (r % 3), data_wait_s=0.0)
+        rows.append((s, row))
+    js = {j.rank: j for j in judge_ranks(rows, [], {"": list(range(16))}, "work", 1.1, 5)}
+    assert all(js[r].ratio > 2.0 and js[r].z > 10 for r in range(8, 16))
+    assert all(js[r].ratio < 1.05 for r in range(8))
+
+
+# ---- the rules, on a modelled job ------------------------------------------------------------------
+
+def test_compute_straggler_of_unknown_cause_is_named_with_phase_and_cost() -> None:
+    def slow(step: int, rank: int) -> tuple[float, float]:
+        return (1.6, 0.0) if rank == 13 and step > 60 else (1.0, 0.0)
+
+    diags, truth = run_job(150, slow=slow)
+    got = firing(diags, "job.straggler")
+    assert got, [d.rule_id for d in diags]
+    d = got[0]
+    assert d.ranks == (13,) and d.culprit == "node-02"
+    assert d.labels["phase"] == "compute" and d.labels["cause"] == "straggler.unknown-cause"
+    fault_start = next(x["t"] for x in truth if x["step"] == 61)
+    assert 0 <= d.detected_at - fault_start <= 10
+    assert not firing(diags, "job.whole-job-slow")
+    assert d.cost is not None and d.cost["whatif_step_s"] < d.cost["step_s"]
+    last = [x for x in diags if x.rule_id == "job.straggler"][-1]
+    lost_truth = sum(x["dur"] - x["clean"] for x in truth if x["t"] >= d.starts_at and x["t"] <= last.detected_at)
+    assert last.cost is not None
+    assert abs(last.cost["gpu_hours_lost"] - lost_truth * 32 / 3600) <= 0.2 * lost_truth * 32 / 3600
+    assert "dcgmi diag" in d.next_step
+
+
+def test_input_straggler_is_named_as_input() -> None:
+    def slow(step: int, rank: int) -> tuple[float, float]:
+        return (1.0, 0.5) if rank == 5 and step > 60 else (1.0, 0.0)
+
+    d = firing(run_job(150, slow=slow)[0], "job.straggler")[0]
+    assert d.ranks == (5,) and d.labels["phase"] == "input"
+
+
+def test_several_stragglers_are_one_incident() -> None:
+    def slow(step: int, rank: int) -> tuple[float, float]:
+        return (1.5, 0.0) if rank in (3, 17, 30) and step > 60 else (1.0, 0.0)
+
+    got = firing(run_job(150, slow=slow)[0], "job.straggler")
+    assert len({d.fingerprint for d in got}) == 1
+    assert set(got[-1].ranks) == {3, 17, 30}
+
+
+def test_steady_heterogeneity_and_hiccups_are_not_stragglers() -> None:
+    # ranks 0-7 on an older GPU model, 25% slower from the first step; any rank hiccups now and then
+    diags, _ = run_job(400, base_mult=lambda r: 1.25 if r < 8 else 1.0, hiccups=0.01, seed=4)
+    assert firing(diags) == [], [(d.rule_id, d.culprit) for d in firing(diags)]
+
+
+def test_long_steps_are_judged_in_steps() -> None:
+    def slow(step: int, rank: int) -> tuple[float, float]:
+        return (1.8, 0.0) if rank == 20 and step > 25 else (1.0, 0.0)
+
+    diags, truth = run_job(45 * 40, step_s=45.0, slow=slow, ranks=32)
+    got = firing(diags, "job.straggler")
+    assert got and got[0].ranks == (20,)
+    start = next(x["t"] for x in truth if x["step"] == 26)
+    assert got[0].detected_at - start <= 5 * 45 + 1
+
+
+def test_stage_imbalance_names_the_stage_not_a_node() -> None:
+    diags, _ = run_job(200, ranks=32, pp=4, base_mult=lambda r: 1.4 if r % 4 == 3 else 1.0)
+    got = firing(diags)
+    assert {d.rule_id for d in got} == {"job.stage-imbalance"}, [(d.rule_id, d.culprit) for d in got]
+    assert got[0].labels["stage"] == "3" and got[0].culprit is None
+
+
+def test_rotating_slow_rank_has_no_single_culprit() -> None:
+    def slow(step: int, rank: int) -> tuple[float, float]:
+        return (1.0, 0.4) if step > 40 and rank == (step * 7) % 32 else (1.0, 0.0)
+
+    got = firing(run_job(200, slow=slow)[0])
+    assert {d.rule_id for d in got} == {"job.rotating-straggler"}, [(d.rule_id, d.culprit) for d in got]
+    assert got[0].labels["phase"] == "input" and got[0].culprit is None
+
+
+def test_periodic_slowdown_gives_its_period() -> None:
+    def slow(step: int, rank: int) -> tuple[float, float]:
+        return (1.8, 0.0) if step % 120 < 15 and step > 100 else (1.0, 0.0)
+
+    got = firing(run_job(700, slow=slow)[0], "job.periodic-slowdown")
+    assert got
+    period = float(got[-1].labels["period_s"])
+    assert 110 <= period <= 140
