@@ -303,7 +303,8 @@ class Evaluator:
             path = (f"job {job.job}",)
         for extra in rule.evidence:  # figures that round out the story, if present
             ectx = Ctx(self.store, now, job, topo, rule.id + "#evidence", self.cond_state, list(ctx.culprits),
-                       ctx.culprit_level, {**ctx.facts, "incident_since": inc.pending_since})
+                       ctx.culprit_level, {**ctx.facts, "incident_since": inc.pending_since,
+                                          "cost_until": inc.cost_until})
             r = evaluate(extra, ectx)
             if r.holds:
                 evidence += r.evidence

@@ -42,7 +42,7 @@ from engine.rules.schema import Condition
 
 Steps = list[tuple[int, dict[int, StepRec]]]
 # How many steps before the window count as a rank's history (bounded: the table keeps ~600).
-_HISTORY_MAX = 200
+_HISTORY_MAX = 60
 
 
 def _coords(ctx: Ctx) -> Any:
@@ -366,11 +366,14 @@ def _what_if(c: Condition, ctx: Ctx) -> Result:
         if table is None or not culprits:
             return Result(False)
         since = ctx.facts.get("incident_since", ctx.now - p["window"])
+        counted = ctx.facts.get("cost_until", -float("inf"))  # steps the incident has already counted
         groups = groups_of(ctx.job.ranks, _coords(ctx), p["within"])
         losses = []
-        for _, row in table.complete(ctx.now):
+        done = table.complete(ctx.now)
+        keep_last = max(int(p["steps"]), 1)
+        for i, (_, row) in enumerate(done):
             t = max(r.t for r in row.values())
-            if t > since:
+            if t > since and (t > counted or i >= len(done) - keep_last):
                 dur, lost = step_loss(row, culprits, groups, p["measure"])
                 losses.append((t, dur, lost))
         ctx.facts["step_losses"] = losses

@@ -77,13 +77,16 @@ def work(r: StepRec) -> float:
 class StepTable:
     """The last ``keep`` steps of one job: ``step -> {rank: StepRec}``, oldest first."""
 
-    __slots__ = ("keep", "steps", "ranks", "newest_t")
+    __slots__ = ("keep", "steps", "ranks", "newest_t", "_memo")
 
     def __init__(self, keep: int = 600) -> None:
         self.keep = keep
         self.steps: OrderedDict[int, dict[int, StepRec]] = OrderedDict()
         self.ranks: set[int] = set()  # every rank that has reported (the coverage a complete step needs)
         self.newest_t = -math.inf
+        # complete() is asked several times per tick (one per step-aligned leaf): the answer for one
+        # (now, coverage) holds until a record arrives.
+        self._memo: tuple[float, float, list[tuple[int, dict[int, StepRec]]]] | None = None
 
     def add(self, step: int, rank: int, rec: StepRec) -> None:
         """Called by the store for each step record; keeps the table bounded by ``keep`` steps."""
@@ -97,6 +100,7 @@ class StepTable:
             while len(self.steps) > self.keep:
                 self.steps.popitem(last=False)
         row[rank] = rec
+        self._memo = None
         self.ranks.add(rank)
         if rec.t > self.newest_t:
             self.newest_t = rec.t
@@ -107,12 +111,14 @@ class StepTable:
         A step still missing ranks is left out until they report, so the slowest rank of a step
         is never judged on the fast ranks alone.
         """
+        if self._memo is not None and self._memo[:2] == (now, coverage):
+            return self._memo[2]
         need = max(1, math.ceil(coverage * len(self.ranks)))
         out = []
         for s, row in self.steps.items():
-            done = [r for r in row.values() if r.t <= now]
-            if len(done) >= need and len(done) == len(row):
+            if len(row) >= need and all(r.t <= now for r in row.values()):
                 out.append((s, row))
+        self._memo = (now, coverage, out)
         return out
 
 
@@ -124,8 +130,11 @@ def select(steps: Sequence[tuple[int, dict[int, StepRec]]], now: float, window_s
     ``min_steps`` steps, whichever is longer: 50 ms steps are judged over seconds, 5-minute steps
     over steps.  The history is every older step.
     """
-    n = sum(1 for _, row in steps if max(r.t for r in row.values()) > now - window_s)
-    n = min(len(steps), max(n, min_steps))
+    n = 0
+    for _, row in reversed(steps):  # newest first: stop at the first step older than the window
+        if n >= min_steps and max(r.t for r in row.values()) <= now - window_s:
+            break
+        n += 1
     return list(steps[len(steps) - n:]), list(steps[:len(steps) - n])
 
 
