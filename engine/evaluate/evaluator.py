@@ -351,8 +351,8 @@ class Evaluator:
         """Add the steps lost since the last tick to ``inc``'s running cost; return the cost figure.
 
         ``step_losses`` (end time, step time, seconds lost) come from the rule's step-aligned leaves
-        (``what_if``, ``stage_imbalance``, ``rotation``, ``periodic``).  Each step counts once, and
-        only if it ended after the incident began.  Every GPU the job holds waits for the lost time,
+        (``what_if``, ``periodic``).  Each step counts once; on the first tick the leaves walk back
+        to where the waiting began, so the figure covers the time before the rule fired.  Every GPU the job holds waits for the lost time,
         so GPU-hours are the lost seconds times the job's GPUs (a rank with part of a GPU counts its
         share).
         """
@@ -360,7 +360,8 @@ class Evaluator:
         if losses is None:
             return None
         for t, _, lost in sorted(losses):
-            if t > inc.cost_until and t >= inc.pending_since:
+            # Steps before the rule fired count too: the leaves walk back to where the waiting began.
+            if t > inc.cost_until:
                 inc.cost_lost_s += lost
                 inc.cost_until = t
         coords = getattr(job, "coords", None) or {}

@@ -22,6 +22,7 @@ robust statistics.
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import Counter
 from typing import Any
@@ -91,7 +92,7 @@ def _step_outlier(c: Condition, ctx: Ctx) -> Result:
     ranks = [r for r in ctx.job.ranks if any(r in row for _, row in win)]
     groups = groups_of(ranks, _coords(ctx), p["within"])
     thr = p["ratio"].value
-    judged = judge_ranks(win, hist, groups, p["measure"], thr, int(p["history"]))
+    judged = judge_ranks(win, hist, groups, p["measure"], thr, int(p["history"]), z_thr=p["zscore"].value)
     if len(judged) < int(p["min_ranks"]):
         return Result(False)
     flagged = []
@@ -109,6 +110,16 @@ def _step_outlier(c: Condition, ctx: Ctx) -> Result:
             flagged.append((j, base))
         else:
             ctx.state.pop(key, None)
+    if flagged:
+        # On the steps a flagged rank was not slow, was another rank slow instead?  Then the job's
+        # slow rank rotates (uneven batches) and a rank slow on most steps by chance is no
+        # straggler; only a rank slow on every step still is.
+        mine = {j.rank for j, _ in flagged}
+        foreign = sum(1 for i in range(len(win))
+                      if not any(i in j.slow_at for j, _ in flagged)
+                      and any(i in j.slow_at for j in judged if j.rank not in mine))
+        if foreign >= 0.25 * len(win):
+            flagged = [(j, b) for j, b in flagged if j.slow_share >= 1.0]
     if not flagged or len(flagged) > p["max_share"] * len(judged):
         return Result(False)
     res = Result(True)
@@ -187,10 +198,8 @@ def _stage_imbalance(c: Condition, ctx: Ctx) -> Result:
     stages = {s for st in layout.values() for s in st}
     if len(stages) < 2:
         return Result(False)
-    hits: Counter[int] = Counter()
-    ratios: dict[int, list[float]] = {}
-    losses: list[tuple[float, float, float]] = []
-    for _, row in win:
+    def imbalanced(row: dict[int, StepRec]) -> tuple[int, float] | None:
+        """The stage slowest on (nearly) every replica in this step, and its median ratio; None if none."""
         slowest: Counter[int] = Counter()
         step_ratios: dict[int, list[float]] = {}
         n_rep = 0
@@ -206,24 +215,35 @@ def _stage_imbalance(c: Condition, ctx: Ctx) -> Result:
                 slowest[top] += 1
                 step_ratios.setdefault(top, []).append(w[top] / others)
         if n_rep < int(p["min_replicas"]) or not slowest:
-            continue
+            return None
         stage, n = slowest.most_common(1)[0]
-        if n >= p["replica_share"] * n_rep:
-            hits[stage] += 1
-            ratios.setdefault(stage, []).extend(step_ratios[stage])
-            dur = statistics.median(r.duration_s for r in row.values())
-            ratio = statistics.median(step_ratios[stage])
-            # Balanced, the bottleneck stage would do the mean work: the step shrinks in proportion.
-            mean_ratio = (ratio + len(stages) - 1) / len(stages)
-            losses.append((max(r.t for r in row.values()), dur, dur * (1 - mean_ratio / ratio)))
+        return (stage, statistics.median(step_ratios[stage])) if n >= p["replica_share"] * n_rep else None
+
+    hits: Counter[int] = Counter()
+    ratios: dict[int, list[float]] = {}
+    for _, row in win:
+        got_step = imbalanced(row)
+        if got_step is not None:
+            hits[got_step[0]] += 1
+            ratios.setdefault(got_step[0], []).append(got_step[1])
     if not hits:
         return Result(False)
     stage, n = hits.most_common(1)[0]
     if n < p["persist"] * len(win):
         return Result(False)
     ratio = statistics.median(ratios[stage])
+
+    def loss(row: dict[int, StepRec]) -> tuple[float, float] | None:
+        # Were the stage as fast as its peers, the pipeline would run at their pace: the step
+        # shrinks by the stage's ratio.
+        got_step = imbalanced(row)
+        if got_step is None or got_step[0] != stage:
+            return None
+        dur = statistics.median(r.duration_s for r in row.values())
+        return dur, dur * (1 - 1 / got_step[1])
+
     ctx.facts.update(stage=stage, n_stages=len(stages), n_replicas=len(layout), imbalance=round(ratio, 3),
-                     step_losses=losses, aligned_steps=len(win))
+                     loss_fn=loss, aligned_steps=len(win))
     ev = Evidence("step.work_s", ctx.job.job, round(ratio, 4), "ratio", 1.0,
                   f"ratio {p['ratio']} on {p['replica_share']:.0%} of replicas", None,
                   f"stage {stage} does {ratio:.2f}x the work of the other stages on {n} of {len(win)} steps, "
@@ -247,7 +267,6 @@ def _rotation(c: Condition, ctx: Ctx) -> Result:
     ranks = sorted(ctx.job.ranks)
     groups = groups_of(ranks, _coords(ctx), p["within"])
     slow: list[tuple[int, int, float]] = []  # (step index, rank, ratio)
-    losses: list[tuple[float, float, float]] = []
     excess = {"compute_s": 0.0, "data_wait_s": 0.0}
     # Each rank against its own usual level first: a rank that is always slower (an older GPU) is
     # heterogeneity, and must not be "the slow one" on every step it happens to top.
@@ -277,9 +296,6 @@ def _rotation(c: Condition, ctx: Ctx) -> Result:
             continue
         q, top, second = best
         slow.append((i, top, q))
-        dur = statistics.median(r.duration_s for r in row.values())
-        lost = (row[top].get(p["measure"]) or 0.0) - second
-        losses.append((max(r.t for r in row.values()), dur, max(0.0, min(dur, lost))))
         for f in excess:
             mine = row[top].get(f)
             peers = [v for r, rec in row.items() if r != top and (v := rec.get(f)) is not None]
@@ -292,9 +308,22 @@ def _rotation(c: Condition, ctx: Ctx) -> Result:
         return Result(False)
     phase = max(excess, key=lambda f: excess[f])
     ratio = statistics.median(q for _, _, q in slow)
+
+    def loss(row: dict[int, StepRec]) -> tuple[float, float] | None:
+        # Were the slow rank of the step as fast as the others, the step would end when the next
+        # slowest rank's work was done.
+        vals = sorted(v for r in row if (v := row[r].get(p["measure"])) is not None)
+        if len(vals) < 4:
+            return None
+        ref = lower_quartile(vals)
+        if ref <= 0 or not p["ratio"](vals[-1] / ref):
+            return None
+        dur = statistics.median(r.duration_s for r in row.values())
+        return dur, max(0.0, min(dur, vals[-1] - vals[-2]))
+
     ctx.facts.update(phase=PHASE_NAMES[phase] if excess[phase] > 0 else "step", phase_field=phase,
                      slow_share=round(len(slow) / len(win), 3), distinct_ranks=len(who), rotation_ratio=round(ratio, 3),
-                     step_losses=losses, aligned_steps=len(win))
+                     loss_fn=loss, aligned_steps=len(win))
     ev = Evidence("step.work_s", ctx.job.job, round(ratio, 4), "ratio", 1.0, f"ratio {p['ratio']}", None,
                   f"{len(who)} different ranks were the slow one on {len(slow)} of {len(win)} steps; "
                   f"none on more than {who.most_common(1)[0][1]}")
@@ -321,15 +350,34 @@ def _periodic(c: Condition, ctx: Ctx) -> Result:
     if len(pts) < 20:
         return Result(False)
     base = statistics.median(v for _, v in pts)
+    if base <= 0:
+        return Result(False)
+    spread = max(1.4826 * statistics.median(abs(v - base) for _, v in pts), 0.02 * base)
     gap = statistics.median(b[0] - a[0] for a, b in zip(pts, pts[1:], strict=False))
-    bursts: list[list[tuple[float, float]]] = []
+    raw: list[list[tuple[float, float]]] = []
     for t, v in pts:
-        if base > 0 and p["ratio"](v / base):
-            if bursts and t - bursts[-1][-1][0] <= 2.5 * gap:
-                bursts[-1].append((t, v))
+        if p["ratio"](v / base) and p["zscore"]((v - base) / spread):
+            if raw and t - raw[-1][-1][0] <= 2.5 * gap:
+                raw[-1].append((t, v))
             else:
-                bursts.append([(t, v)])
+                raw.append([(t, v)])
+    if not raw:
+        return Result(False)
+    # One slowdown can dip under the threshold for a moment: runs closer than a typical run's
+    # length are one burst.  A burst of one point is a hiccup (a GC pause, one slow step), not a
+    # slowdown, however regular.
+    typical = statistics.median(b[-1][0] - b[0][0] for b in raw)
+    bursts: list[list[tuple[float, float]]] = []
+    for b in raw:
+        if bursts and b[0][0] - bursts[-1][-1][0] <= max(3 * gap, typical):
+            bursts[-1].extend(b)
+        else:
+            bursts.append(list(b))
+    bursts = [b for b in bursts if len(b) >= 2]
     if len(bursts) < int(p["min_bursts"]):
+        return Result(False)
+    lengths = [b[-1][0] - b[0][0] + gap for b in bursts]
+    if max(lengths) > 3 * min(lengths):  # the same thing recurring lasts about as long each time
         return Result(False)
     starts = [b[0][0] for b in bursts]
     gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
@@ -338,7 +386,7 @@ def _periodic(c: Condition, ctx: Ctx) -> Result:
         return Result(False)
     if ctx.now - bursts[-1][-1][0] > 1.5 * period:
         return Result(False)
-    burst_s = statistics.median(b[-1][0] - b[0][0] + gap for b in bursts)
+    burst_s = statistics.median(lengths)
     slow = statistics.median(v / base for b in bursts for _, v in b)
     losses = [(t, v, max(v, 1.0) * (1 - base / v)) for b in bursts for t, v in b]
     ctx.facts.update(period_s=round(period), burst_s=round(burst_s, 1), bursts=len(bursts),
@@ -362,20 +410,21 @@ def _what_if(c: Condition, ctx: Ctx) -> Result:
     losses = ctx.facts.get("step_losses")
     if losses is None:
         table = ctx.store.step_tables.get(ctx.job.job)
-        culprits = {int(e.rsplit(":", 1)[1]) for e in ctx.culprits if e.startswith(ctx.job.job + ":")}
-        if table is None or not culprits:
+        if table is None:
             return Result(False)
-        since = ctx.facts.get("incident_since", ctx.now - p["window"])
-        counted = ctx.facts.get("cost_until", -float("inf"))  # steps the incident has already counted
-        groups = groups_of(ctx.job.ranks, _coords(ctx), p["within"])
-        losses = []
-        done = table.complete(ctx.now)
-        keep_last = max(int(p["steps"]), 1)
-        for i, (_, row) in enumerate(done):
-            t = max(r.t for r in row.values())
-            if t > since and (t > counted or i >= len(done) - keep_last):
+        fn = ctx.facts.get("loss_fn")
+        culprits = set(ctx.culprit_ranks())  # a rank itself, the rank on a GPU, the ranks on a node
+        if fn is None and culprits and len(culprits) < len(ctx.job.ranks):
+            groups = groups_of(ctx.job.ranks, _coords(ctx), p["within"])
+
+            def fn(row: dict[int, StepRec]) -> tuple[float, float] | None:
                 dur, lost = step_loss(row, culprits, groups, p["measure"])
-                losses.append((t, dur, lost))
+                return (dur, lost) if lost > 0.02 * dur else None
+        elif fn is None:
+            fn = _against_own_past(ctx, table.complete(ctx.now))
+            if fn is None:
+                return Result(False)
+        losses = _losses(table.complete(ctx.now), fn, ctx.facts.get("cost_until", -math.inf), int(p["steps"]))
         ctx.facts["step_losses"] = losses
     if not losses:
         return Result(False)
@@ -388,6 +437,62 @@ def _what_if(c: Condition, ctx: Ctx) -> Result:
                   f"a step takes {step_s:.3g} s; {whatif:.3g} s were the culprit as fast as its peers "
                   f"({slowdown:.0f}% slower)")
     return Result(True, [], [ev])
+
+
+def _against_own_past(ctx: Ctx, done: Steps) -> Any:
+    """A per-step loss against the job's own step time before the incident (no rank to blame).
+
+    The whole job is slower (a slow pool, a shared switch, a code change): a step loses what it
+    takes over the median step of the history before the incident began.  The baseline is kept per
+    incident, so a long incident does not become its own baseline.
+    """
+    since = ctx.facts.get("incident_since", ctx.now)
+    key = ("what_if.baseline", ctx.rule_id, ctx.job.job)
+    base = ctx.state.get(key)
+    if base is None or ctx.facts.get("cost_until", -math.inf) == -math.inf:
+        # the history: steps that ended well before the incident began
+        before = [statistics.median(r.duration_s for r in row.values()) for _, row in done
+                  if max(r.t for r in row.values()) < since - 10.0][-60:]
+        if len(before) < 5:
+            return None
+        base = statistics.median(before)
+        ctx.state[key] = base
+
+    def fn(row: dict[int, StepRec]) -> tuple[float, float] | None:
+        dur = statistics.median(r.duration_s for r in row.values())
+        return (dur, dur - base) if dur > 1.05 * base else None
+    return fn
+
+
+def _losses(done: Steps, fn: Any, counted: float, recent: int, max_miss: int = 4) -> list[tuple[float, float, float]]:
+    """``(end, step time, seconds lost)`` for the steps the incident has not counted yet.
+
+    The first time (nothing counted) it walks back from the newest step while the pattern holds
+    (``fn`` answers for a step; up to ``max_miss`` steps in a row without it), so the cost starts where
+    the waiting began, not when the rule fired.  Later only the steps after ``counted``, plus the
+    last ``recent`` steps for the current figures.
+    """
+    out: list[tuple[float, float, float]] = []
+    if counted == -math.inf:
+        misses = 0
+        for _, row in reversed(done):
+            got = fn(row)
+            if got is None:
+                misses += 1
+                if misses > max_miss:
+                    break
+                continue
+            misses = 0
+            out.append((max(r.t for r in row.values()), *got))
+        out.reverse()
+        return out
+    for i, (_, row) in enumerate(done):
+        t = max(r.t for r in row.values())
+        if t > counted or i >= len(done) - recent:
+            got = fn(row)
+            if got is not None:
+                out.append((t, *got))
+    return out
 
 
 STEP_EVALUATORS = {

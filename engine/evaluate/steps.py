@@ -171,25 +171,33 @@ class RankJudgement:
     rank: int
     group: str
     ratio: float  # median over the window's steps of (its measure / the group's lower quartile)
-    slow_share: float  # share of the window's steps in which it was over the ratio threshold
-    z: float  # robust z of ``ratio`` against the fast group's spread
+    slow_share: float  # share of the window's steps in which it passed both the ratio and the z threshold
+    z: float  # median over the steps of its robust z against the step's fast group
     history_ratio: float | None  # the same ratio over the history steps, when there are enough
     value: float  # its median measure over the window
     reference: float  # the group's median lower quartile over the window
+    slow_at: frozenset[int] = frozenset()  # indexes (into the window) of the steps it was slow on
 
 
 def judge_ranks(window: Sequence[tuple[int, dict[int, StepRec]]], history: Sequence[tuple[int, dict[int, StepRec]]],
                 groups: Mapping[str, list[int]], measure: str, ratio_thr: float, min_history: int,
-                min_group: int = 2) -> list[RankJudgement]:
-    """Compare every rank with its group on each step of the window (and of the history)."""
+                min_group: int = 2, z_thr: float = 4.0) -> list[RankJudgement]:
+    """Compare every rank with its group on each step of the window (and of the history).
+
+    Per step, each rank's ratio to the group's lower quartile and its robust z against that step's
+    fast group; a rank is *slow on a step* when both pass.  Its judgement is the median over the
+    window's steps of the ratio and of the z, and the share of steps it was slow on.
+    """
     out: list[RankJudgement] = []
     for g, members in groups.items():
         if len(members) < min_group:
             continue
         per_rank: dict[int, list[float]] = {r: [] for r in members}
+        zs: dict[int, list[float]] = {r: [] for r in members}
+        slow_steps: dict[int, list[int]] = {r: [] for r in members}
         refs: list[float] = []
         values: dict[int, list[float]] = {r: [] for r in members}
-        for _, row in window:
+        for i, (_, row) in enumerate(window):
             vals = {r: row[r].get(measure) for r in members if r in row}
             known = {r: v for r, v in vals.items() if v is not None}
             if len(known) < min_group:
@@ -198,9 +206,20 @@ def judge_ranks(window: Sequence[tuple[int, dict[int, StepRec]]], history: Seque
             if ref <= 0:
                 continue
             refs.append(ref)
-            for r, v in known.items():
-                per_rank[r].append(v / ref)
-                values[r].append(v)
+            # The step's own noise: the fast group's spread of ratios at this step.  A noisy stretch
+            # (everyone waiting on a slow input) widens it, so chance does not pass for a straggler.
+            ratios = {r: v / ref for r, v in known.items()}
+            centre = statistics.median(ratios.values())
+            fast = [x for x in ratios.values() if x <= centre]
+            fmed = statistics.median(fast)
+            scale = max(1.4826 * statistics.median(abs(x - fmed) for x in fast), 0.02)
+            for r, x in ratios.items():
+                per_rank[r].append(x)
+                values[r].append(known[r])
+                z = (x - fmed) / scale
+                zs[r].append(z)
+                if x >= ratio_thr and z >= z_thr:
+                    slow_steps[r].append(i)
         hist: dict[int, list[float]] = {r: [] for r in members}
         for _, row in history:
             known = {r: v for r in members if r in row and (v := row[r].get(measure)) is not None}
@@ -213,21 +232,13 @@ def judge_ranks(window: Sequence[tuple[int, dict[int, StepRec]]], history: Seque
         meds = {r: statistics.median(x) for r, x in per_rank.items() if x}
         if len(meds) < min_group:
             continue
-        centre = statistics.median(meds.values())
-        fast = [m for m in meds.values() if m <= centre]
-        fmed = statistics.median(fast)
-        mad = statistics.median(abs(m - fmed) for m in fast)
-        # A floor on the spread (2% of the reference): identical ranks must not make a 1% wobble
-        # an infinite z-score.
-        scale = max(1.4826 * mad, 0.02)
         ref_med = statistics.median(refs) if refs else 0.0
         for r, m in meds.items():
-            xs = per_rank[r]
             h = hist[r]
             out.append(RankJudgement(
-                rank=r, group=g, ratio=m, slow_share=sum(1 for x in xs if x >= ratio_thr) / len(xs),
-                z=(m - fmed) / scale, history_ratio=statistics.median(h) if len(h) >= min_history else None,
-                value=statistics.median(values[r]), reference=ref_med))
+                rank=r, group=g, ratio=m, slow_share=len(slow_steps[r]) / len(per_rank[r]),
+                z=statistics.median(zs[r]), history_ratio=statistics.median(h) if len(h) >= min_history else None,
+                value=statistics.median(values[r]), reference=ref_med, slow_at=frozenset(slow_steps[r])))
     return out
 
 

@@ -272,7 +272,8 @@ CONDITION_TYPES: dict[str, dict[str, P]] = {
                  "persist": P(_number, default=0.5), "max_share": P(_number, default=0.34),
                  "min_distinct": P(_number, default=3.0), "within": _WITHIN},
     # Slowdowns of the job's step time that recur with a regular period.
-    "periodic": {"window": P(_duration, default=1800.0), "ratio": P(_compare, default=Compare(">", 1.3)),
+    "periodic": {"window": P(_duration, default=1800.0), "ratio": P(_compare, default=Compare(">", 1.15)),
+                 "zscore": P(_compare, default=Compare(">", 5.0)),
                  "min_bursts": P(_number, default=3.0), "tolerance": P(_number, default=0.25)},
     # The cost: the step time were the culprits as fast as their peers, and the time lost per step.
     "what_if": {"measure": _MEASURE, "window": _WINDOW, "steps": _STEPS, "within": _WITHIN},

@@ -162,7 +162,8 @@ def test_compute_straggler_of_unknown_cause_is_named_with_phase_and_cost() -> No
     assert not firing(diags, "job.whole-job-slow")
     assert d.cost is not None and d.cost["whatif_step_s"] < d.cost["step_s"]
     last = [x for x in diags if x.rule_id == "job.straggler"][-1]
-    lost_truth = sum(x["dur"] - x["clean"] for x in truth if x["t"] >= d.starts_at and x["t"] <= last.detected_at)
+    # the cost counts from where the waiting began (the fault), not from when the rule fired
+    lost_truth = sum(x["dur"] - x["clean"] for x in truth if fault_start <= x["t"] <= last.detected_at)
     assert last.cost is not None
     assert abs(last.cost["gpu_hours_lost"] - lost_truth * 32 / 3600) <= 0.2 * lost_truth * 32 / 3600
     assert "dcgmi diag" in d.next_step
