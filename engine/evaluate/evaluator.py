@@ -216,7 +216,7 @@ class Evaluator:
                 continue
             if self._inhibited(inc, firing):
                 continue
-            sig = (inc.last.severity, inc.last.ranks, inc.last.culprit, tuple(e.entity for e in inc.last.evidence))
+            sig = _signature(inc.last)
             if not inc.announced or sig != inc.signature:
                 inc.announced = True
                 inc.signature = sig
@@ -399,8 +399,17 @@ class Evaluator:
                            d["firing"], d["announced"], last=last, cost_lost_s=float(d.get("cost_lost_s") or 0.0),
                            cost_until=float(d["cost_until"]) if d.get("cost_until") is not None else -math.inf)
             if last is not None:
-                inc.signature = (last.severity, last.ranks, last.culprit, tuple(e.entity for e in last.evidence))
+                inc.signature = _signature(last)
             self.incidents[inc.fingerprint] = inc
+
+
+def _signature(d: Diagnosis) -> tuple[Any, ...]:
+    """What makes an incident's update worth announcing: severity, ranks, culprit, evidence entities.
+
+    The cost figure (``job.step_s``, from ``what_if``) moves with every step and comes and goes with
+    the steps at hand; it is carried by each diagnosis but is no change of the incident.
+    """
+    return (d.severity, d.ranks, d.culprit, tuple(e.entity for e in d.evidence if e.metric != "job.step_s"))
 
 
 def _fingerprint(rule_id: str, labels: dict[str, str]) -> str:

@@ -240,7 +240,11 @@ def _stage_imbalance(c: Condition, ctx: Ctx) -> Result:
         if got_step is None or got_step[0] != stage:
             return None
         dur = statistics.median(r.duration_s for r in row.values())
-        return dur, dur * (1 - 1 / got_step[1])
+        # Only the pipelined part of the step runs at the bottleneck's pace; the data-parallel
+        # collective after it does not shrink.
+        coll = [c for r in row.values() if (c := r.collective_s) is not None]
+        pipe = dur - (statistics.median(coll) if coll else 0.0)
+        return dur, max(0.0, pipe) * (1 - 1 / got_step[1])
 
     ctx.facts.update(stage=stage, n_stages=len(stages), n_replicas=len(layout), imbalance=round(ratio, 3),
                      loss_fn=loss, aligned_steps=len(win))
@@ -305,6 +309,11 @@ def _rotation(c: Condition, ctx: Ctx) -> Result:
         return Result(False)
     who = Counter(r for _, r, _ in slow)
     if who.most_common(1)[0][1] > p["max_share"] * len(slow) or len(who) < int(p["min_distinct"]):
+        return Result(False)
+    # Uneven batches land anywhere in the job; slow turns kept within one or two nodes are those
+    # nodes' problem (a slow disk serving each of its ranks in turn), not the data's.
+    nodes = {ctx.job.ranks[r][0] for r in who if r in ctx.job.ranks}
+    if len(nodes) < min(int(p["min_distinct"]), len(set(n for n, _ in ctx.job.ranks.values()))):
         return Result(False)
     phase = max(excess, key=lambda f: excess[f])
     ratio = statistics.median(q for _, _, q in slow)
