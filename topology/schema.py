@@ -15,16 +15,16 @@ from typing import Any, Mapping
 import yaml
 
 from topology.errors import TopologyError
-from topology.model import TIERS, Nic, Topology
+from topology.model import TIERS, Nic, Topology, normalise_guid, normalise_pci
 
 FORMAT = 1
 
-_TOP_KEYS = {"format", "name", "racks", "switches", "storage_pools", "nodes", "jobs"}
+_TOP_KEYS = {"format", "name", "racks", "switches", "storage_pools", "nodes", "jobs", "unmatched"}
 _RACK_KEYS = {"id"}
 _SWITCH_KEYS = {"id", "tier", "uplinks", "rack"}
 _POOL_KEYS = {"id", "type"}
-_NODE_KEYS = {"id", "rack", "gpus", "nics", "mounts"}
-_NIC_KEYS = {"name", "leaf", "gpus"}
+_NODE_KEYS = {"id", "rack", "type", "gpus", "gpu_pci", "nics", "mounts"}
+_NIC_KEYS = {"name", "leaf", "gpus", "aliases", "guids", "pci"}
 _MOUNT_KEYS = {"pool", "device"}
 _JOB_KEYS = {"job", "project", "team", "channel", "ranks"}
 _RANK_KEYS = {"rank", "node", "gpu"}
@@ -212,7 +212,41 @@ def parse_topology(data: Any, source: str = "<dict>", lines: Mapping[str, int] |
                 p.add(f"{cpath}.gpus", f"a list of this node's GPU indexes {list(gpus)}", served)
                 ok = False
                 continue
-            nics.append(Nic(str(n.get("id")), cname, leaf, tuple(served)))
+            aliases = c.get("aliases", []) or []
+            if not isinstance(aliases, list) or not all(_str(a) for a in aliases):
+                p.add(f"{cpath}.aliases", "a list of other names of this NIC", aliases)
+                ok, aliases = False, []
+            guids_raw = c.get("guids", []) or []
+            guids = [normalise_guid(g) if isinstance(g, str) else None for g in guids_raw] \
+                if isinstance(guids_raw, list) else [None]
+            if None in guids:
+                p.add(f"{cpath}.guids", "a list of 64-bit GUIDs such as '0xe09d7303008594c4'", guids_raw)
+                ok, guids = False, []
+            pci_raw = c.get("pci")
+            pci = normalise_pci(pci_raw) if isinstance(pci_raw, str) else None
+            if pci_raw is not None and pci is None:
+                p.add(f"{cpath}.pci", "a PCI bus id such as '0000:83:00.0'", pci_raw)
+                ok = False
+            nics.append(Nic(str(n.get("id")), cname, leaf, tuple(served), tuple(g for g in guids if g),
+                            pci, tuple(aliases)))
+        node_type = n.get("type")
+        if node_type is not None and not _str(node_type):
+            p.add(f"{path}.type", "a node type name such as 'dgx-h100'", node_type)
+            ok, node_type = False, None
+        gpu_pci: dict[int, str] = {}
+        gpu_pci_raw = n.get("gpu_pci", {}) or {}
+        if not isinstance(gpu_pci_raw, dict):
+            p.add(f"{path}.gpu_pci", "a mapping of GPU index to PCI bus id", gpu_pci_raw)
+            ok = False
+        else:
+            for g, bus in gpu_pci_raw.items():
+                norm = normalise_pci(bus) if isinstance(bus, str) else None
+                if not _int(g) or g not in gpus or norm is None:
+                    p.add(f"{path}.gpu_pci.{g}", f"one of this node's GPU indexes {list(gpus)} mapped to a PCI "
+                          "bus id such as '0000:83:00.0'", bus)
+                    ok = False
+                else:
+                    gpu_pci[g] = norm
         mounts: dict[str, str] = {}
         mount_list = n.get("mounts", []) or []
         if not isinstance(mount_list, list):
@@ -234,7 +268,13 @@ def parse_topology(data: Any, source: str = "<dict>", lines: Mapping[str, int] |
                 continue
             mounts[m["pool"]] = dev
         if ok:
-            topo.add_node(n["id"], gpus, nics, rack, mounts)
+            topo.add_node(n["id"], gpus, nics, rack, mounts, gpu_pci, node_type)
+
+    unmatched = _list(data, "unmatched", p)
+    for i, u in enumerate(unmatched):
+        if not _str(u):
+            p.add(f"unmatched[{i}]", "a line saying what an import could not match", u)
+    topo.unmatched = tuple(u for u in unmatched if _str(u))
 
     for i, j in enumerate(_list(data, "jobs", p)):
         path = f"jobs[{i}]"
