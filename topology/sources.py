@@ -18,11 +18,10 @@ from __future__ import annotations
 
 import json
 import re
-import xml.etree.ElementTree as ET
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Callable, Mapping
 
 import yaml
 
@@ -169,7 +168,7 @@ def read_ibnetdiscover(path: str | Path) -> SourceFacts:
         hca_host[guid] = (m.group("host"), m.group("nic"))
     peers: dict[str, set[str]] = defaultdict(set)
     host_leaf: dict[str, str] = {}
-    for (sw, peer), lineno in links.items():
+    for (sw, peer), _lineno in links.items():
         if peer.startswith("S-"):
             peers[sw].add(peer)
             peers[peer].add(sw)

@@ -90,6 +90,10 @@ class Evaluator:
         """Add one validated message; run every tick the watermark now passes; return their diagnoses."""
         if msg["kind"] == "placement":
             self._place(msg)
+        elif msg["kind"] == "net" and self.topology is not None:
+            # One name per adapter: the agent's ``mlx5_0/1`` becomes the topology's ``HCA-1`` (by GUID,
+            # PCI id or alias), so rules comparing a NIC with its GPUs' expected NIC can match them.
+            msg = self.topology.canonical_net(msg)
         t = self.store.ingest(msg)
         kind = msg["kind"]
         if kind in _PERIODIC:
