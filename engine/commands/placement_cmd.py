@@ -86,12 +86,18 @@ def _ownership(args: argparse.Namespace) -> Any:
 def _publisher(args: argparse.Namespace) -> Any:
     from agents.publisher import KafkaPublisher, PrintPublisher
 
+    class PlacementPublisher(KafkaPublisher):
+        """Checks every message against the placement contract, whatever the topic is called (--topic)."""
+
+        def check(self, topic: str, msg: dict[str, Any]) -> bool:
+            return super().check(TOPIC_PLACEMENT, msg)
+
     if args.print:
         return PrintPublisher()
     from engine.localkafka.broker import resolve_bootstrap
 
     args.spool.mkdir(parents=True, exist_ok=True)
-    return KafkaPublisher(args.bootstrap or resolve_bootstrap(), str(args.spool))
+    return PlacementPublisher(args.bootstrap or resolve_bootstrap(), str(args.spool))
 
 
 async def _send_all(args: argparse.Namespace, msgs: list[dict[str, Any]], timeout_s: float = 15.0) -> int:
@@ -193,7 +199,6 @@ async def _k8s_loop(args: argparse.Namespace, api: Any, tracker: Any) -> int:
     # The official client blocks: the watch runs in a thread and hands messages to this loop.
     watcher = loop.run_in_executor(None, lambda: watch_pods(api, tracker, publish, stop.is_set,
                                                             args.label_selector, rounds=1 if args.once else None))
-    sent = 0
     try:
         while True:
             getter = asyncio.ensure_future(queue.get())
@@ -206,7 +211,6 @@ async def _k8s_loop(args: argparse.Namespace, api: Any, tracker: Any) -> int:
                     msgs.append(queue.get_nowait())
             for m in msgs:
                 await pub.send(args.topic, m["job"], m)
-                sent += 1
             _say(msgs, 0, args)
             if watcher in done:
                 watcher.result()  # a watch error surfaces here
@@ -225,7 +229,8 @@ async def _k8s_loop(args: argparse.Namespace, api: Any, tracker: Any) -> int:
         stop.set()
         await pub.flush(timeout=15.0)
         await pub.close()
-    print(f"placement k8s: {sent} placement(s) published", file=sys.stderr)
+    print(f"placement k8s: {pub.sent} placement(s) published"
+          + (f", {pub.spooled} kept in {args.spool} until Kafka answers" if pub.spooled else ""), file=sys.stderr)
     return 0
 
 
