@@ -152,8 +152,14 @@ def _gap_lines(topo: Any, lines: dict[str, int], source: str) -> list[str]:
                 n = next((k for k, u in enumerate(topo.unmatched) if u == item), 0)
                 out.append(f"{source}:{lines.get(f'unmatched[{n}]', 1)}: unmatched: {item}")
                 continue
-            host = topo.graph.nodes[item].get("node", item) if item in topo.graph else item
-            line = lines.get(f"nodes[{index.get(host, -1)}]", 1)
+            attrs = topo.graph.nodes[item] if item in topo.graph else {}
+            host = attrs.get("node", item)
+            key = f"nodes[{index.get(host, -1)}]"
+            if attrs.get("kind") == "nic":  # point at the NIC's own entry, or the host's GPUs
+                key += f".nics[{[n.name for n in topo.nics_of(host)].index(attrs['name'])}]"
+            elif attrs.get("kind") == "gpu":
+                key += ".gpus"
+            line = lines.get(key, lines.get(f"nodes[{index.get(host, -1)}]", 1))
             out.append(f"{source}:{line}: {item}: {what.split(' (')[0].replace('(s)', '')}")
     return out
 
