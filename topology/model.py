@@ -826,8 +826,8 @@ class Topology:
 
     def to_yaml(self, path: str | Path, include_jobs: bool = True) -> None:
         """Write :meth:`to_dict` as YAML to ``path``."""
-        import yaml
-        Path(path).write_text(yaml.safe_dump(self.to_dict(include_jobs), sort_keys=False, width=120))
+        from topology.schema import dump_yaml
+        Path(path).write_text(dump_yaml(self.to_dict(include_jobs)))
 
     def __repr__(self) -> str:
         return (f"Topology({self.name or 'unnamed'}: {len(self._hosts)} nodes, {len(self._switches)} switches, "

@@ -97,10 +97,9 @@ def _listing(items: list[str], everything: bool, limit: int = 8) -> str:
 
 
 def _import(args: argparse.Namespace) -> int:
-    import yaml
-
     from topology.errors import TopologyError as TopoErr
     from topology.reconcile import findings, load_node_types, merge
+    from topology.schema import dump_yaml
     from topology.sources import read_source
 
     groups = parse_source_args(args.sources)
@@ -124,7 +123,7 @@ def _import(args: argparse.Namespace) -> int:
         print(f"{len(res.conflicts)} conflict(s) between sources; nothing written", file=sys.stderr)
         return 2
     topo = res.topology
-    text = yaml.safe_dump(topo.to_dict(include_jobs=False), sort_keys=False, width=120)
+    text = dump_yaml(topo.to_dict(include_jobs=False))
     if args.output:
         args.output.write_text(text)
     else:
