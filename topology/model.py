@@ -289,8 +289,7 @@ class Topology:
         mount_objs = tuple(Mount(node, p, d) for p, d in (mounts or {}).items())
         for m in mount_objs:
             self.graph.add_edge(node, m.pool, link="mount", device=m.device)
-        self._hosts[node] = _Host(node, rack, indexes, tuple(nic_objs), mount_objs,
-                                  MappingProxyType(dict(gpu_pci or {})), node_type)
+        self._hosts[node] = _Host(node, rack, indexes, tuple(nic_objs), mount_objs, dict(gpu_pci or {}), node_type)
         self._bump()
 
     def place_job(self, job: str, project: str, team: str, channel: str | None,
@@ -498,8 +497,8 @@ class Topology:
         return None
 
     def gpu_pci_of(self, node: str) -> Mapping[int, str]:
-        """The node's GPU index → PCI bus id, where a source gave them (empty otherwise)."""
-        return self._host(node).gpu_pci
+        """The node's GPU index → PCI bus id, where a source gave them (empty otherwise; read-only)."""
+        return MappingProxyType(self._host(node).gpu_pci)
 
     def node_type_of(self, node: str) -> str | None:
         """The declared node type the host was built from (``dgx-h100``), or None."""
