@@ -544,6 +544,26 @@ class Topology:
             nics.append({**n, "nic": nic.name} if nic is not None and nic.name != n["nic"] else n)
         return {**msg, "nics": nics}
 
+    def canonical_gpu(self, msg: Mapping[str, Any]) -> dict[str, Any]:
+        """A ``gpu`` message whose GPU indexes are the topology's, matched by PCI bus id where both have it.
+
+        NVML numbers GPUs in its own order; NCCL's XML and ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` in bus
+        order.  When a sample carries ``pci_bus_id`` and the topology knows the node's GPU bus ids,
+        the sample takes the index the topology gives that bus id.  Called by the evaluator before
+        it stores a ``gpu`` message; anything unmatched keeps its index.
+        """
+        node = str(msg.get("node", ""))
+        host = self._hosts.get(node)
+        if host is None or not host.gpu_pci or not msg.get("gpus"):
+            return dict(msg)
+        by_bus = self._cached(("gpu_by_bus", node), lambda: {b: g for g, b in host.gpu_pci.items()})
+        gpus = []
+        for g in msg["gpus"]:
+            bus = normalise_pci(str(g.get("pci_bus_id") or ""))
+            idx = by_bus.get(bus) if bus else None
+            gpus.append({**g, "gpu": idx} if idx is not None and idx != g.get("gpu") else g)
+        return {**msg, "gpus": gpus}
+
     # ------------------------------------------------------------------ jobs
 
     def job(self, job: str) -> JobInfo:
