@@ -223,15 +223,15 @@ def merge(sources: Sequence[SourceFacts], types: Sequence[NodeType] = (), name: 
 
     switches: dict[str, tuple[str | None, str, set[str]]] = {}
     for s in ordered:
-        for sw in s.switches.values():
-            if sw.id in switches:
-                tier, where, ups = switches[sw.id]
-                if tier and sw.tier and tier != sw.tier:
-                    conflicts.append(f"switch {sw.id!r}: tier {tier!r} ({where}) but {sw.tier!r} ({sw.where})")
-                ups |= sw.uplinks
-                switches[sw.id] = (tier or sw.tier, where, ups)
+        for sf in s.switches.values():
+            if sf.id in switches:
+                tier, where, ups = switches[sf.id]
+                if tier and sf.tier and tier != sf.tier:
+                    conflicts.append(f"switch {sf.id!r}: tier {tier!r} ({where}) but {sf.tier!r} ({sf.where})")
+                ups |= sf.uplinks
+                switches[sf.id] = (tier or sf.tier, where, ups)
             else:
-                switches[sw.id] = (sw.tier, sw.where, set(sw.uplinks))
+                switches[sf.id] = (sf.tier, sf.where, set(sf.uplinks))
     racks: dict[str, str] = {}
     for s in ordered:
         for r, where in s.racks.items():

@@ -472,7 +472,7 @@ def read_k8s_nodes(path: str | Path) -> SourceFacts:
             facts.skipped.append(f"{source}: items[{i}]: not a Node with metadata.name, skipped")
             continue
         where = f"{source}:{name_lines.get(name, 1)}"
-        labels = meta.get("labels") or {}
+        labels = (meta or {}).get("labels") or {}
         cap = ((item.get("status") or {}).get("capacity") or {}).get("nvidia.com/gpu", labels.get(
             "nvidia.com/gpu.count"))
         h = HostFacts(name, where)

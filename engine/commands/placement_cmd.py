@@ -201,8 +201,9 @@ async def _k8s_loop(args: argparse.Namespace, api: Any, tracker: Any) -> int:
                                                             args.label_selector, rounds=1 if args.once else None))
     try:
         while True:
-            getter = asyncio.ensure_future(queue.get())
-            done, _ = await asyncio.wait({getter, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            getter: asyncio.Future[Any] = asyncio.ensure_future(queue.get())
+            waiting: set[asyncio.Future[Any]] = {getter, watcher}
+            done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
             msgs = [getter.result()] if getter in done else []
             if getter not in done:
                 getter.cancel()

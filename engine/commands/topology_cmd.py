@@ -129,9 +129,9 @@ def _import(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(text)
     gpus = sum(len(topo.gpus_of(n)) for n in topo.nodes())
-    f = findings(topo)
+    gaps = findings(topo).problems()
     print(f"{'wrote ' + str(args.output) if args.output else 'cluster'}: {len(topo.nodes())} host(s), {gpus} GPU(s), "
-          f"{len(topo.switches())} switch(es); {f.problems()} gap(s) (`whywait topology show` lists them)",
+          f"{len(topo.switches())} switch(es); {gaps} gap(s) (`whywait topology show` lists them)",
           file=sys.stderr)
     return 0
 

@@ -111,7 +111,7 @@ class PodTracker:
             owners = [o for o in meta.get("ownerReferences") or [] if o.get("controller")]
             group = owners[0]["name"] if owners else meta.get("name")
             if owners and owners[0].get("kind") == "ReplicaSet":  # a Deployment's pods: drop the hash
-                group = re.sub(r"-[a-z0-9]{6,10}$", "", group)
+                group = re.sub(r"-[a-z0-9]{6,10}$", "", str(group))
         gpus = _index_list(str(annotations.get(GPU_ANNOTATION, "")))
         if gpus is None:
             for c in spec.get("containers") or []:

@@ -46,7 +46,7 @@ class JobFacts:
         """The ranks as the contract's ``PlacedRank`` records."""
         if self.ranks:
             return [{"rank": r, "node": n, "gpu": g} for r, n, g in sorted(self.ranks)]
-        out = []
+        out: list[dict[str, Any]] = []
         for node, gpus in self.nodes:
             for g in gpus:
                 out.append({"rank": len(out), "node": node, "gpu": g})
