@@ -142,3 +142,26 @@ def test_ibnetdiscover_unknown_line_is_reported_and_skipped(tmp_path: Path) -> N
     f = read_ibnetdiscover(p)
     assert f"{p}:21: not an ibnetdiscover node or port line, skipped (got 'garbage that is no port')" in f.skipped
     assert len(f.hosts) == 122
+
+
+def test_nccl_xml_is_one_hosts_locality() -> None:
+    from topology.sources import read_nccl
+
+    xml = FIX / "topology" / "ndv5-topo.xml"
+    h = read_nccl(f"nd-1={xml}").hosts["nd-1"]
+    assert h.gpus == tuple(range(8)) and h.gpu_pci[0] == "0001:00:00.0"
+    assert [(n.name, n.pci, n.gpus) for n in h.nics][:2] == [("mlx5_0", "0101:00:00.0", (0,)),
+                                                              ("mlx5_1", "0102:00:00.0", (1,))]
+    with pytest.raises(TopologyError, match="an NCCL XML describes one machine, not a cluster: give it as HOST="):
+        read_nccl(str(xml))
+
+
+def test_unreadable_and_empty_sources_are_one_line(tmp_path: Path) -> None:
+    with pytest.raises(TopologyError, match=r"nope.out: cannot read: No such file or directory"):
+        read_ibnetdiscover(tmp_path / "nope.out")
+    (tmp_path / "n.json").write_text('{"items": [\n  {"kind": "Node",}\n]}')
+    with pytest.raises(TopologyError, match=r"n.json:2: not valid JSON"):
+        read_k8s_nodes(tmp_path / "n.json")
+    (tmp_path / "empty.conf").write_text("# nothing\n")
+    with pytest.raises(TopologyError, match="expected SwitchName= or BlockName= lines"):
+        read_slurm_conf(tmp_path / "empty.conf")
