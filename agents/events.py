@@ -162,6 +162,12 @@ NIC_COUNTERS = Record("NicCounters", (
     F("xmit_wait_per_s", "number", "ticks/s", "IB `port_xmit_wait`: time the port had data but no credits.",
       required=False),
     F("gpus", "list[integer]", "indexes", "GPUs this adapter serves (PCIe locality).", required=False),
+    F("node_guid", "string", "", "IB/RoCE adapter's node GUID, `0x` and 16 hex digits (sysfs `node_guid`): "
+      "matches the adapter to a fabric dump whatever either calls it.", required=False),
+    F("port_guid", "string", "", "This port's GUID, `0x` and 16 hex digits (low half of `gids/0`).",
+      required=False),
+    F("pci_bus_id", "string", "", "The adapter's PCI address, `0000:83:00.0`: matches it to NCCL's topology "
+      "and nvidia-smi.", required=False),
 ), "One network interface's rates for the interval.")
 
 DISK_STATS = Record("DiskStats", (

@@ -31,6 +31,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "replay": ("engine.commands.replay_cmd", "re-run the rules over recorded topics, for a postmortem (with a plot)"),
     "eval": ("engine.commands.eval_cmd", "measure the rules' accuracy on a labelled suite of simulated faults"),
     "events": ("engine.commands.events_cmd", "print the event contract, or check messages against it"),
+    "topology": ("engine.commands.topology_cmd", "import the cluster from fabric dumps, Slurm, NCCL, k8s; check, show, "
+                                                 "path, diff"),
+    "placement": ("engine.commands.placement_cmd", "publish which job runs where: Slurm prolog/epilog, Kubernetes "
+                                                   "watcher, or a file"),
     "agent": ("agents.cli", "run the node agent: collect GPU, network, storage, host and training timings"),
 }
 

@@ -12,7 +12,8 @@ kind         id                       attributes
 ``switch``   ``leaf-02``              ``tier``: ``leaf``, ``spine`` or ``core``
 ``node``     ``node-07``              ``rack`` (or None)
 ``gpu``      ``node-07 gpu 4``        ``node``, ``index``
-``nic``      ``node-07 mlx5_1``       ``node``, ``name``, ``leaf``, ``gpus`` (PCIe-local GPU indexes)
+``nic``      ``node-07 mlx5_1``       ``node``, ``name``, ``leaf``, ``gpus`` (PCIe-local GPU indexes),
+                                     ``guids``, ``pci``, ``aliases`` (its identity in other sources)
 ``pool``     ``scratch``              ``type`` (``nfs``, ``lustre``...)
 ===========  =======================  ===========================================
 
@@ -77,11 +78,45 @@ class Nic:
     name: str
     leaf: str | None
     gpus: tuple[int, ...] = ()
+    # The adapter's identity across sources: the same HCA is ``HCA-1`` in a fabric dump, ``mlx5_0`` to
+    # the agent and a PCI address in NCCL's XML.  GUIDs (node and port, 16 lower-case hex digits) and
+    # the PCI bus id are what they share; other names are aliases.  See :meth:`Topology.resolve_nic`.
+    guids: tuple[str, ...] = ()
+    pci: str | None = None
+    aliases: tuple[str, ...] = ()
 
     @property
     def id(self) -> str:
         """The graph id, ``"<node> <name>"``."""
         return nic_id(self.node, self.name)
+
+
+_GUID_HEX = re.compile(r"[^0-9a-f]")
+
+
+def normalise_guid(guid: str) -> str | None:
+    """``0xE09D7303008594C4``, ``e09d:7303:0085:94c4`` or ``H-e09d7303008594c4`` → ``e09d7303008594c4``.
+
+    Returns None when the text holds no 64-bit GUID.  Called on every GUID a source gives, so that
+    a fabric dump, sysfs and an NCCL XML compare equal.
+    """
+    text = guid.strip().lower()
+    for prefix in ("h-", "s-", "0x"):
+        if text.startswith(prefix):
+            text = text[len(prefix):]
+    digits = _GUID_HEX.sub("", text)
+    if len(digits) != 16 or int(digits, 16) == 0:
+        return None
+    return digits
+
+
+def normalise_pci(addr: str) -> str | None:
+    """``00000000:83:00.0`` (NVML), ``0000:83:00.0`` or ``83:00.0`` → ``0000:83:00.0``; None if not a PCI address."""
+    m = re.fullmatch(r"(?:([0-9a-fA-F]{1,8}):)?([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])", addr.strip())
+    if m is None:
+        return None
+    dom = int(m.group(1) or "0", 16)
+    return f"{dom:04x}:{m.group(2).lower()}:{m.group(3).lower()}.{m.group(4)}"
 
 
 @dataclass(frozen=True)
@@ -142,6 +177,9 @@ class Topology:
         self._pools: dict[str, str] = {}  # id -> type
         self._jobs: dict[str, JobInfo] = {}
         self._cache: dict[Any, Any] = {}
+        # What the import could not match to anything (an agent's NIC the fabric does not show...),
+        # kept in the cluster file so that `check`, `show` and the engine's start list it.
+        self.unmatched: tuple[str, ...] = ()
 
     # ------------------------------------------------------------------ mutation
 
@@ -202,23 +240,30 @@ class Topology:
         self._bump()
 
     def add_node(self, node: str, gpus: int | Sequence[int] = 0, nics: Sequence[Nic | Mapping[str, Any]] = (),
-                 rack: str | None = None, mounts: Mapping[str, str] | None = None) -> None:
+                 rack: str | None = None, mounts: Mapping[str, str] | None = None,
+                 gpu_pci: Mapping[int, str] | None = None, node_type: str | None = None) -> None:
         """Add a host with its GPUs, NICs (the first is the primary one) and pool mounts.
 
         ``gpus`` is a count (indexes 0..n-1) or the indexes; each NIC is a
         :class:`Nic` or a mapping with ``name``, ``leaf`` and ``gpus``;
-        ``mounts`` maps pool id → device name.  Bumps :attr:`version`.
+        ``mounts`` maps pool id → device name; ``gpu_pci`` GPU index → PCI bus
+        id; ``node_type`` the declared node type it was built from.  Bumps :attr:`version`.
         """
         self._check_new(node)
         indexes = tuple(range(gpus)) if isinstance(gpus, int) else tuple(gpus)
+        for g in (gpu_pci or {}):
+            if g not in indexes:
+                raise TopologyError(f"node {node!r}: a PCI bus id is given for GPU {g}, which the node lacks "
+                                    f"(GPUs: {list(indexes)})", source="topology")
         if rack is not None:
             self._require(rack, "rack")
         nic_objs: list[Nic] = []
         for n in nics:
             nic = n if isinstance(n, Nic) else Nic(node, str(n["name"]), n.get("leaf"),
-                                                      tuple(n.get("gpus", ())))
+                                                      tuple(n.get("gpus", ())), tuple(n.get("guids", ())),
+                                                      n.get("pci"), tuple(n.get("aliases", ())))
             if nic.node != node:
-                nic = Nic(node, nic.name, nic.leaf, nic.gpus)
+                nic = Nic(node, nic.name, nic.leaf, nic.gpus, nic.guids, nic.pci, nic.aliases)
             if nic.leaf is not None:
                 self._require(nic.leaf, "switch")
             for g in nic.gpus:
@@ -236,14 +281,15 @@ class Topology:
             self.graph.add_node(gid, kind="gpu", node=node, index=g)
             self.graph.add_edge(gid, node, link="gpu-node")
         for nic in nic_objs:
-            self.graph.add_node(nic.id, kind="nic", node=node, name=nic.name, leaf=nic.leaf, gpus=nic.gpus)
+            self.graph.add_node(nic.id, kind="nic", node=node, name=nic.name, leaf=nic.leaf, gpus=nic.gpus,
+                                guids=nic.guids, pci=nic.pci, aliases=nic.aliases)
             self.graph.add_edge(nic.id, node, link="nic-node")
             if nic.leaf is not None:
                 self.graph.add_edge(nic.id, nic.leaf, link="nic-leaf")
         mount_objs = tuple(Mount(node, p, d) for p, d in (mounts or {}).items())
         for m in mount_objs:
             self.graph.add_edge(node, m.pool, link="mount", device=m.device)
-        self._hosts[node] = _Host(node, rack, indexes, tuple(nic_objs), mount_objs)
+        self._hosts[node] = _Host(node, rack, indexes, tuple(nic_objs), mount_objs, dict(gpu_pci or {}), node_type)
         self._bump()
 
     def place_job(self, job: str, project: str, team: str, channel: str | None,
@@ -450,6 +496,74 @@ class Topology:
                 return n.name
         return None
 
+    def gpu_pci_of(self, node: str) -> Mapping[int, str]:
+        """The node's GPU index → PCI bus id, where a source gave them (empty otherwise; read-only)."""
+        return MappingProxyType(self._host(node).gpu_pci)
+
+    def node_type_of(self, node: str) -> str | None:
+        """The declared node type the host was built from (``dgx-h100``), or None."""
+        return self._host(node).node_type
+
+    def _nic_index(self, node: str) -> dict[str, Nic]:
+        """Every key a source may name one of the node's NICs by → that NIC (names, aliases, GUIDs, PCI)."""
+        def build() -> dict[str, Nic]:
+            index: dict[str, Nic] = {}
+            for n in self._host(node).nics:
+                for key in (*n.guids, *((n.pci,) if n.pci else ()), *n.aliases, n.name):
+                    index[key] = n  # the name last: it wins over another NIC's alias
+            return index
+        return self._cached(("nic_index", node), build)
+
+    def resolve_nic(self, node: str, reported: str, guid: str | None = None, pci: str | None = None) -> Nic | None:
+        """The topology NIC a source (an agent, a fabric dump) calls ``reported``, or None.
+
+        Tried in order of trust: the GUID (node or port), the PCI bus id, then the name itself, its
+        aliases, and the name without an IB port suffix (the agent reports ``mlx5_0/1``).  Called by
+        the engine for each NIC of each ``net`` message (cached per :attr:`version`).
+        """
+        index = self._nic_index(node)
+        for key in (normalise_guid(guid) if guid else None, normalise_pci(pci) if pci else None, reported,
+                    reported.split("/", 1)[0]):
+            if key and key in index:
+                return index[key]
+        return None
+
+    def canonical_net(self, msg: Mapping[str, Any]) -> dict[str, Any]:
+        """A ``net`` message whose NIC names are the topology's (an agent's ``mlx5_0/1`` → ``HCA-1``).
+
+        Called by the evaluator before it stores a ``net`` message, so a rule that compares a NIC's
+        traffic with :meth:`expected_nic` sees one name per adapter whatever source named it.  NICs
+        the topology cannot match, and nodes it does not hold, keep their reported names.
+        """
+        node = str(msg.get("node", ""))
+        if node not in self._hosts or not msg.get("nics"):
+            return dict(msg)
+        nics = []
+        for n in msg["nics"]:
+            nic = self.resolve_nic(node, str(n["nic"]), n.get("port_guid") or n.get("node_guid"), n.get("pci_bus_id"))
+            nics.append({**n, "nic": nic.name} if nic is not None and nic.name != n["nic"] else n)
+        return {**msg, "nics": nics}
+
+    def canonical_gpu(self, msg: Mapping[str, Any]) -> dict[str, Any]:
+        """A ``gpu`` message whose GPU indexes are the topology's, matched by PCI bus id where both have it.
+
+        NVML numbers GPUs in its own order; NCCL's XML and ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` in bus
+        order.  When a sample carries ``pci_bus_id`` and the topology knows the node's GPU bus ids,
+        the sample takes the index the topology gives that bus id.  Called by the evaluator before
+        it stores a ``gpu`` message; anything unmatched keeps its index.
+        """
+        node = str(msg.get("node", ""))
+        host = self._hosts.get(node)
+        if host is None or not host.gpu_pci or not msg.get("gpus"):
+            return dict(msg)
+        by_bus = self._cached(("gpu_by_bus", node), lambda: {b: g for g, b in host.gpu_pci.items()})
+        gpus = []
+        for g in msg["gpus"]:
+            bus = normalise_pci(str(g.get("pci_bus_id") or ""))
+            idx = by_bus.get(bus) if bus else None
+            gpus.append({**g, "gpu": idx} if idx is not None and idx != g.get("gpu") else g)
+        return {**msg, "gpus": gpus}
+
     # ------------------------------------------------------------------ jobs
 
     def job(self, job: str) -> JobInfo:
@@ -570,6 +684,47 @@ class Topology:
             return (f"job {job} rank {rank}", gpu_id(node, gpu)) + self._path(node, self.expected_nic(node, gpu))
         return self._cached(("path_rank", job, rank), build)
 
+    def path_between(self, a: str, b: str) -> tuple[str, ...]:
+        """Graph ids from ``a`` to ``b`` (each a GPU id ``"node-07 gpu 4"`` or a node), as traffic goes.
+
+        A GPU leaves its node through its PCIe-local NIC (the primary NIC for a node, or a
+        GPU no NIC serves); two NICs on one leaf meet there, otherwise the path climbs the
+        switch tree by the fewest hops.  Two GPUs of one node meet at the node (NVLink or
+        PCIe).  Called by ``whywait topology path``; raises :class:`UnknownEntityError`
+        for an unknown id and :class:`TopologyError` when the fabric does not connect them.
+        """
+        def side(entity: str) -> tuple[list[str], str, Nic | None]:
+            kind = self.kind_of(entity)
+            if kind == "gpu":
+                attrs = self.graph.nodes[entity]
+                node, gpu = attrs["node"], attrs["index"]
+                want = self.expected_nic(node, gpu)
+                host = self._host(node)
+                nic = next((n for n in host.nics if n.name == want), None) or next(
+                    (n for n in host.nics if n.leaf is not None), None)
+                return [entity, node], node, nic
+            if kind == "node":
+                host = self._host(entity)
+                return [entity], entity, next((n for n in host.nics if n.leaf is not None), None)
+            raise UnknownEntityError("gpu or node", entity, "a GPU is '<node> gpu <index>'; "
+                                     + self._known_hint("node"))
+
+        hops_a, node_a, nic_a = side(a)
+        hops_b, node_b, nic_b = side(b)
+        if node_a == node_b:
+            return tuple(hops_a + [h for h in reversed(hops_b) if h not in hops_a])
+        if nic_a is None or nic_b is None or nic_a.leaf is None or nic_b.leaf is None:
+            missing = node_a if nic_a is None or nic_a.leaf is None else node_b
+            raise TopologyError(f"no path from {a!r} to {b!r}: {missing} has no NIC cabled to a switch",
+                                source="topology")
+        switches = self.graph.subgraph(self._switches)
+        try:
+            middle = nx.shortest_path(switches, nic_a.leaf, nic_b.leaf)
+        except nx.NetworkXNoPath:
+            raise TopologyError(f"no path from {a!r} to {b!r}: {nic_a.leaf} and {nic_b.leaf} are not connected",
+                                source="topology") from None
+        return tuple(hops_a + [nic_a.id] + list(middle) + [nic_b.id] + list(reversed(hops_b)))
+
     def common_switch(self, nodes: Iterable[str]) -> str | None:
         """The lowest switch every one of ``nodes`` sits below (via primary NICs), or None.
 
@@ -664,13 +819,22 @@ class Topology:
             d: dict[str, Any] = {"id": h.name}
             if h.rack:
                 d["rack"] = h.rack
+            if h.node_type:
+                d["type"] = h.node_type
             d["gpus"] = list(h.gpus)
-            d["nics"] = [{"name": n.name, **({"leaf": n.leaf} if n.leaf else {}), "gpus": list(n.gpus)}
+            if h.gpu_pci:
+                d["gpu_pci"] = {g: h.gpu_pci[g] for g in sorted(h.gpu_pci)}
+            d["nics"] = [{"name": n.name, **({"leaf": n.leaf} if n.leaf else {}), "gpus": list(n.gpus),
+                          **({"aliases": list(n.aliases)} if n.aliases else {}),
+                          **({"guids": list(n.guids)} if n.guids else {}),
+                          **({"pci": n.pci} if n.pci else {})}
                          for n in h.nics]
             if h.mounts:
                 d["mounts"] = [{"pool": m.pool, "device": m.device} for m in h.mounts]
             nodes.append(d)
         out["nodes"] = nodes
+        if self.unmatched:
+            out["unmatched"] = list(self.unmatched)
         if include_jobs and self._jobs:
             out["jobs"] = [
                 {"job": j.job, "project": j.project, "team": j.team,
@@ -681,8 +845,8 @@ class Topology:
 
     def to_yaml(self, path: str | Path, include_jobs: bool = True) -> None:
         """Write :meth:`to_dict` as YAML to ``path``."""
-        import yaml
-        Path(path).write_text(yaml.safe_dump(self.to_dict(include_jobs), sort_keys=False, width=120))
+        from topology.schema import dump_yaml
+        Path(path).write_text(dump_yaml(self.to_dict(include_jobs)))
 
     def __repr__(self) -> str:
         return (f"Topology({self.name or 'unnamed'}: {len(self._hosts)} nodes, {len(self._switches)} switches, "
@@ -696,3 +860,5 @@ class _Host:
     gpus: tuple[int, ...]
     nics: tuple[Nic, ...]
     mounts: tuple[Mount, ...]
+    gpu_pci: Mapping[int, str] = field(default_factory=dict)
+    node_type: str | None = None

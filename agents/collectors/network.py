@@ -11,6 +11,10 @@ Sources:
   ``<hca>/<n>``.  ``port_xmit_data``/``port_rcv_data`` count 4-byte words (×4
   for bytes).  The PMA error counters saturate rather than wrap; a saturated
   one is named in the record's ``saturated`` list and reports no rate.
+* Identity: each HCA's ``node_guid``, each port's GUID (the low 64 bits of
+  ``ports/<n>/gids/0``) and each adapter's PCI address (its ``device`` link), so
+  the engine can match the agent's ``mlx5_0/1`` to the fabric dump's ``HCA-1`` and
+  to the PCI ids of an NCCL topology (``topology.reconcile``).
 * Locality: each adapter's PCI ancestry (the resolved ``/sys/class/...``
   path) against each GPU's; a GPU is served by the adapter(s) sharing its
   deepest PCI bridge, or failing that its NUMA node.  GPU PCI addresses come
@@ -160,6 +164,9 @@ class NetworkCollector(Collector):
                 rec["speed_mbps"] = speed
             if carrier is not None and carrier.delta is not None:
                 rec["carrier_changes"] = carrier.delta
+            pci = self.pci_address(d)
+            if pci:
+                rec["pci_bus_id"] = pci
             gpus = self.locality().get(name)
             if gpus:
                 rec["gpus"] = gpus
@@ -183,9 +190,18 @@ class NetworkCollector(Collector):
             except OSError:
                 self.errors += 1
                 continue
+            node_guid = format_guid(_read(os.path.join(base, hca, "node_guid")) or "")
+            pci = self.pci_address(os.path.join(base, hca))
             for port in ports:
                 rec = self._ib_port(hca, port, os.path.join(ports_dir, port), mono, dt)
                 if rec is not None:
+                    if node_guid:
+                        rec["node_guid"] = node_guid
+                    port_guid = format_guid((_read(os.path.join(ports_dir, port, "gids", "0")) or "").strip()[-19:])
+                    if port_guid:
+                        rec["port_guid"] = port_guid
+                    if pci:
+                        rec["pci_bus_id"] = pci
                     out.append(rec)
         return out
 
@@ -269,6 +285,14 @@ class NetworkCollector(Collector):
         real = os.path.realpath(sysfs_entry)
         return [p for p in real.split(os.sep) if _PCI_ADDR.match(p)]
 
+    def pci_address(self, sysfs_entry: str) -> str | None:
+        """The PCI address of the device behind a ``/sys/class/{net,infiniband}/<name>`` entry, or None.
+
+        None for virtual interfaces and for captures without the ``device`` link.
+        """
+        chain = self._pci_chain(os.path.join(sysfs_entry, "device")) or self._pci_chain(sysfs_entry)
+        return chain[-1] if chain else None
+
     def _numa(self, pci: str) -> int | None:
         return parse_int(_read(self.path(f"/sys/bus/pci/devices/{pci}/numa_node")) or "")
 
@@ -351,6 +375,14 @@ class NetworkCollector(Collector):
         if timeouts is not None and timeouts.per_s is not None:
             body["tcp_timeouts_per_s"] = _r(timeouts.per_s)
         return body
+
+
+def format_guid(text: str) -> str | None:
+    """``e09d:7303:0085:94c4`` (sysfs) → ``0xe09d7303008594c4``; None when absent or all zero (an unset GID)."""
+    digits = "".join(c for c in text.strip().lower() if c in "0123456789abcdef")
+    if len(digits) != 16 or int(digits, 16) == 0:
+        return None
+    return "0x" + digits
 
 
 def _read(path: str) -> str | None:

@@ -94,6 +94,12 @@ class Evaluator:
         """Add one validated message; run every tick the watermark now passes; return their diagnoses."""
         if msg["kind"] == "placement":
             self._place(msg)
+        elif msg["kind"] == "net" and self.topology is not None:
+            # One name per adapter: the agent's ``mlx5_0/1`` becomes the topology's ``HCA-1`` (by GUID,
+            # PCI id or alias), so rules comparing a NIC with its GPUs' expected NIC can match them.
+            msg = self.topology.canonical_net(msg)
+        elif msg["kind"] == "gpu" and self.topology is not None:
+            msg = self.topology.canonical_gpu(msg)  # NVML's index order → the topology's, by PCI bus id
         t = self.store.ingest(msg)
         kind = msg["kind"]
         if kind in _PERIODIC:

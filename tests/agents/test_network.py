@@ -198,3 +198,26 @@ def test_live_on_this_machine() -> None:
     body = check(c.collect())
     assert body["tcp_out_segs_per_s"] >= 0 and c.enabled
     assert all(n["rx_bytes_per_s"] >= 0 for n in body["nics"])
+
+
+def test_h100_adapters_report_guids_and_pci_addresses(tmp_path: "os.PathLike[str]") -> None:
+    # The real capture plus what a real sysfs has beside it (node_guid, gids/0, the device link):
+    # the identities the engine matches to a fabric dump's HCA-<n> and to NCCL's PCI ids.
+    from tests.support.real_h100 import DUMP_GUIDS, NDV5_NIC_PCI, h100_root
+
+    root = h100_root(tmp_path)
+    c = NetworkCollector(root)
+    c.collect(T0, 0.0)
+    nics = {n["nic"]: n for n in check(c.collect(T0 + 1, 1.0))["nics"]}
+    assert nics["mlx5_0/1"]["node_guid"] == "0x" + DUMP_GUIDS["mlx5_0"]
+    assert nics["mlx5_0/1"]["port_guid"] == "0x" + DUMP_GUIDS["mlx5_0"]
+    assert nics["mlx5_5/1"]["pci_bus_id"] == NDV5_NIC_PCI["mlx5_5"] == "0106:00:00.0"
+    # Adapters the capture has no identity for report none rather than a made-up one.
+    assert "node_guid" not in nics["mlx5_8/1"] and "pci_bus_id" not in nics["mlx5_bond_0/1"]
+
+
+def test_unset_gid_is_not_a_guid() -> None:
+    from agents.collectors.network import format_guid
+
+    assert format_guid("0000:0000:0000:0000") is None and format_guid("") is None
+    assert format_guid("e09d:7303:0085:94c4\n") == "0xe09d7303008594c4"

@@ -93,8 +93,24 @@ def test_unknown_entities_are_named(topo):
 
 
 def test_topology_imports_no_kafka_slack_or_nvml():
-    code = ("import sys, topology, topology.model, topology.schema, topology.loaders; "
+    code = ("import sys, topology, topology.model, topology.schema, topology.loaders, topology.sources, "
+            "topology.reconcile; "
             "bad = {'faust', 'aiokafka', 'slack_sdk', 'pynvml', 'kafka', 'engine'} & set(sys.modules); "
             "print(sorted(bad))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_agent_names_and_nvml_indexes_map_onto_the_topology():
+    t = Topology.from_dict({"switches": [{"id": "l1", "tier": "leaf"}], "nodes": [
+        {"id": "n1", "gpus": 2, "gpu_pci": {0: "0000:1a:00.0", 1: "0000:3b:00.0"},
+         "nics": [{"name": "HCA-1", "leaf": "l1", "gpus": [0], "aliases": ["mlx5_0"],
+                   "guids": ["0xe09d7303008594c4"], "pci": "0000:1c:00.0"}]}]})
+    net = t.canonical_net({"kind": "net", "node": "n1", "nics": [
+        {"nic": "mlx5_0/1"}, {"nic": "ib7", "node_guid": "e09d:7303:0085:94c4"},
+        {"nic": "eth0", "pci_bus_id": "1c:00.0"}, {"nic": "eth1"}]})
+    assert [n["nic"] for n in net["nics"]] == ["HCA-1", "HCA-1", "HCA-1", "eth1"]
+    gpu = t.canonical_gpu({"kind": "gpu", "node": "n1", "gpus": [
+        {"gpu": 0, "pci_bus_id": "00000000:3B:00.0"}, {"gpu": 1, "pci_bus_id": "00000000:1A:00.0"}, {"gpu": 5}]})
+    assert [g["gpu"] for g in gpu["gpus"]] == [1, 0, 5]
+    assert t.canonical_net({"kind": "net", "node": "other", "nics": [{"nic": "x"}]})["nics"] == [{"nic": "x"}]

@@ -1,0 +1,268 @@
+"""``whywait placement``: publish which job runs where, from what the scheduler already knows.
+
+- ``slurm --prolog|--epilog``: for ``PrologSlurmctld``/``EpilogSlurmctld``.  Reads the job's
+  environment and ``scontrol show job -d --json $SLURM_JOB_ID``, publishes its ranks, nodes,
+  GPU indexes, user and account (``--epilog``: that it finished).  Exits 0 even when it
+  fails (unless ``--strict``): a failing prolog would drain the node; the error is printed.
+- ``k8s``: watches pods that request ``nvidia.com/gpu`` with the official client; publishes a
+  job when its pods are bound, again when they move (a restart on another node), and
+  ``finished`` when its last GPU pod ends.
+- ``publish FILE|-``: JSON or YAML placements for every other scheduler.
+
+Owners come from ``--ownership`` (``WHYWAIT_OWNERSHIP``), hot-reloaded; a job no rule
+matches goes to ``--default-channel`` with team "no owner known".  Messages go to Kafka
+through the agent's spooling publisher, so a broker outage delays a placement instead of
+losing it (the next run sends what is spooled); ``--print`` writes them to stdout instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from agents.events import TOPIC_PLACEMENT
+from engine.errors import ConfigError, WhywaitError
+
+log = logging.getLogger("whywait.placement")
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--ownership", type=Path, default=os.environ.get("WHYWAIT_OWNERSHIP"),
+                   help="ownership YAML: accounts/namespaces/labels → project, team, channel "
+                        "(default: WHYWAIT_OWNERSHIP)")
+    p.add_argument("--default-channel", default=os.environ.get("WHYWAIT_DEFAULT_CHANNEL"),
+                   help="channel for jobs with no known owner when the ownership file sets none")
+    p.add_argument("--bootstrap", help="Kafka bootstrap servers (default: WHYWAIT_KAFKA_BOOTSTRAP or the local "
+                                       "broker)")
+    p.add_argument("--topic", default=TOPIC_PLACEMENT, help=f"placement topic (default: {TOPIC_PLACEMENT})")
+    p.add_argument("--spool", type=Path, default=Path(os.environ.get(
+        "WHYWAIT_PLACEMENT_SPOOL", Path.home() / ".cache" / "whywait" / "placement-spool")),
+        help="where placements wait while Kafka is unreachable")
+    p.add_argument("--print", action="store_true", help="print the messages instead of publishing them")
+
+
+def register(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    s = sub.add_parser("slurm", help="Slurm PrologSlurmctld/EpilogSlurmctld hook")
+    when = s.add_mutually_exclusive_group(required=True)
+    when.add_argument("--prolog", action="store_true", help="the job starts: publish its placement")
+    when.add_argument("--epilog", action="store_true", help="the job ended: publish that it finished")
+    s.add_argument("--job-id", help="the job (default: SLURM_JOB_ID)")
+    s.add_argument("--scontrol-json", type=Path,
+                   help="read this saved `scontrol show job -d --json` output instead of running scontrol")
+    s.add_argument("--scontrol", default="scontrol", help="the scontrol command (default: scontrol)")
+    s.add_argument("--strict", action="store_true", help="exit non-zero on failure (a failing prolog drains "
+                                                         "the node: only for testing the hook)")
+    _common(s)
+    k = sub.add_parser("k8s", help="watch GPU pods with the Kubernetes API and publish their placements")
+    k.add_argument("--kubeconfig", type=Path, help="kubeconfig file (default: in-cluster, else ~/.kube/config)")
+    k.add_argument("--api-server", help="an API server URL without auth, e.g. `kubectl proxy`'s "
+                                        "http://127.0.0.1:8001")
+    k.add_argument("--label-selector", help="watch only pods with these labels")
+    k.add_argument("--once", action="store_true", help="one list and one watch, then exit (tests, cron)")
+    _common(k)
+    f = sub.add_parser("publish", help="publish placements from a JSON or YAML file ('-': stdin)")
+    f.add_argument("file", help="placement file, or '-' for stdin")
+    _common(f)
+
+
+def _ownership(args: argparse.Namespace) -> Any:
+    from engine.placement.ownership import OwnershipFile
+
+    if args.ownership is not None and not args.ownership.exists():
+        raise ConfigError(f"ownership file {args.ownership} does not exist")
+    return OwnershipFile(args.ownership, args.default_channel)
+
+
+def _publisher(args: argparse.Namespace) -> Any:
+    from agents.publisher import KafkaPublisher, PrintPublisher
+
+    class PlacementPublisher(KafkaPublisher):
+        """Checks every message against the placement contract, whatever the topic is called (--topic)."""
+
+        def check(self, topic: str, msg: dict[str, Any]) -> bool:
+            return super().check(TOPIC_PLACEMENT, msg)
+
+    if args.print:
+        return PrintPublisher()
+    from engine.localkafka.broker import resolve_bootstrap
+
+    args.spool.mkdir(parents=True, exist_ok=True)
+    return PlacementPublisher(args.bootstrap or resolve_bootstrap(), str(args.spool))
+
+
+async def _send_all(args: argparse.Namespace, msgs: list[dict[str, Any]], timeout_s: float = 15.0) -> int:
+    """Publish ``msgs``; return how many are still spooled (0 when all were delivered)."""
+    pub = _publisher(args)
+    await pub.start()
+    try:
+        for m in msgs:
+            await pub.send(args.topic, m["job"], m)
+        await pub.flush(timeout=timeout_s)
+        return pub.spooled
+    finally:
+        await pub.close()
+
+
+def _say(msgs: list[dict[str, Any]], spooled: int, args: argparse.Namespace) -> None:
+    from engine.placement.filesource import owner_summary
+
+    for m in msgs:
+        nodes = {r["node"] for r in m["ranks"]}
+        what = "finished" if m["state"] == "finished" else f"{len(m['ranks'])} rank(s) on {len(nodes)} node(s)"
+        print(f"placement {m['job']}: {what}, owner {owner_summary(m)}", file=sys.stderr)
+    if spooled:
+        print(f"placement: Kafka unreachable, {spooled} message(s) kept in {args.spool}; the next run sends them",
+              file=sys.stderr)
+
+
+def _slurm(args: argparse.Namespace) -> int:
+    from engine.placement.slurm import facts_from_env, facts_from_scontrol
+
+    env = dict(os.environ)
+    job_id = args.job_id or env.get("SLURM_JOB_ID")
+    finished = bool(args.epilog)
+    if args.scontrol_json is not None:
+        try:
+            text = args.scontrol_json.read_text()
+        except OSError as exc:
+            raise ConfigError(f"{args.scontrol_json}: cannot read: {exc.strerror or exc}") from None
+        facts = facts_from_scontrol(text, job_id, env, str(args.scontrol_json), finished)
+    elif finished:
+        facts = facts_from_env({**env, **({"SLURM_JOB_ID": job_id} if job_id else {})}, True)
+    else:
+        if not job_id:
+            raise ConfigError("SLURM_JOB_ID is not set: run as PrologSlurmctld, or give --job-id")
+        cmd = [*args.scontrol.split(), "show", "job", "-d", "--json", str(job_id)]
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise ConfigError(f"cannot run {' '.join(cmd)}: {exc}") from None
+        if done.returncode != 0:
+            raise ConfigError(f"{' '.join(cmd)} failed ({done.returncode}): {done.stderr.strip()[:200]}")
+        facts = facts_from_scontrol(done.stdout, job_id, env, "scontrol", finished)
+    owner = _ownership(args).resolve(account=facts.account, user=facts.user)
+    from engine.placement.model import placement_message
+
+    msg = placement_message(facts, owner, time.time(), socket.gethostname())
+    spooled = asyncio.run(_send_all(args, [msg]))
+    _say([msg], spooled, args)
+    return 0
+
+
+def _k8s(args: argparse.Namespace) -> int:
+    from kubernetes import client, config
+
+    from engine.placement.k8s import PodTracker
+
+    if args.api_server:
+        conf = client.Configuration()
+        conf.host = args.api_server
+        api = client.CoreV1Api(client.ApiClient(conf))
+    else:
+        try:
+            if args.kubeconfig:
+                config.load_kube_config(config_file=str(args.kubeconfig))
+            else:
+                try:
+                    config.load_incluster_config()
+                except config.ConfigException:
+                    config.load_kube_config()
+        except (config.ConfigException, OSError) as exc:
+            raise ConfigError(f"no Kubernetes credentials: {exc} (give --kubeconfig or --api-server)") from None
+        api = client.CoreV1Api()
+    tracker = PodTracker(_ownership(args), socket.gethostname(), time.time)
+    return asyncio.run(_k8s_loop(args, api, tracker))
+
+
+async def _k8s_loop(args: argparse.Namespace, api: Any, tracker: Any) -> int:
+    from engine.placement.k8s import watch_pods
+
+    pub = _publisher(args)
+    await pub.start()
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+    stop = threading.Event()
+
+    def publish(msg: dict[str, Any]) -> None:
+        loop.call_soon_threadsafe(queue.put_nowait, msg)
+
+    # The official client blocks: the watch runs in a thread and hands messages to this loop.
+    watcher = loop.run_in_executor(None, lambda: watch_pods(api, tracker, publish, stop.is_set,
+                                                            args.label_selector, rounds=1 if args.once else None))
+    try:
+        while True:
+            getter: asyncio.Future[Any] = asyncio.ensure_future(queue.get())
+            waiting: set[asyncio.Future[Any]] = {getter, watcher}
+            done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+            msgs = [getter.result()] if getter in done else []
+            if getter not in done:
+                getter.cancel()
+            if watcher in done:
+                while not queue.empty():
+                    msgs.append(queue.get_nowait())
+            for m in msgs:
+                await pub.send(args.topic, m["job"], m)
+            _say(msgs, 0, args)
+            if watcher in done:
+                watcher.result()  # a watch error surfaces here
+                break
+    except asyncio.CancelledError:
+        stop.set()
+    except Exception as exc:
+        from kubernetes.client.exceptions import ApiException
+
+        if isinstance(exc, ApiException):
+            raise WhywaitError(f"Kubernetes API: {exc.status} {exc.reason}") from None
+        if "MaxRetryError" in type(exc).__name__ or "Connection" in type(exc).__name__:
+            raise WhywaitError(f"Kubernetes API unreachable: {exc}") from None
+        raise
+    finally:
+        stop.set()
+        await pub.flush(timeout=15.0)
+        await pub.close()
+    print(f"placement k8s: {pub.sent} placement(s) published"
+          + (f", {pub.spooled} kept in {args.spool} until Kafka answers" if pub.spooled else ""), file=sys.stderr)
+    return 0
+
+
+def _publish(args: argparse.Namespace) -> int:
+    from engine.placement.filesource import placements_from_text
+
+    if args.file == "-":
+        text, source = sys.stdin.read(), "<stdin>"
+    else:
+        try:
+            text, source = Path(args.file).read_text(), args.file
+        except OSError as exc:
+            raise ConfigError(f"{args.file}: cannot read: {exc.strerror or exc}") from None
+    msgs = placements_from_text(text, source, _ownership(args), socket.gethostname())
+    spooled = asyncio.run(_send_all(args, msgs))
+    _say(msgs, spooled, args)
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.getLogger("kubernetes").setLevel(logging.WARNING)
+    if args.action == "slurm":
+        try:
+            return _slurm(args)
+        except WhywaitError as exc:
+            if args.strict:
+                raise
+            # Slurm drains a node whose prolog fails: say what went wrong, never block the job.
+            print(f"whywait placement slurm: {exc} (the job runs; it is not placed)", file=sys.stderr)
+            return 0
+    if args.action == "k8s":
+        return _k8s(args)
+    return _publish(args)
+

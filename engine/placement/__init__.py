@@ -1,0 +1,18 @@
+"""Placements from the scheduler: which job runs where, and who owns it.
+
+The engine can only explain a wait once it knows the job's ranks, nodes and owner.
+This package turns what a scheduler already knows into ``placement`` messages (the
+contract in :mod:`agents.events`):
+
+* :mod:`engine.placement.model`: :class:`JobFacts` (what a scheduler says about a job)
+  and :func:`placement_message` (facts + owner → a valid message);
+* :mod:`engine.placement.ownership`: the ownership YAML (Slurm account, Kubernetes
+  namespace or labels → project, team, Slack channel), hot-reloaded;
+* :mod:`engine.placement.slurm`: a job's facts from ``scontrol show job -d --json`` or
+  its prolog environment;
+* :mod:`engine.placement.k8s`: GPU pods from the Kubernetes watch API, grouped into jobs;
+* :mod:`engine.placement.filesource`: JSON/YAML placements for everything else.
+
+``whywait placement`` (``engine/commands/placement_cmd.py``) is the thin edge that
+reads, publishes to Kafka and handles signals.  Nothing here imports aiokafka.
+"""

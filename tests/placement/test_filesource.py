@@ -1,0 +1,42 @@
+"""`whywait placement publish`: JSON/YAML placements, owners applied, errors with file:line."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.placement.filesource import placements_from_text
+from engine.placement.model import PlacementError
+from engine.placement.ownership import OwnershipFile
+from tests.placement.conftest import FIX
+
+OWN = OwnershipFile(FIX / "ownership.yaml")
+
+
+def test_short_form_with_owner_from_the_account() -> None:
+    text = "job: pretrain-1\naccount: llm-pretrain\nuser: alice\nnodes:\n  - {node: n1, gpus: [0, 1]}\n" \
+           "  - {node: n2, gpus: [0, 1]}\n"
+    [m] = placements_from_text(text, "p.yaml", OWN, "me", now=5.0)
+    assert m["slack_channel"] == "#llm-pretrain" and m["source"] == "file" and m["time"] == 5.0
+    assert [(r["rank"], r["node"], r["gpu"]) for r in m["ranks"]] == [(0, "n1", 0), (1, "n1", 1), (2, "n2", 0),
+                                                                       (3, "n2", 1)]
+
+
+def test_a_list_in_json_with_explicit_ranks_and_a_finished_job() -> None:
+    text = ('[{"job": "a", "project": "p", "team": "t", "ranks": [{"rank": 0, "node": "n1", "gpu": 3, "tp": 0}]},'
+            ' {"job": "b", "state": "finished"}]')
+    a, b = placements_from_text(text, "-", OWN, "me", now=1.0)
+    assert a["ranks"] == [{"rank": 0, "node": "n1", "gpu": 3, "tp": 0}] and a["team"] == "t"
+    assert b["state"] == "finished" and b["team"] == "no owner known"
+
+
+def test_every_bad_job_is_named_with_its_line() -> None:
+    text = ("- job: ok\n  nodes: [{node: n1, gpus: [0]}]\n"
+            "- job: bad\n  nodes: [{node: n1, gpus: [zero]}]\n"
+            "- job: worse\n  state: paused\n")
+    with pytest.raises(PlacementError) as exc:
+        placements_from_text(text, "p.yaml", OWN, "me")
+    assert str(exc.value).splitlines() == [
+        "2 problems in p.yaml:",
+        "  p.yaml:3: job 'bad': each of 'nodes' must be {node: NAME, gpus: [INDEX...]} "
+        "(got {'node': 'n1', 'gpus': ['zero']})",
+        "  p.yaml:5: job 'worse': state must be 'running' or 'finished' (got 'paused')"]

@@ -1,0 +1,50 @@
+"""The command's edges that need no broker: --print, the prolog that never fails a job, one-line errors."""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+
+import pytest
+
+from engine.cli import main
+from tests.placement.conftest import FIX
+
+
+def test_prolog_prints_the_placement(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    rc = main(["placement", "slurm", "--prolog", "--print", "--scontrol-json",
+               str(FIX / "scontrol-show-job-23.02.json"), "--ownership", str(FIX / "ownership.yaml")])
+    out, err = capsys.readouterr()
+    assert rc == 0
+    msg = json.loads(out)
+    assert msg["topic"] == "whywait.placement.v1" and msg["key"] == "slurm-4242" and len(msg["ranks"]) == 16
+    assert msg["user"] == "alice" and msg["account"] == "llm-pretrain" and msg["slack_channel"] == "#llm-pretrain"
+    assert "placement slurm-4242: 16 rank(s) on 2 node(s)" in err
+
+
+def test_a_failing_prolog_never_fails_the_job(capsys: pytest.CaptureFixture[str],
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    assert main(["placement", "slurm", "--prolog", "--print"]) == 0  # Slurm would drain the node otherwise
+    assert "SLURM_JOB_ID is not set" in capsys.readouterr().err
+    assert main(["placement", "slurm", "--prolog", "--print", "--strict"]) == 2
+    assert capsys.readouterr().err.startswith("whywait placement: SLURM_JOB_ID is not set")
+
+
+def test_publish_from_stdin(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "stdin", io.StringIO("job: j1\nnodes: [{node: n1, gpus: [0, 1]}]\n"))
+    assert main(["placement", "publish", "-", "--print", "--default-channel", "#gpu-alerts"]) == 0
+    out, err = capsys.readouterr()
+    msg = json.loads(out)
+    assert msg["team"] == "no owner known" and msg["slack_channel"] == "#gpu-alerts"
+    assert "owner unknown/no owner known #gpu-alerts" in err
+
+
+def test_publish_errors_are_one_line(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
+    bad = tmp_path / "p.yaml"
+    bad.write_text("job: j1\nnodes: {node: n1}\n")
+    assert main(["placement", "publish", str(bad), "--print"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"whywait placement: {bad}:1: job 'j1': each of 'nodes'") and "Traceback" not in err

@@ -1,0 +1,581 @@
+"""Readers of what a cluster already has, each turned into *facts* for :mod:`topology.reconcile` to merge.
+
+A reader does not build a :class:`~topology.model.Topology`: it says what one source
+knows (a fabric dump knows cables and GUIDs but not GPUs; an NCCL XML knows PCIe
+locality but not host names; the agent knows sysfs names, GUIDs and PCI addresses),
+and where in the file it said it, so that a conflict between two sources can name
+both.  :data:`FORMATS` is the registry ``whywait topology import FORMAT FILE...``
+dispatches on.
+
+Readers never stop at the first bad line: an unknown or malformed line is reported as
+``file:line: why`` in :attr:`SourceFacts.skipped` and skipped.  A file that cannot be
+read at all, or holds nothing of its format, raises :class:`TopologyError`.
+
+Pure: standard library and PyYAML only.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Mapping
+
+import yaml
+
+from topology.errors import TopologyError
+from topology.loaders import (
+    _HOST_DESC,
+    _IB_NODE,
+    _IB_SWITCH_PORT,
+    NcclLocality,
+    expand_hostlist,
+    load_nccl_topology,
+    switch_name,
+)
+from topology.model import TIERS, natural_key, normalise_guid, normalise_pci
+
+
+@dataclass
+class NicFacts:
+    """One adapter as one source sees it.  ``gpus`` is None when the source does not know locality."""
+
+    name: str
+    where: str  # "file:line" of the statement
+    leaf: str | None = None
+    gpus: tuple[int, ...] | None = None
+    guids: set[str] = field(default_factory=set)
+    pci: str | None = None
+    aliases: set[str] = field(default_factory=set)
+
+
+@dataclass
+class HostFacts:
+    """One host as one source sees it.
+
+    ``gpus`` is None when the source does not say how many GPUs the host has (a
+    fabric dump, topology.conf): only a source that says so gives a host GPUs.
+    ``leaf`` is a host-level switch (topology.conf, Kubernetes labels) for sources
+    that do not name NICs.
+    """
+
+    name: str
+    where: str
+    gpus: tuple[int, ...] | None = None
+    gpu_pci: dict[int, str] = field(default_factory=dict)
+    nics: list[NicFacts] = field(default_factory=list)
+    rack: str | None = None
+    leaf: str | None = None
+    node_type: str | None = None
+
+
+@dataclass
+class SwitchFacts:
+    """A switch, its tier (None: let the wiring decide) and the switches it connects up to."""
+
+    id: str
+    where: str
+    tier: str | None = None
+    uplinks: set[str] = field(default_factory=set)
+
+
+@dataclass
+class SourceFacts:
+    """Everything one file said: hosts, switches, racks, and the lines it skipped (``file:line: why``)."""
+
+    source: str
+    format: str
+    hosts: dict[str, HostFacts] = field(default_factory=dict)
+    switches: dict[str, SwitchFacts] = field(default_factory=dict)
+    racks: dict[str, str] = field(default_factory=dict)  # rack -> where
+    skipped: list[str] = field(default_factory=list)
+
+
+def _read_text(path: str | Path) -> str:
+    try:
+        return Path(path).read_text(errors="replace")
+    except OSError as exc:
+        raise TopologyError(f"{path}: cannot read: {exc.strerror or exc}", source=str(path)) from None
+
+
+def split_host_arg(arg: str) -> tuple[str | None, str]:
+    """``HOST=PATH`` → (HOST, PATH); a bare PATH → (None, PATH).  For per-host formats (NCCL, nvidia-smi)."""
+    host, sep, path = arg.partition("=")
+    if sep and host and "/" not in host:
+        return host, path
+    return None, arg
+
+
+# ---------------------------------------------------------------------------------------------- ibnetdiscover
+
+def read_ibnetdiscover(path: str | Path) -> SourceFacts:
+    """Facts of an ``ibnetdiscover`` dump: switches (tiered by wiring), hosts and their HCAs with GUIDs.
+
+    A host is the first word of its HCA's node description (``"a08-p1-dgx-04-c01 mlx5_5"``);
+    each HCA keeps its node GUID (``H-<guid>``) and the port GUID its switch line shows.
+    HCAs that name no host (SHARP aggregation nodes, ``"MT4129 ConnectX7 ..."``) are
+    listed in ``skipped``.  The dump says nothing about GPUs.
+    """
+    source = str(path)
+    facts = SourceFacts(source, "ibnetdiscover")
+    switches: dict[str, tuple[str, int]] = {}  # guid -> (description, line)
+    hcas: dict[str, tuple[str, int]] = {}
+    port_guid: dict[str, str] = {}  # hca node guid -> port guid
+    links: dict[tuple[str, str], int] = {}  # (switch, peer) -> line
+    current: str | None = None
+    for lineno, raw in enumerate(_read_text(path).splitlines(), 1):
+        line = raw.strip()
+        if not line:
+            current = None
+            continue
+        if line.startswith("#") or "=" in line.split()[0]:
+            continue
+        m = _IB_NODE.match(line)
+        if m:
+            if m.group("type") == "Switch":
+                current = m.group("id")
+                switches[current] = (m.group("desc"), lineno)
+            else:
+                current = None  # a Ca's port lines repeat links already seen from the switch side
+                hcas.setdefault(m.group("id"), (m.group("desc"), lineno))
+            continue
+        if line.startswith("[") and current is None:
+            continue  # a Ca's (or router's) port line
+        p = _IB_SWITCH_PORT.match(line) if line.startswith("[") else None
+        if p is None:
+            facts.skipped.append(f"{source}:{lineno}: not an ibnetdiscover node or port line, skipped "
+                                 f"(got {line[:60]!r})")
+            continue
+        peer = p.group("peer")
+        links.setdefault((current, peer), lineno)  # type: ignore[arg-type]
+        pg = re.search(r"\]\(([0-9a-fA-F]+)\)", line)
+        if peer.startswith("H-"):
+            if pg:
+                port_guid[peer] = pg.group(1)
+            if p.group("desc") and peer not in hcas:
+                hcas[peer] = (p.group("desc"), lineno)
+    if not switches:
+        raise TopologyError(f"{source}: expected an ibnetdiscover dump with 'Switch' blocks (found none)",
+                            source=source)
+    hca_host: dict[str, tuple[str, str]] = {}
+    for guid, (desc, lineno) in hcas.items():
+        m = _HOST_DESC.match(desc.strip())
+        if m is None:
+            facts.skipped.append(f"{source}:{lineno}: HCA {guid} ({desc.strip()!r}) names no host, skipped")
+            continue
+        hca_host[guid] = (m.group("host"), m.group("nic"))
+    peers: dict[str, set[str]] = defaultdict(set)
+    host_leaf: dict[str, str] = {}
+    for (sw, peer), _lineno in links.items():
+        if peer.startswith("S-"):
+            peers[sw].add(peer)
+            peers[peer].add(sw)
+        elif peer in hca_host:
+            host_leaf[peer] = sw
+    leaves = set(host_leaf.values())
+    spines = {p for leaf in leaves for p in peers[leaf] if p not in leaves}
+    tier = {sw: "leaf" if sw in leaves else "spine" if sw in spines else "core" for sw in switches}
+    ids: dict[str, str] = {}
+    for sw in sorted(switches):
+        readable = switch_name(switches[sw][0], sw)
+        ids[sw] = readable if readable not in ids.values() else f"{readable} ({sw})"
+    order = {t: i for i, t in enumerate(TIERS)}
+    for sw, (_desc, lineno) in switches.items():
+        ups = {ids[p] for p in peers[sw] if order[tier[p]] > order[tier[sw]]}
+        facts.switches[ids[sw]] = SwitchFacts(ids[sw], f"{source}:{lineno}", tier[sw], ups)
+    for guid, (host, nic) in sorted(hca_host.items(), key=lambda kv: natural_key(kv[1][0] + " " + kv[1][1])):
+        lineno = hcas[guid][1]
+        h = facts.hosts.setdefault(host, HostFacts(host, f"{source}:{lineno}"))
+        guids = {g for g in (normalise_guid(guid), normalise_guid(port_guid.get(guid, ""))) if g}
+        leaf = ids[host_leaf[guid]] if guid in host_leaf else None
+        h.nics.append(NicFacts(nic, f"{source}:{lineno}", leaf, None, guids))
+    return facts
+
+
+# ---------------------------------------------------------------------------------------------- Slurm
+
+def _slurm_tree(facts: SourceFacts, leaf_nodes: Mapping[str, tuple[list[str], str]],
+                children: Mapping[str, tuple[list[str], str]], blocks: Mapping[str, tuple[list[str], str]]) -> None:
+    """Fill ``facts`` from a Slurm tree (switch → nodes / switches) and blocks (read as racks)."""
+    known = set(leaf_nodes) | set(children)
+    parent: dict[str, set[str]] = defaultdict(set)
+    for sw, (kids, where) in children.items():
+        for k in kids:
+            if k not in known:
+                facts.skipped.append(f"{where}: switch {sw!r} names {k!r} under Switches, which no switch defines; "
+                                     "skipped")
+                continue
+            parent[k].add(sw)
+    depth: dict[str, int] = {sw: 0 for sw in leaf_nodes}
+    frontier = list(leaf_nodes)
+    for _ in range(len(known) + 1):  # bounded: a cycle in a malformed file must not loop forever
+        nxt = []
+        for sw in frontier:
+            for p in parent[sw]:
+                if depth.get(p, -1) < depth[sw] + 1:
+                    depth[p] = depth[sw] + 1
+                    nxt.append(p)
+        frontier = nxt
+    for sw in known:
+        where = (leaf_nodes.get(sw) or children[sw])[1]
+        facts.switches[sw] = SwitchFacts(sw, where, TIERS[min(depth.get(sw, 0), 2)], set(parent[sw]))
+    for block, (nodes, where) in blocks.items():
+        facts.racks[block] = where
+        for n in nodes:
+            h = facts.hosts.setdefault(n, HostFacts(n, where))
+            h.rack = block
+    for leaf, (nodes, where) in leaf_nodes.items():
+        for n in nodes:
+            h = facts.hosts.setdefault(n, HostFacts(n, where))
+            if h.leaf is not None and h.leaf != leaf:
+                facts.skipped.append(f"{where}: node {n!r} is under {h.leaf!r} ({h.where}) and under {leaf!r}; "
+                                     f"kept {h.leaf!r}")
+                continue
+            h.leaf, h.where = leaf, where
+
+
+def read_slurm_conf(path: str | Path) -> SourceFacts:
+    """Facts of a Slurm ``topology.conf``: tree lines (``SwitchName= Nodes=|Switches=``) and blocks (racks)."""
+    source = str(path)
+    facts = SourceFacts(source, "slurm-conf")
+    leaf_nodes: dict[str, tuple[list[str], str]] = {}
+    children: dict[str, tuple[list[str], str]] = {}
+    blocks: dict[str, tuple[list[str], str]] = {}
+    for lineno, raw in enumerate(_read_text(path).splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        where = f"{source}:{lineno}"
+        fields: dict[str, str] = {}
+        bad = [tok for tok in line.split() if "=" not in tok]
+        if bad:
+            facts.skipped.append(f"{where}: expected KEY=VALUE (got {bad[0]!r}); line skipped")
+            continue
+        for tok in line.split():
+            k, _, v = tok.partition("=")
+            fields[k.lower()] = v
+        if "switchname" in fields:
+            sw = fields["switchname"]
+            if "nodes" not in fields and "switches" not in fields:
+                facts.skipped.append(f"{where}: SwitchName={sw}: expected Nodes= or Switches=; line skipped")
+            if "nodes" in fields:
+                leaf_nodes[sw] = (expand_hostlist(fields["nodes"]), where)
+            if "switches" in fields:
+                children[sw] = (expand_hostlist(fields["switches"]), where)
+        elif "blockname" in fields:
+            if "nodes" not in fields:
+                facts.skipped.append(f"{where}: BlockName={fields['blockname']}: expected Nodes=; line skipped")
+            else:
+                blocks[fields["blockname"]] = (expand_hostlist(fields["nodes"]), where)
+        elif not set(fields) <= {"blocksizes", "linkspeed"}:
+            facts.skipped.append(f"{where}: expected SwitchName=, BlockName= or BlockSizes= (got {line[:60]!r}); "
+                                 "line skipped")
+    if not leaf_nodes and not children and not blocks:
+        raise TopologyError(f"{source}: expected SwitchName= or BlockName= lines (found none)", source=source)
+    _slurm_tree(facts, leaf_nodes, children, blocks)
+    return facts
+
+
+def read_slurm_yaml(path: str | Path) -> SourceFacts:
+    """Facts of a Slurm ``topology.yaml`` (Slurm 25.05+): the cluster-default (else first) topology.
+
+    The documented shape is a list of topologies, each ``topology: NAME`` with one of
+    ``tree: {switches: [{switch, children | nodes}]}``, ``block: {blocks: [{block, nodes}]}``
+    or ``flat: true``.
+    """
+    from topology.schema import line_map
+
+    source = str(path)
+    text = _read_text(path)
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        raise TopologyError(f"{source}:{mark.line + 1 if mark else 1}: not valid YAML: "
+                            f"{getattr(exc, 'problem', None) or exc}", source=source) from None
+    lines = line_map(text)
+    facts = SourceFacts(source, "slurm-yaml")
+    if not isinstance(data, list) or not all(isinstance(t, dict) for t in data):
+        raise TopologyError(f"{source}:1: expected a list of topologies ('- topology: NAME') "
+                            f"(got {type(data).__name__})", source=source)
+    pick = next((i for i, t in enumerate(data) if t.get("cluster_default") is True), 0 if data else None)
+    if pick is None:
+        raise TopologyError(f"{source}: expected at least one topology (found none)", source=source)
+
+    def where(key: str) -> str:
+        return f"{source}:{lines.get(key, 1)}"
+
+    topo = data[pick]
+    leaf_nodes: dict[str, tuple[list[str], str]] = {}
+    children: dict[str, tuple[list[str], str]] = {}
+    blocks: dict[str, tuple[list[str], str]] = {}
+    for i, sw in enumerate(((topo.get("tree") or {}).get("switches") or [])):
+        key = f"[{pick}].tree.switches[{i}]"
+        if not isinstance(sw, dict) or not isinstance(sw.get("switch"), str):
+            facts.skipped.append(f"{where(key)}: expected a mapping with 'switch:' (got {sw!r}); skipped")
+            continue
+        if isinstance(sw.get("nodes"), str):
+            leaf_nodes[sw["switch"]] = (expand_hostlist(sw["nodes"]), where(key))
+        if isinstance(sw.get("children"), str):
+            children[sw["switch"]] = (expand_hostlist(sw["children"]), where(key))
+        if not isinstance(sw.get("nodes"), str) and not isinstance(sw.get("children"), str):
+            facts.skipped.append(f"{where(key)}: switch {sw['switch']!r}: expected 'nodes:' or 'children:' "
+                                 "as a hostlist string; skipped")
+    for i, b in enumerate(((topo.get("block") or {}).get("blocks") or [])):
+        key = f"[{pick}].block.blocks[{i}]"
+        if not isinstance(b, dict) or not isinstance(b.get("block"), str) or not isinstance(b.get("nodes"), str):
+            facts.skipped.append(f"{where(key)}: expected 'block:' and 'nodes:' (got {b!r}); skipped")
+            continue
+        blocks[b["block"]] = (expand_hostlist(b["nodes"]), where(key))
+    if not leaf_nodes and not children and not blocks:
+        raise TopologyError(f"{where(f'[{pick}]')}: topology {topo.get('topology')!r} has no tree switches or "
+                            "blocks (a flat topology says nothing whywait can use)", source=source)
+    _slurm_tree(facts, leaf_nodes, children, blocks)
+    return facts
+
+
+# ---------------------------------------------------------------------------------------------- NCCL XML
+
+def nccl_host_facts(host: str, loc: NcclLocality, where: str) -> HostFacts:
+    """A host's GPUs (with PCI bus ids) and NICs (with PCI bus ids and served GPUs) from NCCL locality."""
+    h = HostFacts(host, where, tuple(sorted(loc.gpus)), {g: normalise_pci(b) or b for g, b in loc.gpus.items()})
+    for name, bus in loc.nics.items():
+        h.nics.append(NicFacts(name, where, None, loc.nic_gpus[name], set(), normalise_pci(bus) or bus))
+    return h
+
+
+def read_nccl(arg: str) -> SourceFacts:
+    """``HOST=topo.xml``: one host's GPU ↔ NIC locality from an NCCL topology XML.
+
+    For many hosts of one machine type, declare a node type with ``nccl:`` instead
+    (see :mod:`topology.reconcile`).
+    """
+    host, path = split_host_arg(arg)
+    if host is None:
+        raise TopologyError(f"{path}: an NCCL XML describes one machine, not a cluster: give it as HOST={path}, "
+                            "or declare a node type with 'nccl: " + path + "' (--types FILE)", source=path)
+    facts = SourceFacts(path, "nccl")
+    facts.hosts[host] = nccl_host_facts(host, load_nccl_topology(path), f"{path}:1")
+    return facts
+
+
+# ---------------------------------------------------------------------------------------------- nvidia-smi
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_RELATION = ("PIX", "PXB", "PHB", "NODE", "SYS")  # closest first
+
+
+def read_nvidia_smi_topo(arg: str) -> SourceFacts:
+    """``HOST=FILE``: the output of ``nvidia-smi topo -m`` (or a capture file holding it).
+
+    Gives the host's GPUs and, where the matrix has NIC columns, the NICs (named by
+    its ``NIC Legend``) and their locality: a NIC serves the GPUs it reaches
+    through PCIe switches only (``PIX``/``PXB``).  The header's ANSI underline is
+    ignored.  A row that is neither a GPU nor a NIC is reported and skipped.
+    """
+    host, path = split_host_arg(arg)
+    if host is None:
+        raise TopologyError(f"{path}: nvidia-smi topo -m does not name its host: give it as HOST={path}",
+                            source=path)
+    facts = SourceFacts(path, "nvidia-smi")
+    lines = [_ANSI.sub("", raw) for raw in _read_text(path).splitlines()]
+    start = next((i for i, line in enumerate(lines) if line.strip() == "# $ nvidia-smi topo -m"), None)
+    if start is not None:  # a capture file: the section runs to the next banner
+        start += 1
+        while start < len(lines) and lines[start].startswith("#"):
+            start += 1
+    else:
+        start = 0
+    header: list[str] | None = None
+    rows: dict[str, tuple[list[str], int]] = {}
+    legend: dict[str, str] = {}
+    in_legend = False
+    for i in range(start, len(lines)):
+        line, lineno = lines[i], i + 1
+        if start and line.startswith("####"):
+            break
+        if not line.strip():
+            continue
+        if line.strip().startswith("Legend:") or line.strip().startswith("NIC Legend:"):
+            in_legend = True
+            continue
+        m = re.match(r"\s*(NIC\d+)\s*:\s*(\S+)", line)
+        if in_legend:
+            if m:
+                legend[m.group(1)] = m.group(2)
+            continue
+        cells = [c.strip() for c in line.split("\t")]
+        if header is None and cells and cells[0] == "" and any(c.startswith("GPU") for c in cells):
+            header = cells[1:]
+            continue
+        if header is not None and re.fullmatch(r"(GPU|NIC)\d+", cells[0]):
+            rows[cells[0]] = (cells[1:], lineno)
+            continue
+        facts.skipped.append(f"{path}:{lineno}: not a row of the topo -m matrix, skipped (got {line.strip()[:60]!r})")
+    if header is None:
+        raise TopologyError(f"{path}: expected the 'nvidia-smi topo -m' matrix (no header row with GPU0 found)",
+                            source=path)
+    gpu_cols = [c for c in header if re.fullmatch(r"GPU\d+", c)]
+    nic_cols = [c for c in header if re.fullmatch(r"NIC\d+", c)]
+    gpus = tuple(int(c[3:]) for c in gpu_cols)
+    h = HostFacts(host, f"{path}:{rows[gpu_cols[0]][1] if gpu_cols and gpu_cols[0] in rows else 1}", gpus)
+    for nic in nic_cols:
+        row, lineno = rows.get(nic, ([], 0))
+        served = []
+        for g in gpu_cols:
+            idx = header.index(g)
+            rel = row[idx] if idx < len(row) else ""
+            if rel in ("PIX", "PXB"):
+                served.append(int(g[3:]))
+        h.nics.append(NicFacts(legend.get(nic, nic), f"{path}:{lineno or 1}", None, tuple(served)))
+    facts.hosts[host] = h
+    return facts
+
+
+# ---------------------------------------------------------------------------------------------- Kubernetes
+
+# Labels that name a node's switches: NVIDIA topograph's, then the upcoming Kubernetes ones.
+K8S_SWITCH_LABELS: dict[str, tuple[str, ...]] = {
+    "leaf": ("network.topology.nvidia.com/leaf", "network.topology.kubernetes.io/accelerator"),
+    "spine": ("network.topology.nvidia.com/spine", "network.topology.kubernetes.io/block"),
+    "core": ("network.topology.nvidia.com/core", "network.topology.kubernetes.io/datacenter"),
+}
+K8S_RACK_LABELS = ("topology.kubernetes.io/rack", "rack")
+
+
+def read_k8s_nodes(path: str | Path) -> SourceFacts:
+    """Facts of ``kubectl get nodes -o json``: each node's GPUs and its switches from labels.
+
+    GPUs: ``status.capacity["nvidia.com/gpu"]``, else the GPU feature discovery label
+    ``nvidia.com/gpu.count``; a node with neither has none.  Switches: the
+    topology labels of :data:`K8S_SWITCH_LABELS` (leaf, spine, core).
+    """
+    source = str(path)
+    text = _read_text(path)
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise TopologyError(f"{source}:{exc.lineno}: not valid JSON: {exc.msg}", source=source) from None
+    items = data.get("items") if isinstance(data, dict) else None
+    if not isinstance(items, list):
+        raise TopologyError(f"{source}: expected a Kubernetes list ('kind: List' or 'NodeList' with 'items') "
+                            f"(got {type(data).__name__})", source=source)
+    facts = SourceFacts(source, "k8s-nodes")
+    name_lines = {m.group(1): text.count("\n", 0, m.start()) + 1
+                  for m in re.finditer(r'"name"\s*:\s*"([^"]+)"', text)}
+    for i, item in enumerate(items):
+        meta = item.get("metadata") if isinstance(item, dict) else None
+        name = meta.get("name") if isinstance(meta, dict) else None
+        if not isinstance(name, str) or item.get("kind", "Node") != "Node":
+            facts.skipped.append(f"{source}: items[{i}]: not a Node with metadata.name, skipped")
+            continue
+        where = f"{source}:{name_lines.get(name, 1)}"
+        labels = (meta or {}).get("labels") or {}
+        cap = ((item.get("status") or {}).get("capacity") or {}).get("nvidia.com/gpu", labels.get(
+            "nvidia.com/gpu.count"))
+        h = HostFacts(name, where)
+        if cap is not None:
+            try:
+                h.gpus = tuple(range(int(cap)))
+            except (TypeError, ValueError):
+                facts.skipped.append(f"{where}: node {name!r}: nvidia.com/gpu capacity must be a count "
+                                     f"(got {cap!r}); GPUs not taken")
+        chain: list[str] = []
+        for tier in TIERS:
+            sw = next((labels[k] for k in K8S_SWITCH_LABELS[tier] if labels.get(k)), None)
+            if sw:
+                chain.append(sw)
+                prev = facts.switches.get(sw)
+                if prev is None:
+                    facts.switches[sw] = SwitchFacts(sw, where, tier)
+        for lower, upper in zip(chain, chain[1:], strict=False):
+            facts.switches[lower].uplinks.add(upper)
+        h.leaf = chain[0] if chain and facts.switches[chain[0]].tier == "leaf" else None
+        h.rack = next((labels[k] for k in K8S_RACK_LABELS if labels.get(k)), None)
+        if h.rack:
+            facts.racks.setdefault(h.rack, where)
+        facts.hosts[name] = h
+    return facts
+
+
+# ---------------------------------------------------------------------------------------------- the agent
+
+def read_agent(path: str | Path) -> SourceFacts:
+    """Facts from the agent's own messages (JSON lines of ``net`` and ``gpu`` messages, as on the topics).
+
+    ``net``: each NIC's sysfs name, node/port GUID, PCI address and the GPUs it
+    serves by PCIe locality; ``gpu``: the GPU indexes and, where the agent reports
+    them, their PCI bus ids.  ``whywait agent --dry-run`` prints such lines; so does a
+    console consumer of the topics.  The latest message per node and kind wins.
+    """
+    source = str(path)
+    facts = SourceFacts(source, "agent")
+    seen = False
+    for lineno, raw in enumerate(_read_text(path).splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        where = f"{source}:{lineno}"
+        try:
+            msg = json.loads(line)
+        except json.JSONDecodeError as exc:
+            facts.skipped.append(f"{where}: not a JSON message ({exc.msg}), skipped")
+            continue
+        if not isinstance(msg, dict) or msg.get("kind") not in ("net", "gpu") or not isinstance(msg.get("node"),
+                                                                                               str):
+            if not (isinstance(msg, dict) and isinstance(msg.get("kind"), str)):
+                facts.skipped.append(f"{where}: expected an agent message with 'kind' and 'node', skipped")
+            continue  # other kinds (host, storage...) say nothing about topology
+        seen = True
+        node = msg["node"]
+        h = facts.hosts.setdefault(node, HostFacts(node, where))
+        if msg["kind"] == "gpu":
+            gpus = [g for g in msg.get("gpus") or [] if isinstance(g, dict) and isinstance(g.get("gpu"), int)]
+            h.gpus = tuple(sorted(g["gpu"] for g in gpus))
+            h.gpu_pci = {g["gpu"]: p for g in gpus if (p := normalise_pci(str(g.get("pci_bus_id") or "")))}
+            continue
+        nics: dict[str, NicFacts] = {}
+        for n in msg.get("nics") or []:
+            if not isinstance(n, dict) or not isinstance(n.get("nic"), str):
+                facts.skipped.append(f"{where}: a NIC without a 'nic' name, skipped")
+                continue
+            hca = n["nic"].split("/", 1)[0]  # one adapter per HCA; its ports share the node GUID and PCI
+            nf = nics.setdefault(hca, NicFacts(hca, where))
+            nf.aliases.add(n["nic"])
+            for key in ("node_guid", "port_guid"):
+                g = normalise_guid(str(n.get(key) or ""))
+                if g:
+                    nf.guids.add(g)
+            nf.pci = normalise_pci(str(n.get("pci_bus_id") or "")) or nf.pci
+            if n.get("gpus"):
+                nf.gpus = tuple(sorted(set(nf.gpus or ()) | set(n["gpus"])))
+        h.nics = list(nics.values())
+        h.where = where
+    if not seen:
+        raise TopologyError(f"{source}: expected agent 'net' or 'gpu' messages, one JSON object a line "
+                            "(found none)", source=source)
+    return facts
+
+
+# name -> (reader, one-line help).  A reader takes one FILE argument (``HOST=FILE`` for per-host formats).
+FORMATS: dict[str, tuple[Callable[[str], SourceFacts], str]] = {
+    "ibnetdiscover": (read_ibnetdiscover, "InfiniBand fabric dump: switches, hosts, HCAs and their GUIDs"),
+    "slurm-conf": (read_slurm_conf, "Slurm topology.conf: switch tree (SwitchName=) and blocks (racks)"),
+    "slurm-yaml": (read_slurm_yaml, "Slurm topology.yaml: the cluster-default tree or block topology"),
+    "nccl": (read_nccl, "HOST=FILE: one host's NCCL topology XML (GPU and NIC PCI ids, locality)"),
+    "nvidia-smi": (read_nvidia_smi_topo, "HOST=FILE: 'nvidia-smi topo -m' output (GPUs, NICs, locality)"),
+    "k8s-nodes": (read_k8s_nodes, "kubectl get nodes -o json: GPU capacity and topology labels"),
+    "agent": (read_agent, "JSON lines of agent net/gpu messages: sysfs names, GUIDs, PCI ids"),
+}
+
+
+def read_source(fmt: str, arg: str) -> SourceFacts:
+    """Read one FILE argument in format ``fmt``; an unknown format lists the valid ones."""
+    try:
+        reader = FORMATS[fmt][0]
+    except KeyError:
+        raise TopologyError(f"unknown format {fmt!r} (valid: {', '.join(FORMATS)})") from None
+    return reader(arg)
+
