@@ -358,10 +358,13 @@ def _periodic(c: Condition, ctx: Ctx) -> Result:
     pts = [(t, v) for t, v in zip(times, values, strict=True) if t not in ck_times]
     if len(pts) < 20:
         return Result(False)
-    base = statistics.median(v for _, v in pts)
+    # The normal step time is the lower quartile: a job slow for a long stretch (a fault, a rotation)
+    # must not pull the baseline up and break that stretch into "bursts" around it.
+    base = lower_quartile([v for _, v in pts])
     if base <= 0:
         return Result(False)
-    spread = max(1.4826 * statistics.median(abs(v - base) for _, v in pts), 0.02 * base)
+    normal = [v for _, v in pts if v <= statistics.median(v for _, v in pts)]
+    spread = max(1.4826 * statistics.median(abs(v - base) for v in normal), 0.02 * base)
     gap = statistics.median(b[0] - a[0] for a, b in zip(pts, pts[1:], strict=False))
     raw: list[list[tuple[float, float]]] = []
     for t, v in pts:
@@ -390,7 +393,8 @@ def _periodic(c: Condition, ctx: Ctx) -> Result:
         return Result(False)
     starts = [b[0][0] for b in bursts]
     gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
-    period = statistics.median(gaps)
+    # The span over the count, not one interval: each burst's start is jittered by a step or two.
+    period = (starts[-1] - starts[0]) / (len(starts) - 1)
     if period < 4 * gap or any(abs(g - period) > p["tolerance"] * period for g in gaps):
         return Result(False)
     if ctx.now - bursts[-1][-1][0] > 1.5 * period:
