@@ -240,13 +240,18 @@ PCIE_LINK = Record("PcieLink", (
     F("aer_nonfatal", "integer", "count", "AER uncorrectable non-fatal errors during the interval.",
       required=False),
     F("aer_fatal", "integer", "count", "AER uncorrectable fatal errors during the interval.", required=False),
+    F("tx_bytes_per_s", "number", "bytes/s", "Throughput the GPU sends over the link now (NVML; GPUs only).",
+      required=False),
+    F("rx_bytes_per_s", "number", "bytes/s", "Throughput the GPU receives over the link now (NVML; GPUs only).",
+      required=False),
 ), "One PCIe device's link: what it negotiated against what it can do. A GPU whose x16 link trained at x8, or "
    "a Gen5 link at Gen3, moves half the data per second or less.")
 
 KERNEL_EVENT = Record("KernelEvent", (
     F("seq", "integer", "", "The kernel log's sequence number (`/dev/kmsg`), unique per boot."),
-    F("class", "string", "", "`mce`, `pcie_aer`, `xid`, `gpu_lost`, `nic_fw`, `nic_lost`, `hung_task`, "
-      "`fs_readonly`, `fs_error`, `io_error`, `soft_lockup`, `oom`."),
+    F("class", "string", "", "`mce` (machine check, EDAC), `pcie_aer` (corrected), `pcie_aer_uncorrected`, "
+      "`xid`, `gpu_lost` (fallen off the bus), `nic_fw` (NIC firmware or health), `hung_task`, `soft_lockup`, "
+      "`fs_readonly`, `fs_error`, `io_error`, `oom`."),
     F("level", "integer", "syslog level", "0 (emerg) to 7 (debug)."),
     F("message", "string", "", "The log line (at most 300 characters)."),
     F("device", "string", "", "The PCI address or block device the line names, when it names one.",
@@ -284,10 +289,14 @@ NIC_PORT = Record("NicPort", (
     F("nic", "string", "", "Interface or IB port (`eth0`, `mlx5_0/1`), as in `NicCounters.nic`."),
     F("speed_mbps", "number", "Mbit/s", "Negotiated speed (absent while the link is down).", required=False),
     F("link_layer", "string", "", "`Ethernet` or `InfiniBand`.", required=False),
+    F("model", "string", "", "The adapter's PCI `vendor:device` (`15b3:1021`): ports of one model should "
+      "negotiate one speed.", required=False),
+    F("rdma", "boolean", "", "The port belongs to an RDMA device (InfiniBand or RoCE): a data rail.",
+      required=False),
     F("link_up", "boolean", "", "Operational state is up."),
-    F("gids", "integer", "count", "Valid (non-zero) entries in the port's RDMA GID table.", required=False),
+    F("gids", "integer", "count", "Valid (non-zero) entries among the first 16 of the port's RDMA GID table.",
+      required=False),
     F("roce_v2_gids", "integer", "count", "Of `gids`, RoCE v2 entries (Ethernet RDMA ports).", required=False),
-    F("gpus", "list[integer]", "indexes", "GPUs this port serves (PCIe locality).", required=False),
 ), "One network port's negotiated speed and RDMA GID table.")
 
 TOPICS: tuple[Topic, ...] = (
