@@ -36,6 +36,15 @@ from engine.evaluate.evaluator import Evaluator  # noqa: E402
 from engine.rules.loader import load_rules  # noqa: E402
 
 GPU_CLASSES = {"pcie-downgrade", "gpu-nvml-hang"}
+# Severity drawn per scenario, milder and harsher than the defaults, so thresholds are judged on both.
+SEVERITY: dict[str, dict[str, tuple[float, float]]] = {
+    "pcie-downgrade": {"tail_s": (0.04, 0.15)},
+    "nic-speed-low": {"fraction": (0.25, 0.75), "tail_s": (0.04, 0.12)},
+    "cooling-degraded": {"compute_mult": (1.08, 1.25), "inlet_c": (30.0, 42.0)},
+    "psu-failed": {"compute_mult": (1.08, 1.2)},
+    "kernel-mce": {"compute_mult": (1.08, 1.2), "every_s": (5.0, 30.0)},
+    "rdma-gid-missing": {"tail_s": (0.08, 0.3)},
+}
 
 
 def run(rules: Any, shape_name: str, cls: str | None, seed: int, duration: float | None = None
@@ -52,7 +61,12 @@ def run(rules: Any, shape_name: str, cls: str | None, seed: int, duration: float
     if cls is not None:
         node = rng.choice(shape.victim_nodes)
         target = f"{node}:gpu{rng.randrange(shape.gpus_per_node)}" if cls in GPU_CLASSES else node
-        faults = [HW_FAULTS[cls](target, start, end)]
+        params = {k: round(rng.uniform(lo, hi), 3) for k, (lo, hi) in SEVERITY.get(cls, {}).items()}
+        if cls == "pcie-downgrade":
+            params["width"] = float(rng.choice([4, 8]))
+        if "every_s" in params:
+            params["every_s"] = float(int(params["every_s"]))
+        faults = [HW_FAULTS[cls](target, start, end, **params)]
     topo = copy.deepcopy(parsed.topology)
     sim = Simulation(parsed.topology, parsed.jobs, faults, start_time=START, duration_s=parsed.duration_s,
                      interval_s=parsed.interval_s, seed=parsed.seed)
@@ -75,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fault-free-s", type=float, default=1800.0)
     args = p.parse_args(argv)
     rules = load_rules([ROOT / "rules"])
-    shapes = [("8n", 0)] if args.quick else [("8n", 0), ("8n", 1), ("12n-4gpu", 0), ("24n", 0), ("shared", 0)]
+    shapes = [("8n", 0)] if args.quick else [("8n", 0), ("8n", 1), ("8n", 2), ("12n-4gpu", 0), ("12n-4gpu", 1),
+                                             ("24n", 0), ("shared", 0), ("shared", 1)]
     causes = {c.cause for c in HW_FAULTS.values()}
     t0 = time.perf_counter()
     rows = []
