@@ -32,6 +32,7 @@ from agents.collectors.base import Collector, CollectorOff, log
 from agents.collectors.bmc import BmcSource
 from agents.collectors.kmsg import KmsgSource
 from agents.collectors.pcie import PcieSource
+from agents.collectors.pcie import _norm as _norm_pci
 from agents.collectors.ports import PortSource
 
 STATE_ENV = "WHYWAIT_STATE_DIR"
@@ -75,6 +76,10 @@ class HardwareCollector(Collector):
     name = "hw"
     kind = "hw"
 
+    @property
+    def label(self) -> str:
+        return "HW"
+
     def __init__(self, root: str = "/", sources: Sequence[Source] | None = None, gpu: Any = None,
                  gpu_bus_ids: Sequence[str] | None = None, state_path: str | None = None) -> None:
         super().__init__(root)
@@ -99,6 +104,7 @@ class HardwareCollector(Collector):
         self._due: dict[str, float] = {}
         self._own_errors = 0
         self._calls = 0
+        self._has_sysfs_pcie = any(isinstance(s, PcieSource) for s in self.sources)
 
     def sample(self, now: float, mono: float) -> dict[str, Any] | None:
         if not self.sources and self.gpu is None:
@@ -121,9 +127,29 @@ class HardwareCollector(Collector):
                 body[s.name] = got
         if self.gpu is not None:
             body["nvml"] = self.gpu.take_health()
-            self._add_gpu_throughput(body.get("pcie"))
+            if "pcie" in body or (not self._has_sysfs_pcie and (self._calls <= 2 or self._calls % 10 == 0)):
+                body["pcie"] = self._with_nvml_links(body.get("pcie") or [])
         self.errors = self._own_errors + sum(getattr(s, "errors", 0) for s in self.sources)
         return body or None
+
+    def _with_nvml_links(self, links: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Each GPU's link: sysfs's with NVML's throughput beside it, or NVML's alone where sysfs has none
+        (a container without the host's ``/sys``)."""
+        self._add_gpu_throughput(links)
+        have = {rec.get("gpu") for rec in links if rec.get("class") == "gpu"}
+        pcie = getattr(self.gpu, "pcie", {})
+        bus_ids = getattr(self.gpu, "bus_ids", [])
+        for i, g in sorted(pcie.items()):
+            if i in have or not all(k in g for k in ("pcie_link_width", "pcie_link_width_max", "pcie_link_gen",
+                                                     "pcie_link_gen_max")):
+                continue
+            bus = bus_ids[i] if i < len(bus_ids) and bus_ids[i] else None
+            rec: dict[str, Any] = {"device": _norm_pci(bus) if bus else f"nvml-gpu{i}", "class": "gpu", "gpu": i,
+                                   "width": g["pcie_link_width"], "width_max": g["pcie_link_width_max"],
+                                   "gen": g["pcie_link_gen"], "gen_max": g["pcie_link_gen_max"]}
+            links.append(rec)
+        self._add_gpu_throughput(links)
+        return links
 
     def _add_gpu_throughput(self, links: list[dict[str, Any]] | None) -> None:
         """Put NVML's PCIe throughput beside each GPU's sysfs link: the link's width and what crosses it."""

@@ -12,8 +12,8 @@ The sequence number is unique per boot, so the reader
   (``/proc/sys/kernel/random/boot_id``), in a small state file: after an agent
   restart it reports only records past that number, never one twice; after a
   reboot it reports the new boot's records from the start;
-* on its very first run (no state) it skips what the ring buffer already holds:
-  old errors are not news;
+* on its very first run (no state) it reads past what the ring buffer already
+  holds without reporting it: old errors are not news;
 * reads at most :data:`MAX_RECORDS` records per interval (the rest waits for the
   next) and reports at most :data:`MAX_EVENTS` matching lines;
 * counts records the kernel overwrote before they were read (``EPIPE``) in
@@ -43,6 +43,7 @@ log = logging.getLogger("whywait.agent")
 MAX_RECORDS = 2000   # per interval: a log storm must not hold up the agent's round
 MAX_EVENTS = 200     # matching lines reported per interval
 MAX_MESSAGE = 300    # characters of each line kept
+PRIME_BATCHES = 100  # at most 200,000 records skipped at first start (a 16 MiB ring buffer holds fewer)
 
 _PCI = re.compile(r"\b([0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7])\b", re.I)
 _NVRM_PCI = re.compile(r"PCI:([0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2})\b", re.I)
@@ -152,7 +153,23 @@ class KmsgSource:
             return f"cannot open {self.path}: {exc.strerror or exc}"
         self._is_file = stat.S_ISREG(os.fstat(self._fd).st_mode)
         self._load_state()
+        if not self._primed:
+            self._skip_history()
         return None
+
+    def _skip_history(self) -> None:
+        """First run: what the ring buffer holds is history.  Read past it once (a few thousand records,
+        milliseconds) to learn its last sequence number, and save that, so a restart resumes there."""
+        for _ in range(PRIME_BATCHES):
+            batch = self._records()
+            for raw in batch:
+                rec = parse_record(raw)
+                if rec is not None:
+                    self._last_seq = rec[1]
+            if len(batch) < MAX_RECORDS:
+                break
+        self._primed = True
+        self._save_state()
 
     # --- state -------------------------------------------------------------
     def _load_state(self) -> None:
@@ -221,8 +238,6 @@ class KmsgSource:
             if self._last_seq is not None and seq <= self._last_seq:
                 continue  # seen before a restart
             self._last_seq = seq
-            if not self._primed:
-                continue  # first run: what the buffer held before the agent is history
             found = classify(message)
             if found is None:
                 continue
@@ -233,7 +248,6 @@ class KmsgSource:
             if self._btime is not None:
                 ev["logged_at"] = round(self._btime + usec / 1e6, 6)
             events.append(ev)
-        self._primed = True
         self._save_state()
         return events
 

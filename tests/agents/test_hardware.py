@@ -385,7 +385,7 @@ def test_registry_and_collector_on_a_real_tree(node_exporter_root: str, caplog: 
     assert c.enabled
     assert set(c.parts_off) == {"kernel", "bmc", "nvml"}
     lines = [r.getMessage() for r in caplog.records]
-    assert any(m.startswith("Hw collector: kernel off: cannot open") for m in lines)
+    assert any(m.startswith("HW collector: kernel off: cannot open") for m in lines)
     assert set(valid(c.collect(T0, 0.0))) == {"pcie", "ports"}  # the agent's priming call
     assert set(valid(c.collect(T0 + 1, 1.0))) == {"pcie", "ports"}  # the first message says everything
     assert c.collect(T0 + 2, 2.0) is None  # then nothing is due until 10 s later: no message
@@ -408,6 +408,9 @@ def test_collector_publishes_nvml_health_and_gpu_throughput(node_exporter_root: 
     body = valid(c.collect(T0, 0.0))
     assert body["nvml"][0]["gpu"] == 0 and body["nvml"][0]["responsive"] is True
     assert body["nvml"][0]["calls"] > 0
+    # No sysfs PCIe source here (a container without the host's /sys): NVML's link stands in.
+    assert body["pcie"] == [{"device": "0000:00:09.0", "class": "gpu", "gpu": 0, "width": 16, "width_max": 16,
+                             "gen": 5, "gen_max": 5, "tx_bytes_per_s": 3092 * 1024, "rx_bytes_per_s": 6346 * 1024}]
     # A sysfs GPU link gets NVML's throughput beside it.
     links = [{"device": "0000:00:09.0", "class": "gpu", "gpu": 0, "width": 16, "width_max": 16, "gen": 5,
               "gen_max": 5}]
