@@ -149,14 +149,14 @@ def main(argv: list[str] | None = None) -> int:
     for cls, n, prec, rec, rc, p50, mx, _ in rows:
         print(f"{cls:<18} {n:>3} {prec:>5.2f} {rec:>6.2f} {rc:>5.2f} {p50 or 0:>7.1f}s {mx or 0:>7.1f}s")
     print("-" * 60)
-    hw_false = [f for f in false_free if any(c.split(".")[0] == "hardware" for c in [f.split(": ")[1].split()[0]])]
+    hw_false = [f for f in false_free if f.split(": ", 1)[1].startswith("hardware.")]
     print(f"diagnoses during {free_s / 3600:.2f} h of fault-free simulated time: {len(false_free)} "
           f"({len(hw_false)} from hardware.* rules); causes scored: {', '.join(sorted(causes))}")
     print(f"{msgs:,} messages, {time.perf_counter() - t0:.0f} s")
     if args.verbose:
-        for cls, *_, notes in rows:
-            for n in notes:
-                print(f"  {cls}: {n}")
+        for row in rows:
+            for note in row[-1]:
+                print(f"  {row[0]}: {note}")
         for f in false_free:
             print(f"  fault-free: {f}")
     return 0

@@ -212,8 +212,8 @@ class RedfishClient:
     def sensors(self) -> list[dict[str, Any]]:
         """Every chassis's thermal and power sensors."""
         coll = self.get("/redfish/v1/Chassis")
-        members = [m.get("@odata.id") for m in coll.get("Members") or () if isinstance(m, dict)]
-        members = [m for m in members if isinstance(m, str)][:MAX_CHASSIS]
+        ids = [m.get("@odata.id") for m in coll.get("Members") or () if isinstance(m, dict)]
+        members: list[str] = [m for m in ids if isinstance(m, str)][:MAX_CHASSIS]
         out: list[dict[str, Any]] = []
         for m in members:
             chassis = self.get(m)

@@ -84,6 +84,7 @@ class NvmlCollector(Collector):
         self.call_timeout_s = call_timeout_s
         self._pool: cf.ThreadPoolExecutor | None = None
         self._stuck: dict[int, cf.Future[Any]] = {}  # GPU index (-1: the XID drain) -> the call still blocked
+        self._started: dict[int, float] = {}  # GPU index -> when its last call was submitted (monotonic)
         self._health: dict[int, dict[str, Any]] = {}
         self._hlock = threading.Lock()
         self.pcie: dict[int, dict[str, Any]] = {}  # GPU index -> its last PCIe link fields
@@ -224,9 +225,8 @@ class NvmlCollector(Collector):
         return out
 
     def _stuck_ms(self, i: int) -> float:
-        fut = self._stuck.get(i)
-        started = getattr(fut, "whywait_started", None)
-        return (time.monotonic() - started) * 1000.0 if started is not None else 0.0
+        started = self._started.get(i)
+        return (time.monotonic() - started) * 1000.0 if started is not None and i in self._stuck else 0.0
 
     def _guarded(self, key: int, fn: Any, *args: Any) -> cf.Future[Any] | None:
         """Submit ``fn`` to the worker pool unless the previous call for ``key`` is still blocked."""
@@ -237,9 +237,8 @@ class NvmlCollector(Collector):
             del self._stuck[key]
             log.info("GPU collector: %s answers again", "the XID drain" if key < 0 else f"GPU {key}")
         assert self._pool is not None
-        fut = self._pool.submit(fn, *args)
-        fut.whywait_started = time.monotonic()  # type: ignore[attr-defined]
-        return fut
+        self._started[key] = time.monotonic()
+        return self._pool.submit(fn, *args)
 
     def _xids(self) -> dict[int, list[int]]:
         """Drain the event set without waiting: every XID since the last call, by GPU index."""

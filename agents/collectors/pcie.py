@@ -164,7 +164,8 @@ class PcieSource:
             out.append(rec)
         for addr, last in self._seen.items():
             if addr not in present:  # fell off the bus: keep saying so
-                lost = {k: last[k] for k in ("device", "class", "gpu", "nics", "width_max", "gen_max") if k in last}
+                lost: dict[str, Any] = {k: last[k] for k in ("device", "class", "gpu", "nics", "width_max",
+                                                             "gen_max") if k in last}
                 out.append({**lost, "width": 0, "gen": 0})
         return out
 
