@@ -47,9 +47,21 @@ SEVERITY: dict[str, dict[str, tuple[float, float]]] = {
 }
 
 
-def run(rules: Any, shape_name: str, cls: str | None, seed: int, duration: float | None = None
-        ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any], float, int]:
-    """One scenario: (truths, diagnoses, placements, fault start or end of run, messages)."""
+# A hardware fault on one node while a fault the simulator already knows hits another node of the job.
+PAIRS = (("pcie-downgrade", "nic-packet-loss"), ("kernel-mce", "gpu-thermal"),
+         ("cooling-degraded", "storage-client-slow"), ("nic-speed-low", "gpu-power"),
+         ("rdma-gid-missing", "cpu-bound-loader"))
+
+
+def run(rules: Any, shape_name: str, cls: str | None, seed: int, duration: float | None = None,
+        other: str | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any], float, int]:
+    """One scenario: (truths, diagnoses, placements, fault start or end of run, messages).
+
+    ``other`` adds a fault of the simulator's own library (``agents.simulate.faults.FAULTS``) on another
+    of the job's nodes, starting 5 s later.
+    """
+    from agents.simulate.faults import FAULTS
+
     rng = random.Random(f"{cls}:{shape_name}:{seed}")
     shape = SHAPES[shape_name]
     start = float(rng.randint(90, 130))
@@ -67,6 +79,11 @@ def run(rules: Any, shape_name: str, cls: str | None, seed: int, duration: float
         if "every_s" in params:
             params["every_s"] = float(int(params["every_s"]))
         faults = [HW_FAULTS[cls](target, start, end, **params)]
+        if other is not None:
+            node2 = rng.choice([n for n in shape.victim_nodes if n != node])
+            gpu_fault = other.startswith("gpu-")
+            faults.append(FAULTS[other](f"{node2}:gpu{rng.randrange(shape.gpus_per_node)}" if gpu_fault else node2,
+                                        start + 5, end))
     topo = copy.deepcopy(parsed.topology)
     sim = Simulation(parsed.topology, parsed.jobs, faults, start_time=START, duration_s=parsed.duration_s,
                      interval_s=parsed.interval_s, seed=parsed.seed)
@@ -137,6 +154,19 @@ def main(argv: list[str] | None = None) -> int:
         rows.append((cls, truths_n, true_d / max(1, true_d + false_d), detected / max(1, truths_n),
                      rca / max(1, truths_n), statistics.median(lat) if lat else None, max(lat) if lat else None,
                      notes))
+    pair_rows = []
+    for a, b in PAIRS[:1] if args.quick else PAIRS:
+        truths, diags, placements, first, n = run(rules, "8n", a, 7, other=b)
+        msgs += n
+        free_s += first - START
+        incidents = _incidents(diags)
+        for t in truths:
+            mine = [d for d in incidents
+                    if d["job"] == t["job"] and t["start"] <= d["detected_at"] <= t["end"] + GRACE_S]
+            right = [d for d in mine if (d.get("labels") or {}).get("cause") == t["cause"]]
+            named = bool(right) and any(culprit_matches(d, t, placements.get(t["job"], {})) for d in right)
+            pair_rows.append((f"{a}+{b}", t["fault"], bool(right), named,
+                              right[0]["detected_at"] - t["start"] if right else None))
     for k in range(1 if args.quick else 2):
         truths, diags, _placements, first, n = run(rules, "8n" if k == 0 else "shared", None, 100 + k,
                                                    duration=args.fault_free_s / (1 if args.quick else 2))
@@ -149,6 +179,10 @@ def main(argv: list[str] | None = None) -> int:
     for cls, n, prec, rec, rc, p50, mx, _ in rows:
         print(f"{cls:<18} {n:>3} {prec:>5.2f} {rec:>6.2f} {rc:>5.2f} {p50 or 0:>7.1f}s {mx or 0:>7.1f}s")
     print("-" * 60)
+    for pair, fault, found, named, latency in pair_rows:
+        print(f"pair {pair:<38} {fault:<20} {'detected' if found else 'MISSED':<9} "
+              f"{'culprit named' if named else 'culprit WRONG' if found else '':<14} "
+              f"{'' if latency is None else f'{latency:.0f} s'}")
     hw_false = [f for f in false_free if f.split(": ", 1)[1].startswith("hardware.")]
     print(f"diagnoses during {free_s / 3600:.2f} h of fault-free simulated time: {len(false_free)} "
           f"({len(hw_false)} from hardware.* rules); causes scored: {', '.join(sorted(causes))}")
