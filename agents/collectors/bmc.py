@@ -15,7 +15,7 @@ Two ways in, chosen by the environment:
   ``ipmitool sdr elist full``.
 
 A BMC answers in seconds, not milliseconds, so polling runs in a background
-thread every :attr:`BmcSource.every_s` seconds, each request with a timeout;
+thread every 30 s (``WHYWAIT_BMC_POLL_S``; BMCs are small computers, be kind), each request with a timeout;
 the agent's round only picks up the last finished poll.  Only the standard
 library is used (the agent stays small): ``urllib`` speaks Redfish's JSON.
 """
@@ -43,6 +43,7 @@ USER_ENV = "WHYWAIT_BMC_USERNAME"
 PASSWORD_FILE_ENV = "WHYWAIT_BMC_PASSWORD_FILE"
 CA_ENV = "WHYWAIT_BMC_CA_FILE"
 INSECURE_ENV = "WHYWAIT_BMC_INSECURE"
+POLL_ENV = "WHYWAIT_BMC_POLL_S"
 TIMEOUT_S = 10.0
 MAX_CHASSIS = 16
 
@@ -309,11 +310,19 @@ class BmcSource:
     every_s = 0.0  # the thread keeps its own pace (poll_s); the round just picks up results
 
     def __init__(self, root: str = "/", fetch: Callable[[], list[dict[str, Any]]] | None = None,
-                 poll_s: float = 30.0, env: Mapping[str, str] | None = None) -> None:
+                 poll_s: float | None = None, env: Mapping[str, str] | None = None) -> None:
         self.root = root
         self.fetch = fetch
-        self.poll_s = poll_s
         self.env = os.environ if env is None else env
+        self.poll_s = poll_s if poll_s is not None else 30.0
+        self._bad_poll: str | None = None
+        if poll_s is None and self.env.get(POLL_ENV):
+            try:
+                self.poll_s = float(self.env[POLL_ENV])
+                if not 1.0 <= self.poll_s <= 3600.0:
+                    raise ValueError
+            except ValueError:
+                self._bad_poll = f"{POLL_ENV} must be seconds between 1 and 3600 (got {self.env[POLL_ENV]!r})"
         self.errors = 0
         self.last_error: str | None = None
         self.via = ""
@@ -324,6 +333,8 @@ class BmcSource:
 
     def available(self) -> str | None:
         """Choose Redfish or ipmitool and start polling; else say why the source is off."""
+        if self._bad_poll:
+            return self._bad_poll
         if self.fetch is None:
             why = self._configure()
             if why:

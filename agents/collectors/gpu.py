@@ -318,7 +318,7 @@ class NvmlCollector(Collector):
             kb = self._try(i, field, n.nvmlDeviceGetPcieThroughput, h, counter)
             if kb is not None:
                 rec[field] = int(kb) * 1024  # NVML reports KB/s over a 20 ms window
-        link = {}
+        pcie: dict[str, int] = {}
         for field, fname in (("pcie_link_gen", "nvmlDeviceGetCurrPcieLinkGeneration"),
                              ("pcie_link_gen_max", "nvmlDeviceGetMaxPcieLinkGeneration"),
                              ("pcie_link_width", "nvmlDeviceGetCurrPcieLinkWidth"),
@@ -326,9 +326,9 @@ class NvmlCollector(Collector):
             fn = getattr(n, fname, None)
             v = self._try(i, field, fn, h) if fn is not None else None
             if v is not None:
-                link[field] = int(v)
-        rec.update(link)
-        self.pcie[i] = {**link, **{k: rec[k] for k in ("pcie_tx_bytes_per_s", "pcie_rx_bytes_per_s") if k in rec}}
+                pcie[field] = int(v)
+        rec.update(pcie)
+        self.pcie[i] = {**pcie, **{k: rec[k] for k in ("pcie_tx_bytes_per_s", "pcie_rx_bytes_per_s") if k in rec}}
         if self._nvlinks[i]:
             total = 0
             for link in self._nvlinks[i]:

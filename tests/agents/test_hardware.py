@@ -353,6 +353,12 @@ def test_bmc_without_configuration_is_off_with_a_reason(tmp_path: Any) -> None:
                                                           "WHYWAIT_BMC_USERNAME": "u"}).available() or "")
 
 
+def test_bmc_poll_interval_from_the_environment_is_checked() -> None:
+    assert BmcSource(env={"WHYWAIT_BMC_POLL_S": "15"}).poll_s == 15.0
+    assert BmcSource(env={"WHYWAIT_BMC_POLL_S": "0.1"}).available() == (
+        "WHYWAIT_BMC_POLL_S must be seconds between 1 and 3600 (got '0.1')")
+
+
 def test_bmc_polls_in_the_background_so_a_slow_bmc_never_blocks_the_round() -> None:
     gate = threading.Event()
 
