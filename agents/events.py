@@ -288,6 +288,10 @@ NVML_HEALTH = Record("NvmlHealth", (
 NIC_PORT = Record("NicPort", (
     F("nic", "string", "", "Interface or IB port (`eth0`, `mlx5_0/1`), as in `NicCounters.nic`."),
     F("speed_mbps", "number", "Mbit/s", "Negotiated speed (absent while the link is down).", required=False),
+    F("speed_max_mbps", "number", "Mbit/s", "The fastest mode the port supports (Ethernet, from the driver).",
+      required=False),
+    F("speed_common_max_mbps", "number", "Mbit/s", "The fastest mode both the port and its link partner "
+      "support (Ethernet with auto-negotiation): a port below it negotiated down.", required=False),
     F("link_layer", "string", "", "`Ethernet` or `InfiniBand`.", required=False),
     F("model", "string", "", "The adapter's PCI `vendor:device` (`15b3:1021`): ports of one model should "
       "negotiate one speed.", required=False),

@@ -293,6 +293,8 @@ class MetricStore:
                     top = fastest[(p.get("model") or "", p.get("link_layer") or "")]
                     put("nic.speed_ratio", e, t, speed / top)
                     worst = min(worst, speed / top)
+                    if p.get("speed_common_max_mbps"):
+                        put("nic.speed_common_ratio", e, t, speed / p["speed_common_max_mbps"])
                     if p.get("rdma") and p["link_up"]:
                         rdma_min = speed / 1000.0 if rdma_min is None else min(rdma_min, speed / 1000.0)
                 if p.get("rdma") and p.get("gids") is not None:

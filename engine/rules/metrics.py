@@ -116,7 +116,9 @@ _ALL: list[Metric] = [
         ("nic.pcie_gen_ratio", "the adapter's PCIe link generation over its maximum"),
         ("nic.pcie_bandwidth_ratio", "the adapter's PCIe link bandwidth over at its maximum"),
         ("nic.speed_ratio", "negotiated speed over the fastest port of the same model and link layer on "
-                            "the node")),
+                            "the node"),
+        ("nic.speed_common_ratio", "negotiated speed over the fastest mode both the port and its link partner "
+                                   "support (Ethernet with auto-negotiation)")),
     *_m("nic", "Gb/s", ("nic.speed_gbps", "negotiated port speed")),
     *_m("nic", "bool", ("nic.gid_missing", "an RDMA port is up with no valid GID (or, on RoCE, no RoCE v2 GID)"),
         ("nic.pcie_lost", "the adapter vanished from the PCI bus")),

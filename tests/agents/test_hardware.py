@@ -124,6 +124,38 @@ def test_ethernet_ports_of_a_real_sys_tree(node_exporter_root: str) -> None:
     valid({"ports": list(ports.values())})
 
 
+def test_link_mode_masks_decode_to_speeds() -> None:
+    from agents.collectors.ports import fastest_mode
+
+    assert fastest_mode([1 << 5, 0, 0, 0]) == 1000                      # 1000baseT_Full
+    assert fastest_mode([0, 1 << (38 - 32), 0, 0]) == 100_000           # 100000baseCR4_Full
+    assert fastest_mode([0, 0, 1 << (89 - 64), 0]) == 400_000           # 400000baseCR4_Full
+    assert fastest_mode([1 << 13 | 1 << 6, 1 << (49 - 32), 0, 0]) is None  # pause, autoneg, FEC: no speed
+    assert fastest_mode([0, 0, 0, 1 << (121 - 96)]) == 1_600_000
+
+
+def test_the_driver_query_on_this_host_never_raises() -> None:
+    from agents.collectors.ports import link_modes
+
+    assert link_modes("no-such-if0") is None
+    for name in os.listdir("/sys/class/net"):
+        got = link_modes(name)  # a virtual NIC says nothing (None or no modes); a real one gives speeds
+        assert got is None or all(v is None or v >= 10 for v in got)
+
+
+def test_ports_carry_the_driver_modes_on_this_host() -> None:
+    calls: list[str] = []
+
+    def fake(ifname: str) -> tuple[int | None, int | None]:
+        calls.append(ifname)
+        return 100_000, 25_000
+
+    ports = PortSource("/", link_modes=fake).read(0.0)
+    eth = [p for p in ports if p["nic"] in calls]
+    assert all(p["speed_max_mbps"] == 100_000.0 and p["speed_common_max_mbps"] == 25_000.0 for p in eth)
+    valid({"ports": ports})
+
+
 # --- the kernel log ------------------------------------------------------------------------------
 
 def test_records_parse() -> None:

@@ -47,7 +47,9 @@ def test_port_speed_compares_ports_of_one_model_and_finds_missing_gids() -> None
         {"nic": "bond0/1", "speed_mbps": 200000.0, "link_layer": "Ethernet", "model": "15b3:1021", "rdma": True,
          "link_up": True, "gids": 2, "roce_v2_gids": 0},
         {"nic": "eno1", "speed_mbps": 1000.0, "link_layer": "Ethernet", "model": "14e4:165f", "rdma": False,
-         "link_up": True}])
+         "link_up": True, "speed_max_mbps": 10000.0, "speed_common_max_mbps": 10000.0}])
+    assert last(s, "nic.speed_common_ratio", "n1/eno1") == 0.1  # both ends could do 10G: it negotiated down
+    assert last(s, "nic.speed_common_ratio", "n1/mlx5_0/1") is None  # IB: no such figure
     assert last(s, "nic.speed_ratio", "n1/mlx5_1/1") == 0.5
     assert last(s, "nic.speed_ratio", "n1/eno1") == 1.0  # a management port is compared with its own kind only
     assert last(s, "net.port_speed_ratio", "n1") == 0.5
