@@ -26,10 +26,11 @@ from typing import Any
 from agents.collectors import COLLECTORS, AgentConfigError, AgentError, Collector, collector_class
 from agents.collectors.dcgm import DcgmCollector
 from agents.collectors.gpu import NvmlCollector
+from agents.collectors.hardware import HardwareCollector
 from agents.training import DEFAULT_SOCKET, SOCKET_ENV
 
 BOOTSTRAP_ENV = "WHYWAIT_KAFKA_BOOTSTRAP"
-DEFAULT_COLLECTORS = "gpu,network,storage,host"
+DEFAULT_COLLECTORS = "gpu,network,storage,host,hw"
 DEFAULT_SPOOL = "/var/lib/whywait/spool"
 
 
@@ -62,12 +63,17 @@ def build_collectors(names: list[str], root: str = "/", dcgm_url: str | None = N
     """Instantiate the named collectors; GPU bus ids from NVML feed the network collector's locality."""
     out: list[Collector] = []
     gpu_bus_ids: list[str] | None = None
+    gpu: NvmlCollector | None = None
     for name in names:
         cls = collector_class(name)
         if cls is NvmlCollector:
-            c: Collector = NvmlCollector(root)
+            gpu = NvmlCollector(root)
+            c: Collector = gpu
             if c.enabled:
                 gpu_bus_ids = [b for b in c.bus_ids if b]  # type: ignore[attr-defined]
+        elif cls is HardwareCollector:
+            # The GPU collector (built first) times NVML per GPU; the hw message publishes that health.
+            c = HardwareCollector(root, gpu=gpu, gpu_bus_ids=gpu_bus_ids)
         elif cls is DcgmCollector:
             if not dcgm_url:
                 raise AgentConfigError("collector 'dcgm' needs --dcgm-url (the dcgm-exporter's /metrics URL)")
@@ -91,8 +97,8 @@ def _names(args: argparse.Namespace) -> list[str]:
         raise AgentConfigError("--collectors names none (valid: " + ", ".join(COLLECTORS) + ")")
     for n in names:
         collector_class(n)
-    # Network locality wants the GPU bus ids, so the GPU collector starts first.
-    return sorted(names, key=lambda n: 0 if n == "gpu" else 1)
+    # Network locality and the hw collector want the GPU collector, so it starts first (and hw last).
+    return sorted(names, key=lambda n: 0 if n == "gpu" else 2 if n == "hw" else 1)
 
 
 def _spool_dir(arg: str | None) -> str:

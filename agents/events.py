@@ -45,6 +45,7 @@ TOPIC_STEPS = "whywait.steps.v1"
 TOPIC_CHECKPOINTS = "whywait.checkpoints.v1"
 TOPIC_PLACEMENT = "whywait.placement.v1"
 TOPIC_AGENT_HEALTH = "whywait.agent-health.v1"
+TOPIC_HW = "whywait.hw.v1"
 TOPIC_DIAGNOSES = "whywait.diagnoses.v1"
 TOPIC_DEADLETTER = "whywait.deadletter.v1"
 
@@ -57,6 +58,7 @@ INPUT_TOPICS: tuple[str, ...] = (
     TOPIC_NET,
     TOPIC_STORAGE,
     TOPIC_HOST,
+    TOPIC_HW,
     TOPIC_AGENT_HEALTH,
 )
 
@@ -142,6 +144,17 @@ GPU_SAMPLE = Record("GpuSample", (
     F("pcie_replay", "integer", "count", "PCIe replays during the interval.", required=False),
     F("nvlink_errors", "integer", "count", "NVLink CRC/replay/recovery errors during the interval.",
       required=False),
+    F("pci_bus_id", "string", "", "The GPU's PCI address as NVML gives it (`00000000:83:00.0`).", required=False),
+    F("pcie_tx_bytes_per_s", "number", "bytes/s", "PCIe transmit throughput (NVML, a 20 ms window).",
+      required=False),
+    F("pcie_rx_bytes_per_s", "number", "bytes/s", "PCIe receive throughput (NVML, a 20 ms window).",
+      required=False),
+    F("pcie_link_gen", "integer", "generation", "Current PCIe link generation (drops at idle by design).",
+      required=False),
+    F("pcie_link_gen_max", "integer", "generation", "Maximum PCIe link generation of the GPU in this slot.",
+      required=False),
+    F("pcie_link_width", "integer", "lanes", "Current PCIe link width.", required=False),
+    F("pcie_link_width_max", "integer", "lanes", "Maximum PCIe link width.", required=False),
 ), "One GPU's sample for the interval.")
 
 NIC_COUNTERS = Record("NicCounters", (
@@ -217,6 +230,85 @@ PLACED_RANK = Record("PlacedRank", (
       "slicing); 1 when absent (v2).", required=False),
 ), "Where one rank runs, and (v2) its coordinates in the job's parallel layout.")
 
+PCIE_LINK = Record("PcieLink", (
+    F("device", "string", "", "PCI address, `0000:83:00.0`."),
+    F("class", "string", "", "`gpu`, `nic` or `nvme`."),
+    F("gpu", "integer", "index", "GPU index on the node, for a GPU.", required=False),
+    F("nics", "list[string]", "names", "Interfaces and IB ports this adapter backs (`eth0`, `mlx5_0/1`), "
+      "named as in `NicCounters.nic`.", required=False),
+    F("width", "integer", "lanes", "Negotiated link width (`current_link_width`)."),
+    F("width_max", "integer", "lanes", "Widest link the device and slot allow (`max_link_width`)."),
+    F("gen", "integer", "generation", "Negotiated link generation (from `current_link_speed`: 2.5 GT/s = 1, "
+      "5 = 2, 8 = 3, 16 = 4, 32 = 5, 64 = 6)."),
+    F("gen_max", "integer", "generation", "Highest generation the device and slot allow (`max_link_speed`)."),
+    F("aer_correctable", "integer", "count", "PCIe AER correctable errors during the interval "
+      "(`aer_dev_correctable` TOTAL_ERR_COR).", required=False),
+    F("aer_nonfatal", "integer", "count", "AER uncorrectable non-fatal errors during the interval.",
+      required=False),
+    F("aer_fatal", "integer", "count", "AER uncorrectable fatal errors during the interval.", required=False),
+    F("tx_bytes_per_s", "number", "bytes/s", "Throughput the GPU sends over the link now (NVML; GPUs only).",
+      required=False),
+    F("rx_bytes_per_s", "number", "bytes/s", "Throughput the GPU receives over the link now (NVML; GPUs only).",
+      required=False),
+), "One PCIe device's link: what it negotiated against what it can do. A GPU whose x16 link trained at x8, or "
+   "a Gen5 link at Gen3, moves half the data per second or less.")
+
+KERNEL_EVENT = Record("KernelEvent", (
+    F("seq", "integer", "", "The kernel log's sequence number (`/dev/kmsg`), unique per boot."),
+    F("class", "string", "", "`mce` (machine check, EDAC), `pcie_aer` (corrected), `pcie_aer_uncorrected`, "
+      "`xid`, `gpu_lost` (fallen off the bus), `nic_fw` (NIC firmware or health), `hung_task`, `soft_lockup`, "
+      "`fs_readonly`, `fs_error`, `io_error`, `oom`."),
+    F("level", "integer", "syslog level", "0 (emerg) to 7 (debug)."),
+    F("message", "string", "", "The log line (at most 300 characters)."),
+    F("device", "string", "", "The PCI address or block device the line names, when it names one.",
+      required=False),
+    F("code", "integer", "", "The XID code, for `xid`.", required=False),
+    F("logged_at", "number", "s since epoch (UTC)", "When the kernel logged it (boot time + its timestamp).",
+      required=False),
+), "A hardware or system error the kernel logged during the interval, one per line that matched.")
+
+BMC_SENSOR = Record("BmcSensor", (
+    F("name", "string", "", "The BMC's sensor name (`Fan Block 1`, `Chassis Intake Temp`)."),
+    F("type", "string", "", "`fan`, `temperature`, `psu`, `redundancy`, `power` or `voltage`."),
+    F("context", "string", "", "Where it sits: `inlet`, `exhaust`, `cpu`, `gpu`, `psu`, `system`...",
+      required=False),
+    F("reading", "number", "", "The reading, in `unit`.", required=False),
+    F("unit", "string", "", "`RPM`, `%`, `°C`, `W` or `V`.", required=False),
+    F("health", "string", "", "`ok`, `warning`, `critical` or `unknown` (Redfish `Status.Health`; "
+      "ipmitool's status and event text)."),
+    F("note", "string", "", "The BMC's own words when it is not ok (`Failure detected`, `Non-Redundant`).",
+      required=False),
+), "One BMC sensor (Redfish or `ipmitool sdr`).")
+
+NVML_HEALTH = Record("NvmlHealth", (
+    F("gpu", "integer", "index", "GPU index."),
+    F("responsive", "boolean", "", "False once an NVML call on this GPU timed out (the GPU is then skipped "
+      "until a probe answers)."),
+    F("latency_ms", "number", "ms", "The slowest NVML call on this GPU during the interval."),
+    F("calls", "integer", "count", "NVML calls on this GPU during the interval."),
+    F("errors", "integer", "count", "Calls that failed (other than not-supported) during the interval."),
+    F("timeouts", "integer", "count", "Calls that did not return within the deadline during the interval."),
+    F("error", "string", "", "The last failure, in NVML's words.", required=False),
+), "How NVML answered for one GPU: a GPU that makes NVML slow or fail is itself failing.")
+
+NIC_PORT = Record("NicPort", (
+    F("nic", "string", "", "Interface or IB port (`eth0`, `mlx5_0/1`), as in `NicCounters.nic`."),
+    F("speed_mbps", "number", "Mbit/s", "Negotiated speed (absent while the link is down).", required=False),
+    F("speed_max_mbps", "number", "Mbit/s", "The fastest mode the port supports (Ethernet, from the driver).",
+      required=False),
+    F("speed_common_max_mbps", "number", "Mbit/s", "The fastest mode both the port and its link partner "
+      "support (Ethernet with auto-negotiation): a port below it negotiated down.", required=False),
+    F("link_layer", "string", "", "`Ethernet` or `InfiniBand`.", required=False),
+    F("model", "string", "", "The adapter's PCI `vendor:device` (`15b3:1021`): ports of one model should "
+      "negotiate one speed.", required=False),
+    F("rdma", "boolean", "", "The port belongs to an RDMA device (InfiniBand or RoCE): a data rail.",
+      required=False),
+    F("link_up", "boolean", "", "Operational state is up."),
+    F("gids", "integer", "count", "Valid (non-zero) entries among the first 16 of the port's RDMA GID table.",
+      required=False),
+    F("roce_v2_gids", "integer", "count", "Of `gids`, RoCE v2 entries (Ethernet RDMA ports).", required=False),
+), "One network port's negotiated speed and RDMA GID table.")
+
 TOPICS: tuple[Topic, ...] = (
     Topic(TOPIC_PLACEMENT, "placement", "job id", Record("Placement", (
         F("job", "string", "", "Job id."),
@@ -276,6 +368,18 @@ TOPICS: tuple[Topic, ...] = (
         F("loader_cpu_pct", "number", "% of one core",
           "CPU used by the training job's data-loader processes.", required=False),
     )), "Host CPU and memory pressure for the interval."),
+    Topic(TOPIC_HW, "hw", "node id", Record("HwReport", (
+        F("pcie", "list[PcieLink]", "", "Every GPU's, NIC's and NVMe drive's PCIe link.", required=False),
+        F("ports", "list[NicPort]", "", "Every physical network port's speed and GID table.", required=False),
+        F("kernel", "list[KernelEvent]", "", "Hardware and system errors the kernel logged.", required=False),
+        F("bmc", "list[BmcSensor]", "", "Fans, temperatures, power supplies and redundancy from the BMC.",
+          required=False),
+        F("nvml", "list[NvmlHealth]", "", "NVML's latency and failures per GPU.", required=False),
+    )), "The node's hardware health: the fail-slow faults that slow a node without stopping it. Each list is "
+        "sent when its source ran during the interval (PCIe and ports every 10 s, the BMC every 30 s, the "
+        "kernel log and NVML every interval); an absent list says nothing, an empty one says all clear.",
+        lists={"pcie": PCIE_LINK, "ports": NIC_PORT, "kernel": KERNEL_EVENT, "bmc": BMC_SENSOR,
+               "nvml": NVML_HEALTH}),
     Topic(TOPIC_AGENT_HEALTH, "agent_health", "node id", Record("AgentHealth", (
         F("samples", "integer", "count", "Samples taken since start."),
         F("sent", "integer", "count", "Messages acknowledged by Kafka since start."),

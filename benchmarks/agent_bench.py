@@ -3,7 +3,8 @@
 Runs ``python -m agents.cli`` in a subprocess for ``--seconds`` (default 70;
 the first ``--warmup`` seconds, imports and NVML start-up, are reported apart),
 with the gpu, dcgm (a local HTTP server serving a real dcgm-exporter scrape),
-network, storage and host collectors, the training socket fed by simulated
+network, storage, host and hw collectors (hw with its BMC source polling DMTF's
+Redfish mockup from a local HTTP server, and the real ``/dev/kmsg``), the training socket fed by simulated
 ranks, and ``--print`` to /dev/null (or ``--bootstrap`` for Kafka, a dead port
 exercising the spool).  It reads the agent's ``/proc/<pid>/stat`` (utime+stime)
 every second and ``VmHWM`` from ``/proc/<pid>/status`` at the end.
@@ -63,6 +64,30 @@ def serve_scrape() -> tuple[http.server.ThreadingHTTPServer, str]:
     return server, f"http://127.0.0.1:{server.server_address[1]}/metrics"
 
 
+REDFISH = os.path.join(ROOT, "tests", "fixtures", "agents", "redfish", "public-rackmount1")
+
+
+def serve_redfish() -> tuple[http.server.ThreadingHTTPServer, str]:
+    """DMTF's public-rackmount1 mockup as a BMC: ``/redfish/v1/X`` → ``X/index.json``."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            rel = self.path.removeprefix("/redfish/v1").strip("/")
+            path = os.path.join(REDFISH, rel, "index.json")
+            body = open(path, "rb").read() if os.path.isfile(path) else b""
+            self.send_response(200 if body else 404)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}"
+
+
 def ranks(sock: str, n_ranks: int, steps_per_s: float, stop: threading.Event) -> None:
     sys.path.insert(0, ROOT)
     from agents.training import Reporter
@@ -88,15 +113,17 @@ def main() -> int:
     args = ap.parse_args()
 
     server, url = serve_scrape()
+    bmc, bmc_url = serve_redfish()
     tmp = tempfile.mkdtemp(prefix="whywait-bench-")
+    env = {**os.environ, "WHYWAIT_BMC_URL": bmc_url, "WHYWAIT_STATE_DIR": tmp}
     sock = os.path.join(tmp, "agent.sock")
     cmd = [sys.executable, "-m", "agents.cli", "--node", "bench-node", "--interval", "1",
-           "--collectors", "gpu,dcgm,network,storage,host", "--dcgm-url", url, "--socket", sock]
+           "--collectors", "gpu,dcgm,network,storage,host,hw", "--dcgm-url", url, "--socket", sock]
     cmd += ["--bootstrap", args.bootstrap, "--spool-dir", os.path.join(tmp, "spool")] if args.bootstrap \
         else ["--print"]
     devnull = open(os.devnull, "w")
     log = open(os.path.join(tmp, "agent.log"), "w")
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=devnull, stderr=log)
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=devnull, stderr=log, env=env)
     stop = threading.Event()
     feeder = threading.Thread(target=ranks, args=(sock, args.ranks, args.steps_per_s, stop), daemon=True)
     try:

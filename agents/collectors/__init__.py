@@ -1,7 +1,7 @@
 """The node agent's collectors, one module per source, and their registry.
 
 :data:`COLLECTORS` maps the name used on the command line
-(``--collectors gpu,network,storage,host``) to the class; an unknown name is an
+(``--collectors gpu,network,storage,host,hw``) to the class; an unknown name is an
 error listing the valid ones (:func:`collector_class`).  Every collector takes
 a ``root`` path prefix for ``/proc`` and ``/sys`` so tests run it on fixtures.
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 from agents.collectors.base import AgentConfigError, AgentError, Collector, CollectorOff
 from agents.collectors.dcgm import DcgmCollector
 from agents.collectors.gpu import NvmlCollector
+from agents.collectors.hardware import HardwareCollector
 from agents.collectors.host import HostCollector
 from agents.collectors.network import NetworkCollector
 from agents.collectors.storage import StorageCollector
@@ -21,6 +22,7 @@ COLLECTORS: dict[str, type[Collector]] = {
     "network": NetworkCollector,
     "storage": StorageCollector,
     "host": HostCollector,
+    "hw": HardwareCollector,
 }
 
 
@@ -33,4 +35,5 @@ def collector_class(name: str) -> type[Collector]:
 
 
 __all__ = ["COLLECTORS", "AgentConfigError", "AgentError", "Collector", "CollectorOff", "DcgmCollector",
-           "HostCollector", "NetworkCollector", "NvmlCollector", "StorageCollector", "collector_class"]
+           "HardwareCollector", "HostCollector", "NetworkCollector", "NvmlCollector", "StorageCollector",
+           "collector_class"]

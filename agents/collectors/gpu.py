@@ -9,15 +9,31 @@ Counters (volatile ECC, PCIe replays, NVLink errors) become per-interval
 counts.  A query a GPU does not support (``NVMLError_NotSupported``: no NVLink
 on an L40S, no utilisation under MIG) is remembered and not asked again.
 
+**NVML's own health is a signal.**  A GPU that is failing often shows first as
+NVML calls that take seconds or never return (``nvidia-smi`` hangs), or fail
+with ``Unknown Error``.  Every call is timed and its failures counted per GPU
+(:meth:`NvmlCollector.take_health`, published on the ``hw`` topic), and the
+agent never hangs on one: initialisation, the XID drain and each GPU's sample
+run in worker threads under a deadline (``call_timeout_s``).  A GPU whose
+sample misses the deadline is reported unresponsive and left out of the
+``gpu`` message; it is not asked again until the stuck call returns (a
+blocked C call cannot be interrupted; its thread is the watchdog's probe).
+
+Each sample also carries the PCIe link the GPU negotiated against its maximum
+(``nvmlDeviceGetCurrPcieLinkWidth``/``Generation`` and their ``Max``).
+
 Tests pass a module-like fake as ``nvml``; the real library is imported only
 when none is given.
 """
 
 from __future__ import annotations
 
+import concurrent.futures as cf
+import threading
+import time
 from typing import Any
 
-from agents.collectors.base import Collector, CollectorOff
+from agents.collectors.base import Collector, CollectorOff, log
 from agents.rates import RateTracker
 
 # Clock-event (throttle) reason bits, as in nvml.h, and the names events.py documents.
@@ -62,8 +78,16 @@ class NvmlCollector(Collector):
     name = "gpu"
     kind = "gpu"
 
-    def __init__(self, root: str = "/", nvml: Any = None) -> None:
+    def __init__(self, root: str = "/", nvml: Any = None, call_timeout_s: float = 2.0,
+                 init_timeout_s: float = 30.0) -> None:
         super().__init__(root)
+        self.call_timeout_s = call_timeout_s
+        self._pool: cf.ThreadPoolExecutor | None = None
+        self._stuck: dict[int, cf.Future[Any]] = {}  # GPU index (-1: the XID drain) -> the call still blocked
+        self._started: dict[int, float] = {}  # GPU index -> when its last call was submitted (monotonic)
+        self._health: dict[int, dict[str, Any]] = {}
+        self._hlock = threading.Lock()
+        self.pcie: dict[int, dict[str, Any]] = {}  # GPU index -> its last PCIe link fields
         self.rates = RateTracker()
         self.handles: list[Any] = []
         self.uuids: list[str | None] = []
@@ -74,10 +98,30 @@ class NvmlCollector(Collector):
         self._events: Any = None
         self._inited = False
         self.nvml = nvml
-        try:
-            self._init()
-        except CollectorOff as exc:
+        # nvmlInit itself can hang on a sick GPU (as `nvidia-smi` does): give it a deadline.
+        box: dict[str, BaseException | None] = {}
+
+        def init() -> None:
+            try:
+                self._init()
+                box["exc"] = None
+            except BaseException as exc:  # noqa: BLE001 - handed back to the constructor's thread
+                box["exc"] = exc
+
+        t = threading.Thread(target=init, name="whywait-nvml-init", daemon=True)
+        t.start()
+        t.join(init_timeout_s)
+        if "exc" not in box:
+            self.turn_off(f"NVML did not answer within {init_timeout_s:g} s (a GPU or the driver is hung)")
+            return
+        exc = box["exc"]
+        if isinstance(exc, CollectorOff):
             self.turn_off(str(exc))
+        elif exc is not None:
+            raise exc
+        else:
+            self._pool = cf.ThreadPoolExecutor(max_workers=len(self.handles) + 1,
+                                               thread_name_prefix="whywait-nvml")
 
     def _init(self) -> None:
         if self.nvml is None:
@@ -130,9 +174,10 @@ class NvmlCollector(Collector):
             self.part_off("xid", "no GPU accepts XID event registration")
 
     def _try(self, i: int, what: str, fn: Any, *args: Any) -> Any:
-        """Call an NVML query, remembering per GPU what it does not support."""
+        """Call an NVML query, timing it and remembering per GPU what it does not support."""
         if (i, what) in self._unsupported:
             return None
+        t0 = time.perf_counter()
         try:
             return fn(*args)
         except Exception as exc:
@@ -140,7 +185,60 @@ class NvmlCollector(Collector):
                 self._unsupported.add((i, what))
             else:
                 self.errors += 1
+                self._note(i, error=_why(exc))
             return None
+        finally:
+            self._note(i, ms=(time.perf_counter() - t0) * 1000.0)
+
+    def _note(self, i: int, ms: float | None = None, error: str | None = None, timeout: bool = False) -> None:
+        """Add one call's latency, failure or timeout to GPU ``i``'s health for this interval."""
+        with self._hlock:
+            h = self._health.setdefault(i, {"calls": 0, "errors": 0, "timeouts": 0, "latency_ms": 0.0})
+            if ms is not None:
+                h["calls"] += 1
+                h["latency_ms"] = max(h["latency_ms"], ms)
+            if error is not None:
+                h["errors"] += 1
+                h["error"] = error[:200]
+            if timeout:
+                h["timeouts"] += 1
+
+    def take_health(self) -> list[dict[str, Any]]:
+        """Per GPU since the last call: responsive, slowest call, calls, errors, timeouts (``NvmlHealth``).
+
+        Called by the ``hw`` collector once per interval, after this collector sampled.
+        """
+        out = []
+        with self._hlock:
+            health, self._health = self._health, {}
+        for i in range(len(self.handles)):
+            h = health.get(i, {"calls": 0, "errors": 0, "timeouts": 0, "latency_ms": 0.0})
+            rec: dict[str, Any] = {"gpu": i, "responsive": i not in self._stuck,
+                                   "latency_ms": round(h["latency_ms"], 3), "calls": h["calls"],
+                                   "errors": h["errors"], "timeouts": h["timeouts"]}
+            if i in self._stuck:
+                # The stuck call has been waiting all along: that is its latency so far.
+                rec["latency_ms"] = max(rec["latency_ms"], round(self._stuck_ms(i), 3))
+            if h.get("error"):
+                rec["error"] = h["error"]
+            out.append(rec)
+        return out
+
+    def _stuck_ms(self, i: int) -> float:
+        started = self._started.get(i)
+        return (time.monotonic() - started) * 1000.0 if started is not None and i in self._stuck else 0.0
+
+    def _guarded(self, key: int, fn: Any, *args: Any) -> cf.Future[Any] | None:
+        """Submit ``fn`` to the worker pool unless the previous call for ``key`` is still blocked."""
+        old = self._stuck.get(key)
+        if old is not None:
+            if not old.done():
+                return None
+            del self._stuck[key]
+            log.info("GPU collector: %s answers again", "the XID drain" if key < 0 else f"GPU {key}")
+        assert self._pool is not None
+        self._started[key] = time.monotonic()
+        return self._pool.submit(fn, *args)
 
     def _xids(self) -> dict[int, list[int]]:
         """Drain the event set without waiting: every XID since the last call, by GPU index."""
@@ -220,6 +318,17 @@ class NvmlCollector(Collector):
             kb = self._try(i, field, n.nvmlDeviceGetPcieThroughput, h, counter)
             if kb is not None:
                 rec[field] = int(kb) * 1024  # NVML reports KB/s over a 20 ms window
+        pcie: dict[str, int] = {}
+        for field, fname in (("pcie_link_gen", "nvmlDeviceGetCurrPcieLinkGeneration"),
+                             ("pcie_link_gen_max", "nvmlDeviceGetMaxPcieLinkGeneration"),
+                             ("pcie_link_width", "nvmlDeviceGetCurrPcieLinkWidth"),
+                             ("pcie_link_width_max", "nvmlDeviceGetMaxPcieLinkWidth")):
+            fn = getattr(n, fname, None)
+            v = self._try(i, field, fn, h) if fn is not None else None
+            if v is not None:
+                pcie[field] = int(v)
+        rec.update(pcie)
+        self.pcie[i] = {**pcie, **{k: rec[k] for k in ("pcie_tx_bytes_per_s", "pcie_rx_bytes_per_s") if k in rec}}
         if self._nvlinks[i]:
             total = 0
             for link in self._nvlinks[i]:
@@ -237,10 +346,29 @@ class NvmlCollector(Collector):
         return rec
 
     def sample(self, now: float, mono: float) -> dict[str, Any] | None:
-        xids = self._xids()
+        deadline = time.monotonic() + self.call_timeout_s
+        xfut = self._guarded(-1, self._xids)
+        xids: dict[int, list[int]] = {}
+        if xfut is not None:
+            try:
+                xids = xfut.result(timeout=max(0.0, deadline - time.monotonic()))
+            except cf.TimeoutError:
+                self._stuck[-1] = xfut
+                log.warning("GPU collector: the XID drain did not return within %g s", self.call_timeout_s)
+        futs = {i: self._guarded(i, self._gpu, i, h, mono, xids.get(i, [])) for i, h in enumerate(self.handles)}
+        running = [f for f in futs.values() if f is not None]
+        cf.wait(running, timeout=max(0.0, deadline - time.monotonic()))
         body: dict[str, Any] = {"gpus": []}
-        for i, h in enumerate(self.handles):
-            rec = self._gpu(i, h, mono, xids.get(i, []))
+        for i, fut in futs.items():
+            if fut is None:
+                continue  # still stuck from an earlier interval
+            if not fut.done():
+                self._stuck[i] = fut
+                self._note(i, timeout=True)
+                log.warning("GPU collector: GPU %d did not answer NVML within %g s; skipping it until it does",
+                            i, self.call_timeout_s)
+                continue
+            rec = fut.result()
             if rec is None:
                 continue
             # A GPU lacking a field the contract requires (utilisation under MIG) travels in
@@ -251,7 +379,10 @@ class NvmlCollector(Collector):
         return body
 
     def close(self) -> None:
-        if not self._inited:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)  # a stuck call must not hold up exit
+            self._pool = None
+        if not self._inited or self._stuck:
             return
         try:
             if self._events is not None:

@@ -234,6 +234,131 @@ class MetricStore:
             if msg.get(src) is not None:
                 put(dst, node, t, msg[src])
 
+    def _ingest_hw(self, msg: dict[str, Any], t: float, node: str) -> None:
+        """Hardware health (the ``hw`` topic): each list present sets its metrics; an absent list says nothing."""
+        put = self.put
+        # Per-lane PCIe rate in Gb/s after encoding, by generation (Gen1-2: 8b/10b; Gen3-5: 128b/130b;
+        # Gen6 FLIT): a link's bandwidth is width × this.  Kept here so this method stays self-contained.
+        lane = {1: 2.0, 2: 4.0, 3: 7.877, 4: 15.754, 5: 31.508, 6: 60.5}
+
+        def _lane_gbps(gen: int) -> float:
+            return lane.get(gen, 0.0)
+
+        kernel_classes = ("mce", "pcie_aer", "pcie_aer_uncorrected", "xid", "gpu_lost", "nic_fw", "hung_task",
+                          "soft_lockup", "fs_readonly", "fs_error", "io_error", "oom")
+        # Hardware classes for kernel.hw_errors; corrected AER (routine in small numbers), XIDs (the GPU
+        # rules read them from NVML), hung tasks, lockups and OOM (symptoms, not hardware) stay out.
+        kernel_hw = ("mce", "pcie_aer_uncorrected", "gpu_lost", "nic_fw", "fs_readonly", "fs_error", "io_error")
+        degraded = 0
+        for link in msg.get("pcie") or ():
+            lost = link["width"] == 0
+            ratios = (link["width"] / link["width_max"] if link["width_max"] else 1.0,
+                      link["gen"] / link["gen_max"] if link["gen_max"] else 1.0,
+                      _lane_gbps(link["gen"]) * link["width"] / (_lane_gbps(link["gen_max"]) * link["width_max"])
+                      if link["width_max"] and _lane_gbps(link["gen_max"]) else 1.0)
+            if link["class"] == "gpu" and link.get("gpu") is not None:
+                e = f"{node}/gpu{link['gpu']}"
+                for name, v in zip(("gpu.pcie_width_ratio", "gpu.pcie_gen_ratio", "gpu.pcie_bandwidth_ratio"),
+                                   ratios, strict=True):
+                    put(name, e, t, v)
+                put("gpu.pcie_width", e, t, float(link["width"]))
+                put("gpu.pcie_gen", e, t, float(link["gen"]))
+                put("gpu.pcie_lost", e, t, 1.0 if lost else 0.0)
+                aer = sum(link.get(f) or 0 for f in ("aer_correctable", "aer_nonfatal", "aer_fatal"))
+                put("gpu.pcie_aer_errors", e, t, float(aer))
+                if link.get("tx_bytes_per_s") is not None or link.get("rx_bytes_per_s") is not None:
+                    put("gpu.pcie_bytes_per_s", e, t,
+                        float((link.get("tx_bytes_per_s") or 0.0) + (link.get("rx_bytes_per_s") or 0.0)))
+                continue
+            if lost or ratios[0] < 1.0 or ratios[1] < 1.0:
+                degraded += 1
+            for nic in link.get("nics") or ():
+                e = f"{node}/{nic}"
+                self.nics[node].add(e)
+                for name, v in zip(("nic.pcie_width_ratio", "nic.pcie_gen_ratio", "nic.pcie_bandwidth_ratio"),
+                                   ratios, strict=True):
+                    put(name, e, t, v)
+                put("nic.pcie_lost", e, t, 1.0 if lost else 0.0)
+        if msg.get("pcie") is not None:
+            put("node.pcie_links_degraded", node, t, float(degraded))
+        ports = msg.get("ports")
+        if ports is not None:
+            # Ports of one adapter model and link layer should negotiate one speed: compare each with the
+            # fastest of its kind on the node (sysfs does not say what a port supports).
+            fastest: dict[tuple[str, str], float] = {}
+            for p in ports:
+                if p.get("speed_mbps"):
+                    k = (p.get("model") or "", p.get("link_layer") or "")
+                    fastest[k] = max(fastest.get(k, 0.0), p["speed_mbps"])
+            worst, rdma_min, missing = 1.0, None, 0
+            for p in ports:
+                e = f"{node}/{p['nic']}"
+                self.nics[node].add(e)
+                speed = p.get("speed_mbps")
+                if speed:
+                    put("nic.speed_gbps", e, t, speed / 1000.0)
+                    top = fastest[(p.get("model") or "", p.get("link_layer") or "")]
+                    put("nic.speed_ratio", e, t, speed / top)
+                    worst = min(worst, speed / top)
+                    if p.get("speed_common_max_mbps"):
+                        put("nic.speed_common_ratio", e, t, speed / p["speed_common_max_mbps"])
+                    if p.get("rdma") and p["link_up"]:
+                        rdma_min = speed / 1000.0 if rdma_min is None else min(rdma_min, speed / 1000.0)
+                if p.get("rdma") and p.get("gids") is not None:
+                    gone = p["link_up"] and (p["gids"] == 0 or (p.get("link_layer") == "Ethernet"
+                                                                and not p.get("roce_v2_gids")))
+                    put("nic.gid_missing", e, t, 1.0 if gone else 0.0)
+                    missing += gone
+            put("net.port_speed_ratio", node, t, worst)
+            put("net.gids_missing", node, t, float(missing))
+            if rdma_min is not None:
+                put("net.rdma_min_gbps", node, t, rdma_min)
+        kernel = msg.get("kernel")
+        if kernel is not None:
+            counts = dict.fromkeys(kernel_classes, 0.0)
+            for ev in kernel:
+                if ev["class"] in counts:
+                    counts[ev["class"]] += 1.0
+            for cls, n in counts.items():
+                put(f"kernel.{cls}", node, t, n)
+            put("kernel.hw_errors", node, t, sum(counts[c] for c in kernel_hw))
+        bmc = msg.get("bmc")
+        if bmc is not None:
+            bad = {"fan": 0.0, "psu": 0.0, "redundancy": 0.0}
+            hot = 0.0
+            inlet: list[float] = []
+            exhaust: list[float] = []
+            power = 0.0
+            for sns in bmc:
+                kind, ok = sns["type"], sns["health"] in ("ok", "unknown")
+                if kind in bad and not ok:
+                    bad[kind] += 1.0
+                if kind == "temperature":
+                    hot += 0.0 if ok else 1.0
+                    if sns.get("reading") is not None:
+                        if sns.get("context") == "inlet":
+                            inlet.append(sns["reading"])
+                        elif sns.get("context") == "exhaust":
+                            exhaust.append(sns["reading"])
+                if kind == "power" and sns.get("reading") is not None:
+                    power += sns["reading"]
+            put("bmc.fans_failed", node, t, bad["fan"])
+            put("bmc.psus_failed", node, t, bad["psu"])
+            put("bmc.redundancy_lost", node, t, bad["redundancy"])
+            put("bmc.temps_over_threshold", node, t, hot)
+            if inlet:
+                put("bmc.inlet_temp_c", node, t, max(inlet))
+            if exhaust:
+                put("bmc.exhaust_temp_c", node, t, max(exhaust))
+            if power:
+                put("bmc.power_w", node, t, power)
+        for h in msg.get("nvml") or ():
+            e = f"{node}/gpu{h['gpu']}"
+            put("gpu.nvml_unresponsive", e, t, 0.0 if h["responsive"] else 1.0)
+            put("gpu.nvml_latency_ms", e, t, h["latency_ms"])
+            put("gpu.nvml_errors", e, t, float(h["errors"]))
+            put("gpu.nvml_timeouts", e, t, float(h["timeouts"]))
+
     def _ingest_steps(self, msg: dict[str, Any], t: float, node: str) -> None:
         job = msg["job"]
         put = self.put

@@ -92,6 +92,9 @@ class FakeNvml:
         self.ecc = {i: [0, 0] for i in range(len(captures))}  # corrected, uncorrected (volatile)
         self.nvlink_errors = {i: 0 for i in range(len(captures))}
         self.reasons: dict[int, int] = {}
+        self.pcie_override: dict[int, dict[str, int]] = {}  # GPU -> {"width": 8, ...}: a retrained link
+        self.hang: dict[int, Any] = {}   # GPU -> threading.Event: its calls block until the event is set
+        self.fail: dict[int, Exception] = {}  # GPU -> the error its calls raise ("Unknown Error")
 
     # --- lifecycle ---------------------------------------------------------
     def nvmlInit(self) -> None:  # noqa: N802 - pynvml's names
@@ -113,6 +116,10 @@ class FakeNvml:
         return h.index
 
     def _r(self, h: Any) -> dict[str, str]:
+        if h.index in self.hang:
+            self.hang[h.index].wait()   # a GPU that makes NVML block, as a hung GPU does
+        if h.index in self.fail:
+            raise self.fail[h.index]
         cap = self.captures[h.index]
         return cap.rows[min(self.row, len(cap.rows) - 1)]
 
@@ -188,6 +195,23 @@ class FakeNvml:
 
     def nvmlDeviceGetNvLinkErrorCounter(self, h: Any, link: int, counter: int) -> int:  # noqa: N802
         return self.nvlink_errors[h.index] if link == 0 and counter == 0 else 0
+
+    # --- PCIe link (the capture's pcie.link.* columns) ---------------------
+    def _link(self, h: Any, key: str, column: str) -> int:
+        v = self.pcie_override.get(h.index, {}).get(key)
+        return v if v is not None else int(_num(self._r(h)[column]))
+
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, h: Any) -> int:  # noqa: N802
+        return self._link(h, "gen", "pcie.link.gen.current")
+
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, h: Any) -> int:  # noqa: N802
+        return self._link(h, "gen_max", "pcie.link.gen.max")
+
+    def nvmlDeviceGetCurrPcieLinkWidth(self, h: Any) -> int:  # noqa: N802
+        return self._link(h, "width", "pcie.link.width.current")
+
+    def nvmlDeviceGetMaxPcieLinkWidth(self, h: Any) -> int:  # noqa: N802
+        return self._link(h, "width_max", "pcie.link.width.max")
 
     # --- XID events --------------------------------------------------------
     def nvmlEventSetCreate(self) -> Any:  # noqa: N802

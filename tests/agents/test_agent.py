@@ -122,7 +122,7 @@ def test_cli_without_kafka_says_so_in_one_line() -> None:
 def test_cli_unknown_collector_lists_the_valid_ones() -> None:
     proc = run_cli("--once", "--print", "--collectors", "host,gpus")
     assert proc.returncode == 2
-    assert "unknown collector 'gpus' (valid: gpu, dcgm, network, storage, host)" in proc.stderr
+    assert "unknown collector 'gpus' (valid: gpu, dcgm, network, storage, host, hw)" in proc.stderr
 
 
 def test_cli_dcgm_needs_a_url() -> None:

@@ -48,7 +48,7 @@ CASES = [
     ("missing time", {"schema": 1, "kind": "steps", "node": "n"}, "time: is required (number)"),
     ("future schema", {**good_steps(), "schema": 3}, "schema: unsupported schema version 3 (this engine reads 1, 2)"),
     ("unknown kind", {**good_steps(), "kind": "gpus"},
-     "kind: unknown kind 'gpus' (valid: agent_health, checkpoint, gpu, host, net, placement, steps, storage)"),
+     "kind: unknown kind 'gpus' (valid: agent_health, checkpoint, gpu, host, hw, net, placement, steps, storage)"),
     ("missing step field", {**good_steps(), "steps": [{"rank": 0}]},
      "steps[0].step: is required (integer, no unit); steps[0].duration_s: is required (number, s)"),
     ("bool for number", {**good_steps(), "steps": [{**good_steps()["steps"][0], "comm_s": True}]},

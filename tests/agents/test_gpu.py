@@ -142,3 +142,77 @@ def test_agent_without_driver_runs_the_other_collectors() -> None:
         pytest.skip("this machine has an NVIDIA driver")
     assert proc.stderr.count("GPU collector off: ") == 1
     assert '"kind": "host"' in proc.stdout and '"kind": "net"' in proc.stdout
+
+
+# --- PCIe link and NVML health (issue 14) -----------------------------------------------------------
+
+def test_pcie_link_comes_from_the_capture_and_a_retrained_link_shows() -> None:
+    fake = FakeNvml([capture(H100), capture(L40S)])
+    c = NvmlCollector(nvml=fake)
+    gpus = sample(c, 0.0)["gpus"]
+    assert {k: gpus[0][k] for k in ("pcie_link_gen", "pcie_link_gen_max", "pcie_link_width",
+                                    "pcie_link_width_max")} == {"pcie_link_gen": 5, "pcie_link_gen_max": 5,
+                                                                "pcie_link_width": 16, "pcie_link_width_max": 16}
+    assert gpus[1]["pcie_link_gen"] == 4  # the L40S capture is a Gen4 card
+    fake.pcie_override[0] = {"width": 8}   # the link retrained at x8
+    assert sample(c, 1.0)["gpus"][0]["pcie_link_width"] == 8
+    assert c.pcie[0]["pcie_link_width"] == 8 and c.pcie[0]["pcie_link_width_max"] == 16
+
+
+def test_health_counts_calls_and_failures_per_gpu() -> None:
+    fake = FakeNvml([capture(H100), capture(H200)])
+    c = NvmlCollector(nvml=fake)
+    c.take_health()  # what initialisation cost
+    sample(c, 0.0)
+    h = c.take_health()
+    assert [x["gpu"] for x in h] == [0, 1] and all(x["responsive"] for x in h)
+    assert all(x["calls"] >= 15 and x["errors"] == 0 and x["timeouts"] == 0 for x in h)
+    assert all(0.0 <= x["latency_ms"] < 1000.0 for x in h)
+    fake.fail[1] = fake.NVMLError("Unknown Error")
+    sample(c, 1.0)
+    h = c.take_health()
+    assert h[0]["errors"] == 0
+    assert h[1]["errors"] >= 5 and h[1]["error"] == "NVMLError: Unknown Error" and h[1]["responsive"]
+
+
+def test_a_gpu_that_hangs_nvml_is_reported_and_never_hangs_the_agent() -> None:
+    import threading
+    import time
+
+    fake = FakeNvml([capture(H100), capture(H200)])
+    c = NvmlCollector(nvml=fake, call_timeout_s=0.3)
+    sample(c, 0.0)
+    c.take_health()
+    gate = threading.Event()
+    fake.hang[1] = gate
+    t0 = time.monotonic()
+    body = sample(c, 1.0)
+    assert time.monotonic() - t0 < 2.0, "the sample waited on the hung GPU"
+    assert [g["gpu"] for g in body["gpus"]] == [0]
+    h = c.take_health()
+    assert h[1]["responsive"] is False and h[1]["timeouts"] == 1 and h[1]["latency_ms"] >= 300.0
+    assert h[0]["responsive"] is True
+    # Still stuck: not asked again, still reported unresponsive, the other GPU still sampled.
+    body = sample(c, 2.0)
+    assert [g["gpu"] for g in body["gpus"]] == [0]
+    assert c.take_health()[1]["responsive"] is False
+    gate.set()  # the stuck call returns: the GPU answers again
+    time.sleep(0.1)
+    del fake.hang[1]
+    body = sample(c, 3.0)
+    assert [g["gpu"] for g in body["gpus"]] == [0, 1]
+    assert c.take_health()[1]["responsive"] is True
+    c.close()
+
+
+def test_nvml_init_that_never_returns_turns_the_collector_off(caplog: pytest.LogCaptureFixture) -> None:
+    import threading
+
+    class HungInit(FakeNvml):
+        def nvmlInit(self) -> None:  # noqa: N802
+            threading.Event().wait(5)
+
+    with caplog.at_level(logging.WARNING, logger="whywait.agent"):
+        c = NvmlCollector(nvml=HungInit([capture(H100)]), init_timeout_s=0.2)
+    assert not c.enabled and "did not answer within 0.2 s" in (c.off_reason or "")
+    assert c.collect(0.0, 0.0) is None

@@ -1,0 +1,401 @@
+"""The node's cooling and power as its BMC sees them: fans, temperatures, power supplies, redundancy.
+
+Two ways in, chosen by the environment:
+
+* **Redfish** (``WHYWAIT_BMC_URL=https://bmc-node07``): every chassis under
+  ``/redfish/v1/Chassis``, its ``Thermal`` (temperatures, fans, fan
+  redundancy) and ``Power`` (power supplies, their redundancy, consumption)
+  resources.  Basic authentication with ``WHYWAIT_BMC_USERNAME`` and the
+  password read from ``WHYWAIT_BMC_PASSWORD_FILE`` (never from a variable or a
+  flag: they show in ``ps``).  The BMC's certificate is checked against
+  ``WHYWAIT_BMC_CA_FILE`` when set, else the system's CAs;
+  ``WHYWAIT_BMC_INSECURE=1`` skips the check (BMCs often have self-signed
+  certificates; say so knowingly).  Plain ``http://`` works for an emulator.
+* **IPMI in-band** (no URL, and ``/dev/ipmi0`` with ``ipmitool`` on the PATH):
+  ``ipmitool sdr elist full``.
+
+A BMC answers in seconds, not milliseconds, so polling runs in a background
+thread every 30 s (``WHYWAIT_BMC_POLL_S``; BMCs are small computers, be kind), each request with a timeout;
+the agent's round only picks up the last finished poll.  Only the standard
+library is used (the agent stays small): ``urllib`` speaks Redfish's JSON.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import os
+import re
+import shutil
+import ssl
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from typing import Any, Callable, Mapping
+
+log = logging.getLogger("whywait.agent")
+
+URL_ENV = "WHYWAIT_BMC_URL"
+USER_ENV = "WHYWAIT_BMC_USERNAME"
+PASSWORD_FILE_ENV = "WHYWAIT_BMC_PASSWORD_FILE"
+CA_ENV = "WHYWAIT_BMC_CA_FILE"
+INSECURE_ENV = "WHYWAIT_BMC_INSECURE"
+POLL_ENV = "WHYWAIT_BMC_POLL_S"
+TIMEOUT_S = 10.0
+MAX_CHASSIS = 16
+
+_HEALTH = {"ok": "ok", "warning": "warning", "critical": "critical"}
+_CONTEXT = {"intake": "inlet", "room": "inlet", "exhaust": "exhaust", "cpu": "cpu", "gpu": "gpu",
+            "accelerator": "gpu", "powersupply": "psu", "systemboard": "system", "backplane": "system",
+            "memory": "memory", "storagedevice": "storage", "networkingdevice": "nic"}
+
+
+class BmcError(Exception):
+    """A BMC request failed (connection, HTTP status, not JSON); the message says which URL and why."""
+
+
+# --- Redfish ----------------------------------------------------------------------------------------
+
+def _health(status: Any) -> str:
+    h = status.get("Health") if isinstance(status, dict) else None
+    return _HEALTH.get(str(h).lower(), "unknown") if h is not None else "unknown"
+
+
+def _absent(item: Mapping[str, Any]) -> bool:
+    st = item.get("Status")
+    return isinstance(st, dict) and st.get("State") in ("Absent", "Disabled", "UnavailableOffline")
+
+
+def _over(reading: float | None, item: Mapping[str, Any], health: str) -> str:
+    """Escalate ``health`` by the thresholds the BMC publishes (some never update ``Status.Health``)."""
+    if reading is None:
+        return health
+    for key, level in (("UpperThresholdFatal", "critical"), ("UpperThresholdCritical", "critical"),
+                       ("UpperThresholdNonCritical", "warning")):
+        t = item.get(key)
+        if isinstance(t, (int, float)) and reading >= t:
+            return level if health in ("ok", "unknown") or level == "critical" else health
+    return health
+
+
+def _under(reading: float | None, item: Mapping[str, Any], health: str) -> str:
+    if reading is None:
+        return health
+    for key, level in (("LowerThresholdFatal", "critical"), ("LowerThresholdCritical", "critical"),
+                       ("LowerThresholdNonCritical", "warning")):
+        t = item.get(key)
+        if isinstance(t, (int, float)) and reading <= t and not (key == "LowerThresholdFatal" and t == 0
+                                                                  and reading > 0):
+            return level if health in ("ok", "unknown") or level == "critical" else health
+    return health
+
+
+def _sensor(name: str, type_: str, health: str, reading: float | None = None, unit: str | None = None,
+            context: str | None = None, note: str | None = None) -> dict[str, Any]:
+    rec: dict[str, Any] = {"name": name, "type": type_, "health": health}
+    if context:
+        rec["context"] = context
+    if reading is not None:
+        rec["reading"] = float(reading)
+    if unit:
+        rec["unit"] = unit
+    if note:
+        rec["note"] = note
+    return rec
+
+
+def _num(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def parse_thermal(doc: Mapping[str, Any], prefix: str = "") -> list[dict[str, Any]]:
+    """A Redfish ``Thermal`` resource → temperature, fan and fan-redundancy sensors."""
+    out = []
+    for t in doc.get("Temperatures") or ():
+        if not isinstance(t, dict) or _absent(t):
+            continue
+        reading = _num(t.get("ReadingCelsius"))
+        ctx = _CONTEXT.get(str(t.get("PhysicalContext", "")).lower())
+        name = str(t.get("Name") or t.get("MemberId") or "temperature")
+        if ctx is None and re.search(r"inlet|intake|ambient", name, re.I):
+            ctx = "inlet"
+        elif ctx is None and re.search(r"exhaust|outlet", name, re.I):
+            ctx = "exhaust"
+        health = _over(reading, t, _health(t.get("Status")))
+        out.append(_sensor(prefix + name, "temperature", health, reading, "°C", ctx))
+    for f in doc.get("Fans") or ():
+        if not isinstance(f, dict) or _absent(f):
+            continue
+        reading = _num(f.get("Reading", f.get("ReadingRPM")))
+        units = str(f.get("ReadingUnits") or ("RPM" if "ReadingRPM" in f else ""))
+        unit = {"RPM": "RPM", "Percent": "%"}.get(units)
+        health = _under(reading, f, _health(f.get("Status")))
+        name = str(f.get("Name") or f.get("FanName") or f.get("MemberId") or "fan")
+        out.append(_sensor(prefix + name, "fan", health, reading, unit, "system",
+                           None if health == "ok" else f"Status.Health {_health(f.get('Status'))}"))
+    out += _redundancy(doc, prefix)
+    return out
+
+
+def parse_power(doc: Mapping[str, Any], prefix: str = "") -> list[dict[str, Any]]:
+    """A Redfish ``Power`` resource → power-supply, power-redundancy and consumption sensors."""
+    out = []
+    for p in doc.get("PowerSupplies") or ():
+        if not isinstance(p, dict):
+            continue
+        name = str(p.get("Name") or p.get("MemberId") or "power supply")
+        if _absent(p):
+            # An empty bay is not a failure by itself; a lost redundancy says whether it matters.
+            continue
+        health = _health(p.get("Status"))
+        out.append(_sensor(prefix + name, "psu", health, _num(p.get("LastPowerOutputWatts")), "W", "psu",
+                           None if health == "ok" else f"Status.Health {health.capitalize()}"))
+    for c in doc.get("PowerControl") or ():
+        if isinstance(c, dict) and _num(c.get("PowerConsumedWatts")) is not None:
+            out.append(_sensor(prefix + str(c.get("Name") or "power"), "power", _health(c.get("Status")),
+                               _num(c.get("PowerConsumedWatts")), "W", "system"))
+    out += _redundancy(doc, prefix)
+    return out
+
+
+def _redundancy(doc: Mapping[str, Any], prefix: str) -> list[dict[str, Any]]:
+    out = []
+    for r in doc.get("Redundancy") or ():
+        if not isinstance(r, dict) or _absent(r):
+            continue
+        health = _health(r.get("Status"))
+        mode = r.get("Mode")
+        out.append(_sensor(prefix + str(r.get("Name") or "redundancy"), "redundancy", health, context="system",
+                           note=None if health == "ok" else f"redundancy {mode or ''} {health}".replace("  ", " ")))
+    return out
+
+
+class RedfishClient:
+    """GETs Redfish resources as JSON with basic auth, a timeout and the configured TLS check."""
+
+    def __init__(self, base_url: str, username: str | None = None, password: str | None = None,
+                 ca_file: str | None = None, insecure: bool = False, timeout: float = TIMEOUT_S) -> None:
+        self.base = base_url.rstrip("/")
+        self.timeout = timeout
+        self.headers = {"Accept": "application/json", "OData-Version": "4.0"}
+        if username is not None:
+            token = base64.b64encode(f"{username}:{password or ''}".encode()).decode()
+            self.headers["Authorization"] = f"Basic {token}"
+        self.context: ssl.SSLContext | None = None
+        if self.base.startswith("https://"):
+            self.context = ssl.create_default_context(cafile=ca_file)
+            if insecure:
+                self.context.check_hostname = False
+                self.context.verify_mode = ssl.CERT_NONE
+
+    def get(self, path: str) -> dict[str, Any]:
+        """GET ``path`` (``/redfish/v1/...``) → the decoded object; :class:`BmcError` on any failure."""
+        url = self.base + path
+        req = urllib.request.Request(url, headers=self.headers)
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout, context=self.context) as resp:
+                body = resp.read(4 << 20)  # bounded: a BMC page is kilobytes
+        except urllib.error.HTTPError as exc:
+            raise BmcError(f"GET {url}: HTTP {exc.code} {exc.reason}") from None
+        except (urllib.error.URLError, OSError) as exc:
+            raise BmcError(f"GET {url}: {getattr(exc, 'reason', exc)}") from None
+        try:
+            doc = json.loads(body)
+        except ValueError:
+            raise BmcError(f"GET {url}: not JSON") from None
+        if not isinstance(doc, dict):
+            raise BmcError(f"GET {url}: not a JSON object")
+        return doc
+
+    def sensors(self) -> list[dict[str, Any]]:
+        """Every chassis's thermal and power sensors."""
+        coll = self.get("/redfish/v1/Chassis")
+        ids = [m.get("@odata.id") for m in coll.get("Members") or () if isinstance(m, dict)]
+        members: list[str] = [m for m in ids if isinstance(m, str)][:MAX_CHASSIS]
+        out: list[dict[str, Any]] = []
+        for m in members:
+            chassis = self.get(m)
+            prefix = f"{chassis.get('Id', m.rsplit('/', 1)[-1])}: " if len(members) > 1 else ""
+            for key, parse in (("Thermal", parse_thermal), ("Power", parse_power)):
+                link = chassis.get(key)
+                if isinstance(link, dict) and isinstance(link.get("@odata.id"), str):
+                    out += parse(self.get(link["@odata.id"]), prefix)
+        return out
+
+
+# --- ipmitool ----------------------------------------------------------------------------------------
+
+_READING = re.compile(r"^\s*(-?[\d.]+)\s*(RPM|percent|degrees C|Watts|Volts)\b", re.I)
+_UNIT = {"rpm": "RPM", "percent": "%", "degrees c": "°C", "watts": "W", "volts": "V"}
+_BAD_EVENT = re.compile(r"Failure detected|Non-Redundant|Redundancy Lost|Redundancy Degraded|Power Supply AC lost"
+                        r"|Predictive failure|Fully Degraded|Configuration error", re.I)
+
+
+def parse_sdr(text: str) -> list[dict[str, Any]]:
+    """``ipmitool sdr elist full`` output → fan, temperature, power-supply, redundancy and power sensors.
+
+    Columns: ``name | id | status | entity | reading or events``.  Status ``ns`` (no reading) is
+    skipped; ``cr``/``nr`` are critical, ``nc`` a warning; an ``ok`` sensor whose events say
+    ``Failure detected`` or ``Non-Redundant`` is degraded all the same (the BMC reports the
+    sensor readable, not the hardware healthy).
+    """
+    out = []
+    for line in text.splitlines():
+        cols = [c.strip() for c in line.split("|")]
+        if len(cols) < 5:
+            continue
+        name, _sid, status, entity, rest = cols[:5]
+        if status == "ns" or not name:
+            continue
+        ent = entity.split(".")[0]
+        low = name.lower()
+        m = _READING.match(rest)
+        reading = float(m.group(1)) if m else None
+        unit = _UNIT.get(m.group(2).lower()) if m else None
+        events = rest[m.end():].strip(" ,") if m else rest
+        if "redundan" in events.lower() or re.search(r"redundan|power supplies$|^fans$", low):
+            type_ = "redundancy"
+        elif ent == "10" or re.search(r"power supply|\bpsu|^ps\d", low):
+            type_ = "psu" if "meter" not in low else "power"
+        elif ent in ("29", "30") or "fan" in low:
+            type_ = "fan"
+        elif unit == "°C" or "temp" in low:
+            type_ = "temperature"
+        elif unit == "W":
+            type_ = "power"
+        else:
+            continue
+        health = {"ok": "ok", "nc": "warning", "cr": "critical", "nr": "critical"}.get(status, "unknown")
+        bad = _BAD_EVENT.search(events)
+        if bad and health == "ok":
+            health = "critical" if type_ == "psu" else "warning"
+        ctx = None
+        if type_ == "temperature":
+            if ent in ("55", "64") or re.search(r"inlet|intake|ambient", low):
+                ctx = "inlet"
+            elif re.search(r"exhaust|outlet", low):
+                ctx = "exhaust"
+            elif ent in ("3", "65"):
+                ctx = "cpu"
+        out.append(_sensor(name, type_, health, reading, unit, ctx or ("psu" if type_ == "psu" else None),
+                           bad.group(0) if bad else None))
+    return out
+
+
+def run_ipmitool(timeout: float = TIMEOUT_S) -> str:
+    """``ipmitool sdr elist full`` in-band; :class:`BmcError` when it fails or times out."""
+    try:
+        res = subprocess.run(["ipmitool", "sdr", "elist", "full"], capture_output=True, text=True,
+                             timeout=timeout, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise BmcError(f"ipmitool sdr: {exc}") from None
+    if res.returncode != 0:
+        raise BmcError(f"ipmitool sdr: exit {res.returncode}: {res.stderr.strip()[:200]}")
+    return res.stdout
+
+
+# --- the source --------------------------------------------------------------------------------------
+
+class BmcSource:
+    """Polls the BMC in a background thread; :meth:`read` returns the last finished poll, once.
+
+    ``fetch`` is the poll itself (a Redfish client's ``sensors``, or ipmitool's); without one it is
+    chosen from the environment (see the module docstring) by :meth:`available`.
+    """
+
+    name = "bmc"
+    every_s = 0.0  # the thread keeps its own pace (poll_s); the round just picks up results
+
+    def __init__(self, root: str = "/", fetch: Callable[[], list[dict[str, Any]]] | None = None,
+                 poll_s: float | None = None, env: Mapping[str, str] | None = None) -> None:
+        self.root = root
+        self.fetch = fetch
+        self.env = os.environ if env is None else env
+        self.poll_s = poll_s if poll_s is not None else 30.0
+        self._bad_poll: str | None = None
+        if poll_s is None and self.env.get(POLL_ENV):
+            try:
+                self.poll_s = float(self.env[POLL_ENV])
+                if not 1.0 <= self.poll_s <= 3600.0:
+                    raise ValueError
+            except ValueError:
+                self._bad_poll = f"{POLL_ENV} must be seconds between 1 and 3600 (got {self.env[POLL_ENV]!r})"
+        self.errors = 0
+        self.last_error: str | None = None
+        self.via = ""
+        self._result: list[dict[str, Any]] | None = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def available(self) -> str | None:
+        """Choose Redfish or ipmitool and start polling; else say why the source is off."""
+        if self._bad_poll:
+            return self._bad_poll
+        if self.fetch is None:
+            why = self._configure()
+            if why:
+                return why
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="whywait-bmc", daemon=True)
+            self._thread.start()
+        return None
+
+    def _configure(self) -> str | None:
+        url = self.env.get(URL_ENV)
+        if url:
+            pw = None
+            pw_file = self.env.get(PASSWORD_FILE_ENV)
+            if pw_file:
+                try:
+                    with open(pw_file, encoding="utf-8") as fh:
+                        pw = fh.read().strip()
+                except OSError as exc:
+                    return f"cannot read {PASSWORD_FILE_ENV} {pw_file}: {exc.strerror or exc}"
+            user = self.env.get(USER_ENV)
+            if (user is None) != (pw is None):
+                return f"{URL_ENV} is set but only one of {USER_ENV} and {PASSWORD_FILE_ENV}"
+            try:
+                client = RedfishClient(url, user, pw, self.env.get(CA_ENV) or None,
+                                       self.env.get(INSECURE_ENV) == "1")
+            except (OSError, ssl.SSLError) as exc:
+                return f"cannot load {CA_ENV}: {exc}"
+            self.fetch, self.via = client.sensors, f"Redfish at {url}"
+            return None
+        if os.path.exists(os.path.join(self.root, "dev", "ipmi0")) and shutil.which("ipmitool"):
+            self.fetch, self.via = (lambda: parse_sdr(run_ipmitool())), "ipmitool sdr (in-band)"
+            return None
+        return f"no BMC: set {URL_ENV} (Redfish) or install ipmitool with /dev/ipmi0 present"
+
+    def poll(self) -> None:
+        """One poll: store the sensors, or count the failure and keep the last error's words."""
+        assert self.fetch is not None
+        try:
+            sensors = self.fetch()
+        except Exception as exc:  # a BMC that answers garbage must not kill the thread
+            self.errors += 1
+            if str(exc) != self.last_error:
+                log.warning("bmc: %s", exc)
+            self.last_error = str(exc)
+            return
+        self.last_error = None
+        with self._lock:
+            self._result = sensors
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            started = time.monotonic()
+            self.poll()
+            self._stop.wait(max(1.0, self.poll_s - (time.monotonic() - started)))
+
+    def read(self, mono: float) -> list[dict[str, Any]] | None:
+        """The sensors of the last poll that finished since the previous call, or None."""
+        with self._lock:
+            out, self._result = self._result, None
+        return out
+
+    def close(self) -> None:
+        self._stop.set()

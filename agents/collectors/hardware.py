@@ -1,0 +1,170 @@
+"""The ``hw`` collector: the node's hardware health, for the fail-slow faults.
+
+One ``hw`` message per interval carries what its sources found:
+
+========  ==========================================  =================================
+list      source                                      cadence
+========  ==========================================  =================================
+pcie      :class:`~agents.collectors.pcie.PcieSource`  every 10 s
+ports     :class:`~agents.collectors.ports.PortSource` every 10 s
+kernel    :class:`~agents.collectors.kmsg.KmsgSource`  every interval (new records only)
+bmc       :class:`~agents.collectors.bmc.BmcSource`    when a background poll finished
+nvml      the GPU collector's per-GPU NVML health      every interval
+========  ==========================================  =================================
+
+A source that cannot run here (no ``/dev/kmsg`` permission, no BMC configured,
+no GPU collector) is turned off with one line and the others go on; a source
+that fails while running is counted and retried the next time it is due.  When
+no source can run at all the collector turns itself off.  An interval in which
+no source was due sends nothing.
+
+The kernel reader keeps its place across restarts in a state file under
+``WHYWAIT_STATE_DIR`` (default ``/var/lib/whywait``, or ``~/.cache/whywait``
+when that is not writable).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Protocol, Sequence
+
+from agents.collectors.base import Collector, CollectorOff, log
+from agents.collectors.bmc import BmcSource
+from agents.collectors.kmsg import KmsgSource
+from agents.collectors.pcie import PcieSource
+from agents.collectors.pcie import _norm as _norm_pci
+from agents.collectors.ports import PortSource
+
+STATE_ENV = "WHYWAIT_STATE_DIR"
+DEFAULT_STATE = "/var/lib/whywait"
+
+
+class Source(Protocol):
+    """One part of the ``hw`` message: ``available()`` says why it cannot run (or None), ``read()`` reads."""
+
+    name: str
+    every_s: float
+    errors: int
+
+    def available(self) -> str | None: ...
+
+    def read(self, mono: float) -> list[dict[str, Any]] | None: ...
+
+
+def state_dir() -> str:
+    """Where agent state (the kernel log's last sequence number) lives."""
+    env = os.environ.get(STATE_ENV)
+    if env:
+        return env
+    try:
+        os.makedirs(DEFAULT_STATE, exist_ok=True)
+        if os.access(DEFAULT_STATE, os.W_OK):
+            return DEFAULT_STATE
+    except OSError:
+        pass
+    return os.path.join(os.path.expanduser("~"), ".cache", "whywait")
+
+
+class HardwareCollector(Collector):
+    """Samples the hardware-health sources for a ``hw`` message.
+
+    ``sources`` replaces the default set (tests); ``gpu`` is the node's GPU collector, whose NVML health
+    and PCIe throughput this collector publishes (the agent links them; without it the ``nvml`` list is
+    off).
+    """
+
+    name = "hw"
+    kind = "hw"
+
+    @property
+    def label(self) -> str:
+        return "HW"
+
+    def __init__(self, root: str = "/", sources: Sequence[Source] | None = None, gpu: Any = None,
+                 gpu_bus_ids: Sequence[str] | None = None, state_path: str | None = None) -> None:
+        super().__init__(root)
+        self.gpu = gpu
+        if sources is None:
+            kmsg_state = state_path or os.path.join(state_dir(), "kmsg.state")
+            sources = [PcieSource(root, gpu_bus_ids), PortSource(root), KmsgSource(root, kmsg_state),
+                       BmcSource(root)]
+        self.sources: list[Source] = []
+        for s in sources:
+            why = s.available()
+            if why:
+                self.part_off(s.name, why)
+            else:
+                self.sources.append(s)
+        if gpu is None or not getattr(gpu, "enabled", False):
+            self.part_off("nvml", "the GPU collector is not running")
+            self.gpu = None
+        if not self.sources and self.gpu is None:
+            self.turn_off("no source of hardware health here: " +
+                          "; ".join(f"{k}: {v}" for k, v in self.parts_off.items()))
+        self._due: dict[str, float] = {}
+        self._own_errors = 0
+        self._calls = 0
+        self._has_sysfs_pcie = any(isinstance(s, PcieSource) for s in self.sources)
+
+    def sample(self, now: float, mono: float) -> dict[str, Any] | None:
+        if not self.sources and self.gpu is None:
+            raise CollectorOff("no source of hardware health here")
+        body: dict[str, Any] = {}
+        self._calls += 1
+        for s in self.sources:
+            # The agent's first call only primes rates; the second is the first message, and it should
+            # say everything (`whywait agent --once --print` shows what the node has).
+            if s.every_s and self._calls > 2 and mono < self._due.get(s.name, float("-inf")):
+                continue
+            self._due[s.name] = mono + s.every_s
+            try:
+                got = s.read(mono)
+            except Exception as exc:  # one broken source must not silence the others
+                self._own_errors += 1
+                log.warning("hw collector: %s failed: %s: %s", s.name, type(exc).__name__, exc)
+                continue
+            if got is not None:
+                body[s.name] = got
+        if self.gpu is not None:
+            body["nvml"] = self.gpu.take_health()
+            if "pcie" in body or (not self._has_sysfs_pcie and (self._calls <= 2 or self._calls % 10 == 0)):
+                body["pcie"] = self._with_nvml_links(body.get("pcie") or [])
+        self.errors = self._own_errors + sum(getattr(s, "errors", 0) for s in self.sources)
+        return body or None
+
+    def _with_nvml_links(self, links: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Each GPU's link: sysfs's with NVML's throughput beside it, or NVML's alone where sysfs has none
+        (a container without the host's ``/sys``)."""
+        self._add_gpu_throughput(links)
+        have = {rec.get("gpu") for rec in links if rec.get("class") == "gpu"}
+        pcie = getattr(self.gpu, "pcie", {})
+        bus_ids = getattr(self.gpu, "bus_ids", [])
+        for i, g in sorted(pcie.items()):
+            if i in have or not all(k in g for k in ("pcie_link_width", "pcie_link_width_max", "pcie_link_gen",
+                                                     "pcie_link_gen_max")):
+                continue
+            bus = bus_ids[i] if i < len(bus_ids) and bus_ids[i] else None
+            rec: dict[str, Any] = {"device": _norm_pci(bus) if bus else f"nvml-gpu{i}", "class": "gpu", "gpu": i,
+                                   "width": g["pcie_link_width"], "width_max": g["pcie_link_width_max"],
+                                   "gen": g["pcie_link_gen"], "gen_max": g["pcie_link_gen_max"]}
+            links.append(rec)
+        self._add_gpu_throughput(links)
+        return links
+
+    def _add_gpu_throughput(self, links: list[dict[str, Any]] | None) -> None:
+        """Put NVML's PCIe throughput beside each GPU's sysfs link: the link's width and what crosses it."""
+        if not links:
+            return
+        pcie = getattr(self.gpu, "pcie", {})
+        for rec in links:
+            g = pcie.get(rec.get("gpu")) if rec.get("class") == "gpu" else None
+            if g:
+                for src, dst in (("pcie_tx_bytes_per_s", "tx_bytes_per_s"), ("pcie_rx_bytes_per_s", "rx_bytes_per_s")):
+                    if g.get(src) is not None:
+                        rec[dst] = g[src]
+
+    def close(self) -> None:
+        for s in self.sources:
+            closer = getattr(s, "close", None)
+            if closer is not None:
+                closer()

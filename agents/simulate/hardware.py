@@ -1,0 +1,242 @@
+"""Simulated hardware health (the ``hw`` topic) and the fail-slow faults, with ground truth.
+
+The simulator (:mod:`agents.simulate.sim`) knows nothing of the ``hw`` topic yet.  This module adds it
+without touching the simulator: :func:`with_hw` wraps a :class:`~agents.simulate.sim.Simulation`'s
+message stream and inserts, per node, what the agent's ``hw`` collector sends (NVML health and the
+kernel log every interval, PCIe links and ports every 10 s, BMC sensors every 30 s), healthy unless
+one of :data:`HW_FAULTS` is active.  The faults are ordinary :class:`~agents.simulate.faults.Fault`
+subclasses: the Simulation calls their ``on_step``/``on_gpu`` hooks as for any fault (the rank they
+slow), and :func:`with_hw` calls their ``on_hw`` hook on the node's report.
+
+To wire them into the simulator and ``whywait eval`` (the lead's side): add :data:`HW_FAULTS` to
+``agents.simulate.faults.FAULTS``, call each fault's ``on_hw`` from ``Simulation._tick`` after
+``on_host`` (with :class:`HwReporter` building the report), and add the class names to
+``engine.eval.FAULT_CLASSES`` with their targets (node, or ``node:gpuN`` for the GPU ones).
+``benchmarks/hw_eval.py`` measures them meanwhile through :func:`with_hw`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Iterator
+
+from agents.events import TOPIC_HW, envelope
+from agents.simulate.faults import Fault, _GpuFault
+
+if TYPE_CHECKING:
+    from agents.simulate.sim import JobState, Simulation, StepEffects
+
+_NIC_MODEL = "15b3:1021"  # ConnectX-7
+
+
+class HwFault(Fault):
+    """A fault that also shows in the node's ``hw`` report."""
+
+    def on_hw(self, t: float, node: str, report: dict[str, Any]) -> None:
+        """Change ``node``'s hw report for the interval ending at offset ``t`` (called while active)."""
+
+    def _node_ranks(self, job: JobState) -> list[int]:
+        return [r for n in sorted(self.nodes) for r in job.node_ranks.get(n, ())]
+
+
+class PcieDowngrade(_GpuFault, HwFault):
+    """One GPU's PCIe link trained at x8 of x16: its rank's transfers crawl, the others wait for it."""
+
+    name = "pcie-downgrade"
+    cause = "hardware.pcie-downgraded"
+    signals = ("hw.pcie[gpu].width", "steps.comm_s (culprit rank)")
+    PARAMS = {"width": 8.0, "tail_s": 0.12}
+    doc = "the GPU's link width drops to `width` of 16; its rank finishes each collective `tail_s` late."
+
+    def on_step(self, t: float, job: JobState, fx: StepEffects) -> None:
+        fx.tail_s[self.victims[job.spec.job]] += self.params["tail_s"]
+
+    def on_hw(self, t: float, node: str, report: dict[str, Any]) -> None:
+        for link in report.get("pcie") or ():
+            if link.get("gpu") == self.gpu:
+                link["width"] = int(self.params["width"])
+
+
+class NicSpeedLow(HwFault):
+    """One of a node's rails negotiated half its speed: the node's ranks finish collectives late."""
+
+    name = "nic-speed-low"
+    cause = "hardware.nic-speed-low"
+    signals = ("hw.ports.speed_mbps", "steps.comm_s (culprit ranks)")
+    PARAMS = {"fraction": 0.5, "tail_s": 0.1}
+    doc = "the node's first rail runs at `fraction` of its speed; the node's ranks finish collectives late."
+
+    def on_step(self, t: float, job: JobState, fx: StepEffects) -> None:
+        for r in self._node_ranks(job):
+            fx.tail_s[r] += self.params["tail_s"]
+
+    def on_hw(self, t: float, node: str, report: dict[str, Any]) -> None:
+        ports = report.get("ports") or []
+        if ports and ports[0].get("speed_mbps"):
+            ports[0]["speed_mbps"] = ports[0]["speed_mbps"] * self.params["fraction"]
+
+
+class CoolingDegraded(HwFault):
+    """A fan failed and the node's inlet runs hot: its GPUs clock down, its ranks compute slowly."""
+
+    name = "cooling-degraded"
+    cause = "hardware.cooling-power-degraded"
+    signals = ("hw.bmc (fan failed, inlet hot)", "gpu.sm_clock_mhz", "steps.compute_s (culprit ranks)")
+    PARAMS = {"compute_mult": 1.2, "inlet_c": 38.0}
+    doc = "a fan reports critical, the inlet reads `inlet_c`; the node's ranks compute `compute_mult` slower."
+
+    def on_step(self, t: float, job: JobState, fx: StepEffects) -> None:
+        for r in self._node_ranks(job):
+            fx.compute_mult[r] *= self.params["compute_mult"]
+
+    def on_gpu(self, t: float, frac: float, node: str, gpus: list[dict[str, Any]]) -> None:
+        for g in gpus:
+            if g.get("sm_clock_max_mhz"):
+                g["sm_clock_mhz"] = round(g["sm_clock_max_mhz"] * 0.92, 0)  # below boost, not a throttle flag
+
+    def on_hw(self, t: float, node: str, report: dict[str, Any]) -> None:
+        for s in report.get("bmc") or ():
+            if s["type"] == "fan" and s["name"].endswith("1"):
+                s.update(health="critical", reading=0.0, note="Status.Health Critical")
+            if s.get("context") == "inlet":
+                s["reading"] = self.params["inlet_c"]
+
+
+class PsuFailed(HwFault):
+    """One of two power supplies failed (redundancy lost) and the GPUs' power is capped: ranks slow down."""
+
+    name = "psu-failed"
+    cause = "hardware.cooling-power-degraded"
+    signals = ("hw.bmc (psu failed, redundancy lost)", "steps.compute_s (culprit ranks)")
+    PARAMS = {"compute_mult": 1.15}
+    doc = "PSU 1 critical, power redundancy lost; the node's ranks compute `compute_mult` slower."
+
+    def on_step(self, t: float, job: JobState, fx: StepEffects) -> None:
+        for r in self._node_ranks(job):
+            fx.compute_mult[r] *= self.params["compute_mult"]
+
+    def on_hw(self, t: float, node: str, report: dict[str, Any]) -> None:
+        for s in report.get("bmc") or ():
+            if s["type"] == "psu" and s["name"].endswith("1"):
+                s.update(health="critical", reading=0.0, note="Failure detected")
+            if s["type"] == "redundancy" and "Power" in s["name"]:
+                s.update(health="warning", note="Non-Redundant")
+
+
+class KernelMce(HwFault):
+    """The node's kernel logs machine checks (a failing DIMM or CPU); its ranks compute slowly."""
+
+    name = "kernel-mce"
+    cause = "hardware.kernel-errors"
+    signals = ("hw.kernel (mce)", "steps.compute_s (culprit ranks)")
+    PARAMS = {"compute_mult": 1.15, "every_s": 10.0}
+    doc = "two MCE lines every `every_s` seconds; the node's ranks compute `compute_mult` slower."
+
+    def on_step(self, t: float, job: JobState, fx: StepEffects) -> None:
+        for r in self._node_ranks(job):
+            fx.compute_mult[r] *= self.params["compute_mult"]
+
+    def on_hw(self, t: float, node: str, report: dict[str, Any]) -> None:
+        if "kernel" not in report or (int(t - self.start) - 1) % int(self.params["every_s"]) != 0:
+            return
+        seq = 10_000 + int(t) * 2
+        report["kernel"] += [
+            {"seq": seq, "class": "mce", "level": 4, "message": "mce: [Hardware Error]: Machine check events logged"},
+            {"seq": seq + 1, "class": "mce", "level": 4,
+             "message": "mce: [Hardware Error]: CPU 0: Machine Check: 0 Bank 5: be00000000800400"}]
+
+
+class GpuNvmlHang(_GpuFault, HwFault):
+    """A GPU stops answering NVML; its rank hangs in the next collective and the job stalls."""
+
+    name = "gpu-nvml-hang"
+    cause = "hardware.gpu-unresponsive"
+    signals = ("hw.nvml[gpu].responsive", "steps (the job stalls)")
+    PARAMS: ClassVar[dict[str, float]] = {}
+    doc = "the GPU's NVML calls time out; the whole job stalls (no rank completes a step)."
+
+    def on_step(self, t: float, job: JobState, fx: StepEffects) -> None:
+        fx.stalled = True
+
+    def on_hw(self, t: float, node: str, report: dict[str, Any]) -> None:
+        for h in report.get("nvml") or ():
+            if h["gpu"] == self.gpu:
+                elapsed = (t - self.start) * 1000.0
+                h.update(responsive=False, latency_ms=round(max(2000.0, elapsed), 1), calls=0,
+                         timeouts=1 if t - self.start <= 1.0 else 0)
+
+
+class RdmaGidMissing(HwFault):
+    """A RoCE port lost its RoCE v2 GID: NCCL falls back to sockets through that node and it straggles."""
+
+    name = "rdma-gid-missing"
+    cause = "hardware.rdma-gid-missing"
+    signals = ("hw.ports.roce_v2_gids", "steps.comm_s (culprit ranks)")
+    PARAMS = {"tail_s": 0.2}
+    doc = "the node's first port reports no RoCE v2 GID; its ranks finish collectives `tail_s` late."
+
+    def on_step(self, t: float, job: JobState, fx: StepEffects) -> None:
+        for r in self._node_ranks(job):
+            fx.tail_s[r] += self.params["tail_s"]
+
+    def on_hw(self, t: float, node: str, report: dict[str, Any]) -> None:
+        ports = report.get("ports") or []
+        if ports:
+            ports[0].update(link_layer="Ethernet", gids=1, roce_v2_gids=0)
+
+
+HW_FAULTS: dict[str, type[HwFault]] = {f.name: f for f in (PcieDowngrade, NicSpeedLow, CoolingDegraded, PsuFailed,
+                                                           KernelMce, GpuNvmlHang, RdmaGidMissing)}
+
+
+class HwReporter:
+    """Builds each node's healthy ``hw`` body the way the agent's ``hw`` collector sends it."""
+
+    def __init__(self, sim: Simulation, pcie_every_s: float = 10.0, bmc_every_s: float = 30.0) -> None:
+        self.sim = sim
+        self.pcie_every_s = pcie_every_s
+        self.bmc_every_s = bmc_every_s
+
+    def body(self, node: str, t: float) -> dict[str, Any]:
+        """The hw body of ``node`` for the interval ending at offset ``t`` (seconds from the start)."""
+        topo = self.sim.topology
+        gpus = topo.gpus_of(node)
+        body: dict[str, Any] = {"kernel": [],
+                                "nvml": [{"gpu": g, "responsive": True, "latency_ms": 0.6, "calls": 24, "errors": 0,
+                                          "timeouts": 0} for g in gpus]}
+        k = round(t / self.sim.interval_s)  # 1 for the first interval: the agent's first message says everything
+        if (k - 1) % max(1, round(self.pcie_every_s / self.sim.interval_s)) == 0:
+            body["pcie"] = [{"device": f"0000:{0x18 + g:02x}:00.0", "class": "gpu", "gpu": g, "width": 16,
+                             "width_max": 16, "gen": 5, "gen_max": 5} for g in gpus]
+            body["ports"] = [{"nic": n.name, "speed_mbps": 400_000.0, "link_layer": "InfiniBand",
+                              "model": _NIC_MODEL, "rdma": True, "link_up": True, "gids": 2}
+                             for n in topo.nics_of(node)]
+        if (k - 1) % max(1, round(self.bmc_every_s / self.sim.interval_s)) == 0:
+            body["bmc"] = [
+                {"name": "Fan 1", "type": "fan", "health": "ok", "reading": 9000.0, "unit": "RPM"},
+                {"name": "Fan 2", "type": "fan", "health": "ok", "reading": 9100.0, "unit": "RPM"},
+                {"name": "Inlet Temp", "type": "temperature", "health": "ok", "context": "inlet", "reading": 24.0,
+                 "unit": "°C"},
+                {"name": "PSU 1", "type": "psu", "health": "ok", "context": "psu", "reading": 2900.0, "unit": "W"},
+                {"name": "PSU 2", "type": "psu", "health": "ok", "context": "psu", "reading": 2850.0, "unit": "W"},
+                {"name": "Power Redundancy", "type": "redundancy", "health": "ok"},
+                {"name": "Fan Redundancy", "type": "redundancy", "health": "ok"}]
+        return body
+
+
+def with_hw(sim: Simulation, faults: Iterable[Fault] = (), reporter: HwReporter | None = None
+            ) -> Iterator[tuple[str, dict[str, Any]]]:
+    """``sim.messages()`` with each node's ``hw`` message after its ``host`` message, faults applied."""
+    rep = reporter or HwReporter(sim)
+    hw_faults = [f for f in faults if isinstance(f, HwFault)]
+    for topic, msg in sim.messages():
+        yield topic, msg
+        if msg["kind"] != "host":
+            continue
+        node = msg["node"]
+        t = msg["time"] - sim.start_time
+        body = rep.body(node, t)
+        for f in hw_faults:
+            # Active during the interval that ends at t: the same test the simulator applies.
+            if f.touches(node) and f.start < t and t - sim.interval_s < f.end:
+                f.on_hw(t, node, body)
+        yield TOPIC_HW, envelope("hw", node, msg["time"], **body)
