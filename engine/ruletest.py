@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from agents.events import envelope, validate
+from agents.events import ContractError, envelope, validate
 from engine.diagnosis import Diagnosis
 from engine.errors import RuleError
 from engine.evaluate.evaluator import Evaluator
@@ -119,8 +119,14 @@ def _messages(case: dict[str, Any], start: float) -> tuple[Any, Iterable[tuple[s
     for i, ev in enumerate(case["events"]):
         ev = dict(ev)
         at = _offset(ev.pop("at", 0), f"{case['_where']}.events[{i}].at")
+        where = f"{case['_where']}.events[{i}]"
+        if not isinstance(ev.get("kind"), str):
+            raise RuleTestError(f"{where}: needs a 'kind' (one of the contract's kinds)")
         msg = envelope(ev.pop("kind"), ev.pop("node", "node-01"), start + at, **ev)
-        msgs.append((None, validate(msg)))
+        try:
+            msgs.append((None, validate(msg)))
+        except ContractError as exc:  # a malformed test event is the test file's error, with its place
+            raise RuleTestError(f"{where}: breaks the event contract: {exc}") from None
     msgs.sort(key=lambda tm: tm[1]["time"])
     return sc.topology, msgs
 

@@ -43,9 +43,16 @@ def _convert(node: yaml.Node, path: Path_, lines: dict[Path_, int]) -> Any:
     if isinstance(node, yaml.MappingNode):
         out: dict[Any, Any] = {}
         for knode, vnode in node.value:
-            key = yaml.SafeLoader(  # scalar keys only: construct through the safe loader's resolver
-                "").construct_object(knode, deep=True) if not isinstance(knode, yaml.ScalarNode) else \
-                _scalar(knode)
+            if knode.tag == "tag:yaml.org,2002:merge" or not isinstance(knode, yaml.ScalarNode):
+                # `<<: *anchor` merge keys and complex keys: refuse them with their line rather than
+                # build something the schema would misread.
+                what = "a merge key (<<)" if knode.tag == "tag:yaml.org,2002:merge" else "a non-scalar key"
+                raise YamlSyntaxError(f"{what} is not supported here: write the keys out",
+                                      knode.start_mark.line + 1)
+            key = _scalar(knode)
+            if key in out:
+                raise YamlSyntaxError(f"duplicate key {key!r} (the first is on line {lines[path + (key,)]})",
+                                      knode.start_mark.line + 1)
             lines[path + (key,)] = knode.start_mark.line + 1
             out[key] = _convert(vnode, path + (key,), lines)
             lines[path + (key,)] = knode.start_mark.line + 1
