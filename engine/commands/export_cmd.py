@@ -35,7 +35,7 @@ def rule_files(paths: list[Path]) -> list[tuple[str, Path]]:
     out: list[tuple[str, Path]] = []
     for p in paths:
         if p.is_dir():
-            out += [(f"{p.name}/{f.relative_to(p)}", f) for f in sorted(p.rglob("*.y*ml"))]
+            out += [(f"{p.name}/{f.relative_to(p)}", f) for f in sorted(p.rglob("*")) if f.is_file()]
         elif p.is_file():
             out.append((p.name, p))
         else:

@@ -24,6 +24,7 @@ import hashlib
 import json
 import time
 import zipfile
+import zlib
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -134,6 +135,8 @@ class Bundle:
                         n += len(chunk)
             except KeyError:
                 raise ImportFormatError(f"{self.path}: member {name} listed in the manifest is missing") from None
+            except (zipfile.BadZipFile, zlib.error, OSError) as exc:
+                raise ImportFormatError(f"{self.path}: {name} is corrupt ({exc})") from None
             if h.hexdigest() != want.get("sha256") or n != want.get("bytes"):
                 raise ImportFormatError(f"{self.path}: {name} does not match its checksum in the manifest "
                                         "(the bundle is corrupt or was edited)")
@@ -150,7 +153,7 @@ class Bundle:
                                             '{"topic": ..., "value": "..."}') from None
 
     def extract(self, dest: Path) -> tuple[Path | None, list[Path]]:
-        """Write the topology and rule files under ``dest``; return the topology path and rules folder."""
+        """Write the topology and rule files under ``dest``; return the topology path and the rule paths."""
         names = self._zip.namelist()
         topo = None
         if "topology.yaml" in names:
@@ -163,7 +166,9 @@ class Bundle:
                 raise ImportFormatError(f"{self.path}: unsafe member name {n!r}")
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_bytes(self._zip.read(n))
-        return topo, ([dest / "rules"] if rules else [])
+        # The rule paths as they were given to export (a folder keeps its macros.yaml at its top).
+        tops = sorted({Path(n).parts[1] for n in rules})
+        return topo, [dest / "rules" / t for t in tops]
 
     def close(self) -> None:
         self._zip.close()
