@@ -242,3 +242,25 @@ def test_bad_ranges_and_unreachable_broker_are_one_line(args: list[str], says: s
     assert r.returncode == 2, r.stderr
     assert says in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert json.dumps("Traceback") not in r.stderr
+
+
+def test_slack_thread_gets_the_summary_and_the_png(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from slack_sdk import WebClient
+
+    from engine.report.slack import post_to_thread
+    from tests.support.slack_server import SlackServer
+
+    rep, _ = report_for([("nic-packet-loss", "node-05", 120, 200)], tmp_path)
+    with SlackServer(channels=["#ml-platform"], token="xoxb-pm") as slack:
+        root = WebClient(token="xoxb-pm", base_url=slack.url).chat_postMessage(channel="#ml-platform",
+                                                                               text="[FIRING] train-llm ...")
+        monkeypatch.setenv("SLACK_BOT_TOKEN", "xoxb-pm")
+        monkeypatch.setenv("WHYWAIT_SLACK_API_URL", slack.url)
+        post_to_thread(rep, f"{root['channel']}:{root['ts']}", tmp_path)
+        thread = slack.thread(root["ts"])
+        assert len(thread) == 2
+        assert "node-05" in thread[0].text and "GPU-hours lost" in thread[0].text
+        (fid,) = thread[1].files
+        f = slack.files[fid]
+        assert f.content is not None and f.content[:8] == b"\x89PNG\r\n\x1a\n" and f.thread_ts == root["ts"]
+        assert slack.calls_to("files.getUploadURLExternal") and slack.calls_to("files.completeUploadExternal")
