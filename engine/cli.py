@@ -31,6 +31,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "replay": ("engine.commands.replay_cmd", "re-run the rules over recorded topics or a bundle: postmortem, backtest"),
     "export": ("engine.commands.export_cmd", "cut an incident's events, topology and rules into one bundle file"),
     "import": ("engine.commands.import_cmd", "put a bundle, profiler traces or step tables into the topics"),
+    "digest": ("engine.commands.digest_cmd", "GPU-hours used and lost to waiting, by cause, per project and job"),
     "eval": ("engine.commands.eval_cmd", "measure the rules' accuracy on a labelled suite of simulated faults"),
     "events": ("engine.commands.events_cmd", "print the event contract, or check messages against it"),
     "agent": ("agents.cli", "run the node agent: collect GPU, network, storage, host and training timings"),
