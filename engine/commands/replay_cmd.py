@@ -256,7 +256,49 @@ class Plan:
         return kafka_batches(self.bootstrap or resolve_bootstrap(), self.window, merge)
 
 
+async def notify_records(bootstrap: str) -> list[dict[str, Any]]:
+    """Every incident record the live Slack notifier kept (its state topic), for links to its threads.
+
+    Best effort: a postmortem does not fail for want of links, so a missing topic gives none.
+    """
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+    from aiokafka.errors import KafkaError
+
+    from engine.notify.state import STATE_TOPIC
+
+    c = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None)
+    out: list[dict[str, Any]] = []
+    try:
+        await asyncio.wait_for(c.start(), 20)
+        tps = [TopicPartition(STATE_TOPIC, p) for p in sorted(c.partitions_for_topic(STATE_TOPIC) or ())]
+        if not tps:
+            return out
+        c.assign(tps)
+        await c.seek_to_beginning(*tps)
+        ends = await c.end_offsets(tps)
+        pending = {tp for tp in tps if ends[tp] > await c.position(tp)}
+        while pending:
+            batch = await c.getmany(*pending, timeout_ms=2000)
+            if not batch:
+                break
+            for tp, recs in batch.items():
+                for r in recs:
+                    if r.value is not None:  # records later tombstoned still tell where the thread was
+                        try:
+                            out.append(json.loads(r.value))
+                        except ValueError:
+                            pass
+                if await c.position(tp) >= ends[tp]:
+                    pending.discard(tp)
+    except (KafkaError, OSError, asyncio.TimeoutError):
+        return out
+    finally:
+        await c.stop()
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
+    import os
     import tempfile
 
     from engine.commands.engine_cmd import load_topology
@@ -299,10 +341,16 @@ def run(args: argparse.Namespace) -> int:
             if args.backtest_json:
                 args.backtest_json.write_text(json.dumps(cmp, indent=2, sort_keys=True) + "\n")
         if args.plot or args.report or args.slack_thread:
-            from engine.report import build_report
+            from engine.report import build_report, slack_threads
 
+            threads: dict[str, str] = {}
+            if plan.bundle is None and args.report:
+                from engine.localkafka.broker import resolve_bootstrap
+
+                records = asyncio.run(notify_records(plan.bootstrap or resolve_bootstrap()))
+                threads = slack_threads(records, os.environ.get("WHYWAIT_SLACK_WORKSPACE_URL") or "https://slack.com")
             merge2 = EventTimeMerge([], w)
-            rep = build_report(res, spans, plan.messages(merge2), w, load_topology(plan.topo_path))
+            rep = build_report(res, spans, plan.messages(merge2), w, load_topology(plan.topo_path), threads)
             if args.plot:
                 rep.timeline_png(args.plot)
                 print(f"timeline: {args.plot}")

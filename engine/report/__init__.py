@@ -54,6 +54,7 @@ class IncidentView:
     cost: dict[str, float] | None
     cost_source: str  # "rule", "estimated from step times" or "unknown"
     neighbours: list[str] = field(default_factory=list)
+    slack_link: str | None = None  # the live incident's Slack thread, when it was posted
 
 
 @dataclass
@@ -91,9 +92,29 @@ def _median(vals: Iterable[float]) -> float:
     return statistics.median(v) if v else math.nan
 
 
+def slack_threads(records: Iterable[dict[str, Any]], workspace_url: str = "https://slack.com") -> dict[str, str]:
+    """Fingerprint -> link to the Slack message the live notifier posted for it.
+
+    ``records`` are the notifier's incident records (``engine.notify.lifecycle.Incident.to_dict``,
+    as kept in its state topic); each lists the fingerprints it showed and its root message.
+    """
+    out: dict[str, str] = {}
+    for rec in records:
+        cid, ts = rec.get("channel_id"), rec.get("ts")
+        if not cid or not ts:
+            continue
+        link = f"{workspace_url.rstrip('/')}/archives/{cid}/p{str(ts).replace('.', '')}"
+        for fp in rec.get("members") or {}:
+            out[fp] = link
+    return out
+
+
 def build_report(res: ReplayResult, spans: list[Span], messages: Iterable[dict[str, Any]], window: Window,
-                 topology: Any) -> Report:
-    """Gather the report's series in a second pass over ``messages``; return the :class:`Report`."""
+                 topology: Any, threads: dict[str, str] | None = None) -> Report:
+    """Gather the report's series in a second pass over ``messages``; return the :class:`Report`.
+
+    ``threads`` (from :func:`slack_threads`) links each incident to its live Slack thread.
+    """
     spans = [s for s in spans if s.end >= window.since]
     metrics: set[str] = set()
     for s in spans:
@@ -112,6 +133,8 @@ def build_report(res: ReplayResult, spans: list[Span], messages: Iterable[dict[s
     if not jobs:
         jobs = sorted(sampler.jobs)
     views = [_view(k, s, sampler, grid, topology) for k, s in enumerate(spans, start=1)]
+    for v, s in zip(views, spans, strict=True):
+        v.slack_link = (threads or {}).get(s.first.fingerprint)
     straggler: dict[str, set[int]] = {}
     for v in views:
         if v.job and v.ranks and len(v.ranks) < 64:

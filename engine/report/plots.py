@@ -55,8 +55,10 @@ def timeline_figure(data: ReportData) -> Any:
             _steps_panel(ax, data, what, times)
         elif kind == "split":
             split = data.split(what)
-            ys = [[0.0 if math.isnan(v) else v for v in split[k]] for k in split]
-            ax.stackplot(times, *ys, labels=[f"{k} (median rank)" for k in split],
+            # buckets where a phase has no step (steps longer than a bucket) are left out, not drawn as 0
+            keep = [i for i in range(len(times)) if not any(math.isnan(split[k][i]) for k in split)]
+            ys = [[split[k][i] for i in keep] for k in split]
+            ax.stackplot([times[i] for i in keep], *ys, labels=[f"{k} (median rank)" for k in split],
                          colors=["tab:blue", "tab:green", "tab:red"][:len(ys)], alpha=0.7)
             ax.set_ylabel(f"{what}\nstep split (s)", fontsize=8)
             ax.legend(loc="upper left", fontsize=7, ncols=3)
@@ -66,10 +68,10 @@ def timeline_figure(data: ReportData) -> Any:
             peers = [data.sampler.means(metric, e) or [] for e in data.sampler.entities(metric) if e != entity]
             col = COLORS[k % len(COLORS)]
             if culprit:
-                ax.plot(times, culprit, color="tab:red", lw=1.3, label=f"{entity} (culprit)")
+                _line(ax, times, culprit, color="tab:red", lw=1.3, label=f"{entity} (culprit)")
             if peers:
                 med = [_nanmedian(list(col_)) for col_ in zip(*peers, strict=True)]
-                ax.plot(times, med, color="tab:gray", lw=1, label=f"median of {len(peers)} peers")
+                _line(ax, times, med, color="tab:gray", lw=1, label=f"median of {len(peers)} peers")
             ax.set_ylabel(f"#{k + 1} {metric}", fontsize=8, color=col)
             ax.legend(loc="upper left", fontsize=7)
         else:
@@ -102,13 +104,22 @@ def _steps_panel(ax: Any, data: ReportData, job: str, times: list[datetime]) -> 
         lo = [_q(c, 0.1) for c in cols]
         hi = [_q(c, 0.9) for c in cols]
         ax.fill_between(times, lo, hi, color="tab:blue", alpha=0.2, lw=0, label="other ranks, p10-p90")
-        ax.plot(times, [_nanmedian(list(c)) for c in cols], color="tab:blue", lw=1, label="other ranks, median")
-    for r in sorted(slow)[:8]:
+        _line(ax, times, [_nanmedian(list(c)) for c in cols], color="tab:blue", lw=1, label="other ranks, median")
+    shown = sorted(slow)[:8]
+    for r in shown:
         s = series.get(f"{job}:{r}")
         if s:
-            ax.plot(times, s, color="tab:red", lw=1.2, label=f"rank {r} (straggler)" if r == min(slow) else None)
+            name = f"rank{'s' if len(slow) > 1 else ''} {', '.join(map(str, shown))}{' …' if len(slow) > 8 else ''}"
+            _line(ax, times, s, color="tab:red", lw=1.2, label=f"{name} (straggler)" if r == shown[0] else None)
     ax.set_ylabel(f"{job}\nstep time (s)", fontsize=8)
     ax.legend(loc="upper left", fontsize=7)
+
+
+def _line(ax: Any, times: list[datetime], ys: list[float], **kw: Any) -> None:
+    """Plot the points that have a value: a step longer than a bucket leaves empty buckets, not a gap."""
+    pts = [(t, y) for t, y in zip(times, ys, strict=True) if not math.isnan(y)]
+    if pts:
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], **kw)
 
 
 def _q(col: tuple[float, ...], q: float) -> float:

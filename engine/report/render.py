@@ -67,6 +67,8 @@ def _incident_md(v: IncidentView) -> list[str]:
            + (f"**resolved:** {_utc(v.end)}" if v.resolved else f"**still firing** at {_utc(v.end)}")]
     for t, what in v.changes:
         out.append(f"- **Changed** at {_utc(t)}: {what}")
+    out.append(f"- **Slack thread:** {v.slack_link}" if v.slack_link else "- **Slack thread:** not posted live "
+               "(or the notifier's record of it has expired)")
     out += [f"- **Cause:** {v.cause}",
             f"- **Culprit:** {v.culprit}" + (f", ranks {_ranks(v.ranks)}" if v.ranks else ""),
             f"- **Cost:** {_cost(v)}",
@@ -116,6 +118,7 @@ def html(data: ReportData, png: bytes) -> str:
     def inline(s: str) -> str:
         s = _html.escape(s)
         s = re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", s)
+        s = re.sub(r"(https://[^\s<]+)", r'<a href="\1">\1</a>', s)
         return re.sub(r"`(.+?)`", r"<code>\1</code>", s)
 
     def flush_table() -> None:

@@ -264,3 +264,50 @@ def test_slack_thread_gets_the_summary_and_the_png(tmp_path: Path, monkeypatch: 
         f = slack.files[fid]
         assert f.content is not None and f.content[:8] == b"\x89PNG\r\n\x1a\n" and f.thread_ts == root["ts"]
         assert slack.calls_to("files.getUploadURLExternal") and slack.calls_to("files.completeUploadExternal")
+
+
+def test_report_links_each_incident_to_its_live_slack_thread(tmp_path: Path) -> None:
+    from engine.notify.lifecycle import Incident
+    from engine.report import build_report, slack_threads
+
+    infra, msgs = sim([("nic-packet-loss", "node-05", 120, 200)])
+    w = Window(START, START + 260)
+    res, _ = replay(merged(msgs, w), load_rules([RULES]), infra)
+    spans = incidents(res.diagnoses, res.end)
+    fp = spans[0].first.fingerprint
+    rec = Incident(key="k", rule_id=spans[0].first.rule_id, lane="#ml-platform", channel="#ml-platform",
+                   members={fp: spans[0].first.to_dict()}, ts="1764442925.000100", channel_id="C0000001").to_dict()
+    threads = slack_threads([rec, {"members": {"x": {}}, "ts": None}], "https://acme.slack.com")
+    assert threads == {fp: "https://acme.slack.com/archives/C0000001/p1764442925000100"}
+    rep = build_report(res, spans, merged(msgs, w), w, Topology.from_dict(make_cluster(nodes=8).to_dict()), threads)
+    paths = rep.write(tmp_path)
+    assert "**Slack thread:** https://acme.slack.com/archives/C0000001/p1764442925000100" in paths["md"].read_text()
+    assert '<a href="https://acme.slack.com/archives/C0000001/p1764442925000100">' in paths["html"].read_text()
+
+
+def test_ctrl_c_keeps_what_was_concluded(one_fault: tuple[Topology, list]) -> None:
+    infra, msgs = one_fault
+
+    def interrupted() -> object:
+        for m in merged(msgs, Window(START, START + 260)):
+            if m["time"] > START + 150:  # mid-incident
+                raise KeyboardInterrupt
+            yield m
+
+    res, _ = replay(interrupted(), load_rules([RULES]), infra)
+    assert res.interrupted and res.end is not None and res.end <= START + 150
+    assert [d.culprit for d in res.diagnoses if d.status == "firing"] == ["node-05"]  # what was found so far
+
+
+def test_job_and_project_filters(one_fault: tuple[Topology, list]) -> None:
+    _, msgs = one_fault
+    other = envelope("placement", "sched", START + 2, job="other", project="vision", team="cv", state="running",
+                     ranks=[{"rank": 0, "node": "node-01", "gpu": 7}])
+    steps = envelope("steps", "node-01", START + 3, job="other", steps=[{"rank": 0, "step": 1, "duration_s": 1.0}])
+    extra = [("whywait.placement.v1", other), ("whywait.steps.v1", steps)]
+    for window, want_jobs in [(Window(START, START + 260, jobs=frozenset({"other"})), {"other"}),
+                              (Window(START, START + 260, projects=frozenset({"llm"})), {"train-llm"}),
+                              (Window(START, START + 260), {"train-llm", "other"})]:
+        out = merged(sorted(msgs + extra, key=lambda x: x[1]["time"]), window)
+        assert {m["job"] for m in out if "job" in m} == want_jobs
+        assert any(m["kind"] == "gpu" for m in out)  # node telemetry stays: peers are compared on it
