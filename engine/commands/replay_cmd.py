@@ -365,6 +365,20 @@ def run(args: argparse.Namespace) -> int:
     return 130 if res.interrupted else 0
 
 
+def plot_window(bootstrap: str, topology: Path, rules: list[Path], since: float, until: float, out: Path) -> Path:
+    """Replay ``[since, until]`` from Kafka and draw its timeline PNG (``whywait demo`` calls this)."""
+    from engine.commands.engine_cmd import load_topology
+    from engine.replay import incidents, replay
+    from engine.report import build_report
+    from engine.rules.loader import load_rules
+
+    w = Window(since, until)
+    res, _ = replay(kafka_batches(bootstrap, w, EventTimeMerge([], w)), load_rules(rules), load_topology(topology))
+    rep = build_report(res, incidents(res.diagnoses, res.end), kafka_batches(bootstrap, w, EventTimeMerge([], w)),
+                       w, load_topology(topology))
+    return rep.timeline_png(out)
+
+
 def print_backtest(cmp: dict[str, Any]) -> None:
     """Print the backtest comparison as lines a reviewer can read."""
     print(f"backtest: {len(cmp['only_new'])} only in the new rules, {len(cmp['only_old'])} only in the old, "

@@ -140,3 +140,11 @@ def test_digest_counts_the_incidents_gpu_hours(live: Live) -> None:
     assert 128 * 250 / 3600 <= llm["gpu_hours_used"] <= 2 * 128 * 262 / 3600
     assert llm["lost_by_cause"].get("network", 0) > 0
     assert (live.work / "digest.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_demo_timeline_draws_from_kafka(live: Live) -> None:
+    from engine.commands.replay_cmd import plot_window
+
+    png = plot_window(live.bootstrap, live.topo, [REPO / "rules"], live.start, live.start + DURATION,
+                      live.work / "demo.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000
