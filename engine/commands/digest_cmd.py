@@ -137,8 +137,7 @@ def post(digest: Any, rows: list[dict[str, Any]]) -> None:
     token = read_secret("SLACK_BOT_TOKEN")
     if token is None:
         raise ConfigError("--post needs SLACK_BOT_TOKEN (or SLACK_BOT_TOKEN_FILE)")
-    kw = {"base_url": os.environ["WHYWAIT_SLACK_API_URL"]} if os.environ.get("WHYWAIT_SLACK_API_URL") else {}
-    client = WebClient(token=token.reveal(), **kw)
+    client = WebClient(token=token.reveal(), base_url=os.environ.get("WHYWAIT_SLACK_API_URL") or WebClient.BASE_URL)
     by_channel: dict[str, set[str]] = {}
     for r in rows:
         ch = r["channel"] or os.environ.get("WHYWAIT_SLACK_CHANNEL")

@@ -73,7 +73,7 @@ def timing_messages(args: argparse.Namespace, files: list[tuple[Path, str]]) -> 
         for job, node, rec in rows:
             jobs.setdefault(job, {})[rec["rank"]] = node
         for job, ranks in sorted(jobs.items()):
-            placed = []
+            placed: list[dict[str, Any]] = []
             for node in sorted(set(ranks.values())):
                 # GPU index unknown from timings alone: the rank's order among its node's ranks.
                 for gpu, r in enumerate(sorted(r for r, n in ranks.items() if n == node)):

@@ -24,7 +24,7 @@ import time
 from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable, Iterator
+from typing import Any, AsyncGenerator, Callable, Iterator
 
 from engine.errors import BrokerUnavailable, ConfigError
 from engine.replay import EventTimeMerge, Window
@@ -96,7 +96,7 @@ def register(p: argparse.ArgumentParser) -> None:
 # ---- sources ---------------------------------------------------------------------------------------
 
 
-def kafka_batches(bootstrap: str, window: Window, merge: EventTimeMerge, batch: int = 5000) -> Iterator[dict[str, Any]]:
+def kafka_batches(bootstrap: str, window: Window, merge: EventTimeMerge, batch: int = 5000) -> Iterator[Any]:
     """Yield the window's messages from Kafka in event-time order (through ``merge``), a partition at a time.
 
     Runs the aiokafka consumer on a private event loop, one fetch per step, so the caller
@@ -117,7 +117,7 @@ def kafka_batches(bootstrap: str, window: Window, merge: EventTimeMerge, batch: 
 
 
 async def _kafka_agen(bootstrap: str, window: Window, merge: EventTimeMerge,
-                      batch: int) -> AsyncIterator[list[dict[str, Any]]]:
+                      batch: int) -> AsyncGenerator[list[Any], None]:
     from aiokafka import AIOKafkaConsumer, TopicPartition
     from aiokafka.errors import KafkaError
 

@@ -73,7 +73,7 @@ def _rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
                     continue
                 try:
                     row = json.loads(line)
-                except ValueError as exc:
+                except json.JSONDecodeError as exc:
                     raise ImportFormatError(f"{path}:{no}: not valid JSON ({exc.msg})") from None
                 if not isinstance(row, dict):
                     raise ImportFormatError(f"{path}:{no}: expected a JSON object per line")

@@ -223,7 +223,7 @@ class Report:
 
         from engine.report.plots import timeline_figure
 
-        fig = timeline_figure(self.data)
+        fig, _ = timeline_figure(self.data)
         fig.savefig(path, dpi=100)
         plt.close(fig)
         return path

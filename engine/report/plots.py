@@ -30,8 +30,8 @@ def _nanmedian(vals: list[float]) -> float:
     return statistics.median(v) if v else math.nan
 
 
-def timeline_figure(data: ReportData) -> Any:
-    """Build the main timeline figure (not saved); its incident label artists are in ``fig.incident_labels``."""
+def timeline_figure(data: ReportData) -> tuple[Any, list[Any]]:
+    """Build the main timeline figure (not saved); return it and its incident label artists."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -89,8 +89,7 @@ def timeline_figure(data: ReportData) -> Any:
     fig.tight_layout()
     labels = [(f"#{k + 1} {inc.rule_id}: {inc.culprit}", inc.start, COLORS[k % len(COLORS)])
               for k, inc in enumerate(data.incidents)]
-    fig.incident_labels = place_labels(fig, axes[0][0], labels)
-    return fig
+    return fig, place_labels(fig, axes[0][0], labels)
 
 
 def _steps_panel(ax: Any, data: ReportData, job: str, times: list[datetime]) -> None:

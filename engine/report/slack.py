@@ -39,8 +39,8 @@ def post_to_thread(report: Report, target: str, tmp: Path) -> None:
     token = read_secret("SLACK_BOT_TOKEN")
     if token is None:
         raise ConfigError("--slack-thread needs SLACK_BOT_TOKEN (or SLACK_BOT_TOKEN_FILE)")
-    kw = {"base_url": os.environ["WHYWAIT_SLACK_API_URL"]} if os.environ.get("WHYWAIT_SLACK_API_URL") else {}
-    client = WebClient(token=token.reveal(), timeout=30, **kw)
+    client = WebClient(token=token.reveal(), timeout=30,
+                       base_url=os.environ.get("WHYWAIT_SLACK_API_URL") or WebClient.BASE_URL)
     png = report.timeline_png(tmp / "timeline.png")
     # Slack's mrkdwn bolds with one asterisk
     text = "\n".join(["*Postmortem (whywait replay)*", *(re.sub(r"\*\*(.+?)\*\*", r"*\1*", line)

@@ -181,10 +181,10 @@ def test_every_incident_is_labelled_without_overlap(tmp_path: Path) -> None:
     md = paths["md"].read_text()
     for v in views:
         assert f"### #{v.number} " in md
-    fig = timeline_figure(rep.data)
+    fig, labels = timeline_figure(rep.data)
     fig.canvas.draw()
     r = fig.canvas.get_renderer()
-    boxes = [a.get_window_extent(r) for a in fig.incident_labels]
+    boxes = [a.get_window_extent(r) for a in labels]
     assert len(boxes) == len(views)
     for a, b in itertools.combinations(boxes, 2):
         assert not a.overlaps(b), (a, b)
