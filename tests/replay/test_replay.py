@@ -311,3 +311,25 @@ def test_job_and_project_filters(one_fault: tuple[Topology, list]) -> None:
         out = merged(sorted(msgs + extra, key=lambda x: x[1]["time"]), window)
         assert {m["job"] for m in out if "job" in m} == want_jobs
         assert any(m["kind"] == "gpu" for m in out)  # node telemetry stays: peers are compared on it
+
+
+def test_report_names_other_projects_on_the_same_switch(tmp_path: Path) -> None:
+    from engine.report import build_report
+
+    topo = make_cluster(nodes=8)
+    leaf = topo.leaf_of("node-05")
+    mates = [n for n in topo.nodes() if topo.leaf_of(n) == leaf and n != "node-05"]
+    far = [n for n in topo.nodes() if topo.leaf_of(n) != leaf]
+    jobs = [make_job(topo, nodes=["node-05", *far]),
+            make_job(topo, job="vision-7", project="vision", team="cv", channel="#cv", nodes=mates[:1])]
+    s = Simulation(topo, jobs, [make_fault("nic-packet-loss", "node-05", 120, 200)], start_time=START,
+                   duration_s=260, seed=2)
+    msgs = list(s.messages())
+    w = Window(START, START + 260)
+    infra = Topology.from_dict(make_cluster(nodes=8).to_dict())
+    res, _ = replay(merged(msgs, w), load_rules([RULES]), infra)
+    spans = [sp for sp in incidents(res.diagnoses, res.end) if sp.first.culprit == "node-05"]
+    assert spans
+    rep = build_report(res, spans, merged(msgs, w), w, Topology.from_dict(make_cluster(nodes=8).to_dict()))
+    md = rep.write(tmp_path)["md"].read_text()
+    assert f"vision-7 (project vision, team cv) on {leaf}" in md
