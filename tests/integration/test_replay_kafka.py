@@ -148,3 +148,16 @@ def test_demo_timeline_draws_from_kafka(live: Live) -> None:
     png = plot_window(live.bootstrap, live.topo, [REPO / "rules"], live.start, live.start + DURATION,
                       live.work / "demo.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000
+
+
+def test_missing_topics_are_one_clear_error(live: Live, monkeypatch: pytest.MonkeyPatch) -> None:
+    import agents.events
+    from engine.commands.replay_cmd import kafka_batches
+    from engine.errors import ConfigError
+    from engine.replay import EventTimeMerge, Window
+
+    # A cluster where one input topic was never created (as if the engine had never run against it).
+    monkeypatch.setattr(agents.events, "INPUT_TOPICS", (*agents.events.INPUT_TOPICS, "whywait.never-created.v1"))
+    w = Window(live.start, live.start + 10)
+    with pytest.raises(ConfigError, match=r"topic\(s\) whywait.never-created.v1 not found on 127.0.0.1:\d+"):
+        list(kafka_batches(live.bootstrap, w, EventTimeMerge([], w)))
