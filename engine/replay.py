@@ -2,7 +2,7 @@
 
 Called by ``whywait replay`` (from Kafka or from a bundle) and ``whywait export``.
 Nothing here imports aiokafka: the Kafka reader in ``engine.commands.replay_cmd``
-and the bundle reader in ``engine.bundle`` both hand raw records to an
+and the bundle reader in ``engine.importers.bundle`` both hand raw records to an
 :class:`EventTimeMerge`, which decodes them, drops what is outside the window or
 the ``--job``/``--project`` filter, counts what breaks the contract, and yields
 the messages in one total event-time order.
