@@ -140,9 +140,7 @@ def build_report(res: ReplayResult, spans: list[Span], messages: Iterable[dict[s
         if v.job and v.ranks and len(v.ranks) < 64:
             straggler.setdefault(v.job, set()).update(v.ranks)
     data = ReportData(window, grid, sampler, views, jobs, straggler, dict(res.skipped), res.messages)
-    for v in views:
-        if v.cost is None and v.job:
-            v.cost, v.cost_source = _estimate_cost(data, v)
+    _estimate_costs(data)
     return Report(data)
 
 
@@ -187,23 +185,34 @@ def _neighbours(d: Any, sampler: Sampler, topology: Any) -> list[str]:
     return out
 
 
-def _estimate_cost(data: ReportData, v: IncidentView) -> tuple[dict[str, float] | None, str]:
-    """GPU-hours lost from the job's step times: median during the incident against the median before it."""
-    steps = data.job_step(v.job or "")
+def _estimate_costs(data: ReportData) -> None:
+    """Fill in the cost of incidents whose rule gave none, from the job's step times (see ``cost``)."""
+    from engine.report.cost import shared_gpu_hours
+
     times = data.grid.times()
-    before = [s for t, s in zip(times, steps, strict=True) if t < v.start and not math.isnan(s)]
-    during = [s for t, s in zip(times, steps, strict=True) if v.start <= t <= v.end and not math.isnan(s)]
-    if not before or not during:
-        return None, "unknown"
-    base, now = statistics.median(before), statistics.median(during)
-    p = data.sampler.placements.get(v.job or "")
-    gpus = sum(float(r.get("gpu_share", 1.0)) for r in p["ranks"]) if p else 0.0
-    lost_frac = max(0.0, 1.0 - base / now) if now > 0 else 0.0
-    hours = (v.end - v.start) / 3600.0
-    return ({"step_s": round(now, 4), "whatif_step_s": round(base, 4),
-             "slowdown_pct": round(100.0 * (now / base - 1.0), 1) if base > 0 else 0.0,
-             "gpus": gpus, "gpu_hours_lost": round(lost_frac * gpus * hours, 3)},
-            "estimated from step times")
+    by_job: dict[str, list[tuple[IncidentView, float, float, float]]] = {}
+    for v in data.incidents:
+        if v.cost is not None or not v.job:
+            continue
+        steps = data.job_step(v.job)
+        before = [s for t, s in zip(times, steps, strict=True) if t < v.start and not math.isnan(s)]
+        during = [s for t, s in zip(times, steps, strict=True) if v.start <= t <= v.end and not math.isnan(s)]
+        if not before or not during:
+            continue
+        base, now = statistics.median(before), statistics.median(during)
+        frac = max(0.0, 1.0 - base / now) if now > 0 else 0.0
+        by_job.setdefault(v.job, []).append((v, base, now, frac))
+    for job, items in by_job.items():
+        p = data.sampler.placements.get(job)
+        gpus = sum(float(r.get("gpu_share", 1.0)) for r in p["ranks"]) if p else 0.0
+        lost = shared_gpu_hours([(v.start, v.end, frac) for v, _, _, frac in items], gpus)
+        for (v, base, now, _), hours in zip(items, lost, strict=True):
+            others = [f"#{o.number}" for o, _, _, _ in items if o is not v and o.start < v.end and v.start < o.end]
+            v.cost = {"step_s": round(now, 4), "whatif_step_s": round(base, 4),
+                      "slowdown_pct": round(100.0 * (now / base - 1.0), 1) if base > 0 else 0.0,
+                      "gpus": gpus, "gpu_hours_lost": round(hours, 3)}
+            v.cost_source = "estimated from step times" + (
+                f"; the job's loss while {', '.join(others)} overlapped it is shared with them" if others else "")
 
 
 def utc(t: float) -> str:

@@ -97,34 +97,48 @@ class Digest:
         self.last_diag[d["fingerprint"]] = d
 
     def finish(self) -> None:
-        """Attribute each incident's loss to its job and cause; called once, after every add."""
-        for d in self.last_diag.values():
+        """Attribute each incident's loss to its job and cause; called once, after every add.
+
+        Estimated losses of overlapping incidents of one job are shared, not added
+        (``engine.report.cost``): the job was slowed once.
+        """
+        from engine.report.cost import shared_gpu_hours
+
+        estimated: dict[str, list[tuple[dict[str, Any], float]]] = defaultdict(list)
+        for d in sorted(self.last_diag.values(), key=lambda d: (d["starts_at"], d["fingerprint"])):
             if not d.get("job"):
                 continue
             j = self._job(d["job"])
-            end = d.get("ends_at") or min(self.until, max(d["detected_at"], self.until))
-            lost, how = None, "rule"
-            if d.get("cost") and d["cost"].get("gpu_hours_lost") is not None:
-                lost = float(d["cost"]["gpu_hours_lost"])
-            else:
-                lost, how = self._estimate(j, d["starts_at"], end), "estimated from step times"
+            end = d.get("ends_at") or self.until
             cause = cause_of(d["rule_id"])
-            j.lost[cause] += lost or 0.0
-            j.incidents.append({"rule_id": d["rule_id"], "cause": cause, "culprit": d.get("culprit"),
-                                "title": d.get("title", ""), "starts_at": d["starts_at"], "ends_at": end,
-                                "gpu_hours_lost": lost, "how": how})
+            inc = {"rule_id": d["rule_id"], "cause": cause, "culprit": d.get("culprit"), "title": d.get("title", ""),
+                   "starts_at": d["starts_at"], "ends_at": end, "gpu_hours_lost": None, "how": "rule"}
+            j.incidents.append(inc)
+            if d.get("cost") and d["cost"].get("gpu_hours_lost") is not None:
+                inc["gpu_hours_lost"] = float(d["cost"]["gpu_hours_lost"])
+                j.lost[cause] += inc["gpu_hours_lost"]
+            else:
+                frac = self._lost_fraction(j, d["starts_at"], end)
+                inc["how"] = "estimated from step times" if frac is not None else "unknown"
+                if frac is not None:
+                    estimated[j.job].append((inc, frac))
+        for job, items in estimated.items():
+            j = self.jobs[job]
+            hours = shared_gpu_hours([(i["starts_at"], i["ends_at"], f) for i, f in items], j.gpus or 1.0)
+            for (inc, _), h in zip(items, hours, strict=True):
+                inc["gpu_hours_lost"] = round(h, 4)
+                j.lost[inc["cause"]] += h
         for j in self.jobs.values():
             j.incidents.sort(key=lambda i: -(i["gpu_hours_lost"] or 0.0))
 
-    def _estimate(self, j: JobUse, start: float, end: float) -> float | None:
+    def _lost_fraction(self, j: JobUse, start: float, end: float) -> float | None:
+        """``1 - before / during`` of the job's median step time; None without steps on both sides."""
         before = [v for m, vs in j.minute_steps.items() if start - _LEAD_S <= m * 60 < start for v in vs]
         during = [v for m, vs in j.minute_steps.items() if start <= m * 60 <= end for v in vs]
         if not before or not during:
             return None
         base, now = statistics.median(before), statistics.median(during)
-        if now <= 0 or now <= base:
-            return 0.0
-        return (1.0 - base / now) * (j.gpus or 1.0) * (end - start) / 3600.0
+        return max(0.0, 1.0 - base / now) if now > 0 else 0.0
 
     def rows(self) -> list[dict[str, Any]]:
         """Per project and job: GPU-hours used and lost by cause, biggest loss first."""

@@ -42,7 +42,7 @@ def summary(data: ReportData) -> list[str]:
                 f"over {data.messages:,} messages."]
     out = []
     for v in data.incidents:
-        ranks = f", ranks {_ranks(v.ranks)}" if v.ranks else ""
+        ranks = f", rank{'s' if len(v.ranks) > 1 else ''} {_ranks(v.ranks)}" if v.ranks else ""
         state = f"until {_utc(v.end)}" if v.resolved else f"still going at {_utc(v.end)} (end of the window)"
         out.append(f"#{v.number} **{v.job or v.culprit}** was slowed from {_utc(v.start)} {state}: "
                    f"{v.cause} Where: {v.culprit}{ranks}. Cost: {_cost(v)}. "
@@ -70,7 +70,8 @@ def _incident_md(v: IncidentView) -> list[str]:
     out.append(f"- **Slack thread:** {v.slack_link}" if v.slack_link else "- **Slack thread:** not posted live "
                "(or the notifier's record of it has expired)")
     out += [f"- **Cause:** {v.cause}",
-            f"- **Culprit:** {v.culprit}" + (f", ranks {_ranks(v.ranks)}" if v.ranks else ""),
+            f"- **Culprit:** {v.culprit}" + (f", rank{'s' if len(v.ranks) > 1 else ''} {_ranks(v.ranks)}"
+                                              if v.ranks else ""),
             f"- **Cost:** {_cost(v)}",
             f"- **Owner:** {v.owner}" + (f", {v.channel}" if v.channel else ""),
             f"- **Topology path:** {' → '.join(v.path) or 'unknown'}",

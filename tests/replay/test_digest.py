@@ -45,6 +45,9 @@ def digest() -> Digest:
     d.add_diagnosis({"rule_id": "storage.read-latency-starvation", "fingerprint": "b", "status": "resolved",
                      "job": "llm", "starts_at": T0 + 1800, "detected_at": T0 + 1810, "ends_at": T0 + 2400,
                      "culprit": "pool-a", "title": "y", "cost": None})
+    d.add_diagnosis({"rule_id": "data.cpu-bound-loader", "fingerprint": "c", "status": "resolved",
+                     "job": "llm", "starts_at": T0 + 2100, "detected_at": T0 + 2110, "ends_at": T0 + 2400,
+                     "culprit": "n0", "title": "z"})
     d.finish()
     return d
 
@@ -56,9 +59,11 @@ def test_used_and_lost_by_cause(digest: Digest) -> None:
     assert rows["rec"]["gpu_hours_used"] == pytest.approx(4.0, rel=1e-3)
     lost = rows["llm"]["lost_by_cause"]
     assert lost["network"] == 1.25  # the resolved diagnosis's cost: the whole incident
-    # storage had no cost: estimated, steps twice as slow for 600 s on 16 GPUs -> half of 16 * 600 s
-    assert lost["storage"] == pytest.approx(0.5 * 16 * 600 / 3600, rel=1e-3)
-    assert rows["llm"]["top_incidents"][0]["how"] == "estimated from step times"
+    # storage and input had no cost: estimated, steps twice as slow from +1800 s to +2400 s on 16 GPUs
+    # (half of 16 GPUs x 600 s), the last 300 s shared between the two: counted once, not twice
+    assert lost["storage"] == pytest.approx(0.5 * 16 * (300 + 150) / 3600, rel=1e-3)
+    assert lost["input pipeline"] == pytest.approx(0.5 * 16 * 150 / 3600, rel=1e-3)
+    assert lost["storage"] + lost["input pipeline"] == pytest.approx(0.5 * 16 * 600 / 3600, rel=1e-3)
     assert rows["rec"]["gpu_hours_lost"] == 0.0 and not rows["rec"]["lost_by_cause"]
 
 

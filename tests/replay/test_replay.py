@@ -178,6 +178,11 @@ def test_every_incident_is_labelled_without_overlap(tmp_path: Path) -> None:
                              ("nic-packet-loss", "node-07", 108, 200)], tmp_path)
     views = rep.data.incidents
     assert len(views) >= 3
+    # the three overlap on one job: their estimated losses share the time, so the total is the job's loss once
+    lost = sum(v.cost["gpu_hours_lost"] for v in views if v.cost)
+    union = max(v.end for v in views) - min(v.start for v in views)
+    assert lost <= 128 * union / 3600 * max(1 - v.cost["whatif_step_s"] / v.cost["step_s"] for v in views if v.cost)
+    assert all("shared with" in v.cost_source for v in views if v.cost_source.startswith("estimated"))
     md = paths["md"].read_text()
     for v in views:
         assert f"### #{v.number} " in md
