@@ -74,12 +74,12 @@ async def read_period(bootstrap: str, since: float, until: float, digest: Any) -
                         try:
                             digest.add_diagnosis(json.loads(r.value))
                         except (ValueError, KeyError, TypeError):
-                            continue
+                            digest.skipped[f"unreadable diagnosis on {tp.topic}"] += 1
                         continue
                     try:
                         digest.add(decode(r.value, tp.topic))
                     except ContractError:
-                        continue
+                        digest.skipped[f"contract break on {tp.topic}"] += 1
                 if await c.position(tp) >= ends[tp]:
                     pending.discard(tp)
     except (KafkaError, OSError, asyncio.TimeoutError) as exc:
@@ -111,6 +111,8 @@ def run(args: argparse.Namespace) -> int:
         causes = ", ".join(f"{c} {v:.2f}" for c, v in sorted(r["lost_by_cause"].items(), key=lambda x: -x[1]))
         print(f"  {r['project'] + ' / ' + r['job']:40} {r['gpu_hours_used']:12.2f} {r['gpu_hours_lost']:12.2f}"
               f"  {causes or '-'}")
+    for why, n in sorted(digest.skipped.items()):
+        print(f"  skipped {n}: {why}")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2, sort_keys=True) + "\n")
     if args.blocks:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+from collections import Counter
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -49,8 +50,12 @@ def detect(path: Path) -> str:
     return "steps"
 
 
-def timing_messages(args: argparse.Namespace, files: list[tuple[Path, str]]) -> list[dict[str, Any]]:
-    """Contract messages (placement first, then steps in event-time order) from timing files."""
+def timing_messages(args: argparse.Namespace, files: list[tuple[Path, str]],
+                    notes: Counter[str] | None = None) -> list[dict[str, Any]]:
+    """Contract messages (placement first, then steps in event-time order) from timing files.
+
+    ``notes`` counts what the importers could not attribute (printed by ``run``).
+    """
     from agents.events import ContractError, envelope, validate
     from engine.importers import ImportFormatError
     from engine.importers.kineto import steps_from_trace
@@ -61,7 +66,7 @@ def timing_messages(args: argparse.Namespace, files: list[tuple[Path, str]]) -> 
         if fmt == "kineto":
             if not args.job or not args.node:
                 raise ImportFormatError(f"{path}: a profiler trace names neither job nor node: pass --job and --node")
-            rows += [(args.job, args.node, s.record()) for s in steps_from_trace(path, args.rank)]
+            rows += [(args.job, args.node, s.record()) for s in steps_from_trace(path, args.rank, notes)]
         else:
             rows += list(read_steps(path, args.job, args.node))
     rows.sort(key=lambda r: (r[2]["ended_at"], r[0], r[2]["rank"], r[2]["step"]))
@@ -114,9 +119,12 @@ def run(args: argparse.Namespace) -> int:
         items = b.events()
         what = f"bundle {bundles[0]}"
     else:
-        msgs = timing_messages(args, files)
+        notes: Counter[str] = Counter()
+        msgs = timing_messages(args, files, notes)
         items = iter([(topic_for_kind(m["kind"]), encode(m)) for m in msgs])
         what = f"{len(files)} file(s)"
+        for why, n in sorted(notes.items()):
+            print(f"  note: {n} {why}")
     if args.output:
         n = 0
         with args.output.open("w") as fh:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import gzip
 import json
 import re
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -124,8 +125,13 @@ def _intersect(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> li
     return out
 
 
-def steps_from_trace(path: Path, rank: int | None = None) -> list[KinetoStep]:
-    """Every ``ProfilerStep`` of the trace at ``path`` with its split; ``rank`` overrides the trace's own."""
+def steps_from_trace(path: Path, rank: int | None = None, notes: Counter[str] | None = None) -> list[KinetoStep]:
+    """Every ``ProfilerStep`` of the trace at ``path`` with its split; ``rank`` overrides the trace's own.
+
+    ``notes`` counts what could not be attributed (kernels launched outside every step, or whose
+    launch is not in the trace), so the caller can say so instead of dropping it silently.
+    """
+    notes = Counter() if notes is None else notes
     data = load_trace(path)
     events = data["traceEvents"]
     if rank is None:
@@ -176,13 +182,13 @@ def steps_from_trace(path: Path, rank: int | None = None) -> list[KinetoStep]:
     for corr, a, b, name, _ in kernels:
         launch = launches.get(corr)
         if launch is None:
-            continue  # a kernel whose launch fell outside the profiled window
+            notes[f"{path.name}: GPU kernels whose launch is not in the trace (not attributed)"] += 1
+            continue
         k = bisect.bisect_right(starts, launch) - 1
-        if k < 0:
+        if k < 0 or launch > order[k][1][1]:
+            notes[f"{path.name}: GPU kernels launched outside every ProfilerStep (not attributed)"] += 1
             continue
         step, (s0, s1) = order[k]
-        if launch > s1:
-            continue
         if "nccl" in name.lower():
             op = next((n for (x, y, n) in annotations if x <= launch <= y), "")
             per[step]["pipe" if op in _PIPELINE_OPS else "coll"].append((a, b))

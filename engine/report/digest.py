@@ -19,7 +19,7 @@ Pure: no Kafka, no Slack.  Memory is per job (one median per minute of the perio
 from __future__ import annotations
 
 import statistics
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -70,6 +70,7 @@ class Digest:
         self.since, self.until = since, until
         self.jobs: dict[str, JobUse] = {}
         self.last_diag: dict[str, dict[str, Any]] = {}  # fingerprint -> latest diagnosis (dict)
+        self.skipped: Counter[str] = Counter()  # what the reader could not use, and why
 
     def _job(self, job: str) -> JobUse:
         j = self.jobs.get(job)

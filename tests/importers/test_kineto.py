@@ -103,3 +103,23 @@ def test_bad_traces_are_one_line(tmp_path: Path) -> None:
     bad.write_text("{oops")
     with pytest.raises(ImportFormatError, match="t.json: not a JSON trace"):
         steps_from_trace(bad)
+
+
+def test_kernels_outside_every_step_are_counted_not_dropped_silently(tmp_path: Path) -> None:
+    from collections import Counter
+
+    t0 = 1_764_442_800_000_000.0  # µs
+    ev = [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "ts": t0, "dur": 1000},
+          {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": t0 + 10, "dur": 5,
+           "args": {"correlation": 1}},
+          {"ph": "X", "cat": "kernel", "name": "gemm", "ts": t0 + 20, "dur": 300, "args": {"correlation": 1}},
+          {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": t0 + 5000, "dur": 5,
+           "args": {"correlation": 2}},
+          {"ph": "X", "cat": "kernel", "name": "ncclKernel_AllReduce", "ts": t0 + 5010, "dur": 50,
+           "args": {"correlation": 2}}]
+    f = tmp_path / "t.json"
+    f.write_text(json.dumps({"distributedInfo": {"rank": 3}, "traceEvents": ev}))
+    notes: Counter[str] = Counter()
+    (s,) = steps_from_trace(f, notes=notes)
+    assert (s.rank, s.step, s.compute_s, s.comm_s) == (3, 1, 0.0003, 0.0)
+    assert notes == {"t.json: GPU kernels launched outside every ProfilerStep (not attributed)": 1}
