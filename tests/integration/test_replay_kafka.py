@@ -101,13 +101,15 @@ def test_export_bundle_replays_without_kafka_identically_and_imports_back(live: 
     assert bundle.stat().st_size > 10_000
     from_kafka, from_bundle = live.work / "k.jsonl", live.work / "b.jsonl"
     r1 = whywait("replay", "--bootstrap", live.bootstrap, "--topology", str(live.topo), *win, "--json",
-                 str(from_kafka))
+                 str(from_kafka), "--report", str(live.work / "report-kafka"))
     r2 = whywait("replay", "--input", str(bundle), "--bootstrap", "127.0.0.1:1", "--json", str(from_bundle),
                  "--report", str(live.work / "report"))
     assert r1.returncode == 0 and r2.returncode == 0, (r1.stderr, r2.stderr)
     assert from_kafka.read_bytes() == from_bundle.read_bytes() and from_kafka.stat().st_size > 0
     html = (live.work / "report" / "report.html").read_text()
     assert "node-05" in html and "GPU-hours lost" in html
+    # the same report from the topics (which also looks up the live Slack threads: none here)
+    assert (live.work / "report-kafka" / "report.md").read_text() == (live.work / "report" / "report.md").read_text()
     n = int(r1.stdout.split("replayed ")[1].split()[0])
     # Back into the topics (here the same broker: every message of the window is now there twice).
     r = whywait("import", str(bundle), "--bootstrap", live.bootstrap)
