@@ -28,7 +28,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "rules": ("engine.commands.rules_cmd", "check rule files, run rule tests, list metrics"),
     "notify": ("engine.commands.notify_cmd", "render a diagnosis as its Slack message, or send it"),
     "silence": ("engine.commands.silence_cmd", "add, list or expire silences"),
-    "replay": ("engine.commands.replay_cmd", "re-run the rules over recorded topics, for a postmortem (with a plot)"),
+    "replay": ("engine.commands.replay_cmd", "re-run the rules over recorded topics or a bundle: postmortem, backtest"),
+    "export": ("engine.commands.export_cmd", "cut an incident's events, topology and rules into one bundle file"),
+    "import": ("engine.commands.import_cmd", "put a bundle, profiler traces or step tables into the topics"),
+    "digest": ("engine.commands.digest_cmd", "GPU-hours used and lost to waiting, by cause, per project and job"),
     "eval": ("engine.commands.eval_cmd", "measure the rules' accuracy on a labelled suite of simulated faults"),
     "events": ("engine.commands.events_cmd", "print the event contract, or check messages against it"),
     "topology": ("engine.commands.topology_cmd", "import the cluster from fabric dumps, Slurm, NCCL, k8s; check, show, "

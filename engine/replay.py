@@ -1,126 +1,300 @@
-"""Replaying recorded telemetry for a postmortem: the same evaluator, offline, with a timeline plot.
+"""Replaying recorded telemetry for a postmortem: the live engine's evaluator, offline, in bounded memory.
 
-Called by ``whywait replay``.  :func:`replay` is pure (messages in, diagnoses
-out); :func:`plot_timeline` draws what an on-call engineer wants to look at:
-each job's step time, the evidence metrics of every diagnosis for the culprit
-against the job's other entities, and the incidents as shaded spans.
+Called by ``whywait replay`` (from Kafka or from a bundle) and ``whywait export``.
+Nothing here imports aiokafka: the Kafka reader in ``engine.commands.replay_cmd``
+and the bundle reader in ``engine.importers.bundle`` both hand raw records to an
+:class:`EventTimeMerge`, which decodes them, drops what is outside the window or
+the ``--job``/``--project`` filter, counts what breaks the contract, and yields
+the messages in one total event-time order.
+
+That order is what makes a replay deterministic: the output depends only on the
+set of messages, never on partition interleaving or batch sizes, because every
+message is released in ``(time, kind, topic, canonical bytes)`` order once every
+open stream has moved more than ``slack_s`` past it.  Memory is bounded by the
+slack (a few seconds of telemetry per stream), not by the length of the range.
+
+:func:`replay` drives one or two :class:`~engine.evaluate.evaluator.Evaluator`
+(two for a rule backtest: both see the same messages in one pass) and returns
+their diagnoses with the counts of what was skipped and why.
 """
 
 from __future__ import annotations
 
-import statistics
+import heapq
+import json
+from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
+from agents.events import TOPIC_PLACEMENT, ContractError, decode
 from engine.diagnosis import Diagnosis
 from engine.evaluate.evaluator import Evaluator
-from engine.evaluate.store import MetricStore
 from engine.rules.loader import RuleSet
+
+# Placements sort before the telemetry of the same second, so a job is known when its first steps arrive.
+_KIND_ORDER = {"placement": 0, "checkpoint": 1, "steps": 2}
+# How far past event time ``end`` the evaluator is advanced at the end, to close every window.
+_CLOSE_S = 3600.0
+
+
+@dataclass(frozen=True)
+class Window:
+    """What to replay: event times ``since <= t <= until`` (after ``lead_s`` of warm-up) and the filters."""
+
+    since: float
+    until: float
+    lead_s: float = 0.0
+    jobs: frozenset[str] = frozenset()
+    projects: frozenset[str] = frozenset()
+
+    @property
+    def read_from(self) -> float:
+        """First event time read: the window's start minus the warm-up lead-in."""
+        return self.since - self.lead_s
+
+
+class EventTimeMerge:
+    """Merges several nearly ordered streams of raw records into one event-time order, in bounded memory.
+
+    Each stream (a Kafka partition, a bundle member) is in offset order, which trails event time by
+    at most ``slack_s`` (agents send each interval's sample within it).  The driver asks
+    :meth:`want` which stream to read next (the one furthest behind, so streams advance together),
+    passes what it read to :meth:`add` (or :meth:`close` at its end) and takes the released
+    messages from :meth:`ready`; :meth:`drain` releases the rest at the end.
+
+    Placements are special: the topic is compacted, so a job's placement may be far older than
+    the window.  The latest placement of each job at or before the window's start enters at the
+    start; later ones enter at their own time.
+    """
+
+    def __init__(self, streams: Iterable[str], window: Window, slack_s: float = 30.0) -> None:
+        self.window = window
+        self.slack_s = slack_s
+        self.open: dict[str, float] = {s: -float("inf") for s in streams}
+        self.heap: list[tuple[float, int, str, bytes, dict[str, Any]]] = []
+        self.released_to = -float("inf")
+        self.skipped: Counter[str] = Counter()
+        self.read = 0
+        self.before: dict[str, tuple[float, bytes, dict[str, Any]]] = {}  # job -> placement before the start
+        self.placement_projects: dict[str, str] = {}
+        # ``whywait export`` wants the records themselves: with ``raw`` set, ``(topic, bytes)`` pairs are
+        # released instead of decoded messages (placements keep their own time).
+        self.raw = False
+
+    def want(self) -> str | None:
+        """The open stream whose newest event time is the oldest (ties by name); None when all are closed."""
+        if not self.open:
+            return None
+        return min(self.open.items(), key=lambda kv: (kv[1], kv[0]))[0]
+
+    def close(self, stream: str) -> None:
+        """Called when ``stream`` has no more records."""
+        self.open.pop(stream, None)
+
+    def add(self, stream: str, topic: str, values: Iterable[bytes | None]) -> None:
+        """Decode ``values`` read from ``stream`` (records of ``topic``), keep those in the window."""
+        w = self.window
+        newest = self.open.get(stream, -float("inf"))
+        for raw in values:
+            self.read += 1
+            if raw is None:  # a tombstone on a compacted topic
+                self.skipped["tombstones"] += 1
+                continue
+            try:
+                msg = decode(raw, topic)
+            except ContractError as exc:
+                if not _outside(raw, w):  # a broken message of another time is not this window's business
+                    self.skipped[f"contract break on {topic}: {_reason(exc)}"] += 1
+                continue
+            t = msg["time"]
+            newest = max(newest, t)
+            kind = msg["kind"]
+            if kind == "placement":
+                self.placement_projects[msg["job"]] = msg["project"]
+                if not self._wanted_job(msg["job"], msg["project"]) or t > w.until:
+                    continue
+                if t <= w.read_from:
+                    old = self.before.get(msg["job"])
+                    if old is None or (t, raw) >= (old[0], old[1]):
+                        self.before[msg["job"]] = (t, raw, msg)
+                    continue
+            elif not (w.read_from <= t <= w.until):
+                continue
+            elif "job" in msg and not self._wanted_job(msg["job"], self.placement_projects.get(msg["job"])):
+                continue
+            if t < self.released_to:
+                self.skipped["late beyond the merge slack (still evaluated)"] += 1
+            heapq.heappush(self.heap, (t, _KIND_ORDER.get(kind, 3), topic, bytes(raw), msg))
+        if stream in self.open:
+            self.open[stream] = newest
+            if newest > w.until + self.slack_s:
+                self.close(stream)  # everything further on is past the window (offsets trail time by < slack)
+
+    def _wanted_job(self, job: str, project: str | None) -> bool:
+        w = self.window
+        if w.jobs and job not in w.jobs:
+            return False
+        if w.projects and project not in w.projects:
+            return False
+        return True
+
+    def _placements_first(self) -> Iterator[Any]:
+        for job in sorted(self.before):
+            _, raw, msg = self.before.pop(job)
+            yield (TOPIC_PLACEMENT, raw) if self.raw else {**msg, "time": self.window.read_from}
+
+    def ready(self) -> Iterator[Any]:
+        """Release every message that no open stream can still precede (in total order)."""
+        if self.open and min(self.open.values()) == -float("inf"):
+            return  # a stream has not been read yet: it may hold the earliest message
+        yield from self._placements_first()
+        horizon = min(self.open.values()) - self.slack_s if self.open else float("inf")
+        while self.heap and self.heap[0][0] < horizon:
+            item = heapq.heappop(self.heap)
+            self.released_to = max(self.released_to, item[0])
+            yield (item[2], item[3]) if self.raw else item[4]
+
+    def drain(self) -> Iterator[Any]:
+        """Release everything left (called once every stream is closed)."""
+        self.open.clear()
+        yield from self.ready()
+
+
+def _outside(raw: bytes, w: Window) -> bool:
+    """Whether a message that breaks the contract still says an event time outside the window."""
+    try:
+        t = json.loads(raw).get("time")
+    except (ValueError, AttributeError):
+        return False
+    return isinstance(t, (int, float)) and not isinstance(t, bool) and not (w.read_from <= t <= w.until)
+
+
+def _reason(exc: ContractError) -> str:
+    # Group the counts by the field at fault, not by the exact value, so the report stays short.
+    return exc.path or str(exc).split(":", 1)[0][:60]
 
 
 @dataclass
 class ReplayResult:
-    """Diagnoses in order, the evaluator (its store holds the whole window), and counts."""
+    """What one rule set concluded over the replayed messages, and what was read and skipped."""
 
     diagnoses: list[Diagnosis]
-    evaluator: Evaluator
     messages: int
     start: float | None
     end: float | None
-    skipped: dict[str, int] = field(default_factory=dict)
+    skipped: Counter[str] = field(default_factory=Counter)
+    interrupted: bool = False
 
 
-def replay(messages: Iterable[dict[str, Any]], rules: RuleSet, topology: Any, retention_s: float = 7 * 86400,
-           progress: Any = None) -> ReplayResult:
-    """Feed decoded messages (in event-time order) to a fresh evaluator; return what it concluded.
+def replay(messages: Iterable[dict[str, Any]], rules: RuleSet, topology: Any, *,
+           against: tuple[RuleSet, Any] | None = None,
+           on_message: Callable[[dict[str, Any]], None] | None = None) -> tuple[ReplayResult, ReplayResult | None]:
+    """Feed messages (in event-time order) to a fresh evaluator; return what it concluded.
 
-    ``retention_s`` is large so that the store keeps the whole window for plotting.
-    ``progress`` is an optional tqdm-like object updated per message.
+    Called once per replay.  With ``against=(old_rules, old_topology)`` a second evaluator sees
+    the very same messages (a backtest in one pass) and its result is returned second.  A
+    placement naming a node the topology does not hold is skipped and counted, as the live
+    engine dead-letters it; Ctrl-C stops early and keeps what was concluded so far
+    (``interrupted``).  ``on_message`` is called per message (progress bars).
     """
-    ev = Evaluator(rules, topology, store=MetricStore(retention_s=retention_s))
-    out: list[Diagnosis] = []
-    n = 0
-    start = end = None
-    for m in messages:
-        n += 1
-        t = m["time"]
-        start = t if start is None else min(start, t)
-        end = t if end is None else max(end, t)
-        out += ev.ingest(m)
-        if progress is not None:
-            progress.update(1)
-    if end is not None:
-        out += ev.advance(end + 3600)  # close every window; incidents still holding at the end stay open
-    return ReplayResult(out, ev, n, start, end)
+    from topology.errors import TopologyError
+
+    evs = [Evaluator(rules, topology)] + ([Evaluator(against[0], against[1])] if against else [])
+    results = [ReplayResult([], 0, None, None) for _ in evs]
+    first = results[0]
+    try:
+        for m in messages:
+            t = m["time"]
+            first.messages += 1
+            first.start = t if first.start is None else min(first.start, t)
+            first.end = t if first.end is None else max(first.end, t)
+            for ev, res in zip(evs, results, strict=True):
+                try:
+                    res.diagnoses += ev.ingest(m)
+                except TopologyError as exc:
+                    res.skipped[f"placement skipped: {_first_line(exc)}"] += 1
+            if on_message is not None:
+                on_message(m)
+    except KeyboardInterrupt:
+        for res in results:
+            res.interrupted = True
+    if first.end is not None and not first.interrupted:
+        for ev, res in zip(evs, results, strict=True):
+            res.diagnoses += ev.advance(first.end + _CLOSE_S)  # incidents holding at the end stay open
+    for res in results[1:]:
+        res.messages, res.start, res.end = first.messages, first.start, first.end
+    return first, (results[1] if against else None)
 
 
-def incidents(diags: list[Diagnosis], end: float | None) -> list[tuple[Diagnosis, float, float]]:
-    """Pair each incident's first firing with its resolution: ``(first firing, start, end)``."""
-    first: dict[str, Diagnosis] = {}
-    spans: list[tuple[Diagnosis, float, float]] = []
+def _first_line(exc: Exception) -> str:
+    s = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    # "unknown node 'node-01' (known: ...)" -> keep it short and stable for counting
+    return s.split(" (known", 1)[0][:120]
+
+
+@dataclass(frozen=True)
+class Span:
+    """One incident: its first firing diagnosis, its last update, and when it began and ended."""
+
+    first: Diagnosis
+    last: Diagnosis
+    start: float
+    end: float
+    resolved: bool
+    updates: tuple[Diagnosis, ...]
+
+
+def incidents(diags: list[Diagnosis], end: float | None) -> list[Span]:
+    """Group diagnoses into incidents by fingerprint, in order of their start (ties by rule and culprit)."""
+    open_: dict[str, list[Diagnosis]] = {}
+    spans: list[Span] = []
     for d in diags:
         if d.status == "firing":
-            first.setdefault(d.fingerprint, d)
-        elif d.fingerprint in first:
-            f = first.pop(d.fingerprint)
-            spans.append((f, f.starts_at, d.ends_at or d.detected_at))
-    for f in first.values():
-        spans.append((f, f.starts_at, end or f.detected_at))
-    return sorted(spans, key=lambda s: s[1])
+            open_.setdefault(d.fingerprint, []).append(d)
+        elif d.fingerprint in open_:
+            ups = open_.pop(d.fingerprint)
+            spans.append(Span(ups[0], ups[-1], ups[0].starts_at, d.ends_at or d.detected_at, True, (*ups, d)))
+    for ups in open_.values():
+        f = ups[0]
+        spans.append(Span(f, ups[-1], f.starts_at, max(end or f.detected_at, f.detected_at), False, tuple(ups)))
+    return sorted(spans, key=lambda s: (s.start, s.first.rule_id, s.first.culprit or ""))
 
 
-def plot_timeline(result: ReplayResult, path: Path, max_metrics: int = 3) -> Path:
-    """Write a PNG timeline: job step time, evidence metrics (culprit vs the job's median), incident spans."""
-    import matplotlib
+def diagnoses_jsonl(diags: Iterable[Diagnosis]) -> str:
+    """The diagnoses as canonical JSON lines (sorted keys): what ``--json`` writes and tests compare."""
+    return "".join(json.dumps(d.to_dict(), sort_keys=True, default=str) + "\n" for d in diags)
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    store = result.evaluator.store
-    t0 = result.start or 0.0
-    spans = incidents(result.diagnoses, result.end)
-    metrics: list[tuple[str, str]] = []  # (metric, culprit entity)
-    for d, _, _ in spans:
-        for e in d.evidence:
-            if e.metric.startswith(("job.", "topology", "check")) or (e.metric, e.entity) in metrics:
-                continue
-            metrics.append((e.metric, e.entity))
-    metrics = metrics[:max_metrics]
-    jobs = sorted({k[1] for k in store.series if k[0] == "job.duration_s"})
-    fig, axes = plt.subplots(1 + len(metrics), 1, figsize=(11, 2.6 * (1 + len(metrics))), sharex=True,
-                             squeeze=False)
-    ax0 = axes[0][0]
-    for job in jobs:
-        s = store.series[("job.duration_s", job)]
-        ax0.plot([t - t0 for t in s.t], s.v, label=f"{job} median step time", lw=1)
-    ax0.set_ylabel("step time (s)")
-    ax0.legend(loc="upper left", fontsize=8)
-    for i, (metric, entity) in enumerate(metrics, start=1):
-        ax = axes[i][0]
-        culprit = store.series.get((metric, entity))
-        if culprit is not None:
-            ax.plot([t - t0 for t in culprit.t], culprit.v, color="tab:red", lw=1.2, label=f"{entity}")
-        peers = [v for (m, e), v in store.series.items() if m == metric and e != entity]
-        if peers:
-            grid = sorted({round(t) for p in peers for t in p.t})
-            by_t: dict[int, list[float]] = {}
-            for p in peers:
-                for t, v in zip(p.t, p.v, strict=True):
-                    by_t.setdefault(round(t), []).append(v)
-            ax.plot([t - t0 for t in grid], [statistics.median(by_t[t]) for t in grid], color="tab:gray", lw=1,
-                    label="median of the others")
-        ax.set_ylabel(metric, fontsize=8)
-        ax.legend(loc="upper left", fontsize=8)
-    colors = ["tab:orange", "tab:purple", "tab:green", "tab:brown", "tab:pink"]
-    for k, (d, a, b) in enumerate(spans):
-        for row in axes:
-            row[0].axvspan(a - t0, b - t0, color=colors[k % len(colors)], alpha=0.15)
-        ax0.annotate(f"{d.rule_id}: {d.culprit or d.job}", xy=(a - t0, 1.0), xycoords=("data", "axes fraction"),
-                     fontsize=7, va="bottom", rotation=0, color=colors[k % len(colors)])
-    axes[-1][0].set_xlabel("seconds from the start of the replay (event time)")
-    fig.suptitle("whywait replay: where the waiting began", fontsize=11)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+def backtest(new: ReplayResult, old: ReplayResult) -> dict[str, Any]:
+    """Compare two rule sets' incidents over the same events; return a JSON-ready report.
+
+    Incidents are matched by fingerprint (rule id and grouping labels).  ``earlier`` lists the
+    incidents the new rules announce sooner (``seconds`` > 0 means the new set fires earlier),
+    ``changed`` those whose title, cause or severity differ at first firing.
+    """
+    end = max(x for x in (new.end, old.end, 0.0) if x is not None)
+    a = {s.first.fingerprint: s for s in incidents(new.diagnoses, end)}
+    b = {s.first.fingerprint: s for s in incidents(old.diagnoses, end)}
+
+    def brief(s: Span) -> dict[str, Any]:
+        d = s.first
+        return {"fingerprint": d.fingerprint, "rule_id": d.rule_id, "job": d.job, "culprit": d.culprit,
+                "severity": d.severity, "starts_at": d.starts_at, "detected_at": d.detected_at, "title": d.title}
+
+    only_new = [brief(a[k]) for k in sorted(a.keys() - b.keys(), key=lambda k: (a[k].start, k))]
+    only_old = [brief(b[k]) for k in sorted(b.keys() - a.keys(), key=lambda k: (b[k].start, k))]
+    timing: list[dict[str, Any]] = []
+    changed: list[dict[str, Any]] = []
+    for k in sorted(a.keys() & b.keys(), key=lambda k: (a[k].start, k)):
+        na, ob = a[k].first, b[k].first
+        dt = ob.detected_at - na.detected_at
+        if abs(dt) > 1e-9:
+            timing.append({**brief(a[k]), "old_detected_at": ob.detected_at, "seconds": round(dt, 3),
+                           "direction": "earlier" if dt > 0 else "later"})
+        diffs = {f: {"old": getattr(ob, f), "new": getattr(na, f)} for f in ("severity", "title", "cause")
+                 if getattr(ob, f) != getattr(na, f)}
+        if diffs:
+            changed.append({**brief(a[k]), "changes": diffs})
+    moved = {x["fingerprint"] for x in timing} | {x["fingerprint"] for x in changed}
+    return {"only_new": only_new, "only_old": only_old, "timing": timing, "changed": changed,
+            "same": len((a.keys() & b.keys()) - moved)}

@@ -107,14 +107,10 @@ async def _newest_event_time(bootstrap: str) -> float:
 def _timeline(bootstrap: str, topo_file: Path, since: float, until: float, out: Path) -> Path | None:
     """Replay the demo's window from Kafka and draw its timeline; None (and a line) if that fails."""
     try:
-        from engine.commands.engine_cmd import default_rules_dir, load_topology
-        from engine.commands.replay_cmd import fetch
-        from engine.replay import plot_timeline, replay
-        from engine.rules.loader import load_rules
+        from engine.commands.engine_cmd import default_rules_dir
+        from engine.commands.replay_cmd import plot_window
 
-        msgs = asyncio.run(fetch(bootstrap, since, until))
-        res = replay(msgs, load_rules([default_rules_dir()]), load_topology(topo_file))
-        return plot_timeline(res, out)
+        return plot_window(bootstrap, topo_file, [default_rules_dir()], since, until, out)
     except Exception as exc:  # the plot is a bonus: the demo's figures stand without it
         print(f"(no timeline plot: {exc})", file=sys.stderr)
         return None

@@ -1,14 +1,16 @@
-"""``whywait replay``: re-run the rules over recorded Kafka topics, for a postmortem.
+"""``whywait replay``: re-run the rules over recorded topics or a bundle, for a postmortem or a rule backtest.
 
-Reads the input topics between two event times (``--since``/``--until``: Unix
-seconds, ISO 8601, or relative like ``-2h``), evaluates them with the current
-rules (or ``--rules`` from the incident's time), prints the diagnoses as a
-timeline, and optionally writes them as JSON lines and a PNG timeline plot.
-Nothing is published and nobody is notified.
+Reads the input topics (or ``--input incident.whywait``, no broker needed) between two
+event times (``--since``/``--until``: Unix seconds, ISO 8601, or relative like
+``-10m``), merges them in event-time order in bounded memory (``engine.replay``),
+evaluates them with the current rules (or ``--rules`` from the incident's time), and
+prints the incidents.  ``--report DIR`` writes the postmortem (HTML, Markdown, PNGs);
+``--against OLD`` backtests two rule sets in the same pass.  Nothing is published and
+nobody is notified, except with ``--slack-thread``.
 
-The messages of the window are held in memory and sorted by event time (about
-1 KiB each: an hour of a 16-node job is ~300,000 messages, ~300 MiB); for longer
-windows replay in pieces.
+Bad ranges, missing topics and an unreachable broker are one line and exit 2; a
+placement naming a node the topology lacks, or a message breaking the contract, is
+skipped and counted.  Ctrl-C stops and keeps what was concluded so far.
 """
 
 from __future__ import annotations
@@ -19,140 +21,413 @@ import json
 import re
 import sys
 import time
+from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, AsyncGenerator, Callable, Iterator
 
-from engine.errors import ConfigError
+from engine.errors import BrokerUnavailable, ConfigError
+from engine.replay import EventTimeMerge, Window
 
-_REL = re.compile(r"^-(\d+(?:\.\d+)?)([smhd])$")
+_REL = re.compile(r"^-(\d+(?:\.\d+)?)\s*([smhdw])$")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+# Relative times (-10m) look like options to argparse; this lets them through as values.
+_NEGATIVE = re.compile(r"^-\d+(\.\d+)?[smhdw]?$")
 
 
-def parse_time(v: str, now: float | None = None) -> float:
-    """Unix seconds from ``1764442800``, ``2025-11-29T19:00:00Z`` or ``-2h`` (relative to now)."""
+def parse_time(v: str, now: float | None = None, what: str = "time") -> float:
+    """Unix seconds from ``1764442800``, ``2025-11-29T19:00:00Z``, ``-2h`` or ``-7d`` (relative to now)."""
     now = time.time() if now is None else now
-    m = _REL.match(v.strip())
+    s = v.strip()
+    m = _REL.match(s)
     if m:
-        return now - float(m.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+        return now - float(m.group(1)) * _UNITS[m.group(2)]
     try:
-        return float(v)
+        return float(s)
     except ValueError:
         pass
     try:
-        dt = datetime.fromisoformat(v.replace("Z", "+00:00"))
+        dt = datetime.fromisoformat(s.replace("Z", "+00:00"))
     except ValueError:
-        raise ConfigError(f"cannot read time {v!r}: use Unix seconds, ISO 8601 or -2h") from None
+        raise ConfigError(f"{what}: cannot read {v!r}: use Unix seconds, ISO 8601 (2026-11-29T14:00:00Z) "
+                          "or a relative time (-10m, -2h, -7d)") from None
     return (dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)).timestamp()
 
 
+def parse_duration(v: str, what: str) -> float:
+    """Seconds from ``15m``, ``90s``, ``0`` or ``2h``."""
+    m = re.match(r"^(\d+(?:\.\d+)?)\s*([smhdw]?)$", v.strip())
+    if not m:
+        raise ConfigError(f"{what}: cannot read {v!r}: use a duration like 15m, 90s or 2h")
+    return float(m.group(1)) * _UNITS[m.group(2) or "s"]
+
+
+def allow_relative_times(p: argparse.ArgumentParser) -> None:
+    """Let ``--since -10m`` through: argparse otherwise takes ``-10m`` for an option."""
+    p._negative_number_matcher = _NEGATIVE  # type: ignore[attr-defined]
+
+
 def register(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--since", required=True, help="start of the window (Unix s, ISO 8601, or -2h)")
-    p.add_argument("--until", help="end of the window (default: now)")
-    p.add_argument("--topology", type=Path, help="topology YAML (default: WHYWAIT_TOPOLOGY)")
-    p.add_argument("--rules", action="append", type=Path, help="rule files or folders (default: ./rules)")
-    p.add_argument("--bootstrap", help="Kafka bootstrap (default: WHYWAIT_KAFKA_BOOTSTRAP or the local broker)")
-    p.add_argument("--lead", default="15m", help="read this much before --since to warm baselines (default 15m)")
-    p.add_argument("--json", type=Path, help="write the diagnoses as JSON lines")
-    p.add_argument("--plot", type=Path, help="write a PNG timeline")
+    allow_relative_times(p)
+    src = p.add_argument_group("what to replay")
+    src.add_argument("--since", help="start of the window: Unix s, ISO 8601, or relative (-10m, -2h); "
+                                     "with --input: the bundle's window")
+    src.add_argument("--until", help="end of the window (default: now, or the bundle's end)")
+    src.add_argument("--input", type=Path, metavar="BUNDLE", help="replay an exported incident.whywait (no broker)")
+    src.add_argument("--bootstrap", help="Kafka bootstrap (default: WHYWAIT_KAFKA_BOOTSTRAP or the local broker)")
+    src.add_argument("--job", action="append", default=[], help="only this job (repeatable)")
+    src.add_argument("--project", action="append", default=[], help="only this project's jobs (repeatable)")
+    src.add_argument("--lead", default="15m", help="read this much before --since to warm baselines (default 15m)")
+    how = p.add_argument_group("how")
+    how.add_argument("--topology", type=Path, help="topology YAML (default: the bundle's, or WHYWAIT_TOPOLOGY)")
+    how.add_argument("--rules", action="append", type=Path, help="rule files or folders (default: the bundle's, "
+                                                                 "else ./rules)")
+    how.add_argument("--against", action="append", type=Path, metavar="OLD",
+                     help="backtest: also run these rules over the same events and compare ('live': ./rules)")
+    out = p.add_argument_group("output")
+    out.add_argument("--json", type=Path, help="write the diagnoses as JSON lines")
+    out.add_argument("--backtest-json", type=Path, help="write the backtest comparison as JSON")
+    out.add_argument("--plot", type=Path, help="write the main PNG timeline")
+    out.add_argument("--report", type=Path, metavar="DIR", help="write the postmortem: report.html, report.md, PNGs")
+    out.add_argument("--slack-thread", metavar="CHANNEL:TS",
+                     help="post the summary and the main PNG into this Slack thread (e.g. C024BE91L:1764442800.0001)")
 
 
-async def fetch(bootstrap: str, since: float, until: float, progress: Any = None) -> list[dict[str, Any]]:
-    """Read every valid input message with ``since <= time <= until``, sorted by event time."""
-    from aiokafka import AIOKafkaConsumer, TopicPartition
+# ---- sources ---------------------------------------------------------------------------------------
 
-    from agents.events import INPUT_TOPICS, TOPIC_PLACEMENT, ContractError, decode
 
-    c = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None)
-    await c.start()
+def kafka_batches(bootstrap: str, window: Window, merge: EventTimeMerge, batch: int = 5000) -> Iterator[Any]:
+    """Yield the window's messages from Kafka in event-time order (through ``merge``), a partition at a time.
+
+    Runs the aiokafka consumer on a private event loop, one fetch per step, so the caller
+    (the synchronous evaluator) never holds more than a fetch and the merge's slack.
+    """
+    loop = asyncio.new_event_loop()
+    agen = _kafka_agen(bootstrap, window, merge, batch)
     try:
-        tps = [TopicPartition(t, p) for t in INPUT_TOPICS for p in (c.partitions_for_topic(t) or {0})]
+        while True:
+            try:
+                msgs = loop.run_until_complete(agen.__anext__())
+            except StopAsyncIteration:
+                return
+            yield from msgs
+    finally:
+        loop.run_until_complete(agen.aclose())
+        loop.close()
+
+
+async def _kafka_agen(bootstrap: str, window: Window, merge: EventTimeMerge,
+                      batch: int) -> AsyncGenerator[list[Any], None]:
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+    from aiokafka.errors import KafkaError
+
+    from agents.events import INPUT_TOPICS, TOPIC_PLACEMENT
+    from engine.localkafka.broker import probe
+
+    if not probe(bootstrap, timeout=3.0):
+        raise BrokerUnavailable(bootstrap, "no answer within 3s")
+    c = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None,
+                         request_timeout_ms=15000)
+    try:
+        await asyncio.wait_for(c.start(), 20)
+        topics = await c.topics()
+    except (KafkaError, OSError, asyncio.TimeoutError) as exc:
+        await c.stop()
+        raise BrokerUnavailable(bootstrap, type(exc).__name__) from None
+    try:
+        missing = [t for t in INPUT_TOPICS if t not in topics]
+        if missing:
+            raise ConfigError(f"topic(s) {', '.join(missing)} not found on {bootstrap}: is this the cluster the "
+                              "agents publish to? (`whywait engine` creates them)")
+        tps = [TopicPartition(t, p) for t in INPUT_TOPICS for p in sorted(c.partitions_for_topic(t) or {0})]
+        ids = {tp: f"{tp.topic}[{tp.partition}]" for tp in tps}
+        by_id = {v: k for k, v in ids.items()}
+        merge.open = {ids[tp]: -float("inf") for tp in tps}
         c.assign(tps)
         ends = await c.end_offsets(tps)
         # Producer timestamps trail event time by little on live clusters; seek a margin earlier.
-        starts = await c.offsets_for_times({tp: int((since - 600) * 1000) for tp in tps})
+        starts = await c.offsets_for_times({tp: max(0, int((window.read_from - 600) * 1000)) for tp in tps})
+        pos: dict[Any, int] = {}
         for tp in tps:
             off = starts.get(tp)
             if tp.topic == TOPIC_PLACEMENT or off is None:
-                await c.seek_to_beginning(tp)  # placements are compacted and may be older than the window
+                # Placements are compacted (a job's may be far older than the window).  No record stamped
+                # after the window's start means producer time and event time disagree (a backfill, a
+                # skewed clock): read the partition from its start and filter by event time.
+                await c.seek_to_beginning(tp)
+                pos[tp] = await c.position(tp)
             else:
                 c.seek(tp, off.offset)
-        out: list[dict[str, Any]] = []
-        placements: dict[str, dict[str, Any]] = {}
-        pending = {tp for tp in tps if ends[tp] > 0}
-        while pending:
-            batch = await c.getmany(*pending, timeout_ms=1000, max_records=5000)
-            if not batch:
-                break
-            for tp, msgs in batch.items():
-                for m in msgs:
-                    if m.offset >= ends[tp] - 1:
-                        pending.discard(tp)
-                    if m.value is None:
-                        continue
-                    try:
-                        d = decode(m.value, tp.topic)
-                    except ContractError:
-                        continue
-                    if d["kind"] == "placement":
-                        if d["time"] <= until:
-                            placements[d["job"]] = d  # the latest placement of each job before the end
-                    elif since <= d["time"] <= until:
-                        out.append(d)
-                if progress is not None:
-                    progress.update(len(msgs))
-            for tp in list(pending):
-                if await c.position(tp) >= ends[tp]:
-                    pending.discard(tp)
-        for p in placements.values():
-            p = dict(p)
-            p["time"] = min(p["time"], since)
-            out.append(p)
-        out.sort(key=lambda d: (d["time"], d["kind"] != "placement"))
-        return out
+                pos[tp] = off.offset
+            if pos[tp] >= ends[tp]:
+                merge.close(ids[tp])
+        empty = Counter[str]()
+        while (sid := merge.want()) is not None:
+            tp = by_id[sid]
+            got = (await c.getmany(tp, timeout_ms=2000, max_records=batch)).get(tp, [])
+            if not got:
+                empty[sid] += 1
+                if empty[sid] >= 5:  # the partition's end is listed but nothing comes: do not hang
+                    merge.skipped[f"{sid}: stopped reading, no records for 10 s before its end offset"] += 1
+                    merge.close(sid)
+                continue
+            values = [r.value for r in got if r.offset < ends[tp]]
+            pos[tp] = got[-1].offset + 1
+            merge.add(sid, tp.topic, values)
+            if pos[tp] >= ends[tp]:
+                merge.close(sid)
+            yield list(merge.ready())
+        yield list(merge.drain())
+    except KafkaError as exc:
+        raise BrokerUnavailable(bootstrap, f"{type(exc).__name__} while reading") from None
     finally:
         await c.stop()
 
 
+def bundle_batches(bundle: Any, merge: EventTimeMerge, batch: int = 5000) -> Iterator[dict[str, Any]]:
+    """Yield a bundle's messages in the window, in the same event-time order a Kafka replay uses."""
+    merge.open = {"bundle": -float("inf")}
+    topic_values: list[tuple[str, bytes]] = []
+
+    def flush() -> Iterator[dict[str, Any]]:
+        by_topic: dict[str, list[bytes]] = {}
+        for t, v in topic_values:
+            by_topic.setdefault(t, []).append(v)
+        for t in sorted(by_topic):
+            merge.add("bundle", t, by_topic[t])
+        topic_values.clear()
+        yield from merge.ready()
+
+    for topic, raw in bundle.events():
+        topic_values.append((topic, raw))
+        if len(topic_values) >= batch:
+            yield from flush()
+    yield from flush()
+    yield from merge.drain()
+
+
+# ---- the command -----------------------------------------------------------------------------------
+
+
+class Plan:
+    """Everything ``run`` resolved from the flags: window, source, rules, topology paths."""
+
+    def __init__(self, args: argparse.Namespace, tmp: Path) -> None:
+        import os
+
+        from engine.commands.engine_cmd import default_rules_dir
+
+        now = time.time()
+        self.bundle = None
+        bwin: dict[str, Any] = {}
+        topo_path = args.topology
+        rules_paths = args.rules
+        if args.input is not None:
+            from engine.importers.bundle import Bundle
+
+            self.bundle = Bundle(args.input)
+            self.bundle.verify()
+            bwin = self.bundle.manifest.get("window") or {}
+            btopo, brules = self.bundle.extract(tmp)
+            topo_path = topo_path or btopo
+            rules_paths = rules_paths or brules or None
+        if args.since is None and "since" not in bwin:
+            raise ConfigError("--since is required (or --input BUNDLE)")
+        since = parse_time(args.since, now, "--since") if args.since else float(bwin["since"])
+        until = parse_time(args.until, now, "--until") if args.until else float(bwin.get("until", now))
+        lead = parse_duration(args.lead, "--lead") if args.since or "lead_s" not in bwin else float(bwin["lead_s"])
+        if until <= since:
+            raise ConfigError(f"--until ({_fmt(until)}) must be after --since ({_fmt(since)})")
+        self.window = Window(since, until, lead, frozenset(args.job), frozenset(args.project))
+        self.rules_paths: list[Path] = rules_paths or [default_rules_dir()]
+        self.topo_path: Path | None = topo_path or (Path(os.environ["WHYWAIT_TOPOLOGY"])
+                                                    if os.environ.get("WHYWAIT_TOPOLOGY") else None)
+        self.against: list[Path] | None = None
+        if args.against:
+            self.against = [default_rules_dir() if str(a) == "live" else a for a in args.against]
+        self.bootstrap = args.bootstrap
+
+    def messages(self, merge: EventTimeMerge) -> Iterator[dict[str, Any]]:
+        """A fresh pass over the window's messages (the report reads them twice)."""
+        if self.bundle is not None:
+            return bundle_batches(self.bundle, merge)
+        from engine.localkafka.broker import resolve_bootstrap
+
+        return kafka_batches(self.bootstrap or resolve_bootstrap(), self.window, merge)
+
+
+async def notify_records(bootstrap: str) -> list[dict[str, Any]]:
+    """Every incident record the live Slack notifier kept (its state topic), for links to its threads.
+
+    Best effort: a postmortem does not fail for want of links, so a missing topic gives none.
+    """
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+    from aiokafka.errors import KafkaError
+
+    from engine.notify.state import STATE_TOPIC
+
+    c = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None)
+    out: list[dict[str, Any]] = []
+    try:
+        await asyncio.wait_for(c.start(), 20)
+        tps = [TopicPartition(STATE_TOPIC, p) for p in sorted(c.partitions_for_topic(STATE_TOPIC) or ())]
+        if not tps:
+            return out
+        c.assign(tps)
+        await c.seek_to_beginning(*tps)
+        ends = await c.end_offsets(tps)
+        pending = {tp for tp in tps if ends[tp] > await c.position(tp)}
+        while pending:
+            batch = await c.getmany(*pending, timeout_ms=2000)
+            if not batch:
+                break
+            for tp, recs in batch.items():
+                for r in recs:
+                    if r.value is not None:  # records later tombstoned still tell where the thread was
+                        try:
+                            out.append(json.loads(r.value))
+                        except ValueError:
+                            pass
+                if await c.position(tp) >= ends[tp]:
+                    pending.discard(tp)
+    except (KafkaError, OSError, asyncio.TimeoutError):
+        return out
+    finally:
+        await c.stop()
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     import os
+    import tempfile
 
-    from tqdm import tqdm
-
-    from engine.commands.engine_cmd import default_rules_dir, load_topology
-    from engine.localkafka.broker import resolve_bootstrap
-    from engine.replay import incidents, plot_timeline, replay
+    from engine.commands.engine_cmd import load_topology
+    from engine.replay import backtest, diagnoses_jsonl, incidents, replay
     from engine.rules.loader import load_rules
 
-    now = time.time()
-    since = parse_time(args.since, now)
-    until = parse_time(args.until, now) if args.until else now
-    lead = -parse_time("-" + args.lead.lstrip("-"), 0.0)  # "15m" -> 900 s
-    if until <= since:
-        raise ConfigError(f"--until ({until:.0f}) must be after --since ({since:.0f})")
-    rules = load_rules(args.rules or [default_rules_dir()])
-    topology = load_topology(args.topology or (Path(os.environ["WHYWAIT_TOPOLOGY"])
-                                               if os.environ.get("WHYWAIT_TOPOLOGY") else None))
-    bootstrap = args.bootstrap or resolve_bootstrap()
-    with tqdm(desc="reading", unit="msg", file=sys.stderr, disable=not sys.stderr.isatty()) as bar:
-        msgs = asyncio.run(fetch(bootstrap, since - lead, until, bar))
-    with tqdm(total=len(msgs), desc="evaluating", unit="msg", file=sys.stderr,
-              disable=not sys.stderr.isatty()) as bar:
-        res = replay(msgs, rules, topology, progress=bar)
-    spans = incidents(res.diagnoses, res.end)
-    print(f"replayed {res.messages} messages from {_fmt(since)} to {_fmt(until)}: {len(spans)} incident(s)")
-    for d, a, b in spans:
-        if b < since:
-            continue
-        print(f"  {_fmt(a)} → {_fmt(b)}  {d.severity:8} {d.rule_id}  {d.culprit or d.job}: {d.title}")
-        print(f"      {d.cause}")
-    if args.json:
-        with args.json.open("w") as fh:
-            for d in res.diagnoses:
-                fh.write(json.dumps(d.to_dict(), default=str) + "\n")
-    if args.plot:
-        plot_timeline(res, args.plot)
-        print(f"timeline: {args.plot}")
-    return 0
+    with tempfile.TemporaryDirectory(prefix="whywait-replay-") as tmpd:
+        plan = Plan(args, Path(tmpd))
+        w = plan.window
+        rules = load_rules(plan.rules_paths)
+        topology = load_topology(plan.topo_path)
+        against = (load_rules(plan.against), load_topology(plan.topo_path)) if plan.against else None
+        merge = EventTimeMerge([], w)
+        t_wall = time.monotonic()
+        with progress_bar(w) as tick:
+            res, old = replay(plan.messages(merge), rules, topology, against=against, on_message=tick)
+        wall = time.monotonic() - t_wall
+        res.skipped.update(merge.skipped)
+        spans = incidents(res.diagnoses, res.end)
+        shown = [s for s in spans if s.end >= w.since]
+        what = f"{args.input}" if args.input else "the topics"
+        print(f"replayed {res.messages} messages of {what} from {_fmt(w.since)} to {_fmt(w.until)} UTC "
+              f"({res.messages / wall if wall > 0 else 0:,.0f} msg/s): {len(shown)} incident(s)"
+              + (" -- interrupted (Ctrl-C), showing what was done" if res.interrupted else ""))
+        for s in shown:
+            d = s.first
+            state = "resolved" if s.resolved else "open at the end"
+            print(f"  {_fmt(s.start)} → {_fmt(s.end)}  {d.severity:8} {d.rule_id}  {d.culprit or d.job}: "
+                  f"{d.title} [{state}]")
+            print(f"      {d.cause}")
+            if s.last.cost and s.last.cost.get("gpu_hours_lost") is not None:
+                print(f"      cost: {s.last.cost['gpu_hours_lost']:.2f} GPU-hours lost")
+        for why, n in sorted(res.skipped.items()):
+            print(f"  skipped {n}: {why}")
+        if args.json:
+            args.json.write_text(diagnoses_jsonl(res.diagnoses))
+        if old is not None:
+            cmp = backtest(res, old)
+            print_backtest(cmp)
+            if args.backtest_json:
+                args.backtest_json.write_text(json.dumps(cmp, indent=2, sort_keys=True) + "\n")
+        if args.plot or args.report or args.slack_thread:
+            from engine.report import build_report, slack_threads
+
+            threads: dict[str, str] = {}
+            if plan.bundle is None and args.report:
+                from engine.localkafka.broker import resolve_bootstrap
+
+                records = asyncio.run(notify_records(plan.bootstrap or resolve_bootstrap()))
+                threads = slack_threads(records, os.environ.get("WHYWAIT_SLACK_WORKSPACE_URL") or "https://slack.com")
+            merge2 = EventTimeMerge([], w)
+            rep = build_report(res, spans, plan.messages(merge2), w, load_topology(plan.topo_path), threads)
+            if args.plot:
+                rep.timeline_png(args.plot)
+                print(f"timeline: {args.plot}")
+            if args.report:
+                paths = rep.write(args.report)
+                print(f"report: {paths['html']} (and {paths['md'].name}, {len(paths['pngs'])} PNG)")
+            if args.slack_thread:
+                from engine.report.slack import post_to_thread
+
+                post_to_thread(rep, args.slack_thread, Path(tmpd))
+                print(f"posted the summary and timeline to {args.slack_thread}")
+    return 130 if res.interrupted else 0
+
+
+def plot_window(bootstrap: str, topology: Path, rules: list[Path], since: float, until: float, out: Path) -> Path:
+    """Replay ``[since, until]`` from Kafka and draw its timeline PNG (``whywait demo`` calls this)."""
+    from engine.commands.engine_cmd import load_topology
+    from engine.replay import incidents, replay
+    from engine.report import build_report
+    from engine.rules.loader import load_rules
+
+    w = Window(since, until)
+    res, _ = replay(kafka_batches(bootstrap, w, EventTimeMerge([], w)), load_rules(rules), load_topology(topology))
+    rep = build_report(res, incidents(res.diagnoses, res.end), kafka_batches(bootstrap, w, EventTimeMerge([], w)),
+                       w, load_topology(topology))
+    return rep.timeline_png(out)
+
+
+def print_backtest(cmp: dict[str, Any]) -> None:
+    """Print the backtest comparison as lines a reviewer can read."""
+    print(f"backtest: {len(cmp['only_new'])} only in the new rules, {len(cmp['only_old'])} only in the old, "
+          f"{len(cmp['timing'])} fire at another time, {len(cmp['changed'])} changed, {cmp['same']} the same")
+    for d in cmp["only_new"]:
+        print(f"  + {_fmt(d['detected_at'])}  {d['rule_id']}  {d['culprit'] or d['job']}: {d['title']}")
+    for d in cmp["only_old"]:
+        print(f"  - {_fmt(d['detected_at'])}  {d['rule_id']}  {d['culprit'] or d['job']}: {d['title']}")
+    for d in cmp["timing"]:
+        print(f"  ~ {d['rule_id']}  {d['culprit'] or d['job']}: fires {abs(d['seconds']):g} s {d['direction']} "
+              f"({_fmt(d['detected_at'])} vs {_fmt(d['old_detected_at'])})")
+    for d in cmp["changed"]:
+        for f, ch in d["changes"].items():
+            print(f"  * {d['rule_id']}  {d['culprit'] or d['job']}: {f} {ch['old']!r} -> {ch['new']!r}")
+
+
+class progress_bar:  # noqa: N801 - used as a context manager like a function
+    """A rich progress bar over event time (events/s, time left), shown only when stderr is a terminal."""
+
+    def __init__(self, w: Window) -> None:
+        self.w = w
+        self.bar: Any = None
+
+    def __enter__(self) -> Callable[[dict[str, Any]], None]:
+        if not sys.stderr.isatty():
+            return lambda m: None
+        from rich.console import Console
+        from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self.bar = Progress(TextColumn("replaying"), BarColumn(), TextColumn("{task.fields[rate]} events/s"),
+                            TimeRemainingColumn(), console=Console(file=sys.stderr), transient=True)
+        self.bar.start()
+        total = self.w.until - self.w.read_from
+        task = self.bar.add_task("replay", total=total, rate="0")
+        state = {"n": 0, "t0": time.monotonic(), "last": 0.0}
+
+        def tick(m: dict[str, Any]) -> None:
+            state["n"] += 1
+            now = time.monotonic()
+            if now - state["last"] > 0.2:  # redraw five times a second, not per message
+                state["last"] = now
+                rate = state["n"] / max(now - state["t0"], 1e-9)
+                self.bar.update(task, completed=min(total, m["time"] - self.w.read_from), rate=f"{rate:,.0f}")
+
+        return tick
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.stop()
 
 
 def _fmt(t: float) -> str:

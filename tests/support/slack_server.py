@@ -8,8 +8,11 @@ JSON, form-encoded or multipart body; replies are JSON ``{"ok": true, ...}`` or
 (HTTP 429 with ``Retry-After``) and the outage mode (HTTP 503, or the port closed).
 
 Methods: ``auth.test``, ``chat.postMessage`` (``thread_ts`` replies),
-``chat.update``, ``conversations.list``, ``conversations.replies``; anything else
-answers ``unknown_method``.
+``chat.update``, ``conversations.list``, ``conversations.replies``, and the three
+steps of ``files_upload_v2``: ``files.getUploadURLExternal`` (hands out an upload URL
+on this server, ``/upload/<file id>``), the upload itself (raw bytes POSTed there),
+and ``files.completeUploadExternal`` (shares the files into a channel or thread as
+a message whose ``files`` lists them); anything else answers ``unknown_method``.
 
 Use it as a context manager (the ``slack_server`` fixture in
 ``tests/notify/conftest.py`` wraps it)::
@@ -59,6 +62,19 @@ class SlackCall:
 
 
 @dataclass
+class SlackFile:
+    """A file announced by ``files.getUploadURLExternal``, its bytes once uploaded, and where it was shared."""
+
+    id: str
+    filename: str
+    length: int
+    content: bytes | None = None
+    title: str | None = None
+    channel: str | None = None
+    thread_ts: str | None = None
+
+
+@dataclass
 class SlackMessage:
     """A message as it currently stands in a channel (edits applied)."""
 
@@ -69,6 +85,7 @@ class SlackMessage:
     thread_ts: str | None = None  # set on thread replies
     edits: list[dict[str, Any]] = field(default_factory=list)  # earlier versions, oldest first
     posted_at: float = 0.0  # monotonic
+    files: list[str] = field(default_factory=list)  # ids of files shared with this message
 
     @property
     def all_text(self) -> str:
@@ -129,6 +146,7 @@ class SlackServer:
         self._outage: OutageMode | None = None
         self._server: _ThreadingServer | None = None
         self._thread: threading.Thread | None = None
+        self.files: dict[str, SlackFile] = {}  # file id -> file (files_upload_v2)
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -297,7 +315,65 @@ class SlackServer:
             return 200, {"ok": True, "channels": chans, "response_metadata": {"next_cursor": ""}}, {}
         if method in ("chat.postMessage", "chat.update", "conversations.replies"):
             return self._chat(call, params, now)
+        if method in ("files.getUploadURLExternal", "files.completeUploadExternal"):
+            return self._files(call, params, now)
         return 200, {"ok": False, "error": "unknown_method"}, {}
+
+    def _files(self, call: SlackCall, params: dict[str, Any], now: float) -> tuple[int, dict[str, Any],
+                                                                                  dict[str, str]]:
+        """The API steps of ``files_upload_v2`` (the upload itself is :meth:`_upload`)."""
+        if call.method == "files.getUploadURLExternal":
+            try:
+                length = int(params.get("length", ""))
+            except ValueError:
+                return 200, {"ok": False, "error": "invalid_arguments"}, {}
+            if not params.get("filename"):
+                return 200, {"ok": False, "error": "invalid_arguments"}, {}
+            fid = f"F{len(self.files) + 1:07d}"
+            self.files[fid] = SlackFile(fid, str(params["filename"]), length)
+            return 200, {"ok": True, "upload_url": f"http://{self.host}:{self.port}/upload/{fid}",
+                         "file_id": fid}, {}
+        try:
+            items = params.get("files")
+            items = json.loads(items) if isinstance(items, str) else items
+        except json.JSONDecodeError:
+            return 200, {"ok": False, "error": "invalid_arguments"}, {}
+        if not isinstance(items, list) or not items:
+            return 200, {"ok": False, "error": "invalid_arguments"}, {}
+        files = [self.files.get(str(i.get("id"))) for i in items if isinstance(i, dict)]
+        if any(f is None or f.content is None for f in files) or len(files) != len(items):
+            return 200, {"ok": False, "error": "file_not_found"}, {}
+        channel = params.get("channel_id") or params.get("channels")
+        cid = self.channel_id(str(channel)) if channel else None
+        if channel and cid is None:
+            return 200, {"ok": False, "error": "channel_not_found"}, {}
+        thread_ts = str(params["thread_ts"]) if params.get("thread_ts") else None
+        if thread_ts is not None:
+            parent = self.messages.get(thread_ts)
+            if parent is None or parent.channel != cid:
+                return 200, {"ok": False, "error": "invalid_thread_ts"}, {}
+        for f, item in zip(files, items, strict=True):
+            assert f is not None
+            f.title, f.channel, f.thread_ts = item.get("title") or f.filename, cid, thread_ts
+        if cid is not None:  # sharing posts a message carrying the files (and the initial comment)
+            ts = self._next_ts()
+            text = str(params.get("initial_comment") or "")
+            self.messages[ts] = SlackMessage(channel=cid, ts=ts, text=text, blocks=None, thread_ts=thread_ts,
+                                             posted_at=now, files=[f.id for f in files if f is not None])
+            call.channel, call.ts, call.thread_ts, call.text = cid, ts, thread_ts, text
+        return 200, {"ok": True, "files": [{"id": f.id, "title": f.title, "name": f.filename}
+                                           for f in files if f is not None]}, {}
+
+    def _upload(self, fid: str, raw: bytes) -> tuple[int, dict[str, Any]]:
+        """Step 2 of ``files_upload_v2``: the file's bytes POSTed to the URL this server handed out."""
+        with self._lock:
+            f = self.files.get(fid)
+            if f is None:
+                return 404, {"ok": False, "error": "file_not_found"}
+            if len(raw) != f.length:
+                return 400, {"ok": False, "error": "length_mismatch"}
+            f.content = raw
+            return 200, {"ok": True}
 
     def _chat(self, call: SlackCall, params: dict[str, Any], now: float) -> tuple[int, dict[str, Any],
                                                                                  dict[str, str]]:
@@ -392,6 +468,10 @@ class SlackServer:
                 parts = urlsplit(self.path)
                 length = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(length) if length else b""
+                if parts.path.startswith("/upload/"):
+                    status, body = server._upload(parts.path[len("/upload/"):], raw)
+                    self._reply(status, body, {})
+                    return
                 if not parts.path.startswith("/api/"):
                     self._reply(404, {"ok": False, "error": "not_found"}, {})
                     return

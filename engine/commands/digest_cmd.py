@@ -1,0 +1,158 @@
+"""``whywait digest``: per project and job, GPU-hours used and lost to waiting by cause, over a period.
+
+Reads the placements, step timings and diagnoses of the period from Kafka
+(``engine.report.digest`` does the sums), prints a table, and writes Block Kit
+(``--blocks``), JSON (``--json``) and a PNG bar chart (``--plot``).  ``--post`` sends
+each team its own projects' digest in its channel (the placement's ``slack_channel``),
+with the chart, e.g. weekly from cron: ``whywait digest --since 7d --post``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+
+def register(p: argparse.ArgumentParser) -> None:
+    from engine.commands.replay_cmd import allow_relative_times
+
+    allow_relative_times(p)
+    p.add_argument("--since", default="7d", help="start of the period: 7d, -7d, ISO 8601 or Unix s (default 7d)")
+    p.add_argument("--until", help="end of the period (default: now)")
+    p.add_argument("--project", action="append", default=[], help="only these projects (repeatable)")
+    p.add_argument("--bootstrap", help="Kafka bootstrap (default: WHYWAIT_KAFKA_BOOTSTRAP or the local broker)")
+    p.add_argument("--json", type=Path, help="write the rows as JSON")
+    p.add_argument("--blocks", type=Path, help="write the Slack Block Kit JSON")
+    p.add_argument("--plot", type=Path, help="write the PNG bar chart")
+    p.add_argument("--post", action="store_true", help="post each team's digest to its channel (SLACK_BOT_TOKEN)")
+
+
+async def read_period(bootstrap: str, since: float, until: float, digest: Any) -> None:
+    """Feed ``digest`` the placements, steps and diagnoses with event time in ``[since, until]``."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+    from aiokafka.errors import KafkaError
+
+    from agents.events import TOPIC_DIAGNOSES, TOPIC_PLACEMENT, TOPIC_STEPS, ContractError, decode
+    from engine.errors import BrokerUnavailable, ConfigError
+    from engine.localkafka.broker import probe
+
+    if not probe(bootstrap, timeout=3.0):
+        raise BrokerUnavailable(bootstrap, "no answer within 3s")
+    c = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None)
+    try:
+        await asyncio.wait_for(c.start(), 20)
+        topics = await c.topics()
+        wanted = (TOPIC_PLACEMENT, TOPIC_STEPS, TOPIC_DIAGNOSES)
+        missing = [t for t in wanted if t not in topics]
+        if missing:
+            raise ConfigError(f"topic(s) {', '.join(missing)} not found on {bootstrap}")
+        tps = [TopicPartition(t, p) for t in wanted for p in sorted(c.partitions_for_topic(t) or {0})]
+        c.assign(tps)
+        ends = await c.end_offsets(tps)
+        starts = await c.offsets_for_times({tp: max(0, int((since - 86400) * 1000)) for tp in tps})
+        for tp in tps:
+            off = starts.get(tp)
+            if tp.topic == TOPIC_PLACEMENT or off is None:
+                await c.seek_to_beginning(tp)
+            else:
+                c.seek(tp, off.offset)
+        pending = {tp for tp in tps if await c.position(tp) < ends[tp]}
+        while pending:
+            batch = await c.getmany(*pending, timeout_ms=2000, max_records=5000)
+            if not batch:
+                break
+            for tp, recs in batch.items():
+                for r in recs:
+                    if r.value is None or r.offset >= ends[tp]:
+                        continue
+                    if tp.topic == TOPIC_DIAGNOSES:
+                        try:
+                            digest.add_diagnosis(json.loads(r.value))
+                        except (ValueError, KeyError, TypeError):
+                            digest.skipped[f"unreadable diagnosis on {tp.topic}"] += 1
+                        continue
+                    try:
+                        digest.add(decode(r.value, tp.topic))
+                    except ContractError:
+                        digest.skipped[f"contract break on {tp.topic}"] += 1
+                if await c.position(tp) >= ends[tp]:
+                    pending.discard(tp)
+    except (KafkaError, OSError, asyncio.TimeoutError) as exc:
+        raise BrokerUnavailable(bootstrap, type(exc).__name__) from None
+    finally:
+        await c.stop()
+
+
+def run(args: argparse.Namespace) -> int:
+    from engine.commands.replay_cmd import _fmt, parse_time
+    from engine.errors import ConfigError
+    from engine.localkafka.broker import resolve_bootstrap
+    from engine.report.digest import Digest
+
+    now = time.time()
+    # "7d" means the last seven days, as "-7d" does
+    since_arg = "-" + args.since if re.fullmatch(r"\d+(\.\d+)?[smhdw]", args.since.strip()) else args.since
+    since = parse_time(since_arg, now, "--since")
+    until = parse_time(args.until, now, "--until") if args.until else now
+    if until <= since:
+        raise ConfigError(f"--until ({_fmt(until)}) must be after --since ({_fmt(since)})")
+    digest = Digest(since, until)
+    asyncio.run(read_period(args.bootstrap or resolve_bootstrap(), since, until, digest))
+    digest.finish()
+    rows = [r for r in digest.rows() if not args.project or r["project"] in args.project]
+    print(f"useful GPU time from {_fmt(since)} to {_fmt(until)} UTC")
+    print(f"  {'project / job':40} {'used GPU-h':>12} {'lost GPU-h':>12}  lost by cause")
+    for r in rows:
+        causes = ", ".join(f"{c} {v:.2f}" for c, v in sorted(r["lost_by_cause"].items(), key=lambda x: -x[1]))
+        print(f"  {r['project'] + ' / ' + r['job']:40} {r['gpu_hours_used']:12.2f} {r['gpu_hours_lost']:12.2f}"
+              f"  {causes or '-'}")
+    for why, n in sorted(digest.skipped.items()):
+        print(f"  skipped {n}: {why}")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2, sort_keys=True) + "\n")
+    if args.blocks:
+        args.blocks.write_text(json.dumps(digest.blocks(), indent=2) + "\n")
+    if args.plot:
+        digest.plot(args.plot)
+        print(f"chart: {args.plot}")
+    if args.post:
+        post(digest, rows)
+    return 0
+
+
+def post(digest: Any, rows: list[dict[str, Any]]) -> None:
+    """Send each channel the digest of the projects that name it, with the chart."""
+    import os
+    import tempfile
+
+    from slack_sdk import WebClient
+    from slack_sdk.errors import SlackApiError
+
+    from engine.errors import ConfigError, NotifyError
+    from engine.notify.secrets import read_secret
+
+    token = read_secret("SLACK_BOT_TOKEN")
+    if token is None:
+        raise ConfigError("--post needs SLACK_BOT_TOKEN (or SLACK_BOT_TOKEN_FILE)")
+    client = WebClient(token=token.reveal(), base_url=os.environ.get("WHYWAIT_SLACK_API_URL") or WebClient.BASE_URL)
+    by_channel: dict[str, set[str]] = {}
+    for r in rows:
+        ch = r["channel"] or os.environ.get("WHYWAIT_SLACK_CHANNEL")
+        if ch:
+            by_channel.setdefault(ch, set()).add(r["project"])
+    with tempfile.TemporaryDirectory() as tmp:
+        png = digest.plot(Path(tmp) / "digest.png")
+        try:
+            for ch, projects in sorted(by_channel.items()):
+                blocks = [b for p in sorted(projects) for b in digest.blocks(p)]
+                resp = client.chat_postMessage(channel=ch, text="Useful GPU time digest", blocks=blocks)
+                client.files_upload_v2(channel=resp["channel"], thread_ts=resp["ts"], file=str(png),
+                                       filename="digest.png", title="GPU-hours used and lost by cause")
+                print(f"posted to {ch}")
+        except SlackApiError as exc:
+            raise NotifyError(f"Slack refused the digest: {exc.response.get('error')}", retryable=False) from None

@@ -1,0 +1,79 @@
+"""``whywait export``: cut an incident's events, placements, topology and rules into one bundle file.
+
+The bundle (``engine.importers.bundle``) replays with no broker (``whywait replay --input``)
+and can be written back into topics elsewhere (``whywait import``), so a postmortem no
+longer depends on the topics' retention.  Reading is streamed in event-time order.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+
+
+def register(p: argparse.ArgumentParser) -> None:
+    from engine.commands.replay_cmd import allow_relative_times
+
+    allow_relative_times(p)
+    p.add_argument("--since", required=True, help="start of the window: Unix s, ISO 8601, or relative (-10m)")
+    p.add_argument("--until", help="end of the window (default: now)")
+    p.add_argument("--lead", default="15m", help="also keep this much before --since, to warm baselines (15m)")
+    p.add_argument("--job", action="append", default=[], help="only this job (repeatable)")
+    p.add_argument("--project", action="append", default=[], help="only this project's jobs (repeatable)")
+    p.add_argument("--topology", type=Path, help="topology YAML to include (default: WHYWAIT_TOPOLOGY)")
+    p.add_argument("--rules", action="append", type=Path, help="rule files or folders to include (default: ./rules)")
+    p.add_argument("--bootstrap", help="Kafka bootstrap (default: WHYWAIT_KAFKA_BOOTSTRAP or the local broker)")
+    p.add_argument("-o", "--output", type=Path, required=True, help="the bundle to write (incident.whywait)")
+
+
+def rule_files(paths: list[Path]) -> list[tuple[str, Path]]:
+    """``(name inside the bundle, file)`` for every rule YAML under ``paths``."""
+    from engine.errors import ConfigError
+
+    out: list[tuple[str, Path]] = []
+    for p in paths:
+        if p.is_dir():
+            out += [(f"{p.name}/{f.relative_to(p)}", f) for f in sorted(p.rglob("*")) if f.is_file()]
+        elif p.is_file():
+            out.append((p.name, p))
+        else:
+            raise ConfigError(f"--rules {p}: no such file or folder")
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    from engine.commands.engine_cmd import default_rules_dir, load_topology
+    from engine.commands.replay_cmd import _fmt, kafka_batches, parse_duration, parse_time
+    from engine.errors import ConfigError
+    from engine.importers.bundle import BundleWriter
+    from engine.localkafka.broker import resolve_bootstrap
+    from engine.replay import EventTimeMerge, Window
+    from engine.rules.loader import load_rules
+
+    now = time.time()
+    since = parse_time(args.since, now, "--since")
+    until = parse_time(args.until, now, "--until") if args.until else now
+    if until <= since:
+        raise ConfigError(f"--until ({_fmt(until)}) must be after --since ({_fmt(since)})")
+    topo = args.topology or (Path(os.environ["WHYWAIT_TOPOLOGY"]) if os.environ.get("WHYWAIT_TOPOLOGY") else None)
+    if topo is not None:
+        load_topology(topo)  # a broken topology is refused now, not at replay time
+    rules = args.rules or [default_rules_dir()]
+    load_rules(rules)
+    w = Window(since, until, parse_duration(args.lead, "--lead"), frozenset(args.job), frozenset(args.project))
+    merge = EventTimeMerge([], w)
+    merge.raw = True
+    window = {"since": since, "until": until, "lead_s": w.lead_s, "jobs": sorted(w.jobs),
+              "projects": sorted(w.projects)}
+    with BundleWriter(args.output, window) as bw:
+        for topic, raw in kafka_batches(args.bootstrap or resolve_bootstrap(), w, merge):
+            bw.add(topic, raw)
+        bw.close(topo, rule_files(rules))
+    total = sum(bw.counts.values())
+    print(f"exported {total} messages from {_fmt(since)} to {_fmt(until)} UTC into {args.output} "
+          f"({args.output.stat().st_size / 1e6:.1f} MB)")
+    for why, n in sorted(merge.skipped.items()):
+        print(f"  skipped {n}: {why}")
+    return 0

@@ -1,0 +1,167 @@
+"""``whywait import``: put recorded or foreign timing data into the topics, event time kept.
+
+Formats (``--format``, detected from the content when left out):
+
+``bundle``  an ``incident.whywait`` from ``whywait export``: every message back into its topic
+            (e.g. on a staging cluster), byte for byte;
+``kineto``  PyTorch profiler traces, one file per rank (``engine.importers.kineto``);
+``steps``   a per-rank step table, CSV or JSON lines (``engine.importers.steps_table``).
+
+Timing imports become ``steps`` messages (one per rank per step, at the step's end); with
+``--project`` and ``--team`` a placement is published too, so the engine evaluates the job.
+``-o FILE`` writes the messages as JSON lines instead of publishing (check them with
+``whywait events check FILE``).  Every message is validated against the contract first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any, Iterator
+
+FORMATS = ("auto", "bundle", "kineto", "steps")
+
+
+def register(p: argparse.ArgumentParser) -> None:
+    p.add_argument("files", nargs="+", type=Path, help="bundle, profiler traces or step tables")
+    p.add_argument("--format", choices=FORMATS, default="auto", help="input format (default: from the content)")
+    p.add_argument("--job", help="job id for timing imports (or a `job` column)")
+    p.add_argument("--node", help="node the ranks ran on (or a `node` column)")
+    p.add_argument("--rank", type=int, help="rank of a profiler trace that does not say it")
+    p.add_argument("--project", help="publish a placement for the job: its project")
+    p.add_argument("--team", help="... its team")
+    p.add_argument("--channel", help="... its team's Slack channel")
+    p.add_argument("-o", "--output", type=Path, help="write JSON lines here instead of publishing")
+    p.add_argument("--bootstrap", help="Kafka bootstrap (default: WHYWAIT_KAFKA_BOOTSTRAP or the local broker)")
+
+
+def detect(path: Path) -> str:
+    """The format of ``path`` from its content."""
+    from engine.importers.bundle import is_bundle
+    from engine.importers.kineto import is_kineto
+
+    if is_bundle(path):
+        return "bundle"
+    if is_kineto(path):
+        return "kineto"
+    return "steps"
+
+
+def timing_messages(args: argparse.Namespace, files: list[tuple[Path, str]],
+                    notes: Counter[str] | None = None) -> list[dict[str, Any]]:
+    """Contract messages (placement first, then steps in event-time order) from timing files.
+
+    ``notes`` counts what the importers could not attribute (printed by ``run``).
+    """
+    from agents.events import ContractError, envelope, validate
+    from engine.importers import ImportFormatError
+    from engine.importers.kineto import steps_from_trace
+    from engine.importers.steps_table import read_steps
+
+    rows: list[tuple[str, str, dict[str, Any]]] = []
+    for path, fmt in files:
+        if fmt == "kineto":
+            if not args.job or not args.node:
+                raise ImportFormatError(f"{path}: a profiler trace names neither job nor node: pass --job and --node")
+            rows += [(args.job, args.node, s.record()) for s in steps_from_trace(path, args.rank, notes)]
+        else:
+            rows += list(read_steps(path, args.job, args.node))
+    rows.sort(key=lambda r: (r[2]["ended_at"], r[0], r[2]["rank"], r[2]["step"]))
+    out: list[dict[str, Any]] = []
+    if args.project or args.team:
+        if not (args.project and args.team):
+            raise ImportFormatError("a placement needs both --project and --team")
+        jobs: dict[str, dict[int, str]] = {}
+        for job, node, rec in rows:
+            jobs.setdefault(job, {})[rec["rank"]] = node
+        for job, ranks in sorted(jobs.items()):
+            placed: list[dict[str, Any]] = []
+            for node in sorted(set(ranks.values())):
+                # GPU index unknown from timings alone: the rank's order among its node's ranks.
+                for gpu, r in enumerate(sorted(r for r, n in ranks.items() if n == node)):
+                    placed.append({"rank": r, "node": node, "gpu": gpu})
+            first = min(rec["ended_at"] for j, _, rec in rows if j == job)
+            body = {"job": job, "project": args.project, "team": args.team, "state": "running",
+                    "ranks": sorted(placed, key=lambda x: x["rank"]), "source": "file"}
+            if args.channel:
+                body["slack_channel"] = args.channel
+            out.append(envelope("placement", "whywait-import", first - 1.0, **body))
+    for job, node, rec in rows:
+        out.append(envelope("steps", node, rec["ended_at"], job=job, steps=[rec]))
+    for i, m in enumerate(out):
+        try:
+            validate(m)
+        except ContractError as exc:
+            raise ImportFormatError(f"message {i + 1} ({m['kind']} of {m.get('job')}): {exc}") from None
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    from agents.events import encode, topic_for_kind
+    from engine.errors import ConfigError
+
+    files = [(f, args.format if args.format != "auto" else detect(f)) for f in args.files]
+    for f, _ in files:
+        if not f.is_file():
+            raise ConfigError(f"{f}: no such file")
+    bundles = [f for f, fmt in files if fmt == "bundle"]
+    if bundles and len(files) > 1:
+        raise ConfigError("import one bundle at a time, without other files")
+    items: Iterator[tuple[str, bytes]]
+    if bundles:
+        from engine.importers.bundle import Bundle
+
+        b = Bundle(bundles[0])
+        b.verify()
+        items = b.events()
+        what = f"bundle {bundles[0]}"
+    else:
+        notes: Counter[str] = Counter()
+        msgs = timing_messages(args, files, notes)
+        items = iter([(topic_for_kind(m["kind"]), encode(m)) for m in msgs])
+        what = f"{len(files)} file(s)"
+        for why, n in sorted(notes.items()):
+            print(f"  note: {n} {why}")
+    if args.output:
+        n = 0
+        with args.output.open("w") as fh:
+            for _, raw in items:
+                fh.write(raw.decode() + "\n")
+                n += 1
+        print(f"wrote {n} messages from {what} to {args.output}")
+        return 0
+    from engine.localkafka.broker import resolve_bootstrap
+
+    bootstrap = args.bootstrap or resolve_bootstrap()
+    n = asyncio.run(publish(bootstrap, items))
+    print(f"published {n} messages from {what} to {bootstrap}")
+    return 0
+
+
+async def publish(bootstrap: str, items: Iterator[tuple[str, bytes]]) -> int:
+    """Send ``(topic, raw value)`` pairs with their contract keys; return how many; one line if unreachable."""
+    from aiokafka import AIOKafkaProducer
+    from aiokafka.errors import KafkaError
+
+    from agents.events import message_key
+    from engine.errors import BrokerUnavailable
+    from engine.localkafka.broker import probe
+
+    if not probe(bootstrap, timeout=3.0):
+        raise BrokerUnavailable(bootstrap, "no answer within 3s")
+    p = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=20)
+    n = 0
+    try:
+        await p.start()
+        for topic, raw in items:
+            await p.send(topic, raw, key=message_key(json.loads(raw)))
+            n += 1
+        await p.flush()
+    except KafkaError as exc:
+        raise BrokerUnavailable(bootstrap, type(exc).__name__) from None
+    finally:
+        await p.stop()
+    return n

@@ -1,0 +1,210 @@
+"""PyTorch profiler (Kineto) traces → contract ``steps`` records, with the step split and event time kept.
+
+Called by ``whywait import`` for a Chrome-trace JSON file (``.json`` or ``.json.gz``) that
+``torch.profiler`` wrote for one rank.  How each figure is read from the trace:
+
+- a step is a CPU ``ProfilerStep#N`` span; ``duration_s`` is its length, its end is the
+  message's event time (``ts`` is wall-clock microseconds, plus ``baseTimeNanoseconds``
+  when newer Kineto versions write times relative to it);
+- a GPU kernel belongs to the step whose CPU span contains its launch (the
+  ``cudaLaunchKernel`` with the same ``correlation``), because kernels run after the CPU
+  has moved on;
+- ``compute_s`` is the union of the step's non-NCCL kernels; ``comm_s`` the union of its
+  NCCL kernels minus the time they overlap compute (the contract counts only
+  communication *not* overlapped with compute); it is split into ``pipeline_wait_s``
+  (kernels launched under a ``nccl:send``/``nccl:recv`` annotation) and ``collective_s``
+  (every other NCCL kernel);
+- ``data_wait_s`` is the union of data-loader spans (``enumerate(DataLoader)...``,
+  ``## data_load ##``) inside the step.  A trace without any such span leaves the phase
+  out: unknown, not zero.
+
+Memory copies and sets count as neither compute nor communication.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from engine.importers import ImportFormatError
+
+_STEP = re.compile(r"^ProfilerStep#(\d+)$")
+_LOADER = re.compile(r"dataloader|data_load|data loading", re.IGNORECASE)
+_PIPELINE_OPS = frozenset({"send", "recv", "_send", "_recv", "batch_isend_irecv", "isend", "irecv"})
+_EPOCH_US = 1e15  # microseconds since 1970 later than 2001: wall-clock timestamps
+
+
+@dataclass(frozen=True)
+class KinetoStep:
+    """One rank's step as read from a trace (times in Unix seconds)."""
+
+    rank: int
+    step: int
+    start: float
+    end: float
+    duration_s: float
+    compute_s: float
+    comm_s: float
+    collective_s: float
+    pipeline_wait_s: float
+    data_wait_s: float | None
+
+    def record(self) -> dict[str, Any]:
+        """The contract's StepTiming record for this step (an unknown phase is left out)."""
+        r: dict[str, Any] = {"rank": self.rank, "step": self.step, "duration_s": round(self.duration_s, 6),
+                             "compute_s": round(self.compute_s, 6), "comm_s": round(self.comm_s, 6),
+                             "collective_s": round(self.collective_s, 6),
+                             "pipeline_wait_s": round(self.pipeline_wait_s, 6), "ended_at": self.end}
+        if self.data_wait_s is not None:
+            r["data_wait_s"] = round(self.data_wait_s, 6)
+        return r
+
+
+def load_trace(path: Path) -> dict[str, Any]:
+    """Read a (possibly gzipped) Chrome-trace JSON file; raise :class:`ImportFormatError` naming it."""
+    try:
+        raw = path.read_bytes()
+        if raw[:2] == b"\x1f\x8b":
+            raw = gzip.decompress(raw)
+        data = json.loads(raw)
+    except FileNotFoundError:
+        raise ImportFormatError(f"{path}: no such file") from None
+    except (OSError, ValueError, EOFError) as exc:
+        raise ImportFormatError(f"{path}: not a JSON trace ({exc})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
+        raise ImportFormatError(f"{path}: not a PyTorch profiler trace (no traceEvents list)")
+    return data
+
+
+def is_kineto(path: Path) -> bool:
+    """Whether ``path`` looks like a Kineto trace (cheap check of its first bytes)."""
+    try:
+        with (gzip.open(path, "rb") if path.read_bytes()[:2] == b"\x1f\x8b" else path.open("rb")) as fh:
+            head = fh.read(4096)
+    except OSError:
+        return False
+    return b"traceEvents" in head or b"schemaVersion" in head
+
+
+def _union(iv: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[tuple[float, float]] = []
+    for a, b in sorted(iv):
+        if out and a <= out[-1][1]:
+            if b > out[-1][1]:
+                out[-1] = (out[-1][0], b)
+        else:
+            out.append((a, b))
+    return out
+
+
+def _length(iv: list[tuple[float, float]]) -> float:
+    return sum(b - a for a, b in iv)
+
+
+def _minus(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
+    """Length of union ``a`` not covered by union ``b`` (both merged)."""
+    return _length(a) - _length(_intersect(a, b))
+
+
+def _intersect(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[tuple[float, float]] = []
+    i = j = 0
+    while i < len(a) and j < len(b):
+        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        if lo < hi:
+            out.append((lo, hi))
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return out
+
+
+def steps_from_trace(path: Path, rank: int | None = None, notes: Counter[str] | None = None) -> list[KinetoStep]:
+    """Every ``ProfilerStep`` of the trace at ``path`` with its split; ``rank`` overrides the trace's own.
+
+    ``notes`` counts what could not be attributed (kernels launched outside every step, or whose
+    launch is not in the trace), so the caller can say so instead of dropping it silently.
+    """
+    notes = Counter() if notes is None else notes
+    data = load_trace(path)
+    events = data["traceEvents"]
+    if rank is None:
+        rank = (data.get("distributedInfo") or {}).get("rank")
+        if not isinstance(rank, int):
+            raise ImportFormatError(f"{path}: the trace does not say its rank (no distributedInfo.rank): "
+                                    "pass --rank")
+    base_us = float(data.get("baseTimeNanoseconds", 0)) / 1000.0
+    spans: dict[int, tuple[float, float]] = {}
+    launches: dict[Any, float] = {}
+    annotations: list[tuple[float, float, str]] = []
+    loaders: list[tuple[float, float]] = []
+    kernels: list[tuple[Any, float, float, str, str]] = []
+    for i, e in enumerate(events):
+        if not isinstance(e, dict) or e.get("ph") != "X":
+            continue
+        try:
+            ts, dur = float(e["ts"]), float(e.get("dur", 0.0))
+            name, cat = str(e.get("name", "")), str(e.get("cat", ""))
+        except (KeyError, TypeError, ValueError):
+            raise ImportFormatError(f"{path}: traceEvents[{i}]: a complete event needs numeric ts and dur") from None
+        args = e.get("args") or {}
+        if cat in ("cpu_op", "user_annotation", "python_function"):
+            m = _STEP.match(name)
+            if m:
+                spans.setdefault(int(m.group(1)), (ts, ts + dur))
+            elif name.startswith("nccl:"):
+                annotations.append((ts, ts + dur, name[5:]))
+            elif _LOADER.search(name):
+                loaders.append((ts, ts + dur))
+        elif cat in ("cuda_runtime", "cuda_driver") and "correlation" in args:
+            launches[args["correlation"]] = ts
+        elif cat == "kernel":
+            kernels.append((args.get("correlation"), ts, ts + dur, name, cat))
+    if not spans:
+        raise ImportFormatError(f"{path}: no ProfilerStep#N spans: profile with torch.profiler.schedule "
+                                "and call prof.step() each iteration")
+    if min(s for s, _ in spans.values()) + base_us < _EPOCH_US:
+        raise ImportFormatError(f"{path}: timestamps are not wall-clock (ts {min(s for s, _ in spans.values()):.0f} "
+                                "µs and no baseTimeNanoseconds), so event time cannot be kept")
+    order = sorted(spans.items(), key=lambda kv: kv[1][0])
+    starts = [s for _, (s, _) in order]
+    per: dict[int, dict[str, list[tuple[float, float]]]] = {n: {"comp": [], "coll": [], "pipe": []} for n in spans}
+
+    import bisect
+
+    annotations.sort()
+    for corr, a, b, name, _ in kernels:
+        launch = launches.get(corr)
+        if launch is None:
+            notes[f"{path.name}: GPU kernels whose launch is not in the trace (not attributed)"] += 1
+            continue
+        k = bisect.bisect_right(starts, launch) - 1
+        if k < 0 or launch > order[k][1][1]:
+            notes[f"{path.name}: GPU kernels launched outside every ProfilerStep (not attributed)"] += 1
+            continue
+        step, (s0, s1) = order[k]
+        if "nccl" in name.lower():
+            op = next((n for (x, y, n) in annotations if x <= launch <= y), "")
+            per[step]["pipe" if op in _PIPELINE_OPS else "coll"].append((a, b))
+        else:
+            per[step]["comp"].append((a, b))
+    has_loader = bool(loaders)
+    out: list[KinetoStep] = []
+    for step, (s0, s1) in order:
+        comp = _union(per[step]["comp"])
+        coll, pipe = _union(per[step]["coll"]), _union(per[step]["pipe"])
+        comm = _union(coll + pipe)
+        data_wait = None
+        if has_loader:
+            data_wait = _length(_union([(max(a, s0), min(b, s1)) for a, b in loaders if a < s1 and b > s0])) / 1e6
+        out.append(KinetoStep(rank=rank, step=step, start=(s0 + base_us) / 1e6, end=(s1 + base_us) / 1e6,
+                              duration_s=(s1 - s0) / 1e6, compute_s=_length(comp) / 1e6,
+                              comm_s=_minus(comm, comp) / 1e6, collective_s=_minus(coll, comp) / 1e6,
+                              pipeline_wait_s=_minus(pipe, comp) / 1e6, data_wait_s=data_wait))
+    return out

@@ -1,0 +1,254 @@
+"""The postmortem report: what was slow, from when to when, why, what it cost, and who owns it.
+
+Called by ``whywait replay --report DIR`` (and ``--plot``, ``--slack-thread``) after the
+replay: :func:`build_report` makes a second pass over the window's messages to gather
+the series to plot (:mod:`engine.report.sampler`, bounded memory), then
+:class:`Report` writes a self-contained HTML file (images inlined, opens offline), a
+Markdown file that pastes into a postmortem document, and the PNGs.
+
+Cost: a diagnosis's ``cost`` (GPU-hours lost, slowdown) is used when the rule gave one;
+otherwise it is estimated from the job's step times (median during the incident
+against the median before it) and said to be an estimate.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterable
+
+from engine.replay import ReplayResult, Span, Window
+from engine.report.sampler import Grid, Sampler
+
+# Evidence metrics that are not a per-entity time series worth plotting.
+_NOT_PLOTTED = ("job.", "topology", "check", "step.")
+
+
+@dataclass
+class IncidentView:
+    """One incident as the report tells it."""
+
+    number: int
+    rule_id: str
+    severity: str
+    title: str
+    cause: str
+    job: str | None
+    culprit: str
+    ranks: tuple[int, ...]
+    start: float
+    end: float
+    resolved: bool
+    fired_at: float
+    changes: list[tuple[float, str]]
+    owner: str
+    channel: str | None
+    path: tuple[str, ...]
+    clean: tuple[str, ...]
+    next_step: str
+    evidence: list[dict[str, Any]]
+    evidence_series: list[tuple[str, str]]
+    cost: dict[str, float] | None
+    cost_source: str  # "rule", "estimated from step times" or "unknown"
+    neighbours: list[str] = field(default_factory=list)
+    slack_link: str | None = None  # the live incident's Slack thread, when it was posted
+
+
+@dataclass
+class ReportData:
+    """Everything the report shows, gathered from the replay and the second pass."""
+
+    window: Window
+    grid: Grid
+    sampler: Sampler
+    incidents: list[IncidentView]
+    jobs: list[str]
+    straggler_ranks: dict[str, set[int]]
+    skipped: dict[str, int]
+    messages: int
+
+    def split(self, job: str) -> dict[str, list[float]]:
+        """The median rank's data/compute/comm time per bucket (phases nobody reported are left out)."""
+        out: dict[str, list[float]] = {}
+        for f, name in (("step.data_wait_s", "data"), ("step.compute_s", "compute"), ("step.comm_s", "comm")):
+            ents = [e for e in self.sampler.entities(f) if e.rsplit(":", 1)[0] == job]
+            if not ents:
+                continue
+            cols = zip(*(self.sampler.means(f, e) or [] for e in ents), strict=True)
+            out[name] = [_median(c) for c in cols]
+        return out
+
+    def job_step(self, job: str) -> list[float]:
+        ents = [e for e in self.sampler.entities("step.duration_s") if e.rsplit(":", 1)[0] == job]
+        cols = zip(*(self.sampler.means("step.duration_s", e) or [] for e in ents), strict=True)
+        return [_median(c) for c in cols]
+
+
+def _median(vals: Iterable[float]) -> float:
+    v = [x for x in vals if not math.isnan(x)]
+    return statistics.median(v) if v else math.nan
+
+
+def slack_threads(records: Iterable[dict[str, Any]], workspace_url: str = "https://slack.com") -> dict[str, str]:
+    """Fingerprint -> link to the Slack message the live notifier posted for it.
+
+    ``records`` are the notifier's incident records (``engine.notify.lifecycle.Incident.to_dict``,
+    as kept in its state topic); each lists the fingerprints it showed and its root message.
+    """
+    out: dict[str, str] = {}
+    for rec in records:
+        cid, ts = rec.get("channel_id"), rec.get("ts")
+        if not cid or not ts:
+            continue
+        link = f"{workspace_url.rstrip('/')}/archives/{cid}/p{str(ts).replace('.', '')}"
+        for fp in rec.get("members") or {}:
+            out[fp] = link
+    return out
+
+
+def build_report(res: ReplayResult, spans: list[Span], messages: Iterable[dict[str, Any]], window: Window,
+                 topology: Any, threads: dict[str, str] | None = None) -> Report:
+    """Gather the report's series in a second pass over ``messages``; return the :class:`Report`.
+
+    ``threads`` (from :func:`slack_threads`) links each incident to its live Slack thread.
+    """
+    spans = [s for s in spans if s.end >= window.since]
+    metrics: set[str] = set()
+    for s in spans:
+        for e in s.first.evidence:
+            if not e.metric.startswith(_NOT_PLOTTED):
+                metrics.add(e.metric)
+    jobs = sorted({s.first.job for s in spans if s.first.job})
+    grid = Grid(window.read_from if not spans else min(window.since, min(s.start for s in spans) - 60),
+                window.until)
+    sampler = Sampler(grid, metrics, set(jobs))
+    every_job = not jobs  # no incident: show every job's step times
+    for m in messages:
+        if every_job and m["kind"] == "steps":
+            sampler.jobs.add(m["job"])
+        sampler.ingest(m)
+    if not jobs:
+        jobs = sorted(sampler.jobs)
+    views = [_view(k, s, sampler, grid, topology) for k, s in enumerate(spans, start=1)]
+    for v, s in zip(views, spans, strict=True):
+        v.slack_link = (threads or {}).get(s.first.fingerprint)
+    straggler: dict[str, set[int]] = {}
+    for v in views:
+        if v.job and v.ranks and len(v.ranks) < 64:
+            straggler.setdefault(v.job, set()).update(v.ranks)
+    data = ReportData(window, grid, sampler, views, jobs, straggler, dict(res.skipped), res.messages)
+    _estimate_costs(data)
+    return Report(data)
+
+
+def _view(k: int, s: Span, sampler: Sampler, grid: Grid, topology: Any) -> IncidentView:
+    d, last = s.first, s.last
+    series: list[tuple[str, str]] = []
+    for e in d.evidence:
+        if e.metric.startswith(_NOT_PLOTTED) or (e.metric, e.entity) in series:
+            continue
+        series.append((e.metric, e.entity))
+    owner = f"{d.owner.team} (project {d.owner.project})" if d.owner else "unknown"
+    changes = [(u.detected_at, f"{u.severity}: {u.title}") for u in s.updates[1:] if u.status == "firing"]
+    cost = next((u.cost for u in reversed(s.updates) if u.cost), None)
+    return IncidentView(
+        number=k, rule_id=d.rule_id, severity=last.severity, title=d.title, cause=d.cause, job=d.job,
+        culprit=d.culprit or d.job or "?", ranks=d.ranks, start=s.start, end=s.end, resolved=s.resolved,
+        fired_at=d.detected_at, changes=changes, owner=owner, channel=d.owner.channel if d.owner else None,
+        path=d.topology_path, clean=d.clean_checks, next_step=d.next_step,
+        evidence=[{"metric": e.metric, "entity": e.entity, "value": e.value, "unit": e.unit,
+                   "baseline": e.baseline, "threshold": e.threshold} for e in d.evidence if e.metric != "check"],
+        evidence_series=series[:3], cost=cost, cost_source="rule" if cost else "unknown",
+        neighbours=_neighbours(d, sampler, topology))
+
+
+def _neighbours(d: Any, sampler: Sampler, topology: Any) -> list[str]:
+    """Other jobs whose ranks ran on the culprit's leaf switch or storage pool during the window."""
+    nodes = [n for n in (d.culprit or "").replace(" ", "").split(",") if n in set(topology.nodes())]
+    if not nodes:
+        nodes = sorted({r["node"] for p in sampler.placements.values() if p["job"] == d.job
+                        for r in p["ranks"]} & set(topology.nodes()))
+    leaves = {topology.leaf_of(n) for n in nodes} - {None}
+    pools = {p for n in nodes for p in topology.pools_of(n)}
+    out: list[str] = []
+    for job, p in sorted(sampler.placements.items()):
+        if job == d.job:
+            continue
+        their = {r["node"] for r in p["ranks"]} & set(topology.nodes())
+        shared = sorted({topology.leaf_of(n) for n in their} & leaves) + sorted(
+            {q for n in their for q in topology.pools_of(n)} & pools)
+        if shared:
+            out.append(f"{job} (project {p['project']}, team {p['team']}) on {', '.join(shared)}")
+    return out
+
+
+def _estimate_costs(data: ReportData) -> None:
+    """Fill in the cost of incidents whose rule gave none, from the job's step times (see ``cost``)."""
+    from engine.report.cost import shared_gpu_hours
+
+    times = data.grid.times()
+    by_job: dict[str, list[tuple[IncidentView, float, float, float]]] = {}
+    for v in data.incidents:
+        if v.cost is not None or not v.job:
+            continue
+        steps = data.job_step(v.job)
+        before = [s for t, s in zip(times, steps, strict=True) if t < v.start and not math.isnan(s)]
+        during = [s for t, s in zip(times, steps, strict=True) if v.start <= t <= v.end and not math.isnan(s)]
+        if not before or not during:
+            continue
+        base, now = statistics.median(before), statistics.median(during)
+        frac = max(0.0, 1.0 - base / now) if now > 0 else 0.0
+        by_job.setdefault(v.job, []).append((v, base, now, frac))
+    for job, items in by_job.items():
+        p = data.sampler.placements.get(job)
+        gpus = sum(float(r.get("gpu_share", 1.0)) for r in p["ranks"]) if p else 0.0
+        lost = shared_gpu_hours([(v.start, v.end, frac) for v, _, _, frac in items], gpus)
+        for (v, base, now, _), hours in zip(items, lost, strict=True):
+            others = [f"#{o.number}" for o, _, _, _ in items if o is not v and o.start < v.end and v.start < o.end]
+            v.cost = {"step_s": round(now, 4), "whatif_step_s": round(base, 4),
+                      "slowdown_pct": round(100.0 * (now / base - 1.0), 1) if base > 0 else 0.0,
+                      "gpus": gpus, "gpu_hours_lost": round(hours, 3)}
+            v.cost_source = "estimated from step times" + (
+                f"; the job's loss while {', '.join(others)} overlapped it is shared with them" if others else "")
+
+
+def utc(t: float) -> str:
+    """``2026-11-29 14:03:07 UTC``."""
+    return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+class Report:
+    """The rendered postmortem; :meth:`write` puts it in a folder."""
+
+    def __init__(self, data: ReportData) -> None:
+        self.data = data
+
+    def timeline_png(self, path: Path) -> Path:
+        """Draw the main timeline to ``path`` (PNG) and return it."""
+        import matplotlib.pyplot as plt
+
+        from engine.report.plots import timeline_figure
+
+        fig, _ = timeline_figure(self.data)
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        return path
+
+    def summary_lines(self) -> list[str]:
+        """The summary for someone who was not on call, one fact per line (Markdown)."""
+        from engine.report.render import summary
+
+        return summary(self.data)
+
+    def write(self, folder: Path) -> dict[str, Any]:
+        """Write ``report.html``, ``report.md`` and ``timeline.png`` into ``folder``; return their paths."""
+        from engine.report.render import html, markdown
+
+        folder.mkdir(parents=True, exist_ok=True)
+        png = self.timeline_png(folder / "timeline.png")
+        (folder / "report.md").write_text(markdown(self.data, png.name))
+        (folder / "report.html").write_text(html(self.data, png.read_bytes()))
+        return {"html": folder / "report.html", "md": folder / "report.md", "pngs": [png]}

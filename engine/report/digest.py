@@ -1,0 +1,205 @@
+"""The useful-GPU-time digest: per project and job, GPU-hours used and GPU-hours lost to waiting, by cause.
+
+Called by ``whywait digest``, which feeds it the placements, step timings and diagnoses of
+a period (usually a week).  GPU availability is not GPU productivity: a job that holds 128
+GPUs for a week "uses" 21,504 GPU-hours whatever it does; the digest shows how many of
+those went to waiting, and on what.
+
+- **Used:** the GPUs a job holds (its placement; a fractional ``gpu_share`` counts as
+  such) × the time it reported steps (each step's duration, so gaps where the job was
+  down are not counted).
+- **Lost:** per incident, the diagnosis's ``cost.gpu_hours_lost`` when the rule gave one
+  (the last update's, which covers the whole incident); otherwise estimated from the job's
+  step times: median during the incident against the median in the 15 minutes before it.
+- **Cause:** the rule's domain (``network.*``, ``storage.*``, ...), see :data:`CAUSES`.
+
+Pure: no Kafka, no Slack.  Memory is per job (one median per minute of the period).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# Rule-id prefix -> the cause the digest reports.  Unknown prefixes count as stragglers of unknown cause.
+CAUSES: dict[str, str] = {
+    "network": "network", "topology": "network", "storage": "storage", "data": "input pipeline",
+    "checkpoint": "checkpoints", "gpu": "GPU health", "contention": "contention",
+    "job": "stragglers of unknown cause", "straggler": "stragglers of unknown cause",
+}
+UNKNOWN = "stragglers of unknown cause"
+_LEAD_S = 900.0
+
+
+def cause_of(rule_id: str) -> str:
+    """The digest's cause for a rule id (its domain)."""
+    return CAUSES.get(rule_id.split(".", 1)[0], UNKNOWN)
+
+
+@dataclass
+class JobUse:
+    """One job's figures over the period."""
+
+    job: str
+    project: str = "?"
+    team: str = "?"
+    channel: str | None = None
+    gpus: float = 0.0
+    world: int = 0
+    rank_seconds: dict[int, float] = field(default_factory=lambda: defaultdict(float))
+    minute_steps: dict[int, list[float]] = field(default_factory=lambda: defaultdict(list))
+    lost: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    incidents: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def gpu_hours_used(self) -> float:
+        """GPU-hours: each rank's share of a GPU × the time it spent in steps."""
+        if not self.rank_seconds:
+            return 0.0
+        per_rank_gpu = self.gpus / self.world if self.world else 1.0  # no placement seen: a GPU per rank
+        return sum(s * per_rank_gpu for s in self.rank_seconds.values()) / 3600.0
+
+
+class Digest:
+    """Accumulates a period's messages and diagnoses; renders rows, Block Kit and a bar chart."""
+
+    def __init__(self, since: float, until: float) -> None:
+        self.since, self.until = since, until
+        self.jobs: dict[str, JobUse] = {}
+        self.last_diag: dict[str, dict[str, Any]] = {}  # fingerprint -> latest diagnosis (dict)
+        self.skipped: Counter[str] = Counter()  # what the reader could not use, and why
+
+    def _job(self, job: str) -> JobUse:
+        j = self.jobs.get(job)
+        if j is None:
+            j = self.jobs[job] = JobUse(job)
+        return j
+
+    def add(self, msg: dict[str, Any]) -> None:
+        """Add one contract message (placements and steps count; the rest is ignored)."""
+        if msg["kind"] == "placement":
+            j = self._job(msg["job"])
+            j.project, j.team, j.channel = msg["project"], msg["team"], msg.get("slack_channel")
+            j.gpus = sum(float(r.get("gpu_share", 1.0)) for r in msg["ranks"])
+            j.world = len(msg["ranks"])
+        elif msg["kind"] == "steps" and self.since <= msg["time"] <= self.until:
+            j = self._job(msg["job"])
+            for s in msg["steps"]:
+                j.rank_seconds[s["rank"]] += s["duration_s"]
+                j.minute_steps[int(msg["time"] // 60)].append(s["duration_s"])
+
+    def add_diagnosis(self, d: dict[str, Any]) -> None:
+        """Add one diagnosis as published on the diagnoses topic (firing or resolved)."""
+        if not (self.since - 86400 <= d.get("detected_at", 0) <= self.until):
+            return
+        self.last_diag[d["fingerprint"]] = d
+
+    def finish(self) -> None:
+        """Attribute each incident's loss to its job and cause; called once, after every add.
+
+        Estimated losses of overlapping incidents of one job are shared, not added
+        (``engine.report.cost``): the job was slowed once.
+        """
+        from engine.report.cost import shared_gpu_hours
+
+        estimated: dict[str, list[tuple[dict[str, Any], float]]] = defaultdict(list)
+        for d in sorted(self.last_diag.values(), key=lambda d: (d["starts_at"], d["fingerprint"])):
+            if not d.get("job"):
+                continue
+            j = self._job(d["job"])
+            end = d.get("ends_at") or self.until
+            cause = cause_of(d["rule_id"])
+            inc = {"rule_id": d["rule_id"], "cause": cause, "culprit": d.get("culprit"), "title": d.get("title", ""),
+                   "starts_at": d["starts_at"], "ends_at": end, "gpu_hours_lost": None, "how": "rule"}
+            j.incidents.append(inc)
+            if d.get("cost") and d["cost"].get("gpu_hours_lost") is not None:
+                inc["gpu_hours_lost"] = float(d["cost"]["gpu_hours_lost"])
+                j.lost[cause] += inc["gpu_hours_lost"]
+            else:
+                frac = self._lost_fraction(j, d["starts_at"], end)
+                inc["how"] = "estimated from step times" if frac is not None else "unknown"
+                if frac is not None:
+                    estimated[j.job].append((inc, frac))
+        for job, items in estimated.items():
+            j = self.jobs[job]
+            hours = shared_gpu_hours([(i["starts_at"], i["ends_at"], f) for i, f in items], j.gpus or 1.0)
+            for (inc, _), h in zip(items, hours, strict=True):
+                inc["gpu_hours_lost"] = round(h, 4)
+                j.lost[inc["cause"]] += h
+        for j in self.jobs.values():
+            j.incidents.sort(key=lambda i: -(i["gpu_hours_lost"] or 0.0))
+
+    def _lost_fraction(self, j: JobUse, start: float, end: float) -> float | None:
+        """``1 - before / during`` of the job's median step time; None without steps on both sides."""
+        before = [v for m, vs in j.minute_steps.items() if start - _LEAD_S <= m * 60 < start for v in vs]
+        during = [v for m, vs in j.minute_steps.items() if start <= m * 60 <= end for v in vs]
+        if not before or not during:
+            return None
+        base, now = statistics.median(before), statistics.median(during)
+        return max(0.0, 1.0 - base / now) if now > 0 else 0.0
+
+    def rows(self) -> list[dict[str, Any]]:
+        """Per project and job: GPU-hours used and lost by cause, biggest loss first."""
+        out = []
+        for j in self.jobs.values():
+            if not j.rank_seconds and not j.lost:
+                continue
+            out.append({"project": j.project, "team": j.team, "channel": j.channel, "job": j.job,
+                        "gpu_hours_used": round(j.gpu_hours_used, 3),
+                        "gpu_hours_lost": round(sum(j.lost.values()), 3),
+                        "lost_by_cause": {k: round(v, 3) for k, v in sorted(j.lost.items()) if v > 0},
+                        "top_incidents": j.incidents[:3]})
+        return sorted(out, key=lambda r: (r["project"], -r["gpu_hours_lost"], r["job"]))
+
+    def blocks(self, project: str | None = None) -> list[dict[str, Any]]:
+        """Slack Block Kit for the digest (one team's projects with ``project``)."""
+        from datetime import datetime, timezone
+
+        def day(t: float) -> str:
+            return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%d")
+
+        rows = [r for r in self.rows() if project is None or r["project"] == project]
+        blocks: list[dict[str, Any]] = [{"type": "header", "text": {"type": "plain_text", "text":
+                                         f"Useful GPU time, {day(self.since)} – {day(self.until)}"}}]
+        for r in rows:
+            used, lost = r["gpu_hours_used"], r["gpu_hours_lost"]
+            pct = f" ({100 * lost / used:.1f}% of it)" if used > 0 else ""
+            causes = ", ".join(f"{c} {v:.1f}" for c, v in sorted(r["lost_by_cause"].items(), key=lambda x: -x[1]))
+            text = (f"*{r['project']} / {r['job']}*: {used:,.1f} GPU-hours used, *{lost:,.1f} lost to waiting*{pct}"
+                    + (f"\nby cause: {causes}" if causes else ""))
+            for i in r["top_incidents"]:
+                g = i["gpu_hours_lost"]
+                text += (f"\n• {day(i['starts_at'])} {i['rule_id']} on {i['culprit'] or r['job']}: "
+                         + (f"{g:.2f} GPU-h" if g is not None else "cost unknown"))
+            blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": text}})
+        if not rows:
+            blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": "No job reported steps."}})
+        return blocks
+
+    def plot(self, path: Path) -> Path:
+        """A horizontal bar chart: per job, GPU-hours used (productive) and lost by cause, stacked."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        rows = self.rows()
+        causes = sorted({c for r in rows for c in r["lost_by_cause"]})
+        fig, ax = plt.subplots(figsize=(10, 1.5 + 0.5 * max(len(rows), 1)))
+        labels = [f"{r['project']} / {r['job']}" for r in rows]
+        left = [max(r["gpu_hours_used"] - r["gpu_hours_lost"], 0.0) for r in rows]
+        ax.barh(labels, left, color="tab:green", label="productive")
+        for k, c in enumerate(causes):
+            vals = [r["lost_by_cause"].get(c, 0.0) for r in rows]
+            ax.barh(labels, vals, left=left, label=f"lost: {c}", color=plt.cm.tab10((k + 1) % 10))
+            left = [a + b for a, b in zip(left, vals, strict=True)]
+        ax.set_xlabel("GPU-hours")
+        ax.invert_yaxis()
+        ax.legend(loc="lower right", fontsize=7)
+        fig.tight_layout()
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        return path

@@ -1,0 +1,167 @@
+"""The postmortem's figures: matplotlib, real UTC timestamps, incident labels that never overlap.
+
+Called by :class:`engine.report.Report`.  :func:`timeline_figure` draws, on one shared UTC
+axis: each job's step time per rank with the straggler ranks highlighted, the job's
+data/compute/communication split, and for every incident its culprit's evidence against
+the median of its peers, with the incidents shaded and labelled.  Labels are placed by
+measuring their rendered boxes (:func:`place_labels`), so three incidents close together
+stack instead of printing over each other.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from engine.report import ReportData
+
+COLORS = ["tab:orange", "tab:purple", "tab:green", "tab:brown", "tab:pink", "tab:olive", "tab:cyan"]
+
+
+def _utc(ts: list[float]) -> list[datetime]:
+    return [datetime.fromtimestamp(t, timezone.utc) for t in ts]
+
+
+def _nanmedian(vals: list[float]) -> float:
+    v = [x for x in vals if not math.isnan(x)]
+    return statistics.median(v) if v else math.nan
+
+
+def timeline_figure(data: ReportData) -> tuple[Any, list[Any]]:
+    """Build the main timeline figure (not saved); return it and its incident label artists."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.dates as mdates
+    import matplotlib.pyplot as plt
+
+    times = _utc(data.grid.times())
+    panels: list[tuple[str, Any]] = []
+    for job in data.jobs:
+        panels.append(("steps", job))
+        if any(data.split(job).values()):
+            panels.append(("split", job))
+    for k, inc in enumerate(data.incidents):
+        for metric, entity in inc.evidence_series:
+            panels.append(("evidence", (k, metric, entity)))
+    panels = panels or [("empty", None)]
+    fig, axes = plt.subplots(len(panels), 1, figsize=(12, 1.2 + 2.3 * len(panels)), sharex=True, squeeze=False)
+    for ax_row, (kind, what) in zip(axes, panels, strict=True):
+        ax = ax_row[0]
+        if kind == "steps":
+            _steps_panel(ax, data, what, times)
+        elif kind == "split":
+            split = data.split(what)
+            # buckets where a phase has no step (steps longer than a bucket) are left out, not drawn as 0
+            keep = [i for i in range(len(times)) if not any(math.isnan(split[k][i]) for k in split)]
+            ys = [[split[k][i] for i in keep] for k in split]
+            ax.stackplot([times[i] for i in keep], *ys, labels=[f"{k} (median rank)" for k in split],
+                         colors=["tab:blue", "tab:green", "tab:red"][:len(ys)], alpha=0.7)
+            ax.set_ylabel(f"{what}\nstep split (s)", fontsize=8)
+            ax.legend(loc="upper left", fontsize=7, ncols=3)
+        elif kind == "evidence":
+            k, metric, entity = what
+            culprit = data.sampler.means(metric, entity) or []
+            peers = [data.sampler.means(metric, e) or [] for e in data.sampler.entities(metric) if e != entity]
+            col = COLORS[k % len(COLORS)]
+            if culprit:
+                _line(ax, times, culprit, color="tab:red", lw=1.3, label=f"{entity} (culprit)")
+            if peers:
+                med = [_nanmedian(list(col_)) for col_ in zip(*peers, strict=True)]
+                _line(ax, times, med, color="tab:gray", lw=1, label=f"median of {len(peers)} peers")
+            ax.set_ylabel(f"#{k + 1} {metric}", fontsize=8, color=col)
+            ax.legend(loc="upper left", fontsize=7)
+        else:
+            ax.text(0.5, 0.5, "no data in the window", ha="center", va="center", transform=ax.transAxes)
+        ax.grid(alpha=0.3)
+    for k, inc in enumerate(data.incidents):
+        a, b = _utc([inc.start, inc.end])
+        for row in axes:
+            row[0].axvspan(a, b, color=COLORS[k % len(COLORS)], alpha=0.15)
+    last = axes[-1][0]
+    last.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M:%S", tz=timezone.utc))
+    day = datetime.fromtimestamp(data.window.since, timezone.utc).strftime("%Y-%m-%d")
+    last.set_xlabel(f"UTC, {day} (event time)")
+    last.set_xlim(times[0], times[-1]) if times else None
+    fig.tight_layout()
+    labels = [(f"#{k + 1} {inc.rule_id}: {inc.culprit}", inc.start, COLORS[k % len(COLORS)])
+              for k, inc in enumerate(data.incidents)]
+    return fig, place_labels(fig, axes[0][0], labels)
+
+
+def _steps_panel(ax: Any, data: ReportData, job: str, times: list[datetime]) -> None:
+    ranks = data.sampler.entities("step.duration_s")
+    ranks = [r for r in ranks if r.rsplit(":", 1)[0] == job]
+    slow = data.straggler_ranks.get(job, set())
+    series = {r: data.sampler.means("step.duration_s", r) or [] for r in ranks}
+    others = [s for r, s in series.items() if int(r.rsplit(":", 1)[1]) not in slow]
+    if others:
+        cols = list(zip(*others, strict=True))
+        lo = [_q(c, 0.1) for c in cols]
+        hi = [_q(c, 0.9) for c in cols]
+        ax.fill_between(times, lo, hi, color="tab:blue", alpha=0.2, lw=0, label="other ranks, p10-p90")
+        _line(ax, times, [_nanmedian(list(c)) for c in cols], color="tab:blue", lw=1, label="other ranks, median")
+    shown = sorted(slow)[:8]
+    for r in shown:
+        s = series.get(f"{job}:{r}")
+        if s:
+            name = f"rank{'s' if len(slow) > 1 else ''} {', '.join(map(str, shown))}{' …' if len(slow) > 8 else ''}"
+            _line(ax, times, s, color="tab:red", lw=1.2, label=f"{name} (straggler)" if r == shown[0] else None)
+    ax.set_ylabel(f"{job}\nstep time (s)", fontsize=8)
+    ax.legend(loc="upper left", fontsize=7)
+
+
+def _line(ax: Any, times: list[datetime], ys: list[float], **kw: Any) -> None:
+    """Plot the points that have a value: a step longer than a bucket leaves empty buckets, not a gap."""
+    pts = [(t, y) for t, y in zip(times, ys, strict=True) if not math.isnan(y)]
+    if pts:
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], **kw)
+
+
+def _q(col: tuple[float, ...], q: float) -> float:
+    v = sorted(x for x in col if not math.isnan(x))
+    if not v:
+        return math.nan
+    return v[min(len(v) - 1, int(q * len(v)))]
+
+
+def place_labels(fig: Any, ax: Any, labels: list[tuple[str, float, str]]) -> list[Any]:
+    """Put each ``(text, event time, colour)`` label above ``ax`` at its time, stacking rows to avoid overlap.
+
+    Each label is drawn, its window extent measured with the figure's renderer, and moved up one
+    row while it intersects a label already placed.  Returns the text artists; the figure's top
+    margin grows to fit the rows used.
+    """
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    placed: list[Any] = []
+    boxes: list[Any] = []
+    row_pt = 7 * 1.35  # a 7-pt label's height, with spacing, in points
+    x0, x1 = ax.get_xlim()
+    rows_used = 0
+    for text, t, color in sorted(labels, key=lambda x: x[1]):
+        x = datetime.fromtimestamp(t, timezone.utc)
+        import matplotlib.dates as mdates
+
+        right = mdates.date2num(x) > x0 + 0.6 * (x1 - x0)  # late labels grow leftwards, inside the figure
+        row = 0
+        while True:
+            art = ax.annotate(text, xy=(x, 1.0), xycoords=("data", "axes fraction"), xytext=(0, 3 + row * row_pt),
+                              textcoords="offset points", fontsize=7, color=color, va="bottom",
+                              ha="right" if right else "left", annotation_clip=False)
+            bb = art.get_window_extent(renderer).expanded(1.02, 1.1)
+            if not any(bb.overlaps(o) for o in boxes):
+                break
+            art.remove()
+            row += 1
+        boxes.append(bb)
+        placed.append(art)
+        rows_used = max(rows_used, row + 1)
+    if rows_used:
+        top_px = fig.get_figheight() * fig.dpi
+        needed = (12 + rows_used * row_pt * fig.dpi / 72) / top_px
+        fig.subplots_adjust(top=min(fig.subplotpars.top, 1.0 - needed))
+    return placed

@@ -1,0 +1,150 @@
+"""The report as text: the summary, the Markdown file and the self-contained HTML file.
+
+Called by :class:`engine.report.Report`.  Both files tell the same story in the same order:
+summary, timeline, each incident (when it fired, changed and resolved; evidence; path;
+other jobs on the same switch or pool; what was checked and found clean), and what the
+replay skipped.  The HTML inlines its PNG and CSS, so it opens offline and can be mailed.
+"""
+
+from __future__ import annotations
+
+import base64
+import html as _html
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from engine.report import IncidentView, ReportData
+
+
+def _utc(t: float) -> str:
+    from engine.report import utc
+
+    return utc(t)
+
+
+def _cost(v: IncidentView) -> str:
+    c = v.cost
+    if not c or c.get("gpu_hours_lost") is None:
+        return "cost unknown (no step times for the job before and during the incident)"
+    parts = [f"{c['gpu_hours_lost']:.2f} GPU-hours lost"]
+    if c.get("slowdown_pct") is not None:
+        parts.append(f"steps {c['slowdown_pct']:.0f}% slower")
+    if c.get("step_s") is not None and c.get("whatif_step_s") is not None:
+        parts.append(f"{c['step_s']:.3g} s per step instead of {c['whatif_step_s']:.3g} s")
+    return ", ".join(parts) + ("" if v.cost_source == "rule" else f" ({v.cost_source})")
+
+
+def summary(data: ReportData) -> list[str]:
+    """One line per incident, then the totals: what was slow, when, why, what it cost, who owns it."""
+    w = data.window
+    if not data.incidents:
+        return [f"No incident between {_utc(w.since)} and {_utc(w.until)}: every rule stayed quiet "
+                f"over {data.messages:,} messages."]
+    out = []
+    for v in data.incidents:
+        ranks = f", rank{'s' if len(v.ranks) > 1 else ''} {_ranks(v.ranks)}" if v.ranks else ""
+        state = f"until {_utc(v.end)}" if v.resolved else f"still going at {_utc(v.end)} (end of the window)"
+        out.append(f"#{v.number} **{v.job or v.culprit}** was slowed from {_utc(v.start)} {state}: "
+                   f"{v.cause} Where: {v.culprit}{ranks}. Cost: {_cost(v)}. "
+                   f"Owner: {v.owner}{' ' + v.channel if v.channel else ''}.")
+    lost = sum((v.cost or {}).get("gpu_hours_lost", 0.0) for v in data.incidents)
+    out.append(f"In all: {len(data.incidents)} incident(s), {lost:.2f} GPU-hours lost.")
+    return out
+
+
+def _ranks(ranks: tuple[int, ...]) -> str:
+    if not ranks:
+        return ""
+    if list(ranks) == list(range(ranks[0], ranks[0] + len(ranks))) and len(ranks) > 2:
+        return f"{ranks[0]}–{ranks[-1]}"
+    return ", ".join(map(str, ranks[:16])) + (" …" if len(ranks) > 16 else "")
+
+
+def _incident_md(v: IncidentView) -> list[str]:
+    out = [f"### #{v.number} {v.title}", "",
+           f"- **Rule:** `{v.rule_id}` ({v.severity})",
+           f"- **Began:** {_utc(v.start)}; **fired:** {_utc(v.fired_at)}; "
+           + (f"**resolved:** {_utc(v.end)}" if v.resolved else f"**still firing** at {_utc(v.end)}")]
+    for t, what in v.changes:
+        out.append(f"- **Changed** at {_utc(t)}: {what}")
+    out.append(f"- **Slack thread:** {v.slack_link}" if v.slack_link else "- **Slack thread:** not posted live "
+               "(or the notifier's record of it has expired)")
+    out += [f"- **Cause:** {v.cause}",
+            f"- **Culprit:** {v.culprit}" + (f", rank{'s' if len(v.ranks) > 1 else ''} {_ranks(v.ranks)}"
+                                              if v.ranks else ""),
+            f"- **Cost:** {_cost(v)}",
+            f"- **Owner:** {v.owner}" + (f", {v.channel}" if v.channel else ""),
+            f"- **Topology path:** {' → '.join(v.path) or 'unknown'}",
+            "- **Other jobs on the same switch or storage pool:** " + ("; ".join(v.neighbours) or "none"),
+            "- **Checked and found clean:** " + ("; ".join(v.clean) or "nothing checked by this rule")]
+    if v.next_step:
+        out.append(f"- **Next step:** {v.next_step}")
+    out += ["", "| evidence | entity | value | baseline | threshold |", "|---|---|---|---|---|"]
+    for e in v.evidence:
+        base = "" if e["baseline"] is None else f"{e['baseline']:.4g}"
+        out.append(f"| `{e['metric']}` | {e['entity']} | {e['value']:.4g} {e['unit']} | {base} | {e['threshold']} |")
+    return out + [""]
+
+
+def markdown(data: ReportData, png_name: str) -> str:
+    """The report as Markdown, referring to the PNG next to it."""
+    w = data.window
+    out = [f"# Postmortem: {', '.join(data.jobs) or 'the cluster'}, {_utc(w.since)} – {_utc(w.until)}", "",
+           "## Summary", ""]
+    out += [f"- {line}" for line in summary(data)]
+    out += ["", "## Timeline (UTC)", "", f"![timeline]({png_name})", ""]
+    if data.incidents:
+        out += ["## Incidents", ""]
+        for v in data.incidents:
+            out += _incident_md(v)
+    out += ["## What the replay read", "", f"- {data.messages:,} messages"]
+    out += [f"- skipped {n}: {why}" for why, n in sorted(data.skipped.items())] or ["- nothing skipped"]
+    return "\n".join(out) + "\n"
+
+
+_CSS = """body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;color:#222}
+h1{font-size:1.4em}h2{border-bottom:1px solid #ccc}table{border-collapse:collapse}
+td,th{border:1px solid #ccc;padding:2px 6px;font-size:.9em}code{background:#f3f3f3}img{max-width:100%}"""
+
+
+def html(data: ReportData, png: bytes) -> str:
+    """The report as one HTML file with the timeline PNG inlined (opens offline)."""
+    import re
+
+    md = markdown(data, "timeline.png")
+    img = "data:image/png;base64," + base64.b64encode(png).decode()
+    body: list[str] = []
+    table: list[str] = []
+
+    def inline(s: str) -> str:
+        s = _html.escape(s)
+        s = re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", s)
+        s = re.sub(r"(https://[^\s<]+)", r'<a href="\1">\1</a>', s)
+        return re.sub(r"`(.+?)`", r"<code>\1</code>", s)
+
+    def flush_table() -> None:
+        if table:
+            rows = [r.strip("|").split("|") for r in table if not set(r) <= set("|-")]
+            body.append("<table>" + "".join(
+                "<tr>" + "".join(f"<{'th' if i == 0 else 'td'}>{inline(c.strip())}</{'th' if i == 0 else 'td'}>"
+                                 for c in r) + "</tr>" for i, r in enumerate(rows)) + "</table>")
+            table.clear()
+
+    for line in md.splitlines():
+        if line.startswith("|"):
+            table.append(line)
+            continue
+        flush_table()
+        if line.startswith("!["):
+            body.append(f'<img alt="timeline" src="{img}">')
+        elif line.startswith("#"):
+            level = len(line) - len(line.lstrip("#"))
+            body.append(f"<h{level}>{inline(line[level:].strip())}</h{level}>")
+        elif line.startswith("- "):
+            body.append(f"<li>{inline(line[2:])}</li>")
+        elif line:
+            body.append(f"<p>{inline(line)}</p>")
+    flush_table()
+    title = _html.escape(md.splitlines()[0].lstrip("# "))
+    return (f"<!doctype html><html><head><meta charset=utf-8><title>{title}</title><style>{_CSS}</style></head>"
+            "<body>\n" + "\n".join(body) + "\n</body></html>\n")

@@ -1,0 +1,65 @@
+"""Posting the postmortem into the incident's Slack thread (``whywait replay --slack-thread CHANNEL:TS``).
+
+Called after the report is built: the summary goes into the thread as a message, then
+the main timeline PNG with ``files_upload_v2`` (Slack's current upload flow:
+``files.getUploadURLExternal``, the upload, ``files.completeUploadExternal``).  The
+token is ``SLACK_BOT_TOKEN`` (or ``_FILE``), the API ``WHYWAIT_SLACK_API_URL`` when set,
+as for the engine's notifier.  Failures are one line (:class:`~engine.errors.NotifyError`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from engine.errors import ConfigError, NotifyError
+
+if TYPE_CHECKING:
+    from engine.report import Report
+
+
+def parse_thread(target: str) -> tuple[str, str]:
+    """``C024BE91L:1764442800.000100`` (or ``#channel:ts``) → ``(channel, thread ts)``."""
+    channel, sep, ts = target.rpartition(":")
+    if not sep or not channel or not re.fullmatch(r"\d+\.\d+", ts):
+        raise ConfigError(f"--slack-thread: expected CHANNEL:TS such as C024BE91L:1764442800.000100 (got {target!r})")
+    return channel, ts
+
+
+def post_to_thread(report: Report, target: str, tmp: Path) -> None:
+    """Post the report's summary and timeline PNG as replies in the thread ``target``."""
+    from slack_sdk import WebClient
+    from slack_sdk.errors import SlackApiError, SlackClientError
+
+    from engine.notify.secrets import read_secret
+
+    channel, ts = parse_thread(target)
+    token = read_secret("SLACK_BOT_TOKEN")
+    if token is None:
+        raise ConfigError("--slack-thread needs SLACK_BOT_TOKEN (or SLACK_BOT_TOKEN_FILE)")
+    client = WebClient(token=token.reveal(), timeout=30,
+                       base_url=os.environ.get("WHYWAIT_SLACK_API_URL") or WebClient.BASE_URL)
+    png = report.timeline_png(tmp / "timeline.png")
+    # Slack's mrkdwn bolds with one asterisk
+    text = "\n".join(["*Postmortem (whywait replay)*", *(re.sub(r"\*\*(.+?)\*\*", r"*\1*", line)
+                                                          for line in report.summary_lines())])
+    try:
+        if channel.startswith("#"):
+            channel = _channel_id(client, channel)
+        client.chat_postMessage(channel=channel, thread_ts=ts, text=text)
+        client.files_upload_v2(channel=channel, thread_ts=ts, file=str(png), filename="timeline.png",
+                               title="whywait timeline (UTC)")
+    except SlackApiError as exc:
+        raise NotifyError(f"Slack refused the postmortem: {exc.response.get('error')}", retryable=False) from None
+    except (SlackClientError, OSError) as exc:
+        raise NotifyError(f"Slack unreachable: {exc}", retryable=True) from None
+
+
+def _channel_id(client: object, name: str) -> str:
+    resp = client.conversations_list(limit=1000)  # type: ignore[attr-defined]
+    for c in resp.get("channels", []):
+        if c.get("name") == name.lstrip("#"):
+            return str(c["id"])
+    raise NotifyError(f"Slack channel {name} not found (is the app invited to it?)", retryable=False)

@@ -1,0 +1,125 @@
+"""Kineto (PyTorch profiler) import on real traces: the step count and the split, checked against figures
+computed here independently from the raw trace (microsecond masks, not interval arithmetic)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from agents.events import validate
+from engine.importers import ImportFormatError
+from engine.importers.kineto import steps_from_trace
+
+REPO = Path(__file__).resolve().parents[2]
+HTA = REPO / "tests" / "fixtures" / "importers" / "hta"
+
+
+def independent(path: Path) -> dict[int, dict[str, float]]:
+    """Per step: duration, compute, non-overlapped NCCL time and data-loader time, from boolean µs masks."""
+    trace = json.loads(gzip.open(path).read())
+    ev = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
+    steps = {int(e["name"].split("#")[1]): (e["ts"], e["ts"] + e["dur"]) for e in ev
+             if re.fullmatch(r"ProfilerStep#\d+", e["name"]) and e.get("cat") != "gpu_user_annotation"}
+    launch = {e["args"]["correlation"]: e["ts"] for e in ev if e.get("cat") == "cuda_runtime"
+              and "correlation" in e.get("args", {})}
+    out = {}
+    for n, (s0, s1) in steps.items():
+        ks = [e for e in ev if e.get("cat") == "kernel" and s0 <= launch.get(e["args"].get("correlation"), -1) <= s1]
+        lo = int(min([s0] + [k["ts"] for k in ks]))
+        hi = int(max([s1] + [k["ts"] + k["dur"] for k in ks])) + 2
+        comp = np.zeros(hi - lo, bool)
+        comm = np.zeros(hi - lo, bool)
+        for k in ks:
+            m = comm if "nccl" in k["name"].lower() else comp
+            m[int(k["ts"]) - lo:int(k["ts"] + k["dur"]) - lo] = True
+        data = np.zeros(hi - lo, bool)
+        for e in ev:
+            if e.get("cat") == "user_annotation" and e["name"] == "## data_load ##":
+                a, b = max(e["ts"], s0), min(e["ts"] + e["dur"], s1)
+                if a < b:
+                    data[int(a) - lo:int(b) - lo] = True
+        out[n] = {"duration_s": (s1 - s0) / 1e6, "compute_s": comp.sum() / 1e6,
+                  "comm_s": (comm & ~comp).sum() / 1e6, "data_wait_s": data.sum() / 1e6, "end": s1 / 1e6}
+    return out
+
+
+@pytest.mark.parametrize("name, rank", [("sampled_rank-0.json.gz", 0), ("sampled_rank-1.json.gz", 1)])
+def test_real_trace_steps_and_split_match_the_trace(name: str, rank: int) -> None:
+    want = independent(HTA / name)
+    got = steps_from_trace(HTA / name)
+    assert [s.step for s in got] == sorted(want) == [551, 552]
+    for s in got:
+        w = want[s.step]
+        assert s.rank == rank
+        assert s.duration_s == pytest.approx(w["duration_s"], abs=1e-6)
+        # µs masks round kernel edges to whole microseconds: a few µs per kernel at most
+        assert s.compute_s == pytest.approx(w["compute_s"], abs=2e-3, rel=0.01)
+        assert s.comm_s == pytest.approx(w["comm_s"], abs=2e-3, rel=0.01)
+        assert s.data_wait_s == pytest.approx(w["data_wait_s"], abs=1e-4)
+        assert s.compute_s > 0.05 and s.comm_s > 0.05  # both phases really present in this job
+        assert s.end == pytest.approx(w["end"], abs=1e-6)  # event time kept: wall clock of the step's end
+        assert 1_682_000_000 < s.end < 1_683_000_000  # 2023-04-29, when the trace was taken
+
+
+def test_relative_timestamps_use_base_time_and_missing_loader_is_unknown() -> None:
+    got = steps_from_trace(HTA / "nccl_data.json.gz")
+    assert [s.step for s in got] == [4, 5, 6]
+    # the trace's own log says it was taken on 2024-05-22 17:15:22 local time (PDT): 00:15:22 UTC next day
+    assert 1_716_423_322 <= got[0].start < 1_716_423_323
+    assert all(s.data_wait_s is None for s in got)  # no data-loader spans: unknown, not zero
+    assert all("data_wait_s" not in s.record() for s in got)
+    assert all(s.collective_s > 0 and s.pipeline_wait_s == 0 for s in got)  # all-reduce/broadcast only
+
+
+def test_whywait_import_writes_valid_steps_with_event_time(tmp_path: Path) -> None:
+    out = tmp_path / "steps.jsonl"
+    r = subprocess.run([sys.executable, "-m", "engine.cli", "import", str(HTA / "sampled_rank-0.json.gz"),
+                        str(HTA / "sampled_rank-1.json.gz"), "--job", "hta-128", "--node", "host-a",
+                        "--project", "ads", "--team", "ranking", "-o", str(out)],
+                       capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert r.returncode == 0, r.stderr
+    msgs = [validate(json.loads(line)) for line in out.read_text().splitlines()]
+    assert msgs[0]["kind"] == "placement" and [x["rank"] for x in msgs[0]["ranks"]] == [0, 1]
+    steps = [s for m in msgs[1:] for s in m["steps"]]
+    assert len(steps) == 4 and {(s["rank"], s["step"]) for s in steps} == {(0, 551), (0, 552), (1, 551), (1, 552)}
+    assert all(m["time"] == m["steps"][0]["ended_at"] for m in msgs[1:])
+    assert [m["time"] for m in msgs[1:]] == sorted(m["time"] for m in msgs[1:])
+
+
+def test_bad_traces_are_one_line(tmp_path: Path) -> None:
+    bad = tmp_path / "t.json"
+    bad.write_text('{"traceEvents": [{"ph": "X", "name": "aten::mm", "cat": "cpu_op", "ts": 1, "dur": 2}]}')
+    with pytest.raises(ImportFormatError, match="t.json: the trace does not say its rank"):
+        steps_from_trace(bad)
+    with pytest.raises(ImportFormatError, match="no ProfilerStep#N spans"):
+        steps_from_trace(bad, rank=0)
+    bad.write_text("{oops")
+    with pytest.raises(ImportFormatError, match="t.json: not a JSON trace"):
+        steps_from_trace(bad)
+
+
+def test_kernels_outside_every_step_are_counted_not_dropped_silently(tmp_path: Path) -> None:
+    from collections import Counter
+
+    t0 = 1_764_442_800_000_000.0  # µs
+    ev = [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "ts": t0, "dur": 1000},
+          {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": t0 + 10, "dur": 5,
+           "args": {"correlation": 1}},
+          {"ph": "X", "cat": "kernel", "name": "gemm", "ts": t0 + 20, "dur": 300, "args": {"correlation": 1}},
+          {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": t0 + 5000, "dur": 5,
+           "args": {"correlation": 2}},
+          {"ph": "X", "cat": "kernel", "name": "ncclKernel_AllReduce", "ts": t0 + 5010, "dur": 50,
+           "args": {"correlation": 2}}]
+    f = tmp_path / "t.json"
+    f.write_text(json.dumps({"distributedInfo": {"rank": 3}, "traceEvents": ev}))
+    notes: Counter[str] = Counter()
+    (s,) = steps_from_trace(f, notes=notes)
+    assert (s.rank, s.step, s.compute_s, s.comm_s) == (3, 1, 0.0003, 0.0)
+    assert notes == {"t.json: GPU kernels launched outside every ProfilerStep (not attributed)": 1}

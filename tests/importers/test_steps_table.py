@@ -1,0 +1,46 @@
+"""The plain per-rank step table (CSV / JSON lines): unknown phases stay unknown, errors name file and line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from engine.importers import ImportFormatError
+from engine.importers.steps_table import read_steps
+
+
+def test_csv_rows_keep_event_time_and_leave_unknown_phases_out(tmp_path: Path) -> None:
+    f = tmp_path / "steps.csv"
+    f.write_text("time,job,rank,step,duration_s,data_wait_s,compute_s,comm_s\n"
+                 "2025-11-29T19:00:01Z,j,0,10,1.25,0.02,0.91,0.32\n"
+                 "1764442802.5,j,1,10,1.30,,,\n")
+    rows = list(read_steps(f, node="node-03"))
+    assert rows[0] == ("j", "node-03", {"ended_at": 1_764_442_801.0, "rank": 0, "step": 10, "duration_s": 1.25,
+                                        "data_wait_s": 0.02, "compute_s": 0.91, "comm_s": 0.32})
+    assert rows[1][2] == {"ended_at": 1_764_442_802.5, "rank": 1, "step": 10, "duration_s": 1.3}
+
+
+def test_jsonl_rows(tmp_path: Path) -> None:
+    f = tmp_path / "steps.jsonl"
+    f.write_text('{"time": 1764442801, "rank": 3, "step": 7, "duration_s": 45.0, "collective_s": 2.5, '
+                 '"node": "n1"}\n\n')
+    assert list(read_steps(f, job="long-steps")) == [
+        ("long-steps", "n1", {"ended_at": 1_764_442_801.0, "rank": 3, "step": 7, "duration_s": 45.0,
+                              "collective_s": 2.5})]
+
+
+@pytest.mark.parametrize("text, says", [
+    ("time,job,rank,step,duration_s,speed\n1,j,0,1,1,2\n", "steps.csv:1: unknown column(s) speed"),
+    ("time,job,rank,step,duration_s\n1,j,0,1,-1\n", "steps.csv:2: duration_s: must be a finite number >= 0"),
+    ("time,job,rank,step,duration_s\n1,j,0.5,1,1\n", "steps.csv:2: rank: must be a whole number"),
+    ("time,job,rank,step,duration_s\n1,j,0,1,1\nnoon,j,0,2,1\n", "steps.csv:3: time: time must be Unix seconds"),
+    ("time,job,rank,step,duration_s\n1,,0,1,1\n", "steps.csv:2: job: is required"),
+    ("time,job,rank,step\n1,j,0,1\n", "steps.csv:2: duration_s: is required"),
+])
+def test_bad_rows_name_file_line_and_column(tmp_path: Path, text: str, says: str) -> None:
+    f = tmp_path / "steps.csv"
+    f.write_text(text)
+    with pytest.raises(ImportFormatError) as e:
+        list(read_steps(f, node="n"))
+    assert says in str(e.value)
