@@ -8,6 +8,7 @@ pure and deterministic.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -126,8 +127,9 @@ class JobSpec:
             self.nodes = tuple(order)
         self._check()
         if self.step_s is not None:
-            # Scale the phases together, so a 45 s step keeps the shape of a 0.75 s one.
-            k = self.step_s / self.base_step_s
+            # Scale the phases together, so a 45 s step keeps the shape of a 0.75 s one, and so the typical
+            # step (which waits for the slowest of the ranks' jittered compute) lasts step_s.
+            k = self.step_s / self.typical_step_s
             self.data_wait_s *= k
             self.compute_s *= k
             self.comm_s *= k
@@ -179,6 +181,17 @@ class JobSpec:
         tp_i = rank % self.tp
         dp_i = (rank // self.tp) % self.dp
         return {"dp": dp_i, "pp": rank // (self.tp * self.dp), "tp": tp_i}
+
+    @property
+    def typical_step_s(self) -> float:
+        """The healthy step a synchronous job typically takes: the collective waits for the slowest of
+        the ranks that must meet, so compute counts at its expected maximum over them (a lognormal's
+        ``exp(jitter x z_n)``, z_n the expected maximum of n standard normals)."""
+        n = max(2, self.pp * self.tp if self.pp > 1 else len(self.ranks))
+        ln = math.log(n)
+        z = math.sqrt(2 * ln) - (math.log(ln) + math.log(4 * math.pi)) / (2 * math.sqrt(2 * ln)) if n > 2 else 0.56
+        m = self.microbatches
+        return self.data_wait_s + self.compute_s * math.exp(self.jitter * z) * (m + self.pp - 1) / m + self.comm_s
 
     @property
     def base_step_s(self) -> float:

@@ -976,7 +976,10 @@ class _RankFault(Fault):
     target_kind = "job:rank"
 
     def resolve(self, sim: Simulation) -> None:
-        job, _, rank = self.target.rpartition(":")
+        job, sep, rank = self.target.rpartition(":")
+        if not sep:
+            raise SimulationError(f"fault {self.name!r}: target must be JOB:RANK such as train-llm:12 "
+                                  f"(got {self.target!r})")
         self.js = self._job(sim, job)
         try:
             self.rank = int(rank)
@@ -1149,7 +1152,8 @@ class StageImbalance(_PatternFault):
         return f"stage {self.stage}"
 
     def detail(self) -> dict[str, Any]:
-        return {"target": self.target, "stage": self.stage, "stage_ranks": self.stage_ranks, **self.params}
+        # The resolved stage (a parameter of -1 means the last): what a diagnosis must name.
+        return {"target": self.target, **self.params, "stage": self.stage, "stage_ranks": self.stage_ranks}
 
     def on_step(self, t: float, job: JobState, fx: StepEffects) -> None:
         m = self.params["compute_mult"]
