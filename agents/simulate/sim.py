@@ -6,13 +6,27 @@ one ``steps`` batch per node holding the steps its ranks completed during the
 interval; ``checkpoint`` events are emitted at their own times.  One ``placement``
 message per job comes first.  Messages come out in event-time order.
 
-Training follows synchronous data parallelism: each step, every rank waits for
-its input (``data_wait_s``), computes (``compute_s``), then enters the
-all-reduce, which can only finish once the slowest rank has arrived and the
-collective's transfer is done.  So a rank slow in *compute* shows a high
-``compute_s`` and a *low* ``comm_s`` while everyone else's ``comm_s`` grows,
-and a rank whose *network* is bad stretches the collective for everyone (its own
-``comm_s`` is the largest: it finishes its sends last).
+Training is synchronous.  Data parallel: each step, every rank waits for its
+input (``data_wait_s``), computes (``compute_s``), then enters the all-reduce,
+which can only finish once the slowest rank has arrived and the collective's
+transfer is done; so every rank's ``duration_s`` is the same (a few ms apart),
+and a rank slow in *compute* or *input* shows only in the split: the most
+``compute_s`` (or ``data_wait_s``) and the *least* ``comm_s``, while everyone
+else's ``comm_s`` grows.  A rank whose *network* is bad stretches the collective
+for everyone (its own ``comm_s`` is the largest: it finishes its sends last).
+Pipeline parallel (``pp`` > 1; placement carries each rank's ``dp``/``pp``/``tp``):
+in each replica a microbatch moves at the pace of the slowest stage, so a step
+takes (m + pp - 1) slots (the fill and drain bubbles); each rank reports its
+``pipeline_wait_s`` and ``collective_s`` apart (``comm_s`` their sum), and the
+slowest stage waits least.  Steps last from 0.1 s to minutes (``step_s``), are
+batched per node per interval with their ``ended_at``, and a job may publish
+``duration_s`` alone (``split: false``).
+
+Fault-free runs are not clean: per-step lognormal jitter, a rare hiccup (one
+slow step on one rank), GC pauses, and heterogeneous hardware (``slow_nodes``
+slower from the start).  Each step draws its noise once and is laid out with
+the active faults and, for the ground truth's cost, without each of them: the
+difference is the time that fault cost (``GroundTruth.gpu_hours_lost``).
 
 Faults (:mod:`agents.simulate.faults`) perturb the step model through
 :class:`StepEffects` and the reports through hooks; each records its
