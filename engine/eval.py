@@ -260,8 +260,14 @@ def _straggler_scenario(cls: str, rng: random.Random, shape: Shape, step_s: floa
     # Mixed hardware on some jobs: nodes other than the culprit's, slower from the start.
     if rng.random() < 0.4 and cls not in ("stage-imbalance",):
         others = [n for n in shape.victim_nodes if n not in culprit_nodes]
-        behaviour.update(slow_nodes=sorted(rng.sample(others, max(1, len(others) // 4))),
-                         slow_mult=round(rng.uniform(1.1, 1.3), 3))
+        slow_mult = round(rng.uniform(1.1, 1.3), 3)
+        behaviour.update(slow_nodes=sorted(rng.sample(others, max(1, len(others) // 4))), slow_mult=slow_mult)
+        # A straggler no slower than the slow hardware would cost nothing: the slow nodes already set the
+        # pace.  Real, but then there is nothing to find or to cost; keep the fault above them.
+        if "compute_mult" in params and cls != "rotating-straggler":
+            params["compute_mult"] = max(params["compute_mult"], round(slow_mult + 0.3, 3))
+        if "slowdown" in params:
+            params["slowdown"] = max(params["slowdown"], 0.5)
     end = start + length
     fault: dict[str, Any] = {"fault": cls, "target": target, "start": start, "end": end}
     if params:

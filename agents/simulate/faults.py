@@ -4,8 +4,12 @@
 scenario file or ``--fault NAME:TARGET@START-END``) to its class.  A fault is
 ``(target, start, end, **params)``: ``start`` and ``end`` are offsets in seconds
 from the simulation's start; ``target`` names a node, a node's NIC
-(``node-07:mlx5_1``), a rank (``train-llm:12``), a GPU (``node-07:gpu3``), a leaf
-switch, a storage pool or a job, depending on the fault (``TARGETS``).
+(``node-07:mlx5_1``), a rank (``train-llm:12``), several ranks
+(``train-llm:3,21,44``), a GPU (``node-07:gpu3``), a leaf switch, a storage pool
+or a job, depending on the fault (``target_kind``).  The straggler classes
+(``straggler-*``, ``multi-straggler``, ``transient-straggler``) and the job
+patterns (``stage-imbalance``, ``rotating-straggler``, ``periodic-slowdown``)
+leave no hardware signature: only the step split shows them.
 
 Each fault perturbs the generator through hooks the :class:`~agents.simulate.sim.Simulation`
 calls while the fault is active: ``on_step`` (the step model, through
