@@ -213,7 +213,8 @@ def _fault(cls: str, rng: random.Random, shape: Shape, start: float, end: float,
     return f
 
 
-def _straggler_scenario(cls: str, rng: random.Random, shape: Shape, step_s: float | None) -> dict[str, Any]:
+def _straggler_scenario(cls: str, rng: random.Random, shape: Shape, step_s: float | None,
+                        variant: int = 0) -> dict[str, Any]:
     """A scenario spec with one straggler-class fault on ``train-llm`` (issue 8's classes).
 
     Windows are long enough in *steps* for the job's step time (20+ steps, 12+ healthy steps
@@ -249,7 +250,7 @@ def _straggler_scenario(cls: str, rng: random.Random, shape: Shape, step_s: floa
             behaviour.update(pp=pp, tp=tp, microbatches=rng.choice([8, 16]))
             params["stage"] = float(rng.choice([-1, rng.randrange(pp)]))
         elif cls in ("rotating-straggler", "periodic-slowdown"):
-            params["input"] = float(rng.random() < 0.5)
+            params["input"] = float(variant % 2)  # both phases, alternately
         if cls == "periodic-slowdown":
             period = float(max(rng.randint(60, 150), math.ceil(8 * base)))
             slow = float(min(max(rng.randint(15, 30), math.ceil(3 * base)), period / 2))
@@ -316,11 +317,11 @@ def build_suite(quick: bool = False, seed: int = 0, classes: Iterable[str] | Non
         if cls in STRAGGLER_CLASSES:
             # Its own stream, so adding these classes left the older scenarios as they were.
             srng = random.Random(f"{seed}:{cls}")
-            for shape_name, k, step_s in STRAGGLER_VARIANTS[:1] if quick else STRAGGLER_VARIANTS:
+            for i, (shape_name, k, step_s) in enumerate(STRAGGLER_VARIANTS[:1] if quick else STRAGGLER_VARIANTS):
                 shape = SHAPES[shape_name]
                 step = f"{step_s:g}s" if step_s else "default"
                 out.append(EvalScenario(f"{cls}/{shape.name}-{step}/{k}", (cls,),
-                                        _straggler_scenario(cls, srng, shape, step_s)))
+                                        _straggler_scenario(cls, srng, shape, step_s, i)))
             continue
         for shape_name, k in per_class:
             shape = SHAPES["shared" if cls == "contention" else shape_name]

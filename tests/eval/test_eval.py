@@ -73,6 +73,8 @@ def test_straggler_classes_span_step_times_from_a_tenth_of_a_second_to_a_minute(
                 assert s.spec["jobs"][0]["pp"] > 1
             if cls == "periodic-slowdown":
                 assert (f["end"] - f["start"]) / f["params"]["period_s"] >= 3
+        if cls in ("rotating-straggler", "periodic-slowdown"):  # slow in compute and in input, both
+            assert {s.spec["faults"][0]["params"]["input"] for s in suite if s.classes == (cls,)} == {0.0, 1.0}
 
 
 def test_quick_suite_is_small_and_deterministic() -> None:
