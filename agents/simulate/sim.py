@@ -361,7 +361,7 @@ class Simulation:
             ckpt_delta: dict[int, float] = {}
             plan: CheckpointPlan | None = None
             if s >= js.next_checkpoint:
-                plan, _, ckpt_delta = self._checkpoint_plan(js, s)
+                plan, ckpt_delta = self._checkpoint_plan(js, s)
                 ckpt_s = plan.duration_s
             # The noise of this step, shared by the actual and the fault-free layouts.
             data0 = [0.0] * n
@@ -462,8 +462,8 @@ class Simulation:
             without, _ = self._layout(js, data, comp, oneoff, transfer, ckpt)
             f.tally(js.spec.job, max(0.0, t_done - without), t_done, without)
 
-    def _checkpoint_plan(self, js: JobState, s: float) -> tuple[CheckpointPlan, float, dict[int, float]]:
-        """Plan the save starting at ``s``: the plan, its fault-free duration, and each fault's change to it."""
+    def _checkpoint_plan(self, js: JobState, s: float) -> tuple[CheckpointPlan, dict[int, float]]:
+        """Plan the save starting at ``s``: the plan, and each fault's change to its duration (by ``id``)."""
         spec = js.spec
         js.checkpoints += 1
         js.next_checkpoint = s + spec.checkpoint_every_s
@@ -476,7 +476,7 @@ class Simulation:
                 f.on_checkpoint(s, js, plan)
                 if plan.duration_s != before:
                     delta[id(f)] = plan.duration_s - before
-        return plan, dur, delta
+        return plan, delta
 
     def _checkpoint_events(self, js: JobState, s: float, plan: CheckpointPlan) -> None:
         spec = js.spec
