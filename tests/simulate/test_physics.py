@@ -62,6 +62,9 @@ def test_synchronous_ranks_end_together_and_a_compute_straggler_shows_only_in_th
         "straggler.unknown-cause", "compute", "node-02", "ranks", (13,))
     assert gt.whatif_step_s == pytest.approx(0.76, rel=0.1) and gt.step_s > gt.whatif_step_s * 1.5
     assert gt.gpu_hours_lost == pytest.approx(_independent_cost(msgs, 50, 120, 32), rel=0.1)
+    written = gt.to_dict()  # what `whywait simulate --truth-out` writes
+    assert written["phase"] == "compute" and written["ranks"] == [13] and written["steps"] > 40
+    assert written["gpu_hours_lost"] == gt.gpu_hours_lost and written["whatif_step_s"] == gt.whatif_step_s
 
 
 def test_an_input_straggler_waits_longest_for_data_and_least_in_comm():
