@@ -736,13 +736,14 @@ def score(runs: Iterable[ScenarioRun]) -> Report:
                 if given or cls in COST_CLASSES:
                     s.cost_truths += 1
                 if given:
-                    err = abs(sum(given) - lost) / lost
+                    signed = (sum(given) - lost) / lost  # below 0: the incident says less than was lost
+                    err = abs(signed)
                     s.cost_errors.append(err)
                     if err <= 0.2:
                         s.cost_right += 1
                     else:
                         s.misses.append(f"{sc.name}: cost {sum(given):.4g} GPU-h, truth {lost:.4g} "
-                                        f"({err:+.0%})")
+                                        f"({signed:+.0%})")
                 elif cls in COST_CLASSES:
                     s.misses.append(f"{sc.name}: no cost given (truth {lost:.4g} GPU-h)")
     older = [k for k in FAULT_CLASSES if k not in STRAGGLER_CLASSES]

@@ -136,6 +136,9 @@ def test_cost_is_read_from_the_incidents_last_diagnosis_and_right_within_20_perc
     assert (ok.cost_truths, ok.cost_right) == (1, 1) and ok.cost_errors == [pytest.approx(0.15)]
     assert (off.cost_truths, off.cost_right) == (1, 0) and off.cost_errors == [pytest.approx(0.3)]
     assert (none.cost_truths, none.cost_right, none.cost_errors) == (1, 0, [])
+    low = ev.score([_run("c", [truth], [_diag(105, phase="compute"),
+                                        _diag(170, phase="compute", status="resolved", cost=0.05)])])
+    assert "cost 0.05 GPU-h, truth 0.1 (-50%)" in ev.format_details(low)
     assert "no cost given" in ev.format_details(ev.score([_run("c", [truth], [_diag(105, phase="compute")])]))
 
 
