@@ -8,6 +8,7 @@ pure and deterministic.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -67,12 +68,26 @@ def make_cluster(nodes: int = 16, gpus_per_node: int = 8, nodes_per_leaf: int = 
 
 @dataclass
 class JobSpec:
-    """A simulated synchronous data-parallel job: who owns it, where it runs, how it behaves.
+    """A simulated synchronous training job: who owns it, where it runs, how it behaves.
 
-    Times are the healthy per-step means (seconds); ``jitter`` is the lognormal
-    sigma of compute and collective times.  ``pool`` is where it reads data and
-    writes checkpoints.  Checkpoints are collective (every rank writes its shard;
-    rank 0 reports start and end).
+    Times are the healthy per-step means (seconds) of one rank: ``data_wait_s``
+    (input), ``compute_s`` (its own forward and backward work, all microbatches)
+    and ``comm_s`` (the gradient all-reduce's transfer); ``jitter`` is the
+    lognormal sigma of compute and collective times.  ``step_s``, when given,
+    scales those three so the healthy step lasts ``step_s`` (0.1 s to minutes).
+    ``pool`` is where it reads data and writes checkpoints.  Checkpoints are
+    collective (every rank writes its shard; rank 0 reports start and end).
+
+    Parallel layout (Megatron order: tensor-parallel fastest, then data-parallel,
+    pipeline slowest): ``tp`` ranks per tensor-parallel group, ``pp`` pipeline
+    stages, the rest data-parallel replicas; ``microbatches`` per step when
+    ``pp`` > 1.  ``split`` False: the job publishes ``duration_s`` only (a
+    producer that knows no phases).
+
+    Realistic noise, present in fault-free runs: ``slow_nodes`` run on GPUs
+    ``slow_mult`` times slower from the start (heterogeneous hardware);
+    each rank-step has a ``hiccup_rate`` chance of one slow step (compute ×
+    1.5-3.5) and a ``gc_rate`` chance of a ``gc_pause_s`` pause.
     """
 
     job: str
@@ -91,6 +106,16 @@ class JobSpec:
     checkpoint_bytes: float = 80e9
     checkpoint_write_bytes_per_s: float = 8e9
     loader_cpu_pct: float = 360.0
+    step_s: float | None = None
+    split: bool = True
+    pp: int = 1
+    tp: int = 1
+    microbatches: int = 8
+    slow_nodes: tuple[str, ...] = ()
+    slow_mult: float = 1.2
+    hiccup_rate: float = 0.0002
+    gc_rate: float = 0.0005
+    gc_pause_s: float = 0.15
     nodes: tuple[str, ...] = field(default=())
 
     def __post_init__(self) -> None:
@@ -100,11 +125,83 @@ class JobSpec:
                 if self.ranks[r][0] not in order:
                     order.append(self.ranks[r][0])
             self.nodes = tuple(order)
+        self._check()
+        if self.step_s is not None:
+            # Scale the phases together, so a 45 s step keeps the shape of a 0.75 s one, and so the typical
+            # step (which waits for the slowest of the ranks' jittered compute) lasts step_s.
+            k = self.step_s / self.typical_step_s
+            self.data_wait_s *= k
+            self.compute_s *= k
+            self.comm_s *= k
+            self.gc_pause_s = min(self.gc_pause_s, 0.5 * self.step_s)
+
+    def _check(self) -> None:
+        """Refuse settings no job could have, naming the setting (called once, at construction)."""
+        def fail(what: str) -> None:
+            raise SimulationError(f"job {self.job!r}: {what}")
+
+        for k in ("compute_s", "data_wait_s", "comm_s", "jitter", "slow_mult", "hiccup_rate", "gc_rate",
+                  "gc_pause_s"):
+            v = getattr(self, k)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+                fail(f"{k} must be a number ≥ 0 (got {v!r})")
+        if self.step_s is not None and (isinstance(self.step_s, bool) or not isinstance(self.step_s, (int, float))
+                                        or self.step_s <= 0):
+            fail(f"step_s must be a positive number of seconds (got {self.step_s!r})")
+        if self.compute_s + self.data_wait_s + self.comm_s <= 0:
+            fail("a step needs some time: compute_s, data_wait_s and comm_s are all 0")
+        for k in ("hiccup_rate", "gc_rate"):
+            if getattr(self, k) >= 1:
+                fail(f"{k} is a probability per rank-step, < 1 (got {getattr(self, k)!r})")
+        if not isinstance(self.split, bool):
+            fail(f"split must be true or false (got {self.split!r})")
+        for k in ("pp", "tp", "microbatches"):
+            v = getattr(self, k)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                fail(f"{k} must be an integer ≥ 1 (got {v!r})")
+        n = len(self.ranks)
+        if n % (self.pp * self.tp):
+            fail(f"{n} ranks do not split into pp={self.pp} stages of tp={self.tp} groups "
+                 f"(pp × tp must divide the world size)")
+        if isinstance(self.slow_nodes, str):
+            self.slow_nodes = (self.slow_nodes,)
+        self.slow_nodes = tuple(self.slow_nodes)
+        unknown = [x for x in self.slow_nodes if x not in self.nodes]
+        if unknown:
+            fail(f"slow_nodes {', '.join(map(str, unknown))} are not among the job's nodes "
+                 f"({self.nodes[0]} … {self.nodes[-1]})")
+
+    @property
+    def dp(self) -> int:
+        """Data-parallel replicas: the world size over pp × tp."""
+        return len(self.ranks) // (self.pp * self.tp)
+
+    def coords(self, rank: int) -> dict[str, int]:
+        """``rank``'s parallel coordinates ``{dp, pp, tp}`` (tp fastest, then dp, then pp)."""
+        tp_i = rank % self.tp
+        dp_i = (rank // self.tp) % self.dp
+        return {"dp": dp_i, "pp": rank // (self.tp * self.dp), "tp": tp_i}
+
+    @property
+    def typical_step_s(self) -> float:
+        """The healthy step a synchronous job typically takes: the collective waits for the slowest of
+        the ranks that must meet, so compute counts at its expected maximum over them (a lognormal's
+        ``exp(jitter x z_n)``, z_n the expected maximum of n standard normals)."""
+        n = max(2, self.pp * self.tp if self.pp > 1 else len(self.ranks))
+        ln = math.log(n)
+        z = math.sqrt(2 * ln) - (math.log(ln) + math.log(4 * math.pi)) / (2 * math.sqrt(2 * ln)) if n > 2 else 0.56
+        m = self.microbatches
+        return self.data_wait_s + self.compute_s * math.exp(self.jitter * z) * (m + self.pp - 1) / m + self.comm_s
 
     @property
     def base_step_s(self) -> float:
-        """The healthy step time: data wait + compute + collective."""
-        return self.data_wait_s + self.compute_s + self.comm_s
+        """The healthy step time: data wait + compute (with the pipeline's bubbles) + collective.
+
+        With ``pp`` stages and ``m`` microbatches a stage's work takes (m + pp - 1) slots of one
+        microbatch instead of m: the fill and drain of the pipeline.
+        """
+        m = self.microbatches
+        return self.data_wait_s + self.compute_s * (m + self.pp - 1) / m + self.comm_s
 
 
 def make_job(topology: Topology, job: str = "train-llm", project: str = "llm", team: str = "ml-platform",

@@ -4,8 +4,12 @@
 scenario file or ``--fault NAME:TARGET@START-END``) to its class.  A fault is
 ``(target, start, end, **params)``: ``start`` and ``end`` are offsets in seconds
 from the simulation's start; ``target`` names a node, a node's NIC
-(``node-07:mlx5_1``), a rank (``train-llm:12``), a GPU (``node-07:gpu3``), a leaf
-switch, a storage pool or a job, depending on the fault (``TARGETS``).
+(``node-07:mlx5_1``), a rank (``train-llm:12``), several ranks
+(``train-llm:3,21,44``), a GPU (``node-07:gpu3``), a leaf switch, a storage pool
+or a job, depending on the fault (``target_kind``).  The straggler classes
+(``straggler-*``, ``multi-straggler``, ``transient-straggler``) and the job
+patterns (``stage-imbalance``, ``rotating-straggler``, ``periodic-slowdown``)
+leave no hardware signature: only the step split shows them.
 
 Each fault perturbs the generator through hooks the :class:`~agents.simulate.sim.Simulation`
 calls while the fault is active: ``on_step`` (the step model, through
@@ -20,7 +24,8 @@ from __future__ import annotations
 
 import random
 import re
-from dataclasses import asdict, dataclass, field
+import statistics
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any, ClassVar, Mapping
 
 from agents.simulate.errors import SimulationError
@@ -38,6 +43,14 @@ class GroundTruth:
     ``switch``, ``pool``, ``job``); ``cause`` is the dotted cause class the
     engine's diagnosis should name; ``signals`` lists the perturbed fields as
     ``topic-kind.field``; ``ranks`` the job's ranks at the culprit (if any).
+
+    What it cost, measured by the simulator (which lays every step out with and
+    without the fault, on the same noise): ``phase`` the part of the step that
+    grew (``compute``, ``input``, ``communication`` or ``none``); ``steps`` the
+    job's steps that began in the window; ``step_s`` and ``whatif_step_s`` their
+    median length with and without the fault; ``gpu_hours_lost`` the sum over
+    them of (actual - without) x the GPUs the job holds / 3600 (a hang counts
+    its stalled time).
     """
 
     fault: str
@@ -50,6 +63,11 @@ class GroundTruth:
     signals: tuple[str, ...] = ()
     ranks: tuple[int, ...] = ()
     detail: Mapping[str, Any] = field(default_factory=dict)
+    phase: str = "none"
+    steps: int = 0
+    step_s: float | None = None
+    whatif_step_s: float | None = None
+    gpu_hours_lost: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form written by ``whywait simulate --truth-out``."""
@@ -70,6 +88,7 @@ class Fault:
 
     name: ClassVar[str] = ""
     cause: ClassVar[str] = ""
+    phase: ClassVar[str] = "none"  # the part of the step it lengthens: compute, input, communication, none
     culprit_kind: ClassVar[str] = "node"
     target_kind: ClassVar[str] = "node"  # node, nic, gpu, rank, leaf, pool, job
     signals: ClassVar[tuple[str, ...]] = ()
@@ -102,6 +121,8 @@ class Fault:
         self.nodes: frozenset[str] = frozenset()
         self.job_ids: frozenset[str] = frozenset()
         self.rng = random.Random(0)
+        # job -> [seconds lost, step lengths with the fault, step lengths without it]
+        self._cost: dict[str, tuple[list[float], list[float], list[float]]] = {}
 
     # ------------------------------------------------------------------ binding to a simulation
 
@@ -170,6 +191,20 @@ class Fault:
 
     # ------------------------------------------------------------------ ground truth
 
+    def tally(self, job: str, lost_s: float, step_s: float | None, whatif_s: float | None) -> None:
+        """Record what one step of ``job`` lost to this fault; called by the Simulation for each step
+        that begins while the fault is active (``step_s`` None for a stalled attempt)."""
+        lost, actual, whatif = self._cost.setdefault(job, ([0.0], [], []))
+        lost[0] += lost_s
+        if step_s is not None and whatif_s is not None:
+            actual.append(step_s)
+            whatif.append(whatif_s)
+
+    def truth_phase(self) -> str:
+        """The phase the fault lengthens, as the truth states it (a class attribute unless it depends
+        on the target)."""
+        return self.phase
+
     def culprit(self) -> str:
         """The entity to blame (its id as the topology or the engine names it)."""
         return self.target
@@ -182,11 +217,17 @@ class Fault:
         for job in sorted(self.job_ids):
             js = sim.job_by_id[job]
             ranks = tuple(r for n in sorted(self.nodes) for r in js.node_ranks.get(n, ()))
-            out.append(GroundTruth(self.name, start, end, self.culprit(), self.culprit_kind, job, self.cause,
-                                   self.signals, self.culprit_ranks(js, ranks), self.detail()))
+            lost, actual, whatif = self._cost.get(job, ([0.0], [], []))
+            gpus = len(js.ranks)
+            out.append(GroundTruth(
+                self.name, start, end, self.culprit(), self.culprit_kind, job, self.cause, self.signals,
+                self.culprit_ranks(js, ranks), self.detail(), self.truth_phase(), len(actual),
+                round(statistics.median(actual), 4) if actual else None,
+                round(statistics.median(whatif), 4) if whatif else None,
+                round(lost[0] * gpus / 3600.0, 6)))
         if not out:
             out.append(GroundTruth(self.name, start, end, self.culprit(), self.culprit_kind, None, self.cause,
-                                   self.signals, (), self.detail()))
+                                   self.signals, (), self.detail(), self.truth_phase()))
         return out
 
     def culprit_ranks(self, job: JobState, ranks: tuple[int, ...]) -> tuple[int, ...]:
@@ -208,6 +249,7 @@ class NicPacketLoss(Fault):
 
     name = "nic-packet-loss"
     cause = "network.packet-loss"
+    phase = "communication"
     culprit_kind = "node"
     target_kind = "node or node:nic"
     signals = ("net.nics[].rx_drops_per_s", "net.nics[].tx_drops_per_s", "net.nics[].rx_errors_per_s",
@@ -314,6 +356,7 @@ class GpuThermal(_GpuFault):
 
     name = "gpu-thermal"
     cause = "gpu.thermal-throttle"
+    phase = "compute"
     signals = ("gpu.temp_c", "gpu.throttle_reasons", "gpu.sm_clock_mhz", "steps.compute_s (culprit rank)",
                "steps.comm_s (other ranks)")
     PARAMS = {"temp_c": 92.0, "compute_mult": 1.6, "sm_clock_mhz": 1250.0}
@@ -336,6 +379,7 @@ class GpuPower(_GpuFault):
 
     name = "gpu-power"
     cause = "gpu.power-cap"
+    phase = "compute"
     signals = ("gpu.power_w", "gpu.power_limit_w", "gpu.throttle_reasons", "gpu.sm_clock_mhz",
                "steps.compute_s (culprit rank)", "steps.comm_s (other ranks)")
     PARAMS = {"power_limit_w": 350.0, "compute_mult": 1.3, "sm_clock_mhz": 1410.0}
@@ -369,6 +413,9 @@ class GpuEccXid(_GpuFault):
         # The whole job hangs, so every node of the job shows it; remember them for the GPU hook.
         self.job_nodes = {n for j in self.job_ids for n in sim.job_by_id[j].node_ranks}
 
+    def truth_phase(self) -> str:
+        return "none" if self.params["hang"] else "compute"
+
     def on_step(self, t: float, job: JobState, fx: StepEffects) -> None:
         if self.params["hang"]:
             fx.stalled = True
@@ -397,6 +444,7 @@ class NicLocality(Fault):
 
     name = "wrong-nic"
     cause = "topology.wrong-nic"
+    phase = "communication"
     culprit_kind = "node"
     target_kind = "node or node:gpuN"
     signals = ("net.nics[].tx_bytes_per_s (expected NIC idle, another busy)", "net.nics[].xmit_wait_per_s",
@@ -463,6 +511,7 @@ class NicLinkFlap(Fault):
 
     name = "link-flap"
     cause = "network.link-flap"
+    phase = "communication"
     culprit_kind = "node"
     target_kind = "node or node:nic"
     signals = ("net.nics[].carrier_changes", "net.nics[].link_up", "net.nics[].symbol_errors",
@@ -518,6 +567,7 @@ class StorageClientSlow(_NodeDataFault):
 
     name = "storage-client-slow"
     cause = "storage.client-slow"
+    phase = "input"
     culprit_kind = "node"
     target_kind = "node"
     signals = ("storage.devices[].read_latency_ms (one node)", "storage.devices[].queue_depth",
@@ -545,6 +595,7 @@ class CpuBoundLoader(_NodeDataFault):
 
     name = "cpu-bound-loader"
     cause = "data-loader.cpu-bound"
+    phase = "input"
     culprit_kind = "node"
     target_kind = "node"
     signals = ("host.cpu_busy_pct", "host.cpu_pressure_some_avg10", "host.loader_cpu_pct",
@@ -567,6 +618,7 @@ class StorageSlow(Fault):
 
     name = "storage-slow"
     cause = "storage.pool-slow"
+    phase = "input"
     culprit_kind = "pool"
     target_kind = "pool"
     signals = ("storage.devices[].read_latency_ms (every node mounting the pool)", "storage.devices[].queue_depth",
@@ -620,6 +672,7 @@ class WholeJobSlow(_JobFault):
 
     name = "whole-job-slow"
     cause = "job.slow-everywhere"
+    phase = "compute"
     signals = ("steps.compute_s (all ranks)", "steps.duration_s")
     PARAMS = {"compute_mult": 1.5}
     doc = "every rank's compute_s × compute_mult; comm_s, data_wait_s and the hardware signals stay normal."
@@ -681,8 +734,7 @@ class CheckpointStall(_JobFault):
             return out
         # The stall begins with the checkpoint that hangs, not with the fault's window.
         lo, hi = (sim.start_time + self.window[0], sim.start_time + min(self.window[1], sim.duration_s))
-        return [GroundTruth(g.fault, lo, hi, g.culprit, g.culprit_kind, g.job, g.cause, g.signals, g.ranks,
-                            g.detail) for g in out]
+        return [replace(g, start=lo, end=hi) for g in out]
 
     def on_checkpoint(self, t: float, job: JobState, plan: CheckpointPlan) -> None:
         if self.window is None:
@@ -777,6 +829,7 @@ class UplinkOversubscribed(Fault):
 
     name = "uplink-oversubscribed"
     cause = "network.uplink-oversubscribed"
+    phase = "communication"
     culprit_kind = "switch"
     target_kind = "leaf"
     signals = ("net.nics[].xmit_wait_per_s (every node under the leaf)", "net.nics[].tx_bytes_per_s (unbalanced)",
@@ -867,8 +920,10 @@ class Contention(Fault):
     def truth(self, sim: Simulation) -> list[GroundTruth]:
         out = super().truth(sim)
         cause = f"contention.{'network' if self.resource_kind == 'leaf' else 'storage'}"
-        return [GroundTruth(g.fault, g.start, g.end, g.culprit, g.culprit_kind, g.job, cause, g.signals, g.ranks,
-                            g.detail) for g in out]
+        return [replace(g, cause=cause) for g in out]
+
+    def truth_phase(self) -> str:
+        return "communication" if self.resource_kind == "leaf" else "input"
 
     def detail(self) -> dict[str, Any]:
         return {"target": self.target, "resource": self.resource, "resource_kind": self.resource_kind,
@@ -908,6 +963,276 @@ class Contention(Fault):
             d["queue_depth"] = round(d["queue_depth"] + 3.0 * frac, 3)
 
 
+# ---- stragglers of unknown cause and the patterns a job's parallel structure shows ----------------
+#
+# None of these leaves a hardware signature: clocks, temperatures, NICs, storage and CPUs stay as in
+# a healthy run.  They show only in the step split (a synchronous job's ranks all take as long as the
+# slowest; the slow one computes or waits for input longest and waits in communication least), and
+# in which ranks, stages or times are slow.  The diagnoses name cause ``straggler.unknown-cause`` for
+# the straggler classes and ``job.<pattern>`` for the patterns.
+
+
+class _RankFault(Fault):
+    """A fault on one rank of one job, ``JOB:RANK``; the culprit is the rank's node (its ranks in the truth)."""
+
+    cause = "straggler.unknown-cause"
+    culprit_kind = "ranks"
+    target_kind = "job:rank"
+
+    def resolve(self, sim: Simulation) -> None:
+        job, sep, rank = self.target.rpartition(":")
+        if not sep:
+            raise SimulationError(f"fault {self.name!r}: target must be JOB:RANK such as train-llm:12 "
+                                  f"(got {self.target!r})")
+        self.js = self._job(sim, job)
+        try:
+            self.rank = int(rank)
+        except ValueError:
+            self.rank = -1
+        if self.rank not in self.js.ranks:
+            raise SimulationError(f"fault {self.name!r}: target must be JOB:RANK with a rank of 0.."
+                                  f"{len(self.js.ranks) - 1} (got {self.target!r})")
+        self.node = self.js.node_of[self.rank]
+        self.nodes = frozenset({self.node})
+        self.job_ids = frozenset({job})
+
+    def culprit(self) -> str:
+        return self.node
+
+    def culprit_ranks(self, job: JobState, ranks: tuple[int, ...]) -> tuple[int, ...]:
+        return (self.rank,)
+
+    def detail(self) -> dict[str, Any]:
+        return {"target": self.target, "node": self.node, "gpu": self.js.gpu_of[self.rank], **self.params}
+
+
+class StragglerCompute(_RankFault):
+    """One rank computes slower than its peers with no hardware sign (a bad kernel choice, a slow GPU part,
+    a neighbour's memory traffic): every rank waits for it at the all-reduce."""
+
+    name = "straggler-compute"
+    phase = "compute"
+    signals = ("steps.compute_s (the rank: highest)", "steps.comm_s (the rank: lowest; its peers: up)",
+               "steps.duration_s (every rank)")
+    PARAMS = {"compute_mult": 1.6}
+    doc = ("the rank's compute_s × compute_mult (1.2-2.5 in the eval) from the start of the window; every rank's "
+           "duration_s grows alike; clocks, temperatures, throttle reasons, NICs, storage and CPU stay normal.")
+
+    def on_step(self, t: float, job: JobState, fx: StepEffects) -> None:
+        fx.compute_mult[self.rank] *= self.params["compute_mult"] * self.rng.lognormvariate(0.0, 0.03)
+
+
+class TransientStraggler(StragglerCompute):
+    """A straggler that lasts 20-90 s (or a few steps), then the rank is as fast as its peers again."""
+
+    name = "transient-straggler"
+    PARAMS = {"compute_mult": 1.8}
+    doc = ("straggler-compute for the window only (the eval draws 20-90 s or 5-20 steps); the truth's start and "
+           "end are the window's.")
+
+
+class StragglerInput(_RankFault):
+    """One rank waits for its input longer and longer (a skewed shard, a slow decode path) with no CPU or
+    storage sign: the others wait for it in the collective."""
+
+    name = "straggler-input"
+    phase = "input"
+    signals = ("steps.data_wait_s (the rank: highest, growing)", "steps.comm_s (the rank: lowest)",
+               "steps.duration_s (every rank)")
+    PARAMS = {"slowdown": 0.5, "ramp_s": 10.0}
+    doc = ("the rank's data_wait_s grows from 30% to slowdown × the healthy step over ramp_s; host CPU, loader "
+           "CPU and storage latency stay normal.")
+
+    def on_step(self, t: float, job: JobState, fx: StepEffects) -> None:
+        extra = self.params["slowdown"] * job.spec.base_step_s * self.level(t, self.params["ramp_s"], 0.3)
+        fx.data_add_s[self.rank] += extra * self.rng.lognormvariate(0.0, 0.1)
+
+
+def _job_ranks_target(fault: Fault, sim: Simulation) -> tuple[JobState, list[int] | None]:
+    """Resolve ``JOB`` or ``JOB:R1,R2,...`` for a job-level fault; the ranks None when not given."""
+    job, sep, rest = fault.target.partition(":")
+    js = fault._job(sim, job)
+    if not sep:
+        return js, None
+    try:
+        ranks = [int(x) for x in rest.split(",") if x.strip()]
+    except ValueError:
+        ranks = []
+    bad = [r for r in ranks if r not in js.ranks]
+    if not ranks or bad:
+        raise SimulationError(f"fault {fault.name!r}: target must be JOB or JOB:R1,R2,... with ranks 0.."
+                              f"{len(js.ranks) - 1} (got {fault.target!r})")
+    return js, ranks
+
+
+class MultiStraggler(Fault):
+    """Several ranks (2-4, on different nodes) straggle at once and stay slow; one incident should name all."""
+
+    name = "multi-straggler"
+    cause = "straggler.unknown-cause"
+    phase = "compute"
+    culprit_kind = "ranks"
+    target_kind = "job or job:r1,r2,..."
+    signals = ("steps.compute_s (the stragglers: highest)", "steps.comm_s (the stragglers: lowest)")
+    PARAMS = {"count": 3.0, "compute_mult": 1.5}
+    doc = ("count ranks on different nodes (chosen by the fault's seed unless listed) compute × compute_mult, "
+           "each ×0.85-1.15 of it so they differ; no hardware sign.")
+
+    def resolve(self, sim: Simulation) -> None:
+        self.js, ranks = _job_ranks_target(self, sim)
+        if ranks is None:
+            count = int(self.params["count"])
+            nodes = list(self.js.node_ranks)
+            if not 2 <= count <= len(nodes):
+                raise SimulationError(f"fault {self.name!r}: count must be 2..{len(nodes)} (the job's nodes; got "
+                                      f"{count})")
+            ranks = sorted(self.rng.choice(self.js.node_ranks[n]) for n in self.rng.sample(nodes, count))
+        self.ranks = ranks
+        self.mult = {r: self.params["compute_mult"] * self.rng.uniform(0.85, 1.15) for r in ranks}
+        self.nodes = frozenset(self.js.node_of[r] for r in ranks)
+        self.job_ids = frozenset({self.js.spec.job})
+
+    def culprit(self) -> str:
+        return ", ".join(sorted(self.nodes))
+
+    def culprit_ranks(self, job: JobState, ranks: tuple[int, ...]) -> tuple[int, ...]:
+        return tuple(self.ranks)
+
+    def detail(self) -> dict[str, Any]:
+        return {"target": self.target, "ranks": list(self.ranks),
+                "compute_mult_per_rank": {str(r): round(m, 3) for r, m in self.mult.items()}, **self.params}
+
+    def on_step(self, t: float, job: JobState, fx: StepEffects) -> None:
+        for r, m in self.mult.items():
+            fx.compute_mult[r] *= m * self.rng.lognormvariate(0.0, 0.03)
+
+
+class _PatternFault(Fault):
+    """A job-level pattern: the target is the job, no node is to blame."""
+
+    culprit_kind = "none"
+    target_kind = "job"
+
+    def resolve(self, sim: Simulation) -> None:
+        self.js = self._job(sim, self.target)
+        self.nodes = frozenset()  # no node's telemetry changes
+        self.job_ids = frozenset({self.target})
+
+    def culprit(self) -> str:
+        return ""
+
+    def culprit_ranks(self, job: JobState, ranks: tuple[int, ...]) -> tuple[int, ...]:
+        return ()
+
+
+class StageImbalance(_PatternFault):
+    """One pipeline stage holds more work than the others (a partitioning imbalance): it is slower on every
+    replica, the whole pipeline runs at its pace, and it waits least."""
+
+    name = "stage-imbalance"
+    cause = "job.stage-imbalance"
+    phase = "compute"
+    culprit_kind = "stage"
+    signals = ("steps.compute_s (the stage's ranks, every replica)", "steps.pipeline_wait_s (the stage: lowest)",
+               "steps.duration_s")
+    PARAMS = {"stage": -1.0, "compute_mult": 1.5}
+    doc = ("every rank of pipeline stage `stage` (-1: the last) computes × compute_mult on every replica; needs a "
+           "job with pp > 1.")
+
+    def resolve(self, sim: Simulation) -> None:
+        super().resolve(sim)
+        pp = self.js.spec.pp
+        if pp < 2:
+            raise SimulationError(f"fault {self.name!r}: job {self.target!r} has no pipeline (pp={pp}); give it "
+                                  f"pp: 2 or more")
+        stage = int(self.params["stage"])
+        if not -pp <= stage < pp:
+            raise SimulationError(f"fault {self.name!r}: stage must be 0..{pp - 1} or negative from the last "
+                                  f"(got {stage})")
+        self.stage = stage % pp
+        self.stage_ranks = [r for r in self.js.ranks if self.js.coords[r]["pp"] == self.stage]
+
+    def culprit(self) -> str:
+        return f"stage {self.stage}"
+
+    def detail(self) -> dict[str, Any]:
+        # The resolved stage (a parameter of -1 means the last): what a diagnosis must name.
+        return {"target": self.target, **self.params, "stage": self.stage, "stage_ranks": self.stage_ranks}
+
+    def on_step(self, t: float, job: JobState, fx: StepEffects) -> None:
+        m = self.params["compute_mult"]
+        for r in self.stage_ranks:
+            fx.compute_mult[r] *= m
+
+
+class RotatingStraggler(_PatternFault):
+    """A different rank is slow each step (sequence-length or input imbalance): no rank is to blame."""
+
+    name = "rotating-straggler"
+    cause = "job.rotating-straggler"
+    signals = ("steps.compute_s or steps.data_wait_s (a different rank highest each step)", "steps.duration_s")
+    PARAMS = {"compute_mult": 1.6, "input": 0.0}
+    doc = ("each step one rank, drawn at random, computes × compute_mult (input=1: waits (compute_mult - 1) × the "
+           "healthy step for input instead); the phase is compute or input.")
+
+    def truth_phase(self) -> str:
+        return "input" if self.params["input"] else "compute"
+
+    def on_step(self, t: float, job: JobState, fx: StepEffects) -> None:
+        r = self.rng.randrange(len(job.ranks))
+        m = self.params["compute_mult"] * self.rng.lognormvariate(0.0, 0.08)
+        if self.params["input"]:
+            fx.data_add_s[r] += (m - 1.0) * job.spec.base_step_s
+        else:
+            fx.compute_mult[r] *= m
+
+
+class PeriodicSlowdown(_PatternFault):
+    """Every ``period_s`` the whole job slows for ``slow_s`` (a periodic evaluation, a cron job on every node,
+    a data loader's reshuffle)."""
+
+    name = "periodic-slowdown"
+    cause = "job.periodic-slowdown"
+    signals = ("steps.duration_s (every rank, periodically)", "steps.compute_s or steps.data_wait_s")
+    PARAMS = {"period_s": 120.0, "slow_s": 20.0, "compute_mult": 1.5, "input": 0.0}
+    doc = ("from the window's start, the first slow_s of every period_s: every rank computes × compute_mult "
+           "(input=1: waits (compute_mult - 1) × the healthy step for input); the truth's detail lists each "
+           "slow spell's start (offsets).")
+
+    def __init__(self, target: str, start: float, end: float, **params: Any) -> None:
+        super().__init__(target, start, end, **params)
+        if not 0 < self.params["slow_s"] < self.params["period_s"]:
+            raise SimulationError(f"fault {self.name!r}: needs 0 < slow_s < period_s (got slow_s="
+                                  f"{self.params['slow_s']:g}, period_s={self.params['period_s']:g})")
+
+    def truth_phase(self) -> str:
+        return "input" if self.params["input"] else "compute"
+
+    def slow(self, t: float) -> bool:
+        """Whether offset ``t`` falls in a slow spell."""
+        return (t - self.start) % self.params["period_s"] < self.params["slow_s"]
+
+    def detail(self) -> dict[str, Any]:
+        period = self.params["period_s"]
+        spells = []
+        k = 0
+        while self.start + k * period < self.end:
+            spells.append(self.start + k * period)
+            k += 1
+        return {"target": self.target, "spells": spells, **self.params}
+
+    def on_step(self, t: float, job: JobState, fx: StepEffects) -> None:
+        if not self.slow(t):
+            return
+        m = self.params["compute_mult"]
+        if self.params["input"]:
+            extra = (m - 1.0) * job.spec.base_step_s
+            for r in job.ranks:
+                fx.data_add_s[r] += extra * self.rng.lognormvariate(0.0, 0.1)
+        else:
+            fx.compute_mult[:] = [c * m for c in fx.compute_mult]
+
+
 # name -> class.  The explicit registry: scenario files and --fault name these keys.
 FAULTS: dict[str, type[Fault]] = {
     NicPacketLoss.name: NicPacketLoss,
@@ -926,6 +1251,13 @@ FAULTS: dict[str, type[Fault]] = {
     GpuEccXid.name: GpuEccXid,
     WholeJobSlow.name: WholeJobSlow,
     RankSilent.name: RankSilent,
+    StragglerCompute.name: StragglerCompute,
+    StragglerInput.name: StragglerInput,
+    MultiStraggler.name: MultiStraggler,
+    TransientStraggler.name: TransientStraggler,
+    StageImbalance.name: StageImbalance,
+    RotatingStraggler.name: RotatingStraggler,
+    PeriodicSlowdown.name: PeriodicSlowdown,
 }
 
 

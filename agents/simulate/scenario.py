@@ -19,7 +19,11 @@ Loaded by ``whywait simulate --scenario FILE`` and by tests.  The format::
         channel: "#ml-platform"
         nodes: node-01..node-12  # a range, a list, or omitted for every node
         gpus_per_node: 8         # optional
-        pool: scratch            # optional; any JobSpec field (compute_s, checkpoint_every_s...) may follow
+        pool: scratch            # optional; any JobSpec field (compute_s, checkpoint_every_s...) may follow:
+        step_s: 45               #   the healthy step time (phases scaled to it)
+        pp: 4                    #   pipeline stages (tp: tensor-parallel group size; microbatches: per step)
+        split: false             #   publish duration_s only
+        slow_nodes: node-01..node-06  # GPUs slow_mult (default 1.2) times slower from the start
     faults:
       - fault: nic-packet-loss
         target: node-07
@@ -132,6 +136,8 @@ def parse_scenario(data: Any, source: str = "<scenario>", base_dir: Path | None 
             raise SimulationError(f"{where}: expected a mapping (got {j!r})")
         own = {k: j[k] for k in _JOB_OWN if k in j and k != "nodes"}
         behaviour = {k: v for k, v in j.items() if k not in _JOB_OWN}
+        if "slow_nodes" in behaviour:
+            behaviour["slow_nodes"] = tuple(expand_nodes(behaviour["slow_nodes"], f"{where}.slow_nodes") or ())
         try:
             jobs.append(make_job(topo, nodes=expand_nodes(j.get("nodes"), f"{where}.nodes"), **own, **behaviour))
         except SimulationError as exc:

@@ -6,13 +6,27 @@ one ``steps`` batch per node holding the steps its ranks completed during the
 interval; ``checkpoint`` events are emitted at their own times.  One ``placement``
 message per job comes first.  Messages come out in event-time order.
 
-Training follows synchronous data parallelism: each step, every rank waits for
-its input (``data_wait_s``), computes (``compute_s``), then enters the
-all-reduce, which can only finish once the slowest rank has arrived and the
-collective's transfer is done.  So a rank slow in *compute* shows a high
-``compute_s`` and a *low* ``comm_s`` while everyone else's ``comm_s`` grows,
-and a rank whose *network* is bad stretches the collective for everyone (its own
-``comm_s`` is the largest: it finishes its sends last).
+Training is synchronous.  Data parallel: each step, every rank waits for its
+input (``data_wait_s``), computes (``compute_s``), then enters the all-reduce,
+which can only finish once the slowest rank has arrived and the collective's
+transfer is done; so every rank's ``duration_s`` is the same (a few ms apart),
+and a rank slow in *compute* or *input* shows only in the split: the most
+``compute_s`` (or ``data_wait_s``) and the *least* ``comm_s``, while everyone
+else's ``comm_s`` grows.  A rank whose *network* is bad stretches the collective
+for everyone (its own ``comm_s`` is the largest: it finishes its sends last).
+Pipeline parallel (``pp`` > 1; placement carries each rank's ``dp``/``pp``/``tp``):
+in each replica a microbatch moves at the pace of the slowest stage, so a step
+takes (m + pp - 1) slots (the fill and drain bubbles); each rank reports its
+``pipeline_wait_s`` and ``collective_s`` apart (``comm_s`` their sum), and the
+slowest stage waits least.  Steps last from 0.1 s to minutes (``step_s``), are
+batched per node per interval with their ``ended_at``, and a job may publish
+``duration_s`` alone (``split: false``).
+
+Fault-free runs are not clean: per-step lognormal jitter, a rare hiccup (one
+slow step on one rank), GC pauses, and heterogeneous hardware (``slow_nodes``
+slower from the start).  Each step draws its noise once and is laid out with
+the active faults and, for the ground truth's cost, without each of them: the
+difference is the time that fault cost (``GroundTruth.gpu_hours_lost``).
 
 Faults (:mod:`agents.simulate.faults`) perturb the step model through
 :class:`StepEffects` and the reports through hooks; each records its
@@ -77,6 +91,21 @@ class StepEffects:
     silent: set[int] = field(default_factory=set)
 
 
+def _combine(effects: Sequence[StepEffects], n: int) -> StepEffects:
+    """The joint effect of several faults on one step: multipliers multiply, additions add."""
+    out = StepEffects([1.0] * n, [0.0] * n, [0.0] * n)
+    for fx in effects:
+        for r in range(n):
+            out.compute_mult[r] *= fx.compute_mult[r]
+            out.data_add_s[r] += fx.data_add_s[r]
+            out.tail_s[r] += fx.tail_s[r]
+        out.comm_mult *= fx.comm_mult
+        out.comm_add_s += fx.comm_add_s
+        out.stalled = out.stalled or fx.stalled
+        out.silent |= fx.silent
+    return out
+
+
 @dataclass
 class CheckpointPlan:
     """One collective checkpoint save, decided at the step that starts it; faults may change it."""
@@ -117,7 +146,17 @@ class JobState:
             self.node_ranks.setdefault(self.node_of[r], []).append(r)
         self.step = 0
         self.next_start = 0.0
-        self.pending: dict[str, list[tuple[float, dict[str, Any]]]] = {n: [] for n in self.node_ranks}
+        # node -> (offset the step ends, its record, what the rank really did) not yet published.
+        self.pending: dict[str, list[tuple[float, dict[str, Any], RankStep]]] = {n: [] for n in self.node_ranks}
+        # Each rank's hardware speed from the start: 1, or slow_mult on the job's slow nodes.
+        slow = set(spec.slow_nodes)
+        self.hw: list[float] = [spec.slow_mult if self.node_of[r] in slow else 1.0 for r in self.ranks]
+        # Pipeline layout: replicas[dp][pp] is the ranks (one tensor-parallel group) of that stage.
+        self.coords: list[dict[str, int]] = [spec.coords(r) for r in self.ranks]
+        self.replicas: list[list[list[int]]] = [[[] for _ in range(spec.pp)] for _ in range(spec.dp)]
+        for r in self.ranks:
+            c = self.coords[r]
+            self.replicas[c["dp"]][c["pp"]].append(r)
         self.last: list[RankStep] = [RankStep(spec.base_step_s, spec.data_wait_s, spec.compute_s, spec.comm_s)
                                      for _ in self.ranks]
         self.last_step_end = [0.0 for _ in self.ranks]
@@ -162,7 +201,8 @@ class Simulation:
         self.jobs: list[JobState] = []
         for spec in jobs:
             try:
-                topology.place_job(spec.job, spec.project, spec.team, spec.channel, spec.ranks)
+                topology.place_job(spec.job, spec.project, spec.team, spec.channel, spec.ranks,
+                                   {r: spec.coords(r) for r in spec.ranks})
             except TopologyError as exc:
                 raise SimulationError(f"job {spec.job!r}: {exc}") from None
             self.jobs.append(JobState(spec, random.Random(f"{seed}:job:{spec.job}")))
@@ -211,8 +251,8 @@ class Simulation:
             s = js.spec
             yield TOPIC_PLACEMENT, envelope(
                 "placement", PRODUCER, t_abs, job=s.job, project=s.project, team=s.team,
-                **({"slack_channel": s.channel} if s.channel else {}), state="running",
-                ranks=[{"rank": r, "node": js.node_of[r], "gpu": js.gpu_of[r]} for r in js.ranks])
+                **({"slack_channel": s.channel} if s.channel else {}), state="running", source=PRODUCER,
+                ranks=[{"rank": r, "node": js.node_of[r], "gpu": js.gpu_of[r], **js.coords[r]} for r in js.ranks])
         n_ticks = int(math.ceil(self.duration_s / self.interval_s - 1e-9))
         for i in range(n_ticks):
             t0 = i * self.interval_s
@@ -267,15 +307,13 @@ class Simulation:
                 pend = js.pending.get(node)
                 if not pend:
                     continue
-                done = [rec for end, rec in pend if end <= t1]
+                done = [(rec, truth) for end, rec, truth in pend if end <= t1]
                 if not done:
                     continue
-                js.pending[node] = [(end, rec) for end, rec in pend if end > t1]
+                js.pending[node] = [p for p in pend if p[0] > t1]
                 steps = []
-                for rec in done:
-                    r = rec["rank"]
-                    js.last[r] = RankStep(rec["duration_s"], rec["data_wait_s"], rec["compute_s"], rec["comm_s"],
-                                          rec.get("checkpoint_s", 0.0))
+                for rec, truth in done:
+                    js.last[rec["rank"]] = truth  # the telemetry follows what the GPU did, published or not
                     if not rec.pop("_silent", False):
                         steps.append(rec)
                 if steps:
@@ -284,72 +322,161 @@ class Simulation:
     # ------------------------------------------------------------------ the step model
 
     def _advance(self, js: JobState, until: float) -> None:
-        """Generate every step of ``js`` that starts before ``until`` (records wait in ``pending``)."""
+        """Generate every step of ``js`` that starts before ``until`` (records wait in ``pending``).
+
+        Each step draws its noise once (input waits, compute jitter, hiccups, GC pauses, the
+        collective's transfer), then lays out the step with the active faults' effects and, for
+        the ground truth's cost, again without each fault (same noise): the difference is what
+        that fault cost this step.
+        """
         spec = js.spec
         rng = js.rng
         lognorm = rng.lognormvariate
+        urand = rng.random
         n = len(js.ranks)
         rank_faults = [f for f in self.faults if f.affects_job(spec.job)]
+        sigma = spec.jitter
+        dmean, cmean = spec.data_wait_s, spec.compute_s
+        hiccup, gc = spec.hiccup_rate, spec.hiccup_rate + spec.gc_rate
+        exit_jitter = 0.004 * spec.base_step_s
         while js.next_start < until and js.next_start < self.duration_s:
             s = js.next_start
-            fx = StepEffects([1.0] * n, [0.0] * n, [0.0] * n)
-            for f in rank_faults:
-                if f.start <= s < f.end:
-                    f.on_step(s, js, fx)
+            active = [f for f in rank_faults if f.start <= s < f.end]
+            own: list[StepEffects] = []
+            for f in active:
+                fx_f = StepEffects([1.0] * n, [0.0] * n, [0.0] * n)
+                f.on_step(s, js, fx_f)
+                own.append(fx_f)
+            fx = _combine(own, n)
             if fx.stalled:
-                # A hung collective: nobody completes a step; look again a little later.
+                # A hung collective: nobody completes a step; look again a little later.  The wait is
+                # lost to every fault that hangs the job.
                 js.stalled_at = s
                 js.next_start = s + min(1.0, self.interval_s) / 2
+                for f, fx_f in zip(active, own, strict=True):
+                    if fx_f.stalled:
+                        f.tally(spec.job, js.next_start - s, None, None)
                 continue
             ckpt_s = 0.0
+            ckpt_delta: dict[int, float] = {}
             plan: CheckpointPlan | None = None
             if s >= js.next_checkpoint:
-                plan = self._checkpoint_plan(js, s)
+                plan, ckpt_delta = self._checkpoint_plan(js, s)
                 ckpt_s = plan.duration_s
-            sigma = spec.jitter
-            arrive = [0.0] * n
-            data = [0.0] * n
-            comp = [0.0] * n
-            dmean = spec.data_wait_s
-            cmean = spec.compute_s
+            # The noise of this step, shared by the actual and the fault-free layouts.
+            data0 = [0.0] * n
+            comp0 = [0.0] * n
+            oneoff = [0.0] * n
+            exit_s = [0.0] * n
+            hw = js.hw
             for r in range(n):
-                d = dmean * lognorm(0.0, 0.3) + fx.data_add_s[r]
-                c = cmean * lognorm(0.0, sigma) * fx.compute_mult[r]
-                data[r] = d
-                comp[r] = c
-                arrive[r] = d + c + ckpt_s
-            transfer = spec.comm_s * lognorm(0.0, sigma) * fx.comm_mult + fx.comm_add_s
-            t_done = max(arrive) + transfer
+                data0[r] = dmean * lognorm(0.0, 0.3)
+                c = cmean * hw[r] * lognorm(0.0, sigma)
+                comp0[r] = c
+                u = urand()
+                if u < hiccup:  # one slow step on this rank: a slow kernel, a page fault storm, a noisy neighbour
+                    oneoff[r] = c * (0.5 + 2.0 * u / hiccup)
+                elif u < gc:  # a garbage-collector pause
+                    oneoff[r] = spec.gc_pause_s * lognorm(0.0, 0.3)
+                exit_s[r] = exit_jitter * u  # ranks leave the collective a few ms apart
+            transfer0 = spec.comm_s * lognorm(0.0, sigma)
+            data = [data0[r] + fx.data_add_s[r] for r in range(n)]
+            comp = [comp0[r] * fx.compute_mult[r] for r in range(n)]
+            transfer = transfer0 * fx.comm_mult + fx.comm_add_s
+            t_done, ready = self._layout(js, data, comp, oneoff, transfer, ckpt_s)
             step = js.step
             tail = fx.tail_s
             end_max = 0.0
+            t_abs = self.start_time + s
+            pp = spec.pp > 1
             for r in range(n):
-                end = t_done + tail[r]
+                end = t_done + tail[r] + exit_s[r]
                 if end > end_max:
                     end_max = end
-                rec: dict[str, Any] = {
-                    "rank": r, "step": step, "duration_s": round(end, 4), "data_wait_s": round(data[r], 4),
-                    "compute_s": round(comp[r], 4), "comm_s": round(end - arrive[r], 4), "node": js.node_of[r]}
-                if ckpt_s:
-                    rec["checkpoint_s"] = round(ckpt_s, 4)
+                compute = comp[r] + oneoff[r]
+                if pp:
+                    pipe = ready[r] - ckpt_s - data[r] - compute
+                    coll = end - ready[r]
+                    comm = pipe + coll
+                else:
+                    comm = end - ready[r]
+                truth = RankStep(end, data[r], compute, comm, ckpt_s)
+                rec: dict[str, Any] = {"rank": r, "step": step, "duration_s": round(end, 4)}
+                if spec.split:
+                    rec.update(data_wait_s=round(data[r], 4), compute_s=round(compute, 4), comm_s=round(comm, 4))
+                    if pp:
+                        rec.update(collective_s=round(coll, 4), pipeline_wait_s=round(pipe, 4))
+                    if ckpt_s:
+                        rec["checkpoint_s"] = round(ckpt_s, 4)
+                rec.update(node=js.node_of[r], ended_at=round(t_abs + end, 4))
                 if r in fx.silent:
                     rec["_silent"] = True
-                js.pending[js.node_of[r]].append((s + end, rec))
+                js.pending[js.node_of[r]].append((s + end, rec, truth))
+            if active:
+                self._tally(js, active, own, data0, comp0, oneoff, transfer0, ckpt_s, ckpt_delta, t_done)
             js.step += 1
             js.next_start = s + end_max + 0.002  # the launcher's gap between steps
             if plan is not None:
                 self._checkpoint_events(js, s, plan)
 
-    def _checkpoint_plan(self, js: JobState, s: float) -> CheckpointPlan:
+    def _layout(self, js: JobState, data: list[float], comp: list[float], oneoff: list[float], transfer: float,
+                ckpt_s: float) -> tuple[float, list[float]]:
+        """Lay one step out: when the collective ends, and when each rank was ready to enter it.
+
+        Data parallel (``pp`` = 1): a rank is ready after its input, compute and any pause; the
+        all-reduce ends ``transfer`` after the last rank arrives, so every rank's step ends
+        together and the fast ranks' wait shows as ``comm_s``.  Pipeline parallel: in each
+        data-parallel replica, a microbatch moves through the stages at the pace of the slowest
+        stage (m + pp - 1 slots with the fill and drain bubbles); one-off pauses delay the replica
+        once; the replica is ready when its pipeline drains, then the gradient all-reduce across
+        replicas waits for the last one.  Returns ``(t_done, ready per rank)``.
+        """
+        spec = js.spec
+        if spec.pp == 1:
+            ready = [data[r] + comp[r] + oneoff[r] + ckpt_s for r in range(len(data))]
+            return max(ready) + transfer, ready
+        m, p = spec.microbatches, spec.pp
+        ready = [0.0] * len(data)
+        latest = 0.0
+        for replica in js.replicas:
+            ranks = [r for stage in replica for r in stage]
+            begin = max(data[r] for r in ranks)
+            slot = max(max(comp[r] for r in stage) / m for stage in replica)
+            done = begin + (m + p - 1) * slot + max(oneoff[r] for r in ranks) + ckpt_s
+            for r in ranks:
+                ready[r] = done
+            latest = max(latest, done)
+        return latest + transfer, ready
+
+    def _tally(self, js: JobState, active: list[Fault], own: list[StepEffects], data0: list[float],
+               comp0: list[float], oneoff: list[float], transfer0: float, ckpt_s: float,
+               ckpt_delta: dict[int, float], t_done: float) -> None:
+        """Charge each active fault what it cost this step: the step's length minus its length without it."""
+        n = len(data0)
+        for i, f in enumerate(active):
+            rest = _combine([fx for j, fx in enumerate(own) if j != i], n)
+            data = [data0[r] + rest.data_add_s[r] for r in range(n)]
+            comp = [comp0[r] * rest.compute_mult[r] for r in range(n)]
+            transfer = transfer0 * rest.comm_mult + rest.comm_add_s
+            ckpt = ckpt_s - ckpt_delta.get(id(f), 0.0) if ckpt_s else 0.0
+            without, _ = self._layout(js, data, comp, oneoff, transfer, ckpt)
+            f.tally(js.spec.job, max(0.0, t_done - without), t_done, without)
+
+    def _checkpoint_plan(self, js: JobState, s: float) -> tuple[CheckpointPlan, dict[int, float]]:
+        """Plan the save starting at ``s``: the plan, and each fault's change to its duration (by ``id``)."""
         spec = js.spec
         js.checkpoints += 1
         js.next_checkpoint = s + spec.checkpoint_every_s
         dur = spec.checkpoint_bytes / spec.checkpoint_write_bytes_per_s * js.rng.lognormvariate(0.0, 0.05)
         plan = CheckpointPlan(f"{spec.job}-step-{js.step}", js.checkpoints, int(spec.checkpoint_bytes), dur)
+        delta: dict[int, float] = {}
         for f in self.faults:
             if f.affects_job(spec.job) and f.start <= s < f.end:
+                before = plan.duration_s
                 f.on_checkpoint(s, js, plan)
-        return plan
+                if plan.duration_s != before:
+                    delta[id(f)] = plan.duration_s - before
+        return plan, delta
 
     def _checkpoint_events(self, js: JobState, s: float, plan: CheckpointPlan) -> None:
         spec = js.spec

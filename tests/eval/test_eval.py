@@ -37,7 +37,7 @@ def _run(name: str, classes: tuple[str, ...], truths: list[dict[str, Any]], diag
                           messages=100, seconds=0.1)
 
 
-def test_suite_covers_every_class_on_several_shapes_pairs_and_an_hour_fault_free() -> None:
+def test_suite_covers_every_class_on_several_shapes_pairs_and_four_hours_fault_free() -> None:
     suite = ev.build_suite()
     for cls in ev.FAULT_CLASSES:
         mine = [s for s in suite if s.classes == (cls,)]
@@ -46,14 +46,41 @@ def test_suite_covers_every_class_on_several_shapes_pairs_and_an_hour_fault_free
     assert all(s.spec["jobs"][1]["project"] != s.spec["jobs"][0]["project"]
                for s in suite if s.classes == ("contention",))
     assert sum(1 for s in suite if len(s.classes) == 2) >= 4
-    assert sum(s.spec["duration_s"] for s in suite if s.fault_free) == pytest.approx(3600)
+    free = [s for s in suite if s.fault_free]
+    assert sum(s.spec["duration_s"] for s in free) == pytest.approx(4 * 3600)
+    # The false-alarm hours include mixed hardware, half the ranks slow since the start, long steps and pipelines.
+    jobs = [s.spec["jobs"][0] for s in free]
+    assert any(j.get("slow_nodes") and len(j["slow_nodes"]) * 2 == len(j["nodes"]) for j in jobs)
+    assert any(j.get("slow_nodes") and len(j["slow_nodes"]) * 2 < len(j["nodes"]) for j in jobs)
+    assert any(j.get("step_s", 0) >= 30 for j in jobs) and any(j.get("pp", 1) > 1 for j in jobs)
+    assert any(j.get("split") is False for j in jobs) and any(j.get("step_s") == 0.1 for j in jobs)
     # A fault on a job that shares a switch and a pool with another project's job.
     assert any(len(s.spec["jobs"]) == 2 and s.classes and s.classes[0] != "contention" for s in suite)
 
 
+def test_straggler_classes_span_step_times_from_a_tenth_of_a_second_to_a_minute() -> None:
+    suite = ev.build_suite()
+    for cls in ev.STRAGGLER_CLASSES:
+        steps = {s.spec["jobs"][0].get("step_s") for s in suite if s.classes == (cls,)}
+        assert 0.1 in steps and max(x for x in steps if x) >= 30, cls
+        for s in (s for s in suite if s.classes == (cls,)):
+            f = s.spec["faults"][0]
+            step = s.spec["jobs"][0].get("step_s") or ev.DEFAULT_STEP_S
+            assert f["start"] >= 12 * step * 0.99  # a healthy history before the fault
+            if cls == "transient-straggler":
+                assert 20 <= f["end"] - f["start"] <= 90 or 5 <= (f["end"] - f["start"]) / step <= 20
+            if cls == "stage-imbalance":
+                assert s.spec["jobs"][0]["pp"] > 1
+            if cls == "periodic-slowdown":
+                assert (f["end"] - f["start"]) / f["params"]["period_s"] >= 3
+        if cls in ("rotating-straggler", "periodic-slowdown"):  # slow in compute and in input, both
+            assert {s.spec["faults"][0]["params"]["input"] for s in suite if s.classes == (cls,)} == {0.0, 1.0}
+
+
 def test_quick_suite_is_small_and_deterministic() -> None:
     quick = ev.build_suite(quick=True)
-    assert len(quick) < 25
+    assert len(quick) < 30
+    assert {s.classes[0] for s in quick if s.classes} >= set(ev.STRAGGLER_CLASSES)
     assert [s.spec for s in quick] == [s.spec for s in ev.build_suite(quick=True)]
 
 

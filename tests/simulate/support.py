@@ -30,10 +30,11 @@ def mean(xs: Iterable[float]) -> float:
 
 
 def by_rank(recs: list[dict[str, Any]], field: str) -> dict[int, float]:
+    """Each rank's median of ``field``: the median, since healthy runs have hiccups and GC pauses."""
     out: dict[int, list[float]] = {}
     for s in recs:
         out.setdefault(s["rank"], []).append(s[field])
-    return {r: statistics.fmean(v) for r, v in out.items()}
+    return {r: statistics.median(v) for r, v in out.items()}
 
 
 def gpu_samples(msgs: Msgs, node: str, gpu: int, lo: float, hi: float) -> list[dict[str, Any]]:

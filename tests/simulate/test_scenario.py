@@ -39,6 +39,14 @@ def test_noisy_neighbour_scenario():
         ("gpu.thermal-throttle", "node-03 gpu 5", "train-llm")]
 
 
+def test_stragglers_scenario_sets_the_parallel_layout_and_mixed_hardware():
+    sc = load_scenario(SCENARIOS / "stragglers.yaml")
+    llm, pp = sc.jobs
+    assert llm.slow_nodes == ("node-07", "node-08") and llm.step_s == 2 and llm.pp == 1
+    assert (pp.pp, pp.tp, pp.dp, pp.microbatches) == (4, 8, 2, 8)
+    assert [f.name for f in sc.faults] == ["straggler-compute", "multi-straggler", "stage-imbalance"]
+
+
 def test_topology_file_instead_of_cluster(tmp_path):
     topo = Path(__file__).resolve().parents[1] / "fixtures" / "topology" / "small.yaml"
     sc = parse_scenario({"topology": str(topo), "jobs": [{"job": "a", "nodes": ["gpu-a1"]}]}, "s.yaml")
@@ -57,6 +65,11 @@ def test_topology_file_instead_of_cluster(tmp_path):
     ({"jobs": [{"job": "a", "nodes": "node-01..node-99"}], "cluster": {"nodes": 4}},
      "s.yaml: jobs[0]: job 'a': unknown node 'node-05'"),
     ({"jobs": [{"job": "a", "warp": 9}]}, "s.yaml: jobs[0]: job 'a': unknown setting(s) warp (valid: "),
+    ({"jobs": [{"job": "a", "pp": "two"}]}, "s.yaml: jobs[0]: job 'a': pp must be an integer ≥ 1 (got 'two')"),
+    ({"jobs": [{"job": "a", "split": "no"}]}, "s.yaml: jobs[0]: job 'a': split must be true or false (got 'no')"),
+    ({"jobs": [{"job": "a", "slow_nodes": "node-01..node-20"}], "cluster": {"nodes": 4}},
+     "s.yaml: jobs[0]: job 'a': slow_nodes node-05, node-06"),
+    ({"jobs": [{"job": "a", "slow_nodes": 7}]}, "s.yaml: jobs[0].slow_nodes: expected a node list"),
     ({"seed": "x"}, "s.yaml: seed: expected an integer (got 'x')"),
     ({"duration_s": 0}, "s.yaml: duration_s: expected a positive number of seconds (got 0)"),
     ({"nodes": 3}, "s.yaml: unknown key(s) nodes (valid: "),

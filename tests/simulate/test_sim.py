@@ -70,8 +70,9 @@ def test_healthy_run_has_nothing_anomalous(healthy):
     durations = [s["duration_s"] for s in steps(msgs, 5, 240)]
     med = statistics.median(durations)
     assert 0.5 < med < 1.5
-    assert statistics.pstdev(durations) / med < 0.08
-    assert max(durations) / med < 1.4
+    # Realistic noise: most steps within a few % of the median, a rare hiccup or GC pause above it.
+    assert sorted(durations)[int(0.9 * len(durations))] / med < 1.1
+    assert 0 < sum(d > 1.4 * med for d in durations) / len(durations) < 0.05
     comm = by_rank(steps(msgs, 5, 240), "comm_s")
     assert max(comm.values()) / statistics.median(comm.values()) < 1.15
     samples = [g for m in of_kind(msgs, "gpu") for g in m["gpus"]]
