@@ -257,7 +257,7 @@ CONDITION_TYPES: dict[str, dict[str, P]] = {
     "step_outlier": {"measure": _MEASURE, "window": P(_duration, default=5.0), "steps": _STEPS,
                      "ratio": P(_compare, default=Compare(">", 1.1)), "zscore": P(_compare, default=Compare(">", 4.0)),
                      "persist": P(_number, default=0.6), "within": _WITHIN, "history": P(_number, default=20.0),
-                     "steady_ratio": P(_number, default=1.5), "max_share": P(_number, default=0.5),
+                     "steady_ratio": P(_number, default=3.0), "max_share": P(_number, default=0.5),
                      "min_ranks": P(_number, default=4.0), "level": P(_enum("rank"), default="rank")},
     # Which phase (compute, input, communication) of the culprit ranks' step is slow.
     "phase": {"phase": P(_enum("any", "compute", "input", "communication"), default="any"), "window": _WINDOW,
