@@ -11,16 +11,20 @@ plain bytes.
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
+import logging
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from agents.events import ContractError, decode
 from engine.diagnosis import Diagnosis
 from engine.evaluate.evaluator import Evaluator
 from topology.errors import TopologyError
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -43,65 +47,115 @@ class Output:
     dead_letters: list[tuple[bytes, bytes]] = field(default_factory=list)  # (key, value) for the DLQ topic
 
 
-def dead_letter(rec: Record, reason: str) -> tuple[bytes, bytes]:
-    """Build the dead-letter message for ``rec``: the original bytes (base64 if not UTF-8) and the reason."""
+# The dead-letter record must always fit in one produce request (aiokafka's ``max_request_size``
+# is 1 MiB): the original is kept up to this many bytes, with its full size and SHA-256, so a
+# 2 MB bad message is still traceable without being able to block the topic.
+DLQ_ORIGINAL_MAX = 64 << 10
+REASON_MAX = 2000
+
+
+def dead_letter(rec: Record, reason: str, category: str = "contract") -> tuple[bytes, bytes]:
+    """Build the dead-letter message for ``rec``: the reason, and the original (cut to fit) with its checksum.
+
+    ``value`` holds the original as text when it is UTF-8 (else ``value_base64``), cut to
+    ``DLQ_ORIGINAL_MAX`` bytes; ``value_bytes`` and ``value_sha256`` describe the whole original,
+    and ``value_truncated`` says whether it was cut.  The result is at most a few hundred KiB
+    whatever came in (worst case: every kept byte escaped as ``\\u00XX``).
+    """
     raw = rec.value or b""
+    kept = raw[:DLQ_ORIGINAL_MAX]
     try:
-        text: str | None = raw.decode()
+        raw.decode()
+        text: str | None = kept.decode(errors="ignore")  # a cut may split the last character only
         b64 = None
     except UnicodeDecodeError:
-        text, b64 = None, base64.b64encode(raw).decode()
+        text, b64 = None, base64.b64encode(kept).decode()
+    key = rec.key.decode(errors="replace")[:1000] if rec.key else None
     body = {"schema": 1, "kind": "dead_letter", "time": time.time(), "source_topic": rec.topic,
-            "partition": rec.partition, "offset": rec.offset, "reason": reason,
-            "value": text, "value_base64": b64,
-            "key": rec.key.decode(errors="replace") if rec.key else None}
+            "partition": rec.partition, "offset": rec.offset, "reason": reason[:REASON_MAX],
+            "category": category, "value": text, "value_base64": b64, "value_bytes": len(raw),
+            "value_sha256": hashlib.sha256(raw).hexdigest(), "value_truncated": len(raw) > len(kept), "key": key}
     return rec.topic.encode(), json.dumps(body, separators=(",", ":")).encode()
 
 
 class Processor:
-    """Holds the evaluator and counts what passed through it."""
+    """Holds the evaluator and counts what passed through it.
 
-    def __init__(self, evaluator: Evaluator, not_before: float | None = None) -> None:
+    Every record consumed ends in exactly one counter: ``messages`` (evaluated), ``dead_letters``
+    (with ``dead_letters.<category>`` beside it), ``tombstones`` or ``skipped_before_start``.
+    """
+
+    def __init__(self, evaluator: Evaluator, not_before: float | None = None,
+                 wall_clock: Callable[[], float] = time.time) -> None:
         self.evaluator = evaluator
         # Messages older than this event time are skipped (counted): a replay or demo that
         # shares topics with earlier runs starts from a point in event time, not an offset.
         self.not_before = not_before
+        self.wall_clock = wall_clock
         self.counts: Counter[str] = Counter()
         # fingerprint -> producer timestamp (ms) of the record whose arrival made the diagnosis
         # possible: the start of the wall-clock latency (event produced -> Slack post).
         self.trigger_ms: dict[str, int] = {}
 
     def process(self, records: Iterable[Record]) -> Output:
-        """Decode and evaluate one batch; return diagnoses and dead letters, in order."""
+        """Decode and evaluate one batch; return diagnoses and dead letters, in order.
+
+        Never raises for a record: whatever one record does (breaks the contract, names an unknown
+        node, stamps a wrong time, trips a bug) costs that record only, which goes to the dead-letter
+        topic with its reason; the rest of the batch is evaluated.
+        """
         out = Output()
         self.evaluator.begin_batch()
+        wall = self.wall_clock()
         for rec in records:
+            self.counts["records"] += 1
             if rec.value is None:  # a tombstone on a compacted topic: nothing to evaluate
                 self.counts["tombstones"] += 1
                 continue
             try:
-                msg = decode(rec.value, rec.topic)
-            except ContractError as exc:
-                self.counts["dead_letters"] += 1
-                out.dead_letters.append(dead_letter(rec, str(exc)))
-                continue
-            if self.not_before is not None and msg["time"] < self.not_before:
-                self.counts["skipped_before_start"] += 1
-                continue
-            try:
-                diags = self.evaluator.ingest(msg)
-            except TopologyError as exc:  # e.g. a placement on a node the topology does not hold
-                self.counts["dead_letters"] += 1
-                out.dead_letters.append(dead_letter(rec, f"topology: {exc}"))
-                continue
-            self.counts["messages"] += 1
-            self.counts[f"kind.{msg['kind']}"] += 1
-            if diags and rec.timestamp_ms is not None:
-                for d in diags:
-                    self.trigger_ms[d.fingerprint] = rec.timestamp_ms
-            out.diagnoses += diags
+                self._one(rec, wall, out)
+            except Exception as exc:  # noqa: BLE001 - a bug must cost one record, never the batch
+                log.exception("record %s[%d]@%d failed", rec.topic, rec.partition, rec.offset)
+                self._dead(out, rec, f"internal error: {type(exc).__name__}: {exc}", "internal")
+        try:
+            out.diagnoses += self.evaluator.catch_up()
+            out.diagnoses += self.evaluator.clock_diagnoses(wall)
+        except Exception:  # noqa: BLE001 - a tick that fails is logged; the next batch tries again
+            log.exception("evaluation after the batch failed")
+            self.counts["errors.batch_end"] += 1
         self.counts["diagnoses"] += len(out.diagnoses)
         return out
+
+    def _one(self, rec: Record, wall: float, out: Output) -> None:
+        assert rec.value is not None
+        try:
+            msg = decode(rec.value, rec.topic)
+        except ContractError as exc:
+            self._dead(out, rec, str(exc), "contract")
+            return
+        if self.not_before is not None and msg["time"] < self.not_before:
+            self.counts["skipped_before_start"] += 1
+            return
+        why = self.evaluator.admit(msg, wall)
+        if why is not None:
+            self._dead(out, rec, why, "too_far_ahead" if "ahead" in why else "too_late")
+            return
+        try:
+            diags = self.evaluator.ingest(msg)
+        except TopologyError as exc:  # e.g. a placement on a node the topology does not hold
+            self._dead(out, rec, f"topology: {exc}", "topology")
+            return
+        self.counts["messages"] += 1
+        self.counts[f"kind.{msg['kind']}"] += 1
+        if diags and rec.timestamp_ms is not None:
+            for d in diags:
+                self.trigger_ms[d.fingerprint] = rec.timestamp_ms
+        out.diagnoses += diags
+
+    def _dead(self, out: Output, rec: Record, reason: str, category: str) -> None:
+        self.counts["dead_letters"] += 1
+        self.counts[f"dead_letters.{category}"] += 1
+        out.dead_letters.append(dead_letter(rec, reason, category))
 
     def stats(self) -> dict[str, Any]:
         """Counters for the log and the engine's health line."""
