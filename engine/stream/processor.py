@@ -26,6 +26,14 @@ from topology.errors import TopologyError
 
 log = logging.getLogger(__name__)
 
+# Kinds whose envelope ``node`` is the measured node (steps and checkpoints are keyed by job).
+_NODE_KINDS = frozenset({"gpu", "net", "storage", "host", "agent_health"})
+
+
+def _unknown_node(topology: Any, node: str) -> bool:
+    kind_of = getattr(topology, "kind_of", None)
+    return kind_of is not None and kind_of(node) != "node"
+
 
 @dataclass(frozen=True)
 class Record:
@@ -139,6 +147,10 @@ class Processor:
         why = self.evaluator.admit(msg, wall)
         if why is not None:
             self._dead(out, rec, why, "too_far_ahead" if "ahead" in why else "too_late")
+            return
+        if msg["kind"] in _NODE_KINDS and _unknown_node(self.evaluator.topology, msg["node"]):
+            # Telemetry no rule can use; kept out of the store so invented node names cannot grow it.
+            self._dead(out, rec, f"node: {str(msg['node'])[:80]!r} is not in the topology", "unknown_node")
             return
         try:
             diags = self.evaluator.ingest(msg)
