@@ -244,9 +244,11 @@ class Evaluator:
         Called by the live engine before :meth:`ingest`.  Event time comes from the message body,
         so a producer with a wrong clock (or a hostile one) could otherwise move the watermark for
         every job: a message too far ahead of ``wall_now`` is refused and counted against its node
-        (see :meth:`clock_diagnoses`); a message further behind the watermark than ``max_late_s``
-        can no longer be evaluated and is refused too.  Placements are exempt from lateness: the
-        compacted topic keeps a job's placement from when it started.
+        (see :meth:`clock_diagnoses`); a message more than ``max_late_s`` behind what was evaluated
+        already, or behind the newest message of its kind, can no longer be evaluated and is
+        refused too (an agent flushing a spool after a long outage gets its reason on the DLQ).
+        Placements are exempt from lateness: the compacted topic keeps a job's placement from when
+        it started.
         """
         t = float(msg["time"])
         node = str(msg["node"])
@@ -263,11 +265,15 @@ class Evaluator:
             return (f"event time {t:.3f} is {ahead:.0f}s ahead of the engine's clock (limit {self.max_skew_s:g}s): "
                     f"the clock of {node} is wrong")
         if msg["kind"] != "placement":
-            wm = self.watermark() if self.ticks else -math.inf
-            if math.isfinite(wm) and t < wm - self.max_late_s:
+            # The reference is what was evaluated already (the next tick) or the newest message of the
+            # same kind: either is known from the first messages on, and neither can be pushed
+            # forward by a future-stamped message (those are refused above).
+            ref = max(self.next_tick if self.ticks and self.next_tick is not None else -math.inf,
+                      self.kind_max.get(msg["kind"], -math.inf))
+            if math.isfinite(ref) and t < ref - self.max_late_s:
                 if node in self.late or len(self.late) < 10_000:
                     self.late[node] = self.late.get(node, 0) + 1
-                return (f"event time {t:.3f} is {wm - t:.0f}s behind the watermark (limit {self.max_late_s:g}s): "
+                return (f"event time {t:.3f} is {ref - t:.0f}s behind the stream (limit {self.max_late_s:g}s): "
                         "too late to evaluate")
         return None
 

@@ -66,6 +66,7 @@ def families(now: float, nodes: list[str]) -> dict[str, Callable[[random.Random]
         "huge-list": lambda r: (TOPIC_GPU, _j({**_gpu(node(r), now), "gpus": _gpu(node(r), now)["gpus"] * 1500})),
         "deep-nesting": lambda r: (TOPIC_STORAGE, b"[" * r.randint(2000, 100_000) + b"]" * 10),
         "future-time": lambda r: (TOPIC_HOST, _j(_host(node(r), now + r.choice([86_400.0, 3.2e9, 1e10])))),
+        "ancient-time": lambda r: (TOPIC_HOST, _j(_host(node(r), now - r.choice([86_400.0 * 30, 1e9, 3600.0])))),
         "bad-time": lambda r: (TOPIC_HOST, _j(_host(node(r), r.choice([1e15, -1.0, 1e300])))),
         "wrong-topic": lambda r: (TOPIC_NET, _j(_host(node(r), now))),
         "unknown-schema": lambda r: (TOPIC_HOST, _j({**_host(node(r), now), "schema": r.choice([0, 3, 99, "2"])})),
