@@ -104,6 +104,7 @@ class Processor:
         # fingerprint -> producer timestamp (ms) of the record whose arrival made the diagnosis
         # possible: the start of the wall-clock latency (event produced -> Slack post).
         self.trigger_ms: dict[str, int] = {}
+        self.owners: dict[str, str] = {}  # job -> the user its placement says it runs as
 
     def process(self, records: Iterable[Record]) -> Output:
         """Decode and evaluate one batch; return diagnoses and dead letters, in order.
@@ -152,17 +153,55 @@ class Processor:
             # Telemetry no rule can use; kept out of the store so invented node names cannot grow it.
             self._dead(out, rec, f"node: {str(msg['node'])[:80]!r} is not in the topology", "unknown_node")
             return
+        if msg["kind"] in ("steps", "checkpoint"):
+            why = self._sender_problem(msg)
+            if why is not None:
+                self._dead(out, rec, why, "sender")
+                return
         try:
             diags = self.evaluator.ingest(msg)
         except TopologyError as exc:  # e.g. a placement on a node the topology does not hold
             self._dead(out, rec, f"topology: {exc}", "topology")
             return
+        if msg["kind"] == "placement":
+            self._note_owner(msg)
         self.counts["messages"] += 1
         self.counts[f"kind.{msg['kind']}"] += 1
         if diags and rec.timestamp_ms is not None:
             for d in diags:
                 self.trigger_ms[d.fingerprint] = rec.timestamp_ms
         out.diagnoses += diags
+
+    def _note_owner(self, msg: dict[str, Any]) -> None:
+        job = str(msg["job"])
+        if msg.get("state") == "finished" or not isinstance(msg.get("user"), str):
+            self.owners.pop(job, None)
+        elif job in self.owners or len(self.owners) < 100_000:
+            self.owners[job] = msg["user"]
+
+    def _sender_problem(self, msg: dict[str, Any]) -> str | None:
+        """Why a job's timings cannot be trusted (None: they can), judged against its placement.
+
+        The node agent names the user who sent a job's timings (``sender_user``, from the kernel's
+        credentials) and is the node the timings come from: a rank placed on another node, or a
+        sender other than the placement's ``user`` (root excepted), means someone reports for a
+        job that is not theirs, and the timings would blame an innocent rank.
+        """
+        job = str(msg["job"])
+        sender, owner = msg.get("sender_user"), self.owners.get(job)
+        if isinstance(sender, str) and owner is not None and sender not in (owner, "root"):
+            return f"job {job[:80]}: timings sent by user {sender[:40]!r}, but its placement runs it as {owner[:40]!r}"
+        topo = self.evaluator.topology
+        if msg["kind"] != "steps" or not getattr(topo, "has_job", lambda _j: False)(job):
+            return None
+        ranks = topo.job(job).ranks
+        for s in msg["steps"]:
+            placed = ranks.get(s["rank"])
+            reporter = s.get("node") or msg["node"]
+            if placed is not None and placed[0] != reporter:
+                return (f"job {job[:80]}: rank {s['rank']} runs on {placed[0]}, but {str(reporter)[:80]} reported "
+                        "its timings")
+        return None
 
     def _dead(self, out: Output, rec: Record, reason: str, category: str) -> None:
         self.counts["dead_letters"] += 1
