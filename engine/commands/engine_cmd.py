@@ -151,16 +151,16 @@ async def read_placements(bootstrap: str) -> list[dict[str, Any]]:
     return [m for m in latest.values() if m is not None]
 
 
-def fresh_state_store(bootstrap: str) -> Any:
+def fresh_state_store(bootstrap: str, topic: str | None = None) -> Any:
     """The notifier's Kafka state store, starting empty: ``--no-restore`` must not reopen the last run's messages."""
-    from engine.notify.state import KafkaStateStore
+    from engine.notify.state import STATE_TOPIC, KafkaStateStore
 
     class FreshStateStore(KafkaStateStore):
         def load(self) -> dict[str, dict[str, Any]]:
             super().load()  # starts the table: this run's writes still go to the compacted topic
             return {}
 
-    return FreshStateStore(bootstrap)
+    return FreshStateStore(bootstrap, topic=topic or STATE_TOPIC)
 
 
 def run(args: argparse.Namespace) -> int:
