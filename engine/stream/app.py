@@ -154,6 +154,13 @@ def build_app(cfg: EngineConfig, processor: Processor, notifier: Notifier,
         snap = json.dumps(processor.evaluator.snapshot(), default=str).encode()
         await state_topic.send(key=cfg.group_id.encode(), value=snap)
         log.info("engine: %s", processor.stats())
+        ev = processor.evaluator
+        if ev.skew or ev.late:  # per node, so a skewed or lagging agent is named in the log too
+            ahead = sorted(((s.rejected, n) for n, s in ev.skew.items()), reverse=True)[:10]
+            late = sorted(((c, n) for n, c in ev.late.items()), reverse=True)[:10]
+            log.warning("engine: refused for event time, per node: ahead of the clock %s; too late %s",
+                        ", ".join(f"{n[:60]!r}={c}" for c, n in ahead) or "none",
+                        ", ".join(f"{n[:60]!r}={c}" for c, n in late) or "none")
 
     def _notify(d: Diagnosis, trigger_ms: int | None) -> None:
         try:

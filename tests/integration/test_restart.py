@@ -142,6 +142,7 @@ def test_restart_mid_incident_keeps_it_open_and_stays_watching(kafka_bootstrap: 
         blog = (tmp_path / "b.log").read_text()
         assert "restored 1 incident(s)" in blog, blog[-3000:]
         assert resumed_s < 10.0, f"engine B took {resumed_s:.1f}s to start consuming"
+        print(f"restart ({stop}): engine B consuming {resumed_s:.1f}s after it was started")
 
         diags = asyncio.run(diagnoses_since(kafka_bootstrap, start, job))
         node4 = [d for d in diags if d["rule_id"] == RULE and d.get("culprit") == "node-04"]

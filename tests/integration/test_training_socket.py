@@ -25,10 +25,9 @@ import pytest
 
 from agents.agent import Agent
 from agents.collectors import HostCollector
-from agents.events import TOPIC_AGENT_HEALTH, TOPIC_PLACEMENT, TOPIC_STEPS, encode, envelope
+from agents.events import TOPIC_AGENT_HEALTH, TOPIC_PLACEMENT, TOPIC_STEPS, ContractError, decode, encode, envelope
 from agents.publisher import KafkaPublisher
 from agents.training import Reporter
-from tests.integration.test_agent_kafka import consume
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs root")]
@@ -58,6 +57,31 @@ def send_as(uid: int, gid: int, job: str, rank: int, path: str, claim_node: str 
     os.waitpid(pid, 0)
     sent, dropped = text.split()
     return int(sent), int(dropped)
+
+
+async def consume(bootstrap: str, topics: list[str], node: str, want: dict[str, int],
+                  timeout: float = 60.0) -> dict[str, list[dict[str, Any]]]:
+    """The valid messages of ``node`` on ``topics`` until ``want`` counts are met (others' bad ones skipped)."""
+    from aiokafka import AIOKafkaConsumer
+
+    consumer = AIOKafkaConsumer(*topics, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
+                                enable_auto_commit=False, group_id=None)
+    await consumer.start()
+    got: dict[str, list[dict[str, Any]]] = {t: [] for t in topics}
+    try:
+        async with asyncio.timeout(timeout):
+            while any(len(got[t]) < n for t, n in want.items()):
+                for tp, batch in (await consumer.getmany(timeout_ms=500)).items():
+                    for r in batch:
+                        try:
+                            msg = decode(r.value, tp.topic)
+                        except ContractError:
+                            continue  # another test's deliberately bad message on the shared topic
+                        if msg["node"] == node:
+                            got[tp.topic].append(msg)
+    finally:
+        await consumer.stop()
+    return got
 
 
 @pytest.fixture()
