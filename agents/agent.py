@@ -23,8 +23,8 @@ trust model (``docs/security.md``):
   on this node owns it there, and datagrams for that job from any other uid (root
   and the agent's own user excepted) are refused, counted and logged;
 * the node is always the agent's own, never what the datagram claims, and the
-  published batch names the sending user (``sender_user``) so the engine can check
-  it against the placement's ``user``.
+  published batch names the sending user (``sender_uid``, ``sender_user``) so the
+  engine can check it against the placement's ``user``.
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ class TrainingInbox:
         # job -> (owner uid, monotonic time of its last datagram)
         self.owners: dict[str, tuple[int, float]] = {}
         self.trusted_uids = trusted_uids if trusted_uids is not None else frozenset({0, os.getuid()})
-        self._users: dict[str, str] = {}  # job -> the owner's user name, for the published batches
+        self._users: dict[str, dict[str, Any]] = {}  # job -> sender_uid (and sender_user) for the batches
 
     def feed(self, data: bytes, uid: int | None = None, pid: int | None = None) -> None:
         """Take one datagram; ``uid``/``pid`` are the kernel's word on the sender (None: not known)."""
@@ -113,7 +113,7 @@ class TrainingInbox:
             if owner is None and len(self.owners) >= MAX_JOBS:
                 self._forget_oldest()
             self.owners[job] = (uid, now)
-            self._users[job] = _user_name(uid)
+            self._users[job] = _sender(uid)
             return True
         if uid == owner[0]:
             self.owners[job] = (uid, now)
@@ -164,21 +164,20 @@ class TrainingInbox:
         for k, cap in (("path", 4096), ("error", 2000)):
             if isinstance(d.get(k), str) and d[k]:
                 body[k] = d[k][:cap]
-        if job in self._users:
-            body["sender_user"] = self._users[job]
+        body.update(self._users.get(job, {}))
         self._checkpoints.append(envelope("checkpoint", self.node, t, **body))
 
     def take_steps(self, now: float) -> list[dict[str, Any]]:
         """One ``steps`` message per job with the steps received since the last call.
 
-        A job pinned to a user carries ``sender_user`` (an extension field the contract allows),
-        which the engine checks against the placement's ``user``.
+        A job pinned to a user carries ``sender_uid`` and, when the name resolves here,
+        ``sender_user`` (extension fields the contract allows), which the engine checks against
+        the placement's ``user``.
         """
         out = []
         for job, steps in self._steps.items():
             if steps:
-                extra = {"sender_user": self._users[job]} if job in self._users else {}
-                out.append(envelope("steps", self.node, now, job=job, steps=steps, **extra))
+                out.append(envelope("steps", self.node, now, job=job, steps=steps, **self._users.get(job, {})))
         self._steps = {}
         return out
 
@@ -187,11 +186,12 @@ class TrainingInbox:
         return out
 
 
-def _user_name(uid: int) -> str:
+def _sender(uid: int) -> dict[str, Any]:
+    """``sender_uid``, plus ``sender_user`` when this node can name the uid (a container may not)."""
     try:
-        return pwd.getpwuid(uid).pw_name
+        return {"sender_uid": uid, "sender_user": pwd.getpwuid(uid).pw_name}
     except KeyError:
-        return str(uid)
+        return {"sender_uid": uid}
 
 
 def read_datagrams(sock: socket.socket, inbox: TrainingInbox, limit: int = 1000) -> int:

@@ -285,8 +285,15 @@ class Evaluator:
         (no job): a skewed clock is the agent's problem, not a training job's.
         """
         out: list[Diagnosis] = []
+        kind_of = getattr(self.topology, "kind_of", None)
         for node, sk in list(self.skew.items()):
             fp = "whywait-clock-skew-" + hashlib.sha1(node.encode()).hexdigest()[:12]
+            if kind_of is not None and kind_of(node) != "node":
+                # Only nodes of the topology are announced: a producer can invent any name, and
+                # invented names must not become Slack messages.  They are counted and logged.
+                if wall_now - sk.last_rejected_wall >= quiet_s:
+                    del self.skew[node]
+                continue
             if sk.announced is None and wall_now - sk.last_rejected_wall < quiet_s:
                 sk.announced = Diagnosis(
                     rule_id="whywait.agent-clock-skew", fingerprint=fp, status="firing", severity="warning",

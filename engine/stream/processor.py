@@ -14,6 +14,7 @@ import base64
 import hashlib
 import json
 import logging
+import re
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -28,6 +29,16 @@ log = logging.getLogger(__name__)
 
 # Kinds whose envelope ``node`` is the measured node (steps and checkpoints are keyed by job).
 _NODE_KINDS = frozenset({"gpu", "net", "storage", "host", "agent_health"})
+
+
+_UNIX_USER = re.compile(r"^([A-Za-z_][A-Za-z0-9_.-]*\$?)(?:\((\d+)\))?$")
+
+
+def _unix_user(user: str | None) -> tuple[str, int | None] | None:
+    """A placement's ``user`` as (name, uid or None) when it names a Unix user (``alice``, Slurm's
+    ``alice(1000)``); None for anything else (a Kubernetes service account), which is not checked."""
+    m = _UNIX_USER.match(user or "")
+    return (m.group(1), int(m.group(2)) if m.group(2) else None) if m else None
 
 
 def _unknown_node(topology: Any, node: str) -> bool:
@@ -145,13 +156,13 @@ class Processor:
         if self.not_before is not None and msg["time"] < self.not_before:
             self.counts["skipped_before_start"] += 1
             return
-        why = self.evaluator.admit(msg, wall)
-        if why is not None:
-            self._dead(out, rec, why, "too_far_ahead" if "ahead" in why else "too_late")
-            return
         if msg["kind"] in _NODE_KINDS and _unknown_node(self.evaluator.topology, msg["node"]):
             # Telemetry no rule can use; kept out of the store so invented node names cannot grow it.
             self._dead(out, rec, f"node: {str(msg['node'])[:80]!r} is not in the topology", "unknown_node")
+            return
+        why = self.evaluator.admit(msg, wall)
+        if why is not None:
+            self._dead(out, rec, why, "too_far_ahead" if "ahead" in why else "too_late")
             return
         if msg["kind"] in ("steps", "checkpoint"):
             why = self._sender_problem(msg)
@@ -188,9 +199,18 @@ class Processor:
         job that is not theirs, and the timings would blame an innocent rank.
         """
         job = str(msg["job"])
-        sender, owner = msg.get("sender_user"), self.owners.get(job)
-        if isinstance(sender, str) and owner is not None and sender not in (owner, "root"):
-            return f"job {job[:80]}: timings sent by user {sender[:40]!r}, but its placement runs it as {owner[:40]!r}"
+        owner = _unix_user(self.owners.get(job))
+        if owner is not None:
+            name, uid = owner
+            s_name, s_uid = msg.get("sender_user"), msg.get("sender_uid")
+            if isinstance(s_uid, int) and uid is not None:
+                bad = s_uid not in (uid, 0)
+            else:
+                bad = isinstance(s_name, str) and s_name not in (name, "root")
+            if bad:
+                who = s_name if isinstance(s_name, str) else f"uid {s_uid}"
+                return (f"job {job[:80]}: timings sent by user {str(who)[:40]!r}, but its placement runs it as "
+                        f"{self.owners[job][:60]!r}")
         topo = self.evaluator.topology
         if msg["kind"] != "steps" or not getattr(topo, "has_job", lambda _j: False)(job):
             return None

@@ -27,7 +27,7 @@ def test_first_sender_owns_the_job_and_others_are_refused() -> None:
     msgs = {m["job"]: m for m in inbox.take_steps(T0 + 1)}
     assert [s["rank"] for s in msgs["j"]["steps"]] == [0, 2]
     assert all(s["node"] == "node-07" for m in msgs.values() for s in m["steps"])  # never the claimed node
-    assert msgs["j"]["sender_user"] != msgs["k"]["sender_user"]
+    assert msgs["j"]["sender_uid"] == 1000 and msgs["k"]["sender_uid"] == 1001
 
 
 def test_without_credentials_nothing_is_pinned_and_long_job_names_are_malformed() -> None:
