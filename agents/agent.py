@@ -12,19 +12,32 @@ Per interval (default 1 s) the agent
 4. publishes its own health (``agent_health``).
 
 The training socket is a Unix datagram socket (``/run/whywait/agent.sock`` or
-``$WHYWAIT_AGENT_SOCKET``); see :mod:`agents.training` for the datagrams.  It
-is made world-writable so training jobs of any user on the node can report;
-a local user could therefore inject step timings (telemetry only, nothing runs).
+``$WHYWAIT_AGENT_SOCKET``); see :mod:`agents.training` for the datagrams.  Its
+trust model (``docs/security.md``):
+
+* the socket is mode 0660, owned by a configurable group (``--socket-group``,
+  default ``whywait`` when that group exists, else the agent's own): only members
+  can send at all;
+* the kernel tells the agent each sender's uid and pid (``SO_PASSCRED`` /
+  ``SCM_CREDENTIALS``, which the sender cannot forge); the first uid to report a job
+  on this node owns it there, and datagrams for that job from any other uid (root
+  and the agent's own user excepted) are refused, counted and logged;
+* the node is always the agent's own, never what the datagram claims, and the
+  published batch names the sending user (``sender_uid``, ``sender_user``) so the
+  engine can check it against the placement's ``user``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import grp
 import json
 import logging
 import math
 import os
+import pwd
 import socket
+import struct
 import time
 from typing import Any, Callable, Iterable
 
@@ -36,6 +49,10 @@ from agents.publisher import Publisher
 log = logging.getLogger("whywait.agent")
 
 MAX_STEPS_PER_JOB = 20_000  # per interval; past it steps are dropped and counted
+SOCKET_GROUP = "whywait"  # the default group allowed to write the training socket, when it exists
+OWNER_TTL_S = 3600.0  # a job silent this long on this node may be claimed by another user (a new run)
+MAX_JOBS = 1024  # distinct jobs tracked per node: a flood of invented job names cannot grow memory
+_UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 
 class TrainingInbox:
@@ -46,16 +63,22 @@ class TrainingInbox:
     checkpoint messages.  Malformed datagrams are skipped and counted.
     """
 
-    def __init__(self, node: str) -> None:
+    def __init__(self, node: str, trusted_uids: frozenset[int] | None = None) -> None:
         self.node = node
         self.received = 0
         self.malformed = 0
         self.dropped = 0
+        self.rejected = 0  # datagrams refused because their sender does not own the job here
         self.pids: set[int] = set()
         self._steps: dict[str, list[dict[str, Any]]] = {}
         self._checkpoints: list[dict[str, Any]] = []
+        # job -> (owner uid, monotonic time of its last datagram)
+        self.owners: dict[str, tuple[int, float]] = {}
+        self.trusted_uids = trusted_uids if trusted_uids is not None else frozenset({0, os.getuid()})
+        self._users: dict[str, dict[str, Any]] = {}  # job -> sender_uid (and sender_user) for the batches
 
-    def feed(self, data: bytes) -> None:
+    def feed(self, data: bytes, uid: int | None = None, pid: int | None = None) -> None:
+        """Take one datagram; ``uid``/``pid`` are the kernel's word on the sender (None: not known)."""
         self.received += 1
         try:
             d = json.loads(data)
@@ -63,8 +86,10 @@ class TrainingInbox:
                 raise ValueError("not an object")
             job = d["job"]
             rank = d["rank"]
-            if not isinstance(job, str) or not job or not _is_int(rank):
+            if not isinstance(job, str) or not job or len(job) > 256 or not _is_int(rank) or rank < 0:
                 raise ValueError("bad job or rank")
+            if uid is not None and not self._may_report(job, uid, pid):
+                return
             kind = d.get("type")
             if kind == "step":
                 self._step(job, rank, d)
@@ -72,11 +97,39 @@ class TrainingInbox:
                 self._checkpoint(job, rank, d)
             else:
                 raise ValueError(f"unknown type {kind!r}")
-            pid = d.get("pid")
-            if isinstance(pid, int) and not isinstance(pid, bool) and pid > 0:
-                self.pids.add(pid)
-        except (ValueError, KeyError, TypeError):
+            sender = pid if pid is not None else d.get("pid")  # the kernel's pid when known
+            if isinstance(sender, int) and not isinstance(sender, bool) and sender > 0:
+                self.pids.add(sender)
+        except (ValueError, KeyError, TypeError, RecursionError):
             self.malformed += 1
+
+    def _may_report(self, job: str, uid: int, pid: int | None) -> bool:
+        """Whether ``uid`` may report for ``job`` on this node; pins the job to its first reporter."""
+        now = time.monotonic()
+        owner = self.owners.get(job)
+        if owner is None or now - owner[1] > OWNER_TTL_S:
+            if uid in self.trusted_uids:
+                return True  # root or the agent's own user: trusted, but never the job's owner by default
+            if owner is None and len(self.owners) >= MAX_JOBS:
+                self._forget_oldest()
+            self.owners[job] = (uid, now)
+            self._users[job] = _sender(uid)
+            return True
+        if uid == owner[0]:
+            self.owners[job] = (uid, now)
+            return True
+        if uid in self.trusted_uids:
+            return True
+        self.rejected += 1
+        if self.rejected <= 10 or self.rejected % 1000 == 0:
+            log.warning("training datagram for job %r refused: sent by uid %d (pid %s), but uid %d owns the job "
+                        "on this node (%d refused so far)", job[:80], uid, pid, owner[0], self.rejected)
+        return False
+
+    def _forget_oldest(self) -> None:
+        job = min(self.owners, key=lambda j: self.owners[j][1])
+        del self.owners[job]
+        self._users.pop(job, None)
 
     def _step(self, job: str, rank: int, d: dict[str, Any]) -> None:
         step = d["step"]
@@ -88,8 +141,7 @@ class TrainingInbox:
             if not _is_num(v) or v < 0:
                 raise ValueError(f"bad {k}")
             rec[k] = float(v)
-        if isinstance(d.get("node"), str) and d["node"]:
-            rec["node"] = d["node"]
+        rec["node"] = self.node  # the agent's own node, whatever the datagram claims
         if _is_num(d.get("time")):
             rec["ended_at"] = float(d["time"])
         buf = self._steps.setdefault(job, [])
@@ -109,15 +161,23 @@ class TrainingInbox:
             body["bytes"] = d["bytes"]
         if _is_num(d.get("duration_s")) and d["duration_s"] >= 0:
             body["duration_s"] = float(d["duration_s"])
-        for k in ("path", "error"):
+        for k, cap in (("path", 4096), ("error", 2000)):
             if isinstance(d.get(k), str) and d[k]:
-                body[k] = d[k]
+                body[k] = d[k][:cap]
+        body.update(self._users.get(job, {}))
         self._checkpoints.append(envelope("checkpoint", self.node, t, **body))
 
     def take_steps(self, now: float) -> list[dict[str, Any]]:
-        """One ``steps`` message per job with the steps received since the last call."""
-        out = [envelope("steps", self.node, now, job=job, steps=steps) for job, steps in self._steps.items()
-               if steps]
+        """One ``steps`` message per job with the steps received since the last call.
+
+        A job pinned to a user carries ``sender_uid`` and, when the name resolves here,
+        ``sender_user`` (extension fields the contract allows), which the engine checks against
+        the placement's ``user``.
+        """
+        out = []
+        for job, steps in self._steps.items():
+            if steps:
+                out.append(envelope("steps", self.node, now, job=job, steps=steps, **self._users.get(job, {})))
         self._steps = {}
         return out
 
@@ -126,21 +186,63 @@ class TrainingInbox:
         return out
 
 
-class _InboxProtocol(asyncio.DatagramProtocol):
-    def __init__(self, inbox: TrainingInbox, on_checkpoint: Callable[[], None]) -> None:
-        self.inbox = inbox
-        self.on_checkpoint = on_checkpoint
-
-    def datagram_received(self, data: bytes, addr: Any) -> None:
-        self.inbox.feed(data)
-        if self.inbox._checkpoints:
-            self.on_checkpoint()
+def _sender(uid: int) -> dict[str, Any]:
+    """``sender_uid``, plus ``sender_user`` when this node can name the uid (a container may not)."""
+    try:
+        return {"sender_uid": uid, "sender_user": pwd.getpwuid(uid).pw_name}
+    except KeyError:
+        return {"sender_uid": uid}
 
 
-def bind_training_socket(path: str) -> socket.socket:
-    """Bind the agent's Unix datagram socket at ``path``, replacing a stale one.
+def read_datagrams(sock: socket.socket, inbox: TrainingInbox, limit: int = 1000) -> int:
+    """Read the waiting datagrams with their senders' credentials into ``inbox``; return how many.
 
-    Raises :class:`AgentConfigError` when another agent is already listening there.
+    Called when the socket is readable.  ``SCM_CREDENTIALS`` carries the sender's pid, uid and gid
+    as the kernel saw them; without it (a platform without ``SO_PASSCRED``) the sender is unknown.
+    """
+    n = 0
+    space = socket.CMSG_SPACE(_UCRED.size)
+    while n < limit:
+        try:
+            data, anc, _flags, _addr = sock.recvmsg(65536, space)
+        except (BlockingIOError, InterruptedError):
+            break
+        except OSError as exc:
+            log.warning("training socket: %s", exc.strerror or exc)
+            break
+        uid = pid = None
+        for level, kind, payload in anc:
+            if level == socket.SOL_SOCKET and kind == getattr(socket, "SCM_CREDENTIALS", -1) \
+                    and len(payload) >= _UCRED.size:
+                pid, uid, _gid = _UCRED.unpack(payload[:_UCRED.size])
+        inbox.feed(data, uid=uid, pid=pid)
+        n += 1
+    return n
+
+
+def socket_gid(group: str | None) -> int | None:
+    """The group the training socket belongs to: ``group`` (name or number), else ``whywait`` if it exists.
+
+    None: leave the agent's own group.  An unknown name raises :class:`AgentConfigError`.
+    """
+    if group is None:
+        try:
+            return grp.getgrnam(SOCKET_GROUP).gr_gid
+        except KeyError:
+            return None
+    if group.isdigit():
+        return int(group)
+    try:
+        return grp.getgrnam(group).gr_gid
+    except KeyError:
+        raise AgentConfigError(f"--socket-group: no group named {group!r} on this node") from None
+
+
+def bind_training_socket(path: str, gid: int | None = None) -> socket.socket:
+    """Bind the agent's Unix datagram socket at ``path`` (mode 0660, group ``gid``), replacing a stale one.
+
+    The socket asks the kernel for its senders' credentials (``SO_PASSCRED``).  Raises
+    :class:`AgentConfigError` when another agent is already listening there.
     """
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     if os.path.exists(path):
@@ -154,8 +256,16 @@ def bind_training_socket(path: str) -> socket.socket:
         finally:
             probe.close()
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    sock.bind(path)
-    os.chmod(path, 0o666)
+    old = os.umask(0o117)  # no window in which the socket exists with wider permissions
+    try:
+        sock.bind(path)
+    finally:
+        os.umask(old)
+    if gid is not None:
+        os.chown(path, -1, gid)
+    os.chmod(path, 0o660)
+    if hasattr(socket, "SO_PASSCRED"):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
     sock.setblocking(False)
     return sock
 
@@ -167,7 +277,8 @@ class Agent:
     """
 
     def __init__(self, node: str, collectors: Iterable[Collector], publisher: Publisher, interval: float = 1.0,
-                 socket_path: str | None = None, clock: Callable[[], float] = time.time) -> None:
+                 socket_path: str | None = None, clock: Callable[[], float] = time.time,
+                 socket_group: str | None = None) -> None:
         if not node:
             raise AgentConfigError("--node must not be empty")
         if not (interval > 0 and math.isfinite(interval)):
@@ -177,11 +288,12 @@ class Agent:
         self.publisher = publisher
         self.interval = interval
         self.socket_path = socket_path
+        self.socket_gid = socket_gid(socket_group) if socket_path else None
         self.clock = clock
         self.inbox = TrainingInbox(node)
         self.samples = 0
         self.rounds = 0
-        self._transport: asyncio.BaseTransport | None = None
+        self._sock: socket.socket | None = None
         self._ckpt_wake = asyncio.Event()
 
     # --- one round ---------------------------------------------------------
@@ -214,7 +326,7 @@ class Agent:
             collectors_off={c.name: c.off_reason for c in self.collectors if c.off_reason},
             sources_off={f"{c.name}.{k}": v for c in self.collectors for k, v in c.parts_off.items()},
             training_datagrams=self.inbox.received, training_malformed=self.inbox.malformed,
-            training_dropped=self.inbox.dropped,
+            training_dropped=self.inbox.dropped, training_rejected=self.inbox.rejected,
         )
         return msg
 
@@ -259,19 +371,30 @@ class Agent:
         if not self.socket_path:
             return
         try:
-            sock = bind_training_socket(self.socket_path)
+            sock = bind_training_socket(self.socket_path, self.socket_gid)
         except OSError as exc:
             log.warning("training socket off: cannot bind %s: %s", self.socket_path, exc.strerror or exc)
             return
         loop = asyncio.get_running_loop()
-        self._transport, _ = await loop.create_datagram_endpoint(
-            lambda: _InboxProtocol(self.inbox, self._ckpt_wake.set), sock=sock)
-        log.info("listening for training timings on %s", self.socket_path)
+
+        def readable() -> None:
+            read_datagrams(sock, self.inbox)
+            if self.inbox._checkpoints:
+                self._ckpt_wake.set()
+
+        loop.add_reader(sock.fileno(), readable)
+        self._sock = sock
+        log.info("listening for training timings on %s (mode 0660, group %s)", self.socket_path,
+                 self.socket_gid if self.socket_gid is not None else os.getgid())
 
     def close_socket(self) -> None:
-        if self._transport is not None:
-            self._transport.close()
-            self._transport = None
+        if self._sock is not None:
+            try:
+                asyncio.get_running_loop().remove_reader(self._sock.fileno())
+            except RuntimeError:
+                pass
+            self._sock.close()
+            self._sock = None
             try:
                 os.unlink(self.socket_path)  # type: ignore[arg-type]
             except OSError:

@@ -48,6 +48,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--socket", default=None,
                         help=f"training-timings socket (default ${SOCKET_ENV} or {DEFAULT_SOCKET}; "
                              "'none' to disable)")
+    parser.add_argument("--socket-group", default=os.environ.get("WHYWAIT_AGENT_SOCKET_GROUP"),
+                        help="group allowed to send training timings (the socket is mode 0660; default "
+                             "$WHYWAIT_AGENT_SOCKET_GROUP, else 'whywait' if it exists, else the agent's group)")
     parser.add_argument("--bootstrap", default=None, help=f"Kafka bootstrap servers (default ${BOOTSTRAP_ENV})")
     parser.add_argument("--spool-dir", default=None, help=f"on-disk spool for an unreachable Kafka "
                                                           f"(default {DEFAULT_SPOOL}, or ~/.cache/whywait/spool)")
@@ -149,7 +152,8 @@ def run(args: argparse.Namespace) -> int:
             return _once_print(Agent(args.node, collectors, MemoryPublisher(), args.interval))
         publisher = make_publisher(args)  # configuration errors before any collector starts
         collectors = build_collectors(names, args.root, args.dcgm_url, args.pid, args.node)
-        agent = Agent(args.node, collectors, publisher, args.interval, _socket_path(args))
+        agent = Agent(args.node, collectors, publisher, args.interval, _socket_path(args),
+                      socket_group=args.socket_group)
         return asyncio.run(_run(agent, 1 if args.once else args.rounds))
     except AgentError as exc:
         print(f"whywait agent: {exc}", file=sys.stderr)

@@ -78,6 +78,9 @@ class ContractError(ValueError):
 
 
 _NUM = (int, float)
+# The largest message the engine reads (Kafka's default max.message.bytes is about 1 MiB; a
+# placement of 131,072 ranks is about 8 MiB of JSON).
+MAX_MESSAGE_BYTES = 16 << 20
 
 
 @dataclass(frozen=True)
@@ -417,30 +420,108 @@ def kind_for_topic(topic: str) -> str | None:
     return t.kind if t else None
 
 
-def _check(value: Any, type_: str, path: str, errors: list[str]) -> None:
+# Physical bounds per unit: a value outside them cannot have been measured, so the message is refused
+# (dead-lettered) rather than allowed to reach the store, where a 10**400 byte count or a
+# one-trillion percent would overflow arithmetic or poison a baseline.  Units not listed here get
+# the generic bound below; a field that wants a tighter one adds its unit here.
+UNIT_BOUNDS: dict[str, tuple[float, float]] = {
+    "%": (0.0, 100.0),
+    "% of one core": (0.0, 1e6),
+    "fraction": (0.0, 1.0),
+    "°C": (-273.15, 1000.0),
+    "W": (0.0, 1e6),
+    "MHz": (0.0, 1e6),
+    "bytes": (0.0, 2.0 ** 63),
+    "bytes/s": (0.0, 1e14),
+    "packets/s": (0.0, 1e12),
+    "errors/s": (0.0, 1e12),
+    "segments/s": (0.0, 1e12),
+    "events/s": (0.0, 1e12),
+    "ticks/s": (0.0, 1e12),
+    "ops/s": (0.0, 1e12),
+    "Mbit/s": (0.0, 1e9),
+    "ms": (0.0, 1e9),
+    "s": (0.0, 1e8),
+    "s since epoch (UTC)": (0.0, 1e11),
+    "count": (0.0, 1e15),
+    "requests": (0.0, 1e12),
+    "cores": (0.0, 1e7),
+    "index": (0.0, 1e7),
+    "indexes": (0.0, 1e7),
+    "XID codes": (0.0, 1e6),
+}
+# Any number without a unit bound (ranks, step numbers, producer extensions): finite, and an
+# integer that fits in 64 bits, so float() and the store's arithmetic can never overflow.
+GENERIC_BOUND = (-(2.0 ** 63), 2.0 ** 63)
+# Strings are identifiers or short prose; a 20,000-character job name is an attack or a bug, and
+# would be copied into every diagnosis, log line and Slack message.
+STRING_MAX = 256
+STRING_MAX_BY_FIELD: dict[str, int] = {"error": 2000, "path": 4096}
+# Lists: no node has more than a few hundred GPUs, NICs or devices; a placement names every rank of
+# one job (the largest runs today are ~100k GPUs); a batch holds one interval's steps of one node.
+LIST_MAX = 1024
+LIST_MAX_BY_FIELD: dict[str, int] = {"ranks": 131_072, "steps": 20_000}
+_INT_LIMIT = 2 ** 63
+
+
+def _in_bounds(value: int | float, unit: str) -> bool:
+    lo, hi = UNIT_BOUNDS.get(unit, GENERIC_BOUND)
+    if isinstance(value, int):  # compare big ints as ints: float(10**400) raises OverflowError
+        return -_INT_LIMIT <= value <= _INT_LIMIT and lo <= value <= hi
+    return math.isfinite(value) and lo <= value <= hi
+
+
+def _bound_text(unit: str) -> str:
+    lo, hi = UNIT_BOUNDS.get(unit, GENERIC_BOUND)
+    return f"{lo:g}..{hi:g}" + (f" {unit}" if unit else "")
+
+
+def _short(value: Any) -> str:
+    """``repr`` of a refused value, cut so a reason stays one short line whatever was sent."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 10 ** 30:
+        return f"an integer of {len(str(abs(value)))} digits"
+    text = repr(value)
+    return text if len(text) <= 80 else text[:60] + f"... ({len(text)} chars)"
+
+
+def _check(value: Any, type_: str, path: str, errors: list[str], unit: str = "", name: str = "") -> None:
     if type_ == "number":
-        if isinstance(value, bool) or not isinstance(value, _NUM) or not math.isfinite(value):
-            errors.append(f"{path}: must be a finite number (got {value!r})")
+        if isinstance(value, bool) or not isinstance(value, _NUM) or \
+                (isinstance(value, float) and not math.isfinite(value)):
+            errors.append(f"{path}: must be a finite number (got {_short(value)})")
+        elif not _in_bounds(value, unit):
+            errors.append(f"{path}: must be within {_bound_text(unit)} (got {_short(value)})")
     elif type_ == "integer":
         if isinstance(value, bool) or not isinstance(value, int):
-            errors.append(f"{path}: must be an integer (got {value!r})")
+            errors.append(f"{path}: must be an integer (got {_short(value)})")
+        elif not _in_bounds(value, unit):
+            errors.append(f"{path}: must be within {_bound_text(unit)} (got {_short(value)})")
     elif type_ == "string":
+        cap = STRING_MAX_BY_FIELD.get(name, STRING_MAX)
         if not isinstance(value, str) or not value:
-            errors.append(f"{path}: must be a non-empty string (got {value!r})")
+            errors.append(f"{path}: must be a non-empty string (got {_short(value)})")
+        elif len(value) > cap:
+            errors.append(f"{path}: must be at most {cap} characters (got {len(value)})")
     elif type_ == "boolean":
         if not isinstance(value, bool):
-            errors.append(f"{path}: must be true or false (got {value!r})")
+            errors.append(f"{path}: must be true or false (got {_short(value)})")
     elif type_.startswith("list["):
         inner = type_[5:-1]
         if not isinstance(value, list):
             errors.append(f"{path}: must be a list (got {type(value).__name__})")
             return
+        cap = LIST_MAX_BY_FIELD.get(name, LIST_MAX)
+        if len(value) > cap:
+            errors.append(f"{path}: must hold at most {cap} entries (got {len(value)})")
+            return
         rec = _RECORDS.get(inner)
         for i, item in enumerate(value):
+            if len(errors) > 3:  # enough for the one-line reason; a 100k-entry list is not walked twice
+                return
             if rec is not None:
                 _check_record(item, rec, f"{path}[{i}]", errors)
             else:
-                _check(item, inner, f"{path}[{i}]", errors)
+                _check(item, inner, f"{path}[{i}]", errors, unit, "")
     else:  # pragma: no cover - a typo in the tables above
         raise AssertionError(type_)
 
@@ -451,7 +532,7 @@ def _check_record(obj: Any, rec: Record, path: str, errors: list[str]) -> None:
         return
     for f in rec.fields:
         if f.name in obj and obj[f.name] is not None:
-            _check(obj[f.name], f.type, f"{path}.{f.name}" if path else f.name, errors)
+            _check(obj[f.name], f.type, f"{path}.{f.name}" if path else f.name, errors, f.unit, f.name)
         elif f.required:
             errors.append(f"{path + '.' if path else ''}{f.name}: is required ({f.type}, {f.unit or 'no unit'})")
 
@@ -472,7 +553,7 @@ def validate(msg: Any, topic: str | None = None) -> dict[str, Any]:
         if f.name not in msg:
             errors.append(f"{f.name}: is required ({f.type})")
         else:
-            _check(msg[f.name], f.type, f.name, errors)
+            _check(msg[f.name], f.type, f.name, errors, f.unit, f.name)
     if errors:
         raise ContractError("; ".join(errors[:3]))
     if msg["schema"] not in SUPPORTED_SCHEMAS:
@@ -502,10 +583,14 @@ def encode(msg: Mapping[str, Any]) -> bytes:
 
 def decode(raw: bytes | str, topic: str | None = None) -> dict[str, Any]:
     """Parse and validate one Kafka value; raise :class:`ContractError` on any problem."""
+    if len(raw) > MAX_MESSAGE_BYTES:
+        raise ContractError(f"message is {len(raw)} bytes (limit {MAX_MESSAGE_BYTES})")
     try:
         msg = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ContractError(f"not valid JSON: {exc}") from None
+    except RecursionError:  # [[[[...]]]] nested deeper than the parser's stack
+        raise ContractError("not valid JSON: nested too deeply") from None
     return validate(msg, topic)
 
 

@@ -18,9 +18,13 @@ Kafka client) and wraps its loop::
 Each completed step is one JSON datagram sent, fire-and-forget, over a local
 Unix datagram socket to the node agent (``/run/whywait/agent.sock``, or
 ``$WHYWAIT_AGENT_SOCKET``).  The socket is non-blocking: with no agent
-listening, or its buffer full, the event is dropped and counted in
+listening, its buffer full, or no permission to write it (the agent's socket
+is mode 0660: the training user must be in its group, see
+``docs/security.md``), the event is dropped and counted in
 :attr:`Reporter.dropped`.  Nothing here raises inside the training loop; a
-failure to report never costs a step.
+failure to report never costs a step.  The agent learns who sent each
+datagram from the kernel, and always reports its own node, whatever ``node``
+a datagram carries.
 
 Datagram shapes (``v`` is this module's datagram version)::
 
@@ -99,8 +103,8 @@ class _Step:
 class Reporter:
     """Reports one rank's step and checkpoint timings to the node agent.
 
-    ``job`` and ``rank`` identify the rank; ``node`` is optional (the agent
-    knows its node).  ``sock`` overrides the socket path.  Counters:
+    ``job`` and ``rank`` identify the rank; ``node`` is optional and informative
+    only (the node agent always reports its own node).  ``sock`` overrides the socket path.  Counters:
     :attr:`sent` and :attr:`dropped` (events the agent could not be given).
     """
 

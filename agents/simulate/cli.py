@@ -12,6 +12,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import signal
 import sys
 import time
 from typing import Any, Iterable, Iterator, TextIO
@@ -105,10 +107,14 @@ def run(args: argparse.Namespace) -> int:
 
         bootstrap = args.bootstrap or resolve_bootstrap()
         source = _GeneratorProcess(sim) if _can_fork() else _InlineSource(sim)
+        # SIGTERM (a service manager, `timeout`, the demo) must run the cleanup below like Ctrl-C
+        # does, or the generator child is left orphaned.
+        previous = signal.signal(signal.SIGTERM, _exit_on_signal)
         try:
             rc = asyncio.run(_publish(source, bootstrap, sim, args.speed))
         finally:
             source.close()
+            signal.signal(signal.SIGTERM, previous)
         truth = source.truth
     _write_truth(truth, args.truth_out)
     return rc
@@ -162,6 +168,21 @@ class _InlineSource:
         pass
 
 
+def _exit_on_signal(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _die_with_parent() -> None:
+    """In the generator child: ask Linux to SIGTERM it when its parent dies, even by ``kill -9``."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the parent's cleanup is the only guard
+        pass
+
+
 def _can_fork() -> bool:
     import multiprocessing as mp
 
@@ -170,6 +191,11 @@ def _can_fork() -> bool:
 
 def _generate_into(sim: Any, queue: Any) -> None:
     """Child process body: push encoded chunks, then ``("truth", [...])``, or ``("error", text)``."""
+    parent = os.getppid()
+    _die_with_parent()
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the parent's handler is not the child's
+    if os.getppid() != parent:  # the parent died before the request took effect
+        return
     try:
         for chunk in _encoded_chunks(sim):
             queue.put(chunk)
@@ -196,8 +222,22 @@ class _GeneratorProcess:
         self.proc.start()
         self.truth: list[dict[str, Any]] = []
 
+    def _get(self) -> Any:
+        # A bounded wait, so the executor thread never outlives a stopping parent by more than 0.2 s.
+        import queue
+
+        while True:
+            try:
+                return self.queue.get(timeout=0.2)
+            except queue.Empty:
+                if not self.proc.is_alive():
+                    try:  # what it wrote just before it ended may still be in the pipe
+                        return self.queue.get(timeout=1.0)
+                    except queue.Empty:
+                        raise SimulationError("the generator process ended unexpectedly") from None
+
     async def next_chunk(self) -> list[Encoded] | None:
-        item = await asyncio.get_running_loop().run_in_executor(None, self.queue.get)
+        item = await asyncio.get_running_loop().run_in_executor(None, self._get)
         if isinstance(item, tuple):
             tag, payload = item
             if tag == "error":

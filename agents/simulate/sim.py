@@ -538,7 +538,8 @@ class Simulation:
             self._temp[key] = temp_base
             temp = temp_base + gauss(0, 0.8)
             out.append({
-                "gpu": g, "util_pct": round(util, 1), "mem_util_pct": round(min(100.0, 55.0 * busy + gauss(0, 3)), 1),
+                "gpu": g, "util_pct": round(util, 1),
+                "mem_util_pct": round(min(100.0, max(0.0, 55.0 * busy + gauss(0, 3))), 1),
                 "mem_used_bytes": int(71.5 * 2**30 + gauss(0, 2**28)), "mem_total_bytes": GPU_MEM_TOTAL,
                 "temp_c": round(temp, 1), "power_w": round(min(power, GPU_POWER_LIMIT), 1),
                 "power_limit_w": GPU_POWER_LIMIT, "sm_clock_mhz": 1980.0 if rng.random() < 0.9 else 1965.0,

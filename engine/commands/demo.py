@@ -132,7 +132,8 @@ def run(args: argparse.Namespace) -> int:
     env = {**os.environ, "WHYWAIT_KAFKA_BOOTSTRAP": bootstrap, "PYTHONUNBUFFERED": "1"}
     engine = subprocess.Popen(
         _whywait("engine", "--topology", str(topo_file), "--group", f"whywait-demo-{int(start)}",
-                 "--not-before", str(start), "--no-restore", "--latest"),
+                 "--not-before", str(start), "--no-restore", "--latest",
+                 "--max-clock-skew", "off"),  # the simulation runs event time faster than the wall clock
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     latencies: list[tuple[str, str, int]] = []
     ready = threading.Event()

@@ -14,6 +14,7 @@ import asyncio
 import json
 import logging
 import os
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -43,7 +44,38 @@ def register(p: argparse.ArgumentParser) -> None:
     p.add_argument("--latest", action="store_true", help="start from the newest messages, not the oldest")
     p.add_argument("--not-before", type=float, metavar="UNIX_TIME",
                    help="skip messages whose event time is older (replays, demos sharing topics)")
-    p.add_argument("--no-restore", action="store_true", help="ignore the checkpointed incident state")
+    p.add_argument("--no-restore", action="store_true",
+                   help="ignore the checkpointed incident state and the notifier's message map (a fresh run)")
+    p.add_argument("--max-clock-skew", default=os.environ.get("WHYWAIT_MAX_CLOCK_SKEW", "300"), metavar="SECONDS",
+                   help="refuse (dead-letter) messages whose event time is this far ahead of the engine's clock; "
+                        "'off' for simulations stamped in the future (default: WHYWAIT_MAX_CLOCK_SKEW, else 300)")
+    p.add_argument("--warmup", type=float, default=None, metavar="SECONDS",
+                   help="after a restart, hold restored incidents open this much event time before they may "
+                        "resolve (default: each rule's longest window + baseline + for)")
+    p.add_argument("--instance-id", default=os.environ.get("WHYWAIT_ENGINE_INSTANCE"),
+                   help="static consumer-group member id, so a restarted engine takes its partitions back at "
+                        "once (default: WHYWAIT_ENGINE_INSTANCE, else GROUP@HOSTNAME; 'none' for a dynamic member)")
+
+
+def parse_skew(raw: str | None) -> float | None:
+    """``--max-clock-skew``: seconds (> 0), or ``off``/``none``/``0`` for no limit."""
+    text = (raw or "").strip().lower()
+    if text in ("off", "none", "0", ""):
+        return None
+    try:
+        val = float(text.rstrip("s"))
+    except ValueError:
+        raise ConfigError(f"--max-clock-skew must be seconds like 300 or 'off' (got {raw!r})") from None
+    if not val > 0 or val != val or val == float("inf"):
+        raise ConfigError(f"--max-clock-skew must be a positive number of seconds or 'off' (got {raw!r})")
+    return val
+
+
+def instance_id(raw: str | None, group: str) -> str | None:
+    """The static member id: ``raw``, or ``GROUP@HOSTNAME``; None when ``raw`` is 'none'."""
+    if raw and raw.strip().lower() == "none":
+        return None
+    return raw or f"{group}@{socket.gethostname()}"
 
 
 def load_topology(path: Path | None) -> Any:
@@ -86,12 +118,58 @@ async def read_snapshot(bootstrap: str, group: str) -> dict[str, Any] | None:
         await c.stop()
 
 
+async def read_placements(bootstrap: str) -> list[dict[str, Any]]:
+    """Return the newest valid placement of every job in the compacted placement topic.
+
+    Called at start-up, before the faust worker runs: a restarted engine resumes each topic from
+    its committed offset, and a job placed before that offset would otherwise stay unknown to it
+    (and go unwatched) until its placement changed.
+    """
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    from agents.events import TOPIC_PLACEMENT, ContractError, decode
+
+    c = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await c.start()
+    latest: dict[bytes | None, dict[str, Any] | None] = {}
+    try:
+        parts = c.partitions_for_topic(TOPIC_PLACEMENT) or {0}
+        tps = [TopicPartition(TOPIC_PLACEMENT, p) for p in sorted(parts)]
+        c.assign(tps)
+        await c.seek_to_beginning(*tps)
+        ends = await c.end_offsets(tps)
+        for tp in tps:
+            while ends[tp] and await c.position(tp) < ends[tp]:
+                batch = await c.getmany(tp, timeout_ms=1000)
+                for msg in batch.get(tp, []):
+                    try:
+                        latest[msg.key] = decode(msg.value, TOPIC_PLACEMENT) if msg.value else None
+                    except ContractError:
+                        continue  # the stream dead-letters it with its reason
+    finally:
+        await c.stop()
+    return [m for m in latest.values() if m is not None]
+
+
+def fresh_state_store(bootstrap: str, topic: str | None = None) -> Any:
+    """The notifier's Kafka state store, starting empty: ``--no-restore`` must not reopen the last run's messages."""
+    from engine.notify.state import STATE_TOPIC, KafkaStateStore
+
+    class FreshStateStore(KafkaStateStore):
+        def load(self) -> dict[str, dict[str, Any]]:
+            super().load()  # starts the table: this run's writes still go to the compacted topic
+            return {}
+
+    return FreshStateStore(bootstrap, topic=topic or STATE_TOPIC)
+
+
 def run(args: argparse.Namespace) -> int:
     import faust
 
     from engine.evaluate.evaluator import Evaluator
     from engine.localkafka.broker import probe, resolve_bootstrap
     from engine.notify import make_notifier
+    from engine.notify.secrets import read_secret
     from engine.rules.loader import load_rules
     from engine.rules.reload import RuleReloader
     from engine.stream.app import EngineConfig, build_app
@@ -106,8 +184,16 @@ def run(args: argparse.Namespace) -> int:
         from engine.errors import BrokerUnavailable
 
         raise BrokerUnavailable(bootstrap, "no answer to ApiVersions")
+    skew = parse_skew(args.max_clock_skew)
+    if args.warmup is not None and not (args.warmup >= 0 and args.warmup < float("inf")):
+        raise ConfigError(f"--warmup must be a number of seconds >= 0 (got {args.warmup})")
     # Notifier state and silences live in compacted topics, so a restarted engine edits its messages.
-    notifier = make_notifier(kafka_bootstrap=bootstrap)
+    # --no-restore starts the notifier's message map empty too (silences, which are people's
+    # decisions, are kept); it still writes, so the next restart resumes this run.
+    extra: dict[str, Any] = {}
+    if args.no_restore and read_secret("SLACK_BOT_TOKEN", os.environ) is not None:
+        extra = {"state_store": fresh_state_store(bootstrap), "close_stores": True}
+    notifier = make_notifier(kafka_bootstrap=bootstrap, **extra)
     actions = None
     if hasattr(notifier, "handle_action"):
         from engine.notify.interactivity import InteractivityServer
@@ -117,15 +203,32 @@ def run(args: argparse.Namespace) -> int:
             actions.start()
             log.info("Slack interactivity endpoint: %s", actions.url)
     ensure_topics(bootstrap)
-    evaluator = Evaluator(rules, topology, arrival_clock=time.monotonic)
+    evaluator = Evaluator(rules, topology, arrival_clock=time.monotonic, max_skew_s=skew, warmup_s=args.warmup)
     if not args.no_restore:
         snap = asyncio.run(read_snapshot(bootstrap, args.group))
         if snap:
-            evaluator.restore(snap)
-            log.info("restored %d incident(s) from the last checkpoint", len(snap.get("incidents", ())))
+            try:
+                evaluator.restore(snap)
+            except (KeyError, TypeError, ValueError) as exc:  # a checkpoint from another version
+                log.warning("ignoring an unreadable checkpoint (%s: %s); starting without it",
+                            type(exc).__name__, exc)
+            else:
+                log.info("restored %d incident(s) from the last checkpoint", len(snap.get("incidents", ())))
+    placed = 0
+    for msg in asyncio.run(read_placements(bootstrap)):
+        if args.not_before is not None and msg["time"] < args.not_before:
+            continue
+        try:
+            evaluator.topology.apply_placement(msg)
+            placed += 1
+        except Exception as exc:  # noqa: BLE001 - unknown nodes (TopologyError) or a placement it cannot use
+            log.warning("placement of job %s ignored: %s: %s", msg.get("job"), type(exc).__name__, exc)
+    if placed:
+        log.info("known jobs from the placement topic: %d", placed)
     log.info("engine: %d rule(s), %d node(s), Kafka %s, notifier %s", len(rules), len(topology.nodes()),
              bootstrap, type(notifier).__name__)
-    cfg = EngineConfig(bootstrap=bootstrap, group_id=args.group, from_beginning=not args.latest)
+    cfg = EngineConfig(bootstrap=bootstrap, group_id=args.group, from_beginning=not args.latest,
+                       instance_id=instance_id(args.instance_id, args.group))
     app = build_app(cfg, Processor(evaluator, not_before=args.not_before), notifier, RuleReloader(rule_paths))
     # Keep whywait's own logging (one line per event worth saying) and no terminal spinner.
     worker = faust.Worker(app, quiet=True, redirect_stdouts=False, override_logging=False)

@@ -14,6 +14,7 @@ names for the same job (a root cause mutes its symptoms).
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import logging
 import math
@@ -24,7 +25,7 @@ from engine.diagnosis import Diagnosis, Evidence, Owner
 from engine.evaluate.conditions import Ctx, Result, evaluate
 from engine.evaluate.store import MetricStore
 from engine.rules.loader import RuleSet
-from engine.rules.schema import Rule
+from engine.rules.schema import Condition, Rule
 from engine.rules.templating import render as _render
 
 log = logging.getLogger(__name__)
@@ -55,6 +56,19 @@ class Incident:
     # after it began (each counted once: up to ``cost_until``).
     cost_lost_s: float = 0.0
     cost_until: float = -math.inf
+    # Restored from a checkpoint: until the windows refill (see ``Evaluator.warmup_s``), a restored
+    # incident whose condition does not hold is *unknown*, not clear, and is neither resolved nor dropped.
+    restored: bool = False
+
+
+@dataclass
+class ClockSkew:
+    """What the event-time guard has seen of one producing node (for its agent-health diagnosis)."""
+
+    rejected: int = 0
+    last_rejected_wall: float = 0.0
+    worst_s: float = 0.0  # seconds ahead of the engine's clock (positive) of the last refused message
+    announced: Diagnosis | None = None
 
 
 @dataclass
@@ -87,6 +101,29 @@ class Evaluator:
     # Inputs the consumer knows have unread messages (its offset is behind the partition's end):
     # such an input is never idle, however long the consumer spends on other topics' backlog.
     pending_kinds: frozenset[str] = frozenset()
+    # ---- guards against hostile or broken time ----
+    # One batch never runs more than this many ticks (live engine: ``begin_batch`` sets the budget;
+    # rule tests and replays run unbounded); the rest wait for the next batch.
+    max_ticks_per_batch: int = 600
+    tick_budget: int | None = None
+    # A watermark jump longer than this (no data in between: an outage, or an agent that sent one
+    # message from far away in time) is skipped, not ticked through second by second.
+    max_gap_s: float = 900.0
+    skipped_gap_s: float = 0.0
+    tick_errors: int = 0
+    # The event-time guard (:meth:`admit`): a message more than ``max_skew_s`` ahead of the engine's
+    # wall clock (None: no limit), or more than ``max_late_s`` behind the watermark, is refused.
+    max_skew_s: float | None = 300.0
+    max_late_s: float = 900.0
+    skew: dict[str, ClockSkew] = field(default_factory=dict)
+    late: dict[str, int] = field(default_factory=dict)  # node -> messages refused as too late
+    # After a restore: event time of the first tick, and how much event time a restored incident is
+    # held (its rule's longest recent window + ``for``, at most ``warmup_max_s``).
+    # ``warmup_s`` set: that fixed hold for every rule.
+    warmup_s: float | None = None
+    warmup_max_s: float = 900.0
+    restored_at: float | None = None
+    _restoring: bool = False
 
     # ---- feeding ---------------------------------------------------------------------------------
 
@@ -162,22 +199,125 @@ class Evaluator:
         return now - at > self.idle_wall_s and self.batch_no - batch >= self.idle_batches
 
     def begin_batch(self) -> None:
-        """Called by the live engine before each consumed batch (see ``idle_batches``)."""
+        """Called by the live engine before each consumed batch (see ``idle_batches``).
+
+        Also gives the batch its tick budget: however far the watermark moves, one batch runs at
+        most ``max_ticks_per_batch`` ticks, so no message can keep the engine ticking for minutes.
+        """
         self.batch_no += 1
+        self.tick_budget = self.max_ticks_per_batch
 
     def advance(self, watermark: float) -> list[Diagnosis]:
-        """Run every due tick up to ``watermark`` (event time); return the diagnoses they produce."""
+        """Run the due ticks up to ``watermark`` (event time); return the diagnoses they produce.
+
+        Called after every ingested message (and by the live engine after each batch, to use the
+        rest of its budget).  A gap longer than ``max_gap_s`` is skipped to its end (less the
+        longest window a rule could need); the ticks beyond the batch's budget wait for the next call.
+        """
         out: list[Diagnosis] = []
-        if self.next_tick is None:
+        if self.next_tick is None or not math.isfinite(watermark):
             return out
+        if watermark - self.next_tick > self.max_gap_s:
+            target = math.floor(watermark - self.max_gap_s)
+            self.skipped_gap_s += target - self.next_tick
+            log.warning("event time jumped %.0fs ahead; skipping the gap instead of ticking through it",
+                        target - self.next_tick)
+            self.next_tick = float(target)
         while self.next_tick <= watermark:
+            if self.tick_budget is not None:
+                if self.tick_budget <= 0:
+                    break
+                self.tick_budget -= 1
             now = self.next_tick
+            self.next_tick += self.step_s  # first: a tick that fails is skipped, never retried forever
             self.store.close_buckets(now)
-            out += self.tick(now)
-            self.next_tick += self.step_s
+            try:
+                out += self.tick(now)
+            except Exception:  # noqa: BLE001 - one bad tick (a rule meeting data it did not expect)
+                self.tick_errors += 1  # costs that second of evaluation, not the engine
+                if self.tick_errors <= 10 or self.tick_errors % 1000 == 0:
+                    log.exception("tick at %.0f failed (%d so far)", now, self.tick_errors)
             self.ticks += 1
             if self.ticks % 60 == 0:
                 self.store.trim(now)
+        return out
+
+    def catch_up(self) -> list[Diagnosis]:
+        """Run what the batch's budget still allows up to the current watermark (end of a live batch)."""
+        return self.advance(self.watermark())
+
+    # ---- the event-time guard --------------------------------------------------------------------
+
+    def admit(self, msg: dict[str, Any], wall_now: float) -> str | None:
+        """Return why a validated message must be refused for its event time, or None to ingest it.
+
+        Called by the live engine before :meth:`ingest`.  Event time comes from the message body,
+        so a producer with a wrong clock (or a hostile one) could otherwise move the watermark for
+        every job: a message too far ahead of ``wall_now`` is refused and counted against its node
+        (see :meth:`clock_diagnoses`); a message more than ``max_late_s`` behind what was evaluated
+        already, or behind the newest message of its kind, can no longer be evaluated and is
+        refused too (an agent flushing a spool after a long outage gets its reason on the DLQ).
+        Placements are exempt from lateness: the compacted topic keeps a job's placement from when
+        it started.
+        """
+        t = float(msg["time"])
+        node = str(msg["node"])
+        if self.max_skew_s is not None and t > wall_now + self.max_skew_s:
+            ahead = t - wall_now
+            sk = self.skew.get(node)
+            if sk is None:
+                if len(self.skew) >= 10_000:  # bounded: a flood of invented node names cannot grow it
+                    self.skew.pop(next(iter(self.skew)))
+                sk = self.skew[node] = ClockSkew()
+            sk.rejected += 1
+            sk.last_rejected_wall = wall_now
+            sk.worst_s = ahead
+            return (f"event time {t:.3f} is {ahead:.0f}s ahead of the engine's clock (limit {self.max_skew_s:g}s): "
+                    f"the clock of {node} is wrong")
+        if msg["kind"] != "placement":
+            # The reference is what was evaluated already (the next tick) or the newest message of the
+            # same kind: either is known from the first messages on, and neither can be pushed
+            # forward by a future-stamped message (those are refused above).
+            ref = max(self.next_tick if self.ticks and self.next_tick is not None else -math.inf,
+                      self.kind_max.get(msg["kind"], -math.inf))
+            if math.isfinite(ref) and t < ref - self.max_late_s:
+                if node in self.late or len(self.late) < 10_000:
+                    self.late[node] = self.late.get(node, 0) + 1
+                return (f"event time {t:.3f} is {ref - t:.0f}s behind the stream (limit {self.max_late_s:g}s): "
+                        "too late to evaluate")
+        return None
+
+    def clock_diagnoses(self, wall_now: float, quiet_s: float = 120.0) -> list[Diagnosis]:
+        """Agent-health diagnoses for nodes whose clocks the guard refused; called after each live batch.
+
+        A node is announced once when its messages start being refused, and resolved when none has
+        been refused for ``quiet_s`` of wall time.  The diagnosis goes to the operations channel
+        (no job): a skewed clock is the agent's problem, not a training job's.
+        """
+        out: list[Diagnosis] = []
+        kind_of = getattr(self.topology, "kind_of", None)
+        for node, sk in list(self.skew.items()):
+            fp = "whywait-clock-skew-" + hashlib.sha1(node.encode()).hexdigest()[:12]
+            if kind_of is not None and kind_of(node) != "node":
+                # Only nodes of the topology are announced: a producer can invent any name, and
+                # invented names must not become Slack messages.  They are counted and logged.
+                if wall_now - sk.last_rejected_wall >= quiet_s:
+                    del self.skew[node]
+                continue
+            if sk.announced is None and wall_now - sk.last_rejected_wall < quiet_s:
+                sk.announced = Diagnosis(
+                    rule_id="whywait.agent-clock-skew", fingerprint=fp, status="firing", severity="warning",
+                    title=f"Clock of {node} is {sk.worst_s:.0f}s ahead: its telemetry is refused",
+                    cause=f"Messages from {node} carry event times {sk.worst_s:.0f}s ahead of the engine's clock "
+                          f"(limit {self.max_skew_s:g}s). They go to the dead-letter topic instead of moving "
+                          "event time for every job, so rules cannot see this node.",
+                    job=None, owner=None, starts_at=wall_now, detected_at=wall_now,
+                    next_step=f"Check time synchronisation on {node} (`chronyc tracking` or `timedatectl`).",
+                    confidence=1.0, culprit=node, labels={"node": node})
+                out.append(sk.announced)
+            elif sk.announced is not None and wall_now - sk.last_rejected_wall >= quiet_s:
+                out.append(replace(sk.announced, status="resolved", ends_at=wall_now))
+                del self.skew[node]
         return out
 
     def _place(self, msg: dict[str, Any]) -> None:
@@ -209,10 +349,15 @@ class Evaluator:
                         diag = self._diagnose(rule, ctx, res, inc, ents, now)
                         inc.last = diag
                         firing.append(inc)
+        if self._restoring and self.restored_at is None:
+            self.restored_at = now
         # Lifecycle: announce new or changed incidents, resolve the ones that stopped holding.
         for fp, inc in list(self.incidents.items()):
             rule = self.rules.rules.get(inc.rule_id)
             if fp not in seen:
+                if inc.restored and rule is not None and self._still_unknown(inc, rule, now):
+                    continue  # the windows are still refilling: "not holding" means "unknown" here
+                inc.restored = False
                 if rule is None or not inc.firing or now - inc.last_true >= rule.keep_firing_for_s:
                     del self.incidents[fp]
                     if inc.announced and inc.last is not None:
@@ -379,6 +524,39 @@ class Evaluator:
                 out[k] = facts[k]
         return out
 
+    def _still_unknown(self, inc: Incident, rule: Rule, now: float) -> bool:
+        """Whether a restored incident's condition cannot be judged yet at ``now``.
+
+        True until ``warmup_for(rule)`` of event time has passed since the first tick after the
+        restore, and while a node the incident blames has not reported over that whole span since
+        the restore (its agent or topic is not caught up: absent data is not a clear signal).
+        """
+        if self.restored_at is None:
+            return True
+        warm = self.warmup_for(rule)
+        if now - self.restored_at < warm:
+            return True
+        if now - self.restored_at >= self.warmup_max_s:
+            return False  # a node that never comes back (drained, the job gone) cannot hold it forever
+        for node in self._blamed_nodes(inc):
+            seen = self.store.node_seen.get(node)
+            if seen is None:
+                return True
+            i = bisect.bisect_right(seen.t, self.restored_at)
+            if i >= len(seen.t) or seen.t[i] > now - warm + self.step_s or seen.t[-1] < now - warm:
+                return True
+        return False
+
+    def warmup_for(self, rule: Rule) -> float:
+        """Event time a restored incident of ``rule`` is held after a restart before it may resolve.
+
+        ``warmup_s`` when set; otherwise the longest recent window of the rule's conditions plus its
+        ``for``: by then every window the rule reads holds only data seen since the restart.
+        """
+        if self.warmup_s is not None:
+            return self.warmup_s
+        return min(self.warmup_max_s, _longest_window(rule.when) + rule.for_s + self.step_s)
+
     # ---- durable state ---------------------------------------------------------------------------
 
     def snapshot(self) -> dict[str, Any]:
@@ -396,17 +574,44 @@ class Evaluator:
             for i in self.incidents.values()]}
 
     def restore(self, snap: dict[str, Any]) -> None:
-        """Reload :meth:`snapshot` output, so a restarted engine neither re-fires nor forgets to resolve."""
+        """Reload :meth:`snapshot` output, so a restarted engine neither re-fires nor forgets to resolve.
+
+        The windows themselves are not in the snapshot: each restored incident is held (neither
+        resolved nor dropped) until its rule's windows have refilled with event time seen since the
+        restart (:meth:`warmup_for`); a condition that holds again in the meantime updates it as usual.
+        """
         for k, v in snap.get("cond_state", ()):
-            self.cond_state[tuple(k)] = v
+            key = tuple(tuple(x) if isinstance(x, list) else x for x in k)
+            self.cond_state[key] = v
         for d in snap.get("incidents", ()):
             last = Diagnosis.from_dict(d["last"]) if d.get("last") else None
             inc = Incident(d["rule_id"], d["fingerprint"], d["labels"], d["pending_since"], d["last_true"],
-                           d["firing"], d["announced"], last=last, cost_lost_s=float(d.get("cost_lost_s") or 0.0),
+                           d["firing"], d["announced"], last=last, restored=True,
+                           cost_lost_s=float(d.get("cost_lost_s") or 0.0),
                            cost_until=float(d["cost_until"]) if d.get("cost_until") is not None else -math.inf)
             if last is not None:
                 inc.signature = _signature(last)
             self.incidents[inc.fingerprint] = inc
+        self._restoring = bool(self.incidents)
+        self.restored_at = None
+
+
+def _longest_window(node: Any) -> float:
+    """The longest recent window (or an absence's ``for``) a condition tree reads.
+
+    Baselines are left out: a self-history baseline of an anomalous entity is frozen while the
+    incident holds and travels in the checkpoint (``cond_state``), so a restored incident is judged
+    against it as soon as its recent window has refilled.
+    """
+    if isinstance(node, Condition):
+        p = node.params
+        spans = [p.get("window"), p.get("for")]
+        return max((float(x) for x in spans if isinstance(x, (int, float))), default=0.0)
+    items = getattr(node, "items", None)
+    if items is not None:
+        return max((_longest_window(i) for i in items), default=0.0)
+    inner = getattr(node, "item", None)
+    return _longest_window(inner) if inner is not None else 0.0
 
 
 def _signature(d: Diagnosis) -> tuple[Any, ...]:

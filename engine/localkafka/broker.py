@@ -140,11 +140,56 @@ def _java() -> str:
 # --------------------------------------------------------------------------- ports, properties
 
 
+def ephemeral_range() -> tuple[int, int]:
+    """The kernel's range for outgoing connections' source ports (Linux: ``ip_local_port_range``)."""
+    try:
+        lo, hi = (int(x) for x in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[:2])
+        return lo, hi
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
+def in_ephemeral_range(port: int) -> bool:
+    """Whether a client's source port may equal ``port``: a client connecting to a *stopped* server on
+    such a port can connect to itself (TCP simultaneous open) and take its own request for an answer."""
+    lo, hi = ephemeral_range()
+    return lo <= port <= hi
+
+
+def _bindable(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return not _listening(host, port)
+
+
 def free_port(host: str = HOST) -> int:
-    """A TCP port on ``host`` that nothing listens on right now."""
+    """A TCP port on ``host`` that nothing uses right now, below the ephemeral range when one is free there.
+
+    Outside the ephemeral range no client socket can ever be given the same port as its source,
+    so a client retrying while the broker is down can never connect to itself.
+    """
+    import random
+
+    lo, _ = ephemeral_range()
+    if lo > 10_000:
+        rng = random.Random()
+        for _ in range(200):
+            port = rng.randint(10_000, lo - 1)
+            if _bindable(host, port):
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def _self_connected(sock: socket.socket) -> bool:
+    try:
+        return bool(sock.getsockname() == sock.getpeername())
+    except OSError:
+        return False
 
 
 def new_cluster_id() -> str:
@@ -242,6 +287,8 @@ def _probe_one(server: str, timeout: float) -> bool:
     host = host.strip("[]") or HOST
     try:
         with socket.create_connection((host, int(port)), timeout=timeout) as sock:
+            if _self_connected(sock):  # nothing listens: the kernel joined our socket to itself
+                return False
             sock.settimeout(timeout)
             body = _request(sock, 18, 0, 1, b"")  # ApiVersions v0
             if struct.unpack(">h", body[:2])[0] != 0:
@@ -337,7 +384,21 @@ def _locked(cache_dir: Path | str | None) -> Iterator[None]:
 def _listening(host: str, port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.settimeout(0.5)
-        return s.connect_ex((host, port)) == 0
+        return s.connect_ex((host, port)) == 0 and not _self_connected(s)
+
+
+def last_ports_file(cache_dir: Path | str | None = None) -> Path:
+    """``<cache>/broker-ports.json``: the ports the last detached broker used (kept after it stops)."""
+    return _cache(cache_dir) / "broker-ports.json"
+
+
+def last_ports(cache_dir: Path | str | None = None) -> tuple[int, int] | None:
+    """The client and controller ports of the last detached broker, or None."""
+    try:
+        d = json.loads(last_ports_file(cache_dir).read_text())
+        return int(d["port"]), int(d["controller_port"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def _tail(path: Path, n: int = 5) -> str:
@@ -453,9 +514,15 @@ class LocalBroker:
             broker_dir = Path(data_dir).expanduser().resolve()
         broker_dir.mkdir(parents=True, exist_ok=True)
         log_dir = broker_dir / "data"
+        # A restarted detached broker keeps its ports when they are free, so clients that
+        # are still running (an engine, agents retrying) find it again at the same address.
+        last = last_ports(self.cache_dir) if self.detached else None
+        if port is None and last is not None and all(_bindable(HOST, p) for p in last):
+            port, self.controller_port = last
+        else:
+            self.controller_port = None
         self.port = port or free_port()
-        self.controller_port = free_port()
-        while self.controller_port == self.port:
+        while self.controller_port is None or self.controller_port == self.port:
             self.controller_port = free_port()
         self.broker_dir = broker_dir
         props_file = broker_dir / "server.properties"
@@ -483,6 +550,8 @@ class LocalBroker:
             )
         self.pid = self._popen.pid
         if self.detached:
+            last_ports_file(self.cache_dir).write_text(
+                json.dumps({"port": self.port, "controller_port": self.controller_port}) + "\n")
             write_state({"pid": self.pid, "port": self.port, "controller_port": self.controller_port,
                          "bootstrap": self.bootstrap, "data_dir": str(broker_dir),
                          "kafka_version": KAFKA_VERSION, "started_at": time.time()}, self.cache_dir)

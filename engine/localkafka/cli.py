@@ -12,6 +12,7 @@ import argparse
 import os
 import sys
 
+from engine.errors import ConfigError
 from engine.localkafka import broker as lb
 
 
@@ -22,7 +23,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="kafka_command", metavar="ACTION")
     sub.add_parser("fetch", help=f"download the Kafka {lb.KAFKA_VERSION} jars from Maven Central (once)")
     start = sub.add_parser("start", help="start a detached single-node broker on 127.0.0.1 (or show the running one)")
-    start.add_argument("--port", type=int, default=None, help="client port (default: a free one)")
+    start.add_argument("--port", type=int, default=None,
+                       help="client port (default: the last broker's when free, else a free one below the "
+                            "ephemeral range)")
     start.add_argument("--data-dir", default=None,
                        help="broker folder, reused if formatted (default <cache>/broker, wiped on start)")
     start.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for it to answer (default 60)")
@@ -40,6 +43,13 @@ def run(args: argparse.Namespace) -> int:
         print(lb.fetch_jars(cache))
         return 0
     if action == "start":
+        if args.port is not None and not 0 < args.port < 65536:
+            raise ConfigError(f"--port must be 1-65535 (got {args.port})")
+        if args.port is not None and lb.in_ephemeral_range(args.port):
+            lo, hi = lb.ephemeral_range()
+            print(f"whywait kafka: warning: port {args.port} is in the ephemeral range {lo}-{hi}; while the broker "
+                  "is down a client may connect to itself there. A port below "
+                  f"{lo} avoids it.", file=sys.stderr)
         bootstrap = lb.LocalBroker(cache, detached=True).start(port=args.port, data_dir=args.data_dir,
                                                                timeout=args.timeout)
         print(f"{lb.BOOTSTRAP_ENV}={bootstrap}")

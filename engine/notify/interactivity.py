@@ -2,9 +2,12 @@
 
 Slack signs each request: ``X-Slack-Signature: v0=<hex HMAC-SHA256>`` over
 ``v0:{X-Slack-Request-Timestamp}:{raw body}`` with the app's signing secret.
-:func:`verify_signature` checks it (constant-time) and that the timestamp is
-within five minutes, so a captured request cannot be replayed later; anything
-else is answered 401 and logged without its body.
+:func:`verify_signature` checks it with slack_sdk's ``SignatureVerifier``
+(constant-time) and that the timestamp is within five minutes, so a captured
+request cannot be replayed later; :class:`ReplayGuard` refuses the same request
+(its signature, or an action's ``action_ts``) seen again within those five
+minutes.  Anything else is answered 401 and logged without its body; a missing,
+malformed or negative ``Content-Length`` is answered 400, one over 1 MiB 413.
 
 The buttons (action ids in ``engine.notify.render``): Acknowledge, Silence 1h,
 Silence 4h, Silence until resolved, Show timeline.  Each is handed to the
@@ -18,16 +21,17 @@ Serve it with :class:`InteractivityServer` (stdlib, a thread), or use
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import logging
 import os
 import threading
 import time
+from collections import OrderedDict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Mapping, Protocol
 from urllib.parse import parse_qs
+
+from slack_sdk.signature import SignatureVerifier
 
 from engine.errors import ConfigError, NotifyError
 from engine.notify.render import ACTIONS
@@ -50,11 +54,56 @@ class ActionHandler(Protocol):
     def handle_action(self, action_id: str, key: str, user: str) -> str: ...
 
 
+class _FixedClock:
+    """slack_sdk's verifier asks its clock for the time; this one answers ``now`` (tests pass their own)."""
+
+    def __init__(self, now: float) -> None:
+        self._now = now
+
+    def now(self) -> float:
+        return self._now
+
+
+def _verifier(secret: Secret | str, now: float) -> SignatureVerifier:
+    return SignatureVerifier(secret.reveal() if isinstance(secret, Secret) else secret,
+                             clock=_FixedClock(now))  # type: ignore[arg-type]
+
+
 def sign(secret: Secret | str, timestamp: str, body: bytes) -> str:
     """The ``X-Slack-Signature`` value Slack would send (tests use it to sign requests)."""
-    key = (secret.reveal() if isinstance(secret, Secret) else secret).encode()
-    base = b"v0:" + timestamp.encode() + b":" + body
-    return "v0=" + hmac.new(key, base, hashlib.sha256).hexdigest()
+    sig = _verifier(secret, time.time()).generate_signature(timestamp=timestamp, body=body)
+    assert sig is not None
+    return sig
+
+
+class ReplayGuard:
+    """Remembers the requests applied in the last ``window_s`` seconds and refuses them a second time.
+
+    A request is the same when its signature is (the same bytes, re-sent), or when one of its
+    actions carries an ``action_ts`` already applied (the same button press, re-signed).  Bounded:
+    at most ``max_entries`` are kept, the oldest forgotten first.  Thread-safe (the server is threaded).
+    """
+
+    def __init__(self, window_s: float = MAX_AGE_S, max_entries: int = 100_000) -> None:
+        self.window_s = window_s
+        self.max_entries = max_entries
+        self._seen: OrderedDict[str, float] = OrderedDict()
+        self._lock = threading.Lock()
+        self.rejected = 0
+
+    def check_and_remember(self, keys: list[str], now: float) -> str | None:
+        """Return the first key seen within the window (a replay), or None after remembering them all."""
+        with self._lock:
+            while self._seen and (next(iter(self._seen.values())) < now - self.window_s
+                                  or len(self._seen) > self.max_entries):
+                self._seen.popitem(last=False)
+            for k in keys:
+                if k in self._seen:
+                    self.rejected += 1
+                    return k
+            for k in keys:
+                self._seen[k] = now
+            return None
 
 
 def verify_signature(secret: Secret | str, timestamp: str | None, body: bytes, signature: str | None, *,
@@ -69,14 +118,30 @@ def verify_signature(secret: Secret | str, timestamp: str | None, body: bytes, s
     now = time.time() if now is None else now
     if abs(now - ts) > max_age:
         raise InvalidSignature(f"stale request: timestamp is {abs(now - ts):.0f}s away from now (limit {max_age:.0f}s)")
-    if not hmac.compare_digest(sign(secret, timestamp, body), signature):
+    try:
+        ok = _verifier(secret, now).is_valid(body=body, timestamp=timestamp, signature=signature)
+    except UnicodeDecodeError:  # slack_sdk hashes the body as text; Slack's bodies are always UTF-8
+        ok = False
+    if not ok:
         raise InvalidSignature("signature mismatch")
 
 
+def parse_content_length(raw: str | None) -> int | None:
+    """``Content-Length`` as a byte count, or None when it is missing, not a number, or negative."""
+    if raw is None or not raw.strip().isdigit():  # rejects "-1", "abc", "1e3", " ", "+5"
+        return None
+    return int(raw.strip())
+
+
 def handle_request(handler: ActionHandler, secret: Secret | str, headers: Mapping[str, str], body: bytes, *,
-                   now: float | None = None) -> tuple[int, dict[str, Any]]:
-    """Verify and apply one interactivity request; return (HTTP status, JSON answer)."""
+                   now: float | None = None, replays: ReplayGuard | None = None) -> tuple[int, dict[str, Any]]:
+    """Verify and apply one interactivity request; return (HTTP status, JSON answer).
+
+    With ``replays`` (the server always passes its own), a request already applied within the
+    signature window is refused with 401.
+    """
     h = {k.lower(): v for k, v in headers.items()}
+    now = time.time() if now is None else now
     try:
         verify_signature(secret, h.get("x-slack-request-timestamp"), body, h.get("x-slack-signature"), now=now)
     except InvalidSignature as exc:
@@ -85,14 +150,29 @@ def handle_request(handler: ActionHandler, secret: Secret | str, headers: Mappin
     try:
         form = parse_qs(body.decode("utf-8"), strict_parsing=False)
         payload = json.loads(form["payload"][0])
-    except (UnicodeDecodeError, KeyError, IndexError, json.JSONDecodeError):
+        if not isinstance(payload, dict):
+            raise ValueError("not an object")
+    except (UnicodeDecodeError, KeyError, IndexError, ValueError, RecursionError):
         return 400, {"ok": False, "error": "expected a form field 'payload' holding JSON"}
+    if replays is not None:
+        keys = ["sig:" + str(h.get("x-slack-signature"))]
+        keys += [f"action:{a.get('action_ts')}:{a.get('action_id')}:{a.get('value')}"
+                 for a in payload.get("actions") or [] if isinstance(a, dict) and a.get("action_ts")]
+        seen = replays.check_and_remember(keys, now)
+        if seen is not None:
+            log.warning("rejected a replayed Slack interactivity request (%s seen within %.0fs)",
+                        "same signature" if seen.startswith("sig:") else "same action_ts", replays.window_s)
+            return 401, {"ok": False, "error": "replayed request"}
     if payload.get("type") != "block_actions":
         return 200, {"ok": True, "ignored": payload.get("type")}
     user_obj = payload.get("user") or {}
+    if not isinstance(user_obj, dict):
+        user_obj = {}
     user = str(user_obj.get("username") or user_obj.get("name") or user_obj.get("id") or "someone")
     answers = []
     for action in payload.get("actions") or []:
+        if not isinstance(action, dict):
+            continue
         action_id, key = action.get("action_id"), action.get("value")
         if action_id not in ACTIONS or not isinstance(key, str):
             continue
@@ -113,6 +193,7 @@ class InteractivityServer:
         self.handler = handler
         self._secret = signing_secret if isinstance(signing_secret, Secret) else Secret(signing_secret)
         self.host, self.port, self.path = host, port, path
+        self.replays = ReplayGuard()
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -146,12 +227,22 @@ class InteractivityServer:
                 if self.path.split("?")[0] != outer.path:
                     self._answer(404, {"ok": False, "error": "not_found"})
                     return
-                length = int(self.headers.get("Content-Length") or 0)
+                length = parse_content_length(self.headers.get("Content-Length"))
+                if length is None:
+                    self.close_connection = True  # the body's end is unknown: never read this connection on
+                    self._answer(400, {"ok": False, "error": "Content-Length must be a non-negative integer"})
+                    return
                 if length > MAX_BODY:
+                    self.close_connection = True
                     self._answer(413, {"ok": False, "error": "too large"})
                     return
                 body = self.rfile.read(length)
-                status, answer = handle_request(outer.handler, outer._secret, dict(self.headers.items()), body)
+                try:
+                    status, answer = handle_request(outer.handler, outer._secret, dict(self.headers.items()), body,
+                                                    replays=outer.replays)
+                except Exception:  # noqa: BLE001 - one bad request never takes the endpoint down
+                    log.exception("Slack interactivity request failed")
+                    status, answer = 500, {"ok": False, "error": "internal error"}
                 self._answer(status, answer)
 
             def _answer(self, status: int, answer: dict[str, Any]) -> None:

@@ -48,6 +48,13 @@ class EngineConfig:
     checkpoint_every_s: float = 10.0
     from_beginning: bool = True
     reload_every_s: float = 3.0
+    # Consumer-group liveness.  faust's default 60 s session meant a killed engine's partitions
+    # stayed with the dead member for ~50 s after a restart.  A static member id (KIP-345) lets the
+    # restarted engine take its partitions back at once, without waiting for the session to end;
+    # the short session bounds the wait when a *different* instance takes over.
+    instance_id: str | None = None
+    session_timeout_s: float = 10.0
+    heartbeat_s: float = 2.0
     datadir: str = field(default_factory=lambda: os.path.join(
         os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state"),
         "whywait", "faust", "{conf.name}"))  # faust expands {conf.name}: one folder per consumer group
@@ -74,11 +81,14 @@ def reload_notice(errors: tuple[str, ...] | None, now: float) -> Diagnosis:
         "the same errors before you save.", confidence=1.0)
 
 
-def _pending_kinds(app: faust.App, done: dict[tuple[str, int], int]) -> set[str]:
+async def _pending_kinds(app: faust.App, done: dict[tuple[str, int], int]) -> set[str]:
     """The input kinds whose partitions hold messages not yet processed (consumer lag > 0).
 
     The evaluator never counts such an input as idle: while the engine works through a
-    backlog one topic at a time, the others are late, not silent.
+    backlog one topic at a time, the others are late, not silent.  A partition this process has
+    not read from yet is judged by the consumer's position: a restarted engine resumes at its
+    committed offset, and a partition already read to its end (the compacted placements, say)
+    is not pending just because nothing new came.
     """
     pending: set[str] = set()
     try:
@@ -89,8 +99,15 @@ def _pending_kinds(app: faust.App, done: dict[tuple[str, int], int]) -> set[str]
                 continue
             hw = consumer.highwater(tp)
             last = done.get((tp.topic, tp.partition))
-            if hw is None or (hw > 0 and (last is None or last + 1 < hw)):
+            if hw is None:
                 pending.add(kind)
+            elif last is not None:
+                if last + 1 < hw:
+                    pending.add(kind)
+            elif hw > 0:
+                pos = await consumer.position(tp)
+                if pos is None or pos < hw:
+                    pending.add(kind)
     except Exception:  # no consumer yet, or a driver without highwater: fall back to arrival times
         return set()
     return pending
@@ -114,6 +131,9 @@ def build_app(cfg: EngineConfig, processor: Processor, notifier: Notifier,
         producer_acks=-1,
         producer_compression_type="gzip",
         broker_commit_every=100,
+        broker_session_timeout=cfg.session_timeout_s,
+        broker_heartbeat_interval=cfg.heartbeat_s,
+        consumer_group_instance_id=cfg.instance_id,
         # faust keeps a data folder even with the memory store; never in the user's working directory.
         datadir=cfg.datadir,
     )
@@ -134,6 +154,13 @@ def build_app(cfg: EngineConfig, processor: Processor, notifier: Notifier,
         snap = json.dumps(processor.evaluator.snapshot(), default=str).encode()
         await state_topic.send(key=cfg.group_id.encode(), value=snap)
         log.info("engine: %s", processor.stats())
+        ev = processor.evaluator
+        if ev.skew or ev.late:  # per node, so a skewed or lagging agent is named in the log too
+            ahead = sorted(((s.rejected, n) for n, s in ev.skew.items()), reverse=True)[:10]
+            late = sorted(((c, n) for n, c in ev.late.items()), reverse=True)[:10]
+            log.warning("engine: refused for event time, per node: ahead of the clock %s; too late %s",
+                        ", ".join(f"{n[:60]!r}={c}" for c, n in ahead) or "none",
+                        ", ".join(f"{n[:60]!r}={c}" for c, n in late) or "none")
 
     def _notify(d: Diagnosis, trigger_ms: int | None) -> None:
         try:
@@ -148,6 +175,15 @@ def build_app(cfg: EngineConfig, processor: Processor, notifier: Notifier,
 
     done: dict[tuple[str, int], int] = {}  # (topic, partition) -> last offset processed
 
+    async def _send(topic: Any, key: bytes, value: bytes, what: str) -> None:
+        # A refused send (too large, broker gone past the producer's retries) is counted and
+        # logged; it must not raise out of the processor, which would stop consumption.
+        try:
+            await topic.send(key=key, value=value)  # not awaiting delivery: sends stay pipelined
+        except Exception as exc:  # noqa: BLE001
+            processor.counts[f"send_failed.{what}"] += 1
+            log.error("could not publish a %s (%d bytes): %s: %s", what, len(value), type(exc).__name__, exc)
+
     @app.agent(inputs, concurrency=1)
     async def evaluate(stream: faust.StreamT) -> None:  # a processor, in this project's words
         loop = asyncio.get_running_loop()
@@ -159,14 +195,14 @@ def build_app(cfg: EngineConfig, processor: Processor, notifier: Notifier,
             out = processor.process(recs)
             for r in recs:
                 done[(r.topic, r.partition)] = r.offset
-            processor.evaluator.set_pending(_pending_kinds(app, done))
+            processor.evaluator.set_pending(await _pending_kinds(app, done))
             for key, value in out.dead_letters:
-                await dead.send(key=key, value=value)
+                await _send(dead, key, value, "dead_letter")
             for d in out.diagnoses:
                 trig = processor.trigger_ms.get(d.fingerprint)
                 now_ms = int(time.time() * 1000)
                 lat = {"trigger_produced_ms": trig, "evaluated_ms": now_ms} if trig else None
-                await diagnoses.send(key=d.fingerprint.encode(), value=diagnosis_value(d, lat))
+                await _send(diagnoses, d.fingerprint.encode(), diagnosis_value(d, lat), "diagnosis")
                 loop.run_in_executor(pool, _notify, d, trig)
 
     @app.timer(cfg.checkpoint_every_s)

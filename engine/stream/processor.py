@@ -11,16 +11,39 @@ plain bytes.
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
+import logging
+import re
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from agents.events import ContractError, decode
 from engine.diagnosis import Diagnosis
 from engine.evaluate.evaluator import Evaluator
 from topology.errors import TopologyError
+
+log = logging.getLogger(__name__)
+
+# Kinds whose envelope ``node`` is the measured node (steps and checkpoints are keyed by job).
+_NODE_KINDS = frozenset({"gpu", "net", "storage", "host", "agent_health"})
+
+
+_UNIX_USER = re.compile(r"^([A-Za-z_][A-Za-z0-9_.-]*\$?)(?:\((\d+)\))?$")
+
+
+def _unix_user(user: str | None) -> tuple[str, int | None] | None:
+    """A placement's ``user`` as (name, uid or None) when it names a Unix user (``alice``, Slurm's
+    ``alice(1000)``); None for anything else (a Kubernetes service account), which is not checked."""
+    m = _UNIX_USER.match(user or "")
+    return (m.group(1), int(m.group(2)) if m.group(2) else None) if m else None
+
+
+def _unknown_node(topology: Any, node: str) -> bool:
+    kind_of = getattr(topology, "kind_of", None)
+    return kind_of is not None and kind_of(node) != "node"
 
 
 @dataclass(frozen=True)
@@ -43,65 +66,167 @@ class Output:
     dead_letters: list[tuple[bytes, bytes]] = field(default_factory=list)  # (key, value) for the DLQ topic
 
 
-def dead_letter(rec: Record, reason: str) -> tuple[bytes, bytes]:
-    """Build the dead-letter message for ``rec``: the original bytes (base64 if not UTF-8) and the reason."""
+# The dead-letter record must always fit in one produce request (aiokafka's ``max_request_size``
+# is 1 MiB): the original is kept up to this many bytes, with its full size and SHA-256, so a
+# 2 MB bad message is still traceable without being able to block the topic.
+DLQ_ORIGINAL_MAX = 64 << 10
+REASON_MAX = 2000
+
+
+def dead_letter(rec: Record, reason: str, category: str = "contract") -> tuple[bytes, bytes]:
+    """Build the dead-letter message for ``rec``: the reason, and the original (cut to fit) with its checksum.
+
+    ``value`` holds the original as text when it is UTF-8 (else ``value_base64``), cut to
+    ``DLQ_ORIGINAL_MAX`` bytes; ``value_bytes`` and ``value_sha256`` describe the whole original,
+    and ``value_truncated`` says whether it was cut.  The result is at most a few hundred KiB
+    whatever came in (worst case: every kept byte escaped as ``\\u00XX``).
+    """
     raw = rec.value or b""
+    kept = raw[:DLQ_ORIGINAL_MAX]
     try:
-        text: str | None = raw.decode()
+        raw.decode()
+        text: str | None = kept.decode(errors="ignore")  # a cut may split the last character only
         b64 = None
     except UnicodeDecodeError:
-        text, b64 = None, base64.b64encode(raw).decode()
+        text, b64 = None, base64.b64encode(kept).decode()
+    key = rec.key.decode(errors="replace")[:1000] if rec.key else None
     body = {"schema": 1, "kind": "dead_letter", "time": time.time(), "source_topic": rec.topic,
-            "partition": rec.partition, "offset": rec.offset, "reason": reason,
-            "value": text, "value_base64": b64,
-            "key": rec.key.decode(errors="replace") if rec.key else None}
+            "partition": rec.partition, "offset": rec.offset, "reason": reason[:REASON_MAX],
+            "category": category, "value": text, "value_base64": b64, "value_bytes": len(raw),
+            "value_sha256": hashlib.sha256(raw).hexdigest(), "value_truncated": len(raw) > len(kept), "key": key}
     return rec.topic.encode(), json.dumps(body, separators=(",", ":")).encode()
 
 
 class Processor:
-    """Holds the evaluator and counts what passed through it."""
+    """Holds the evaluator and counts what passed through it.
 
-    def __init__(self, evaluator: Evaluator, not_before: float | None = None) -> None:
+    Every record consumed ends in exactly one counter: ``messages`` (evaluated), ``dead_letters``
+    (with ``dead_letters.<category>`` beside it), ``tombstones`` or ``skipped_before_start``.
+    """
+
+    def __init__(self, evaluator: Evaluator, not_before: float | None = None,
+                 wall_clock: Callable[[], float] = time.time) -> None:
         self.evaluator = evaluator
         # Messages older than this event time are skipped (counted): a replay or demo that
         # shares topics with earlier runs starts from a point in event time, not an offset.
         self.not_before = not_before
+        self.wall_clock = wall_clock
         self.counts: Counter[str] = Counter()
         # fingerprint -> producer timestamp (ms) of the record whose arrival made the diagnosis
         # possible: the start of the wall-clock latency (event produced -> Slack post).
         self.trigger_ms: dict[str, int] = {}
+        self.owners: dict[str, str] = {}  # job -> the user its placement says it runs as
 
     def process(self, records: Iterable[Record]) -> Output:
-        """Decode and evaluate one batch; return diagnoses and dead letters, in order."""
+        """Decode and evaluate one batch; return diagnoses and dead letters, in order.
+
+        Never raises for a record: whatever one record does (breaks the contract, names an unknown
+        node, stamps a wrong time, trips a bug) costs that record only, which goes to the dead-letter
+        topic with its reason; the rest of the batch is evaluated.
+        """
         out = Output()
         self.evaluator.begin_batch()
+        wall = self.wall_clock()
         for rec in records:
+            self.counts["records"] += 1
             if rec.value is None:  # a tombstone on a compacted topic: nothing to evaluate
                 self.counts["tombstones"] += 1
                 continue
             try:
-                msg = decode(rec.value, rec.topic)
-            except ContractError as exc:
-                self.counts["dead_letters"] += 1
-                out.dead_letters.append(dead_letter(rec, str(exc)))
-                continue
-            if self.not_before is not None and msg["time"] < self.not_before:
-                self.counts["skipped_before_start"] += 1
-                continue
-            try:
-                diags = self.evaluator.ingest(msg)
-            except TopologyError as exc:  # e.g. a placement on a node the topology does not hold
-                self.counts["dead_letters"] += 1
-                out.dead_letters.append(dead_letter(rec, f"topology: {exc}"))
-                continue
-            self.counts["messages"] += 1
-            self.counts[f"kind.{msg['kind']}"] += 1
-            if diags and rec.timestamp_ms is not None:
-                for d in diags:
-                    self.trigger_ms[d.fingerprint] = rec.timestamp_ms
-            out.diagnoses += diags
+                self._one(rec, wall, out)
+            except Exception as exc:  # noqa: BLE001 - a bug must cost one record, never the batch
+                log.exception("record %s[%d]@%d failed", rec.topic, rec.partition, rec.offset)
+                self._dead(out, rec, f"internal error: {type(exc).__name__}: {exc}", "internal")
+        try:
+            out.diagnoses += self.evaluator.catch_up()
+            out.diagnoses += self.evaluator.clock_diagnoses(wall)
+        except Exception:  # noqa: BLE001 - a tick that fails is logged; the next batch tries again
+            log.exception("evaluation after the batch failed")
+            self.counts["errors.batch_end"] += 1
         self.counts["diagnoses"] += len(out.diagnoses)
         return out
+
+    def _one(self, rec: Record, wall: float, out: Output) -> None:
+        assert rec.value is not None
+        try:
+            msg = decode(rec.value, rec.topic)
+        except ContractError as exc:
+            self._dead(out, rec, str(exc), "contract")
+            return
+        if self.not_before is not None and msg["time"] < self.not_before:
+            self.counts["skipped_before_start"] += 1
+            return
+        if msg["kind"] in _NODE_KINDS and _unknown_node(self.evaluator.topology, msg["node"]):
+            # Telemetry no rule can use; kept out of the store so invented node names cannot grow it.
+            self._dead(out, rec, f"node: {str(msg['node'])[:80]!r} is not in the topology", "unknown_node")
+            return
+        why = self.evaluator.admit(msg, wall)
+        if why is not None:
+            self._dead(out, rec, why, "too_far_ahead" if "ahead" in why else "too_late")
+            return
+        if msg["kind"] in ("steps", "checkpoint"):
+            why = self._sender_problem(msg)
+            if why is not None:
+                self._dead(out, rec, why, "sender")
+                return
+        try:
+            diags = self.evaluator.ingest(msg)
+        except TopologyError as exc:  # e.g. a placement on a node the topology does not hold
+            self._dead(out, rec, f"topology: {exc}", "topology")
+            return
+        if msg["kind"] == "placement":
+            self._note_owner(msg)
+        self.counts["messages"] += 1
+        self.counts[f"kind.{msg['kind']}"] += 1
+        if diags and rec.timestamp_ms is not None:
+            for d in diags:
+                self.trigger_ms[d.fingerprint] = rec.timestamp_ms
+        out.diagnoses += diags
+
+    def _note_owner(self, msg: dict[str, Any]) -> None:
+        job = str(msg["job"])
+        if msg.get("state") == "finished" or not isinstance(msg.get("user"), str):
+            self.owners.pop(job, None)
+        elif job in self.owners or len(self.owners) < 100_000:
+            self.owners[job] = msg["user"]
+
+    def _sender_problem(self, msg: dict[str, Any]) -> str | None:
+        """Why a job's timings cannot be trusted (None: they can), judged against its placement.
+
+        The node agent names the user who sent a job's timings (``sender_user``, from the kernel's
+        credentials) and is the node the timings come from: a rank placed on another node, or a
+        sender other than the placement's ``user`` (root excepted), means someone reports for a
+        job that is not theirs, and the timings would blame an innocent rank.
+        """
+        job = str(msg["job"])
+        owner = _unix_user(self.owners.get(job))
+        if owner is not None:
+            name, uid = owner
+            s_name, s_uid = msg.get("sender_user"), msg.get("sender_uid")
+            if isinstance(s_uid, int) and uid is not None:
+                bad = s_uid not in (uid, 0)
+            else:
+                bad = isinstance(s_name, str) and s_name not in (name, "root")
+            if bad:
+                who = s_name if isinstance(s_name, str) else f"uid {s_uid}"
+                return (f"job {job[:80]}: timings sent by user {str(who)[:40]!r}, but its placement runs it as "
+                        f"{self.owners[job][:60]!r}")
+        topo = self.evaluator.topology
+        if msg["kind"] != "steps" or not getattr(topo, "has_job", lambda _j: False)(job):
+            return None
+        ranks = topo.job(job).ranks
+        for s in msg["steps"]:
+            placed = ranks.get(s["rank"])
+            reporter = s.get("node") or msg["node"]
+            if placed is not None and placed[0] != reporter:
+                return (f"job {job[:80]}: rank {s['rank']} runs on {placed[0]}, but {str(reporter)[:80]} reported "
+                        "its timings")
+        return None
+
+    def _dead(self, out: Output, rec: Record, reason: str, category: str) -> None:
+        self.counts["dead_letters"] += 1
+        self.counts[f"dead_letters.{category}"] += 1
+        out.dead_letters.append(dead_letter(rec, reason, category))
 
     def stats(self) -> dict[str, Any]:
         """Counters for the log and the engine's health line."""

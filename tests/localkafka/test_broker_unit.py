@@ -247,3 +247,29 @@ def test_probe_talks_kafka_to_a_fake_broker():
         thread.join(5)
         server.close()
     assert seen == [(18, 0), (3, 4)]
+
+
+def test_free_port_avoids_the_ephemeral_range():
+    lo, _ = lb.ephemeral_range()
+    ports = {lb.free_port() for _ in range(20)}
+    assert all(not lb.in_ephemeral_range(p) for p in ports) or lo <= 10_000
+
+
+def test_a_self_connected_socket_is_not_a_listener():
+    port = lb.free_port()
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        s.bind(("127.0.0.1", port))
+        s.connect(("127.0.0.1", port))  # TCP simultaneous open: the socket is connected to itself
+        assert lb._self_connected(s)
+    finally:
+        s.close()
+
+
+def test_last_ports_are_remembered_and_corrupt_files_ignored(cache):
+    cache.mkdir(parents=True)
+    assert lb.last_ports(cache) is None
+    lb.last_ports_file(cache).write_text('{"port": 20001, "controller_port": 20002}')
+    assert lb.last_ports(cache) == (20001, 20002)
+    lb.last_ports_file(cache).write_text("{oops")
+    assert lb.last_ports(cache) is None
