@@ -179,6 +179,10 @@ def run(args: argparse.Namespace) -> int:
     rule_paths = args.rules or [default_rules_dir()]
     rules = load_rules(rule_paths)
     topology = load_topology(args.topology)
+    from topology.reconcile import startup_warnings
+
+    for line in startup_warnings(topology):  # gaps in the cluster file are said once, at start
+        log.warning("topology: %s", line)
     bootstrap = args.bootstrap or resolve_bootstrap()
     if not probe(bootstrap, timeout=5.0):
         from engine.errors import BrokerUnavailable
