@@ -68,8 +68,13 @@ def _ent(ctx: Ctx, rank: int) -> str:
 
 def _where(ctx: Ctx, rank: int) -> dict[str, Any]:
     node, gpu = ctx.job.ranks.get(rank, ("?", -1))
-    co = _coords(ctx).get(rank) or {}
-    return {"rank": rank, "node": node, "gpu": gpu, "stage": co.get("pp"), "replica": co.get("dp")}
+    coords = _coords(ctx)
+    co = coords.get(rank) or {}
+    # A stage or replica is worth naming only when the job has more than one of them.
+    stages = {c.get("pp") for c in coords.values()}
+    replicas = {c.get("dp") for c in coords.values()}
+    return {"rank": rank, "node": node, "gpu": gpu, "stage": co.get("pp") if len(stages) > 1 else None,
+            "replica": co.get("dp") if len(replicas) > 1 else None}
 
 
 def _step_outlier(c: Condition, ctx: Ctx) -> Result:

@@ -260,8 +260,8 @@ CONDITION_TYPES: dict[str, dict[str, P]] = {
                      "steady_ratio": P(_number, default=3.0), "max_share": P(_number, default=0.5),
                      "min_ranks": P(_number, default=4.0), "level": P(_enum("rank"), default="rank")},
     # Which phase (compute, input, communication) of the culprit ranks' step is slow.
-    "phase": {"phase": P(_enum("any", "compute", "input", "communication"), default="any"), "window": _WINDOW,
-              "steps": _STEPS},
+    "phase": {"phase": P(_enum("any", "compute", "input", "communication"), default="any"),
+              "window": P(_duration, default=5.0), "steps": _STEPS},
     # One pipeline stage slower than the others on (nearly) every data-parallel replica.
     "stage_imbalance": {"measure": _MEASURE, "window": _WINDOW, "steps": _STEPS,
                         "ratio": P(_compare, default=Compare(">", 1.15)), "persist": P(_number, default=0.6),
