@@ -410,6 +410,9 @@ def run_scenario(rules: Any, sc: EvalScenario) -> ScenarioRun:
             ends.setdefault(msg["job"], []).extend(float(r.get("ended_at", msg["time"])) for r in msg["steps"]
                                                    if r["rank"] == 0)
     diags += ev.advance(ev.store.max_time)  # the last ticks the lateness held back
+    # Incidents still open when the run ends: their latest state (the cost accumulated up to the last
+    # tick) is what a reader of the live message would see now, so it is what the cost is scored on.
+    diags += [inc.last for inc in ev.incidents.values() if inc.announced and inc.last is not None]
     placements = {j.spec.job: dict(j.spec.ranks) for j in sim.jobs}
     return ScenarioRun(sc, [g.to_dict() for g in sim.ground_truth()], [d.to_dict() for d in diags], placements,
                        n, time.perf_counter() - t0, starts, ends)
