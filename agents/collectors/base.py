@@ -119,6 +119,19 @@ class Collector(ABC):
         """Release what the collector holds (NVML, event sets); called once at shutdown."""
 
 
+def read_text(path: str) -> str | None:
+    """The whole of a small file (sysfs, procfs), or None when it cannot be read.
+
+    Called by the collectors for every attribute they read; a device that vanished between listing
+    and reading is absent, not an error.
+    """
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return fh.read()
+    except OSError:
+        return None
+
+
 def parse_int(text: str) -> int | None:
     """An integer from a sysfs file (``"4: ACTIVE"`` → 4 is not wanted; plain digits only)."""
     try:

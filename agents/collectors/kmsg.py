@@ -38,6 +38,8 @@ import re
 import stat
 from typing import Any
 
+from agents.collectors.base import read_text as _read
+
 log = logging.getLogger("whywait.agent")
 
 MAX_RECORDS = 2000   # per interval: a log storm must not hold up the agent's round
@@ -266,10 +268,3 @@ def _btime(path: str) -> float | None:
                 return None
     return None
 
-
-def _read(path: str) -> str | None:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            return fh.read()
-    except OSError:
-        return None

@@ -28,6 +28,7 @@ import re
 from typing import Any, Sequence
 
 from agents.collectors.base import Collector, CollectorOff, parse_int
+from agents.collectors.base import read_text as _read
 from agents.rates import RateTracker
 
 _PCI_ADDR = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
@@ -384,13 +385,6 @@ def format_guid(text: str) -> str | None:
         return None
     return "0x" + digits
 
-
-def _read(path: str) -> str | None:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            return fh.read()
-    except OSError:
-        return None
 
 
 def _r(x: float | None) -> float:

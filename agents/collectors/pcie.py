@@ -30,6 +30,7 @@ import re
 from typing import Any, Sequence
 
 from agents.collectors.base import parse_int
+from agents.collectors.base import read_text as _read
 from agents.rates import RateTracker
 
 _PCI_ADDR = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
@@ -204,10 +205,3 @@ def _hex(text: str | None) -> int | None:
     except ValueError:
         return None
 
-
-def _read(path: str) -> str | None:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            return fh.read()
-    except OSError:
-        return None

@@ -31,6 +31,8 @@ import socket
 import struct
 from typing import Any
 
+from agents.collectors.base import read_text as _read
+
 SIOCETHTOOL = 0x8946
 ETHTOOL_GLINKSETTINGS = 0x4C
 _LINK_SETTINGS_HEADER = 48  # struct ethtool_link_settings up to link_mode_masks[] (include/uapi/linux/ethtool.h)
@@ -222,10 +224,3 @@ def _model(device_dir: str) -> str | None:
         return f"{vendor[2:]}:{device[2:]}"
     return None
 
-
-def _read(path: str) -> str | None:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            return fh.read()
-    except OSError:
-        return None
