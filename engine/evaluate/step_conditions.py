@@ -368,7 +368,8 @@ def _periodic(c: Condition, ctx: Ctx) -> Result:
     base = lower_quartile([v for _, v in pts])
     if base <= 0:
         return Result(False)
-    normal = [v for _, v in pts if v <= statistics.median(v for _, v in pts)]
+    centre = statistics.median(v for _, v in pts)
+    normal = [v for _, v in pts if v <= centre]
     spread = max(1.4826 * statistics.median(abs(v - base) for v in normal), 0.02 * base)
     gap = statistics.median(b[0] - a[0] for a, b in zip(pts, pts[1:], strict=False))
     raw: list[list[tuple[float, float]]] = []
