@@ -46,6 +46,9 @@ node_exporter_root = _node_exporter_root
 
 async def test_a_gpu_that_hangs_nvml_is_diagnosed_through_kafka(kafka_bootstrap: str, tmp_path: Any,
                                                                 node_exporter_root: str) -> None:
+    from engine.stream.topics import ensure_topics_async
+
+    await ensure_topics_async(kafka_bootstrap)  # as the engine does at start: the broker creates no topics
     node = f"it-hw-{uuid.uuid4().hex[:8]}"
     cap = load_capture(fixture_path("nvidia-smi", H100))
     fake = FakeNvml([cap, cap])
