@@ -436,9 +436,16 @@ def _what_if(c: Condition, ctx: Ctx) -> Result:
         if fn is None and culprits and len(culprits) < len(ctx.job.ranks):
             groups = groups_of(ctx.job.ranks, _coords(ctx), p["within"])
 
-            def fn(row: dict[int, StepRec]) -> tuple[float, float] | None:
+            def peers(row: dict[int, StepRec]) -> tuple[float, float] | None:
                 dur, lost = step_loss(row, culprits, groups, p["measure"])
                 return (dur, lost) if lost > 0.02 * dur else None
+            fn = peers
+            # Is it the culprits' own work that holds the step back (a slow GPU, a starved loader)?
+            # If not, the waiting is in what every rank shares (a lossy NIC slows every all-reduce,
+            # a slow pool every read): the step is measured against the job's own past instead.
+            recent = table.complete(ctx.now)[-max(int(p["steps"]), 1):]
+            if recent and sum(1 for _, row in recent if peers(row) is not None) < len(recent) / 2:
+                fn = _against_own_past(ctx, table.complete(ctx.now)) or peers
         elif fn is None:
             fn = _against_own_past(ctx, table.complete(ctx.now))
             if fn is None:
@@ -475,11 +482,15 @@ def _against_own_past(ctx: Ctx, done: Steps) -> Any:
         if len(before) < 5:
             return None
         base = statistics.median(before)
+        # The job's own step-to-step noise: a step counts as slowed only past it, so walking back
+        # stops where the incident began instead of counting jitter before it.
         ctx.state[key] = base
+        ctx.state[key + ("noise",)] = 1.4826 * statistics.median(abs(b - base) for b in before)
+    gate = base + max(4 * ctx.state.get(key + ("noise",), 0.0), 0.05 * base)
 
     def fn(row: dict[int, StepRec]) -> tuple[float, float] | None:
         dur = statistics.median(r.duration_s for r in row.values())
-        return (dur, dur - base) if dur > 1.05 * base else None
+        return (dur, dur - base) if dur > gate else None
     return fn
 
 
