@@ -1,12 +1,12 @@
-"""Measure the fail-slow hardware rules on simulated faults, until ``whywait eval`` carries them.
+"""Measure the fail-slow hardware rules on simulated faults, apart from the rest of ``whywait eval``.
 
     .venv/bin/python benchmarks/hw_eval.py            # every hardware class on three cluster shapes
     .venv/bin/python benchmarks/hw_eval.py --quick    # one shape, one seed
     .venv/bin/python benchmarks/hw_eval.py -v         # list every miss and false diagnosis
 
 Each scenario is a Simulation of ``engine.eval``'s cluster shapes with one fault of
-``agents.simulate.hardware.HW_FAULTS`` and the ``hw`` messages the agent would send
-(``agents.simulate.hardware.with_hw``), fed to the production evaluator with every shipped rule.
+``agents.simulate.hardware.HW_FAULTS`` and the ``hw`` messages the agent would send (the
+simulator emits them), fed to the production evaluator with every shipped rule.
 Scoring follows ``engine/eval.py``: a diagnosis detects a fault when it is for the fault's job, fires
 between its start and 30 s after its end and names its cause; precision counts every first
 announcement of an incident of the class's cause; root-cause accuracy asks that the first diagnosis
@@ -28,7 +28,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from agents.simulate.hardware import HW_FAULTS, with_hw  # noqa: E402
+from agents.simulate.hardware import HW_FAULTS  # noqa: E402
 from agents.simulate.scenario import parse_scenario  # noqa: E402
 from agents.simulate.sim import Simulation  # noqa: E402
 from engine.eval import GRACE_S, SHAPES, START, _incidents, culprit_matches  # noqa: E402
@@ -90,7 +90,7 @@ def run(rules: Any, shape_name: str, cls: str | None, seed: int, duration: float
     ev = Evaluator(rules, topo)
     diags = []
     n = 0
-    for _topic, msg in with_hw(sim, faults):
+    for _topic, msg in sim.messages():
         diags += ev.ingest(msg)
         n += 1
     diags += ev.advance(ev.store.max_time)

@@ -23,6 +23,11 @@ slowdown).  Several classes share a cause (``straggler.unknown-cause`` names
 four), so diagnoses are matched to truths by job, cause and window, never by a
 cause-to-class table.
 
+The fail-slow hardware classes (:data:`HW_CLASSES`: PCIe downgrade, NIC speed, cooling, power, machine
+checks, an unresponsive GPU, a missing RoCE GID) are found through the ``hw`` report the simulator sends
+per node like a real agent; a cooling or power fault can only be confirmed at the BMC's next read (every
+30 s), so their latency includes that wait.
+
 Per fault class:
 
 - recall: truths detected / truths;
@@ -67,10 +72,15 @@ START = 1_764_442_800.0
 # signature, only the step split and which ranks, stages or times are slow.
 STRAGGLER_CLASSES = ("straggler-compute", "straggler-input", "multi-straggler", "transient-straggler",
                      "stage-imbalance", "rotating-straggler", "periodic-slowdown")
+# The fail-slow hardware classes (issue 14, agents/simulate/hardware.py): a node or one GPU slowed without
+# stopping, which only its ``hw`` report (PCIe links, ports, BMC sensors, kernel log, NVML health) explains.
+HW_CLASSES = ("pcie-downgrade", "nic-speed-low", "cooling-degraded", "psu-failed", "kernel-mce", "gpu-nvml-hang",
+              "rdma-gid-missing")
+_HW_GPU_CLASSES = {"pcie-downgrade", "gpu-nvml-hang"}  # targeted at one GPU (node:gpuN); the rest at a node
 FAULT_CLASSES = ("nic-packet-loss", "link-flap", "wrong-nic", "uplink-oversubscribed", "contention",
                  "storage-slow", "storage-client-slow", "cpu-bound-loader", "checkpoint-growth",
                  "checkpoint-stall", "checkpoint-failed", "gpu-thermal", "gpu-power", "gpu-ecc-xid",
-                 "whole-job-slow", "rank-silent") + STRAGGLER_CLASSES
+                 "whole-job-slow", "rank-silent") + STRAGGLER_CLASSES + HW_CLASSES
 # Classes whose diagnosis must carry a cost (Diagnosis.cost["gpu_hours_lost"]) to be right on cost.
 COST_CLASSES = STRAGGLER_CLASSES
 _CHECKPOINT_CLASSES = {"checkpoint-growth", "checkpoint-stall", "checkpoint-failed"}
@@ -99,6 +109,14 @@ _SEVERITY: dict[str, dict[str, tuple[float, float]]] = {
     "stage-imbalance": {"compute_mult": (1.25, 1.8)},
     "rotating-straggler": {"compute_mult": (1.4, 2.0)},
     "periodic-slowdown": {"compute_mult": (1.4, 2.0)},
+    # Fail-slow hardware: milder and harsher than the simulator's defaults (pcie-downgrade's width is drawn
+    # from 4 and 8 in _fault, kernel-mce's every_s rounded to whole seconds; gpu-nvml-hang has no severity).
+    "pcie-downgrade": {"tail_s": (0.04, 0.15)},
+    "nic-speed-low": {"fraction": (0.25, 0.75), "tail_s": (0.04, 0.12)},
+    "cooling-degraded": {"compute_mult": (1.08, 1.25), "inlet_c": (30.0, 42.0)},
+    "psu-failed": {"compute_mult": (1.08, 1.2)},
+    "kernel-mce": {"compute_mult": (1.08, 1.2), "every_s": (5.0, 30.0)},
+    "rdma-gid-missing": {"tail_s": (0.08, 0.3)},
 }
 
 
@@ -178,11 +196,12 @@ def _fault(cls: str, rng: random.Random, shape: Shape, start: float, end: float,
     nodes = [n for n in shape.victim_nodes if n not in avoid] or list(shape.victim_nodes)
     node = rng.choice(nodes)
     params: dict[str, Any] = {}
-    if cls in ("nic-packet-loss", "link-flap", "storage-client-slow", "cpu-bound-loader"):
+    if cls in ("nic-packet-loss", "link-flap", "storage-client-slow", "cpu-bound-loader") or \
+            (cls in HW_CLASSES and cls not in _HW_GPU_CLASSES):
         target = node
     elif cls == "wrong-nic":
         target = node if rng.random() < 0.5 else f"{node}:gpu{rng.randrange(shape.gpus_per_node)}"
-    elif cls in ("gpu-thermal", "gpu-power", "gpu-ecc-xid"):
+    elif cls in ("gpu-thermal", "gpu-power", "gpu-ecc-xid") or cls in _HW_GPU_CLASSES:
         target = f"{node}:gpu{rng.randrange(shape.gpus_per_node)}"
     elif cls == "rank-silent":
         rank = shape.victim_nodes.index(node) * shape.gpus_per_node + rng.randrange(shape.gpus_per_node)
@@ -207,6 +226,10 @@ def _fault(cls: str, rng: random.Random, shape: Shape, start: float, end: float,
     # Severity varies around the simulator's defaults, so thresholds are judged on milder faults too.
     for k, (lo, hi) in _SEVERITY.get(cls, {}).items():
         params[k] = round(rng.uniform(lo, hi), 3)
+    if cls == "pcie-downgrade":
+        params["width"] = float(rng.choice([4, 8]))  # the widths a x16 link really trains down to
+    if cls == "kernel-mce":
+        params["every_s"] = float(int(params["every_s"]))  # the fault counts whole seconds between bursts
     f: dict[str, Any] = {"fault": cls, "target": target, "start": start, "end": end}
     if params:
         f["params"] = params
@@ -297,6 +320,23 @@ FAULT_FREE_KINDS: dict[str, tuple[str, Callable[[random.Random], dict[str, Any]]
 }
 
 
+# Pairs of a hardware class and an older class on two nodes of the job (benchmarks/hw_eval.py's).
+HW_PAIRS = (("pcie-downgrade", "nic-packet-loss"), ("kernel-mce", "gpu-thermal"),
+            ("cooling-degraded", "storage-client-slow"), ("nic-speed-low", "gpu-power"),
+            ("rdma-gid-missing", "cpu-bound-loader"))
+
+
+def _single_fault_spec(cls: str, rng: random.Random, shape: Shape) -> dict[str, Any]:
+    """A scenario spec with one fault of ``cls`` on the victim job: 90-130 s of healthy lead-in, 60-90 s
+    of fault, 20 s after it; checkpoints every 100-200 s, so one may fall in the fault."""
+    start = float(rng.randint(90, 130))
+    end = start + float(rng.randint(60, 90))
+    behaviour: dict[str, Any] = {"checkpoint_every_s": float(rng.randint(100, 200))}
+    fault = _fault(cls, rng, shape, start, end, set())
+    return {"seed": rng.randrange(10_000), "duration_s": end + 20.0, "cluster": dict(shape.cluster),
+            "jobs": shape.jobs(**behaviour), "faults": [fault]}
+
+
 def build_suite(quick: bool = False, seed: int = 0, classes: Iterable[str] | None = None,
                 fault_free_s: float = 4 * 3600.0) -> list[EvalScenario]:
     """The labelled scenarios: every fault class on several cluster shapes and seeds, two faults at
@@ -313,6 +353,13 @@ def build_suite(quick: bool = False, seed: int = 0, classes: Iterable[str] | Non
                                            ("24n", 0), ("shared", 0), ("shared", 1)]
     for cls in FAULT_CLASSES:
         if wanted is not None and cls not in wanted:
+            continue
+        if cls in HW_CLASSES:
+            # Its own stream too, for the same reason: the older scenarios stay as they were.
+            hrng = random.Random(f"{seed}:{cls}")
+            for shape_name, k in per_class:
+                out.append(EvalScenario(f"{cls}/{shape_name}/{k}", (cls,),
+                                        _single_fault_spec(cls, hrng, SHAPES[shape_name])))
             continue
         if cls in STRAGGLER_CLASSES:
             # Its own stream, so adding these classes left the older scenarios as they were.
@@ -351,6 +398,20 @@ def build_suite(quick: bool = False, seed: int = 0, classes: Iterable[str] | Non
         every = 40.0 if {a, b} & _CHECKPOINT_CLASSES else float(rng.randint(100, 200))
         spec = {"seed": rng.randrange(10_000), "duration_s": end + 20.0, "cluster": dict(shape.cluster),
                 "jobs": shape.jobs(checkpoint_every_s=every), "faults": faults}
+        out.append(EvalScenario(f"pair:{a}+{b}/{shape.name}", (a, b), spec))
+    # A hardware fault on one node while a fault of another kind hits another node of the job, 5 s later:
+    # each must be found, neither must mask the other.  Their own stream, like the classes.
+    prng = random.Random(f"{seed}:hw-pairs")
+    for a, b in HW_PAIRS[:1] if quick else HW_PAIRS:
+        if wanted is not None and not ({a, b} & wanted):
+            continue
+        shape = SHAPES["8n"]
+        start = float(prng.randint(90, 130))
+        end = start + float(prng.randint(60, 90))
+        avoid = set()
+        faults = [_fault(a, prng, shape, start, end, avoid), _fault(b, prng, shape, start + 5, end, avoid)]
+        spec = {"seed": prng.randrange(10_000), "duration_s": end + 20.0, "cluster": dict(shape.cluster),
+                "jobs": shape.jobs(checkpoint_every_s=float(prng.randint(100, 200))), "faults": faults}
         out.append(EvalScenario(f"pair:{a}+{b}/{shape.name}", (a, b), spec))
     if wanted is None or "fault-free" in wanted:
         total = 600.0 if quick else fault_free_s
@@ -749,7 +810,7 @@ def score(runs: Iterable[ScenarioRun]) -> Report:
                                         f"({signed:+.0%})")
                 elif cls in COST_CLASSES:
                     s.misses.append(f"{sc.name}: no cost given (truth {lost:.4g} GPU-h)")
-    older = [k for k in FAULT_CLASSES if k not in STRAGGLER_CLASSES]
+    older = [k for k in FAULT_CLASSES if k not in STRAGGLER_CLASSES and k not in HW_CLASSES]
     overall = _total("overall", scores.values())
     continuous = _total("older, not ckpt-bound", (scores[k] for k in older if k not in CHECKPOINT_BOUND))
     return Report({k: v for k, v in scores.items() if v.truths or v.false_diagnoses}, overall, free_s, free_diags,

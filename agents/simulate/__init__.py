@@ -3,6 +3,7 @@
 * :mod:`agents.simulate.cluster` — :func:`make_cluster`, :func:`make_job`
 * :mod:`agents.simulate.sim` — :class:`Simulation`, a pure, seeded generator of contract messages
 * :mod:`agents.simulate.faults` — the fault registry :data:`FAULTS` and :class:`GroundTruth`
+* :mod:`agents.simulate.hardware` — the ``hw`` reports and the fail-slow hardware faults (in :data:`FAULTS`)
 * :mod:`agents.simulate.scenario` — scenario YAML files
 * :mod:`agents.simulate.cli` — ``whywait simulate`` (the only part that touches Kafka)
 
@@ -15,8 +16,9 @@ from __future__ import annotations
 from agents.simulate.cluster import JobSpec, make_cluster, make_job
 from agents.simulate.errors import SimulationError
 from agents.simulate.faults import FAULTS, Fault, GroundTruth, make_fault, parse_fault_spec
+from agents.simulate.hardware import HW_FAULTS  # registers the fail-slow hardware faults in FAULTS
 from agents.simulate.scenario import Scenario, load_scenario, parse_scenario
 from agents.simulate.sim import Simulation
 
-__all__ = ["FAULTS", "Fault", "GroundTruth", "JobSpec", "Scenario", "Simulation", "SimulationError",
+__all__ = ["FAULTS", "Fault", "GroundTruth", "HW_FAULTS", "JobSpec", "Scenario", "Simulation", "SimulationError",
            "load_scenario", "make_cluster", "make_fault", "make_job", "parse_fault_spec", "parse_scenario"]

@@ -16,7 +16,9 @@ calls while the fault is active: ``on_step`` (the step model, through
 :class:`~agents.simulate.sim.StepEffects`), ``on_checkpoint``, and
 ``on_gpu``/``on_net``/``on_storage``/``on_host`` (one node's reports for one
 interval; ``frac`` is the share of the interval the fault covered, since the
-reports carry per-interval rates).  :meth:`Fault.truth` says what was injected,
+reports carry per-interval rates), and for the fail-slow hardware faults of
+:mod:`agents.simulate.hardware` (registered here by :func:`register`) ``on_hw``
+(the node's ``hw`` report).  :meth:`Fault.truth` says what was injected,
 which job it hurt, and where the culprit is: the answer the engine should give.
 """
 
@@ -188,6 +190,10 @@ class Fault:
 
     def on_host(self, t: float, frac: float, node: str, report: dict[str, Any]) -> None:
         """Change one node's host sample."""
+
+    def on_hw(self, t: float, node: str, report: dict[str, Any]) -> None:
+        """Change ``node``'s ``hw`` report for the interval ending at offset ``t``; called after
+        :meth:`on_host` while the fault is active during that interval (the fail-slow hardware faults)."""
 
     # ------------------------------------------------------------------ ground truth
 
@@ -1233,7 +1239,8 @@ class PeriodicSlowdown(_PatternFault):
             fx.compute_mult[:] = [c * m for c in fx.compute_mult]
 
 
-# name -> class.  The explicit registry: scenario files and --fault name these keys.
+# name -> class.  The explicit registry: scenario files and --fault name these keys.  The fail-slow
+# hardware faults (agents/simulate/hardware.py) join it through register() below.
 FAULTS: dict[str, type[Fault]] = {
     NicPacketLoss.name: NicPacketLoss,
     NicLinkFlap.name: NicLinkFlap,
@@ -1259,6 +1266,23 @@ FAULTS: dict[str, type[Fault]] = {
     RotatingStraggler.name: RotatingStraggler,
     PeriodicSlowdown.name: PeriodicSlowdown,
 }
+
+
+def register(*classes: type[Fault]) -> None:
+    """Add fault classes defined outside this module (the fail-slow hardware faults of
+    :mod:`agents.simulate.hardware`, which import this module and so cannot be listed above) to
+    :data:`FAULTS`.  Called once, when that module is imported (``agents.simulate`` imports it, so
+    the registry is complete whatever a caller imports first).  A name already taken by another
+    class is a :class:`SimulationError`: two faults must never answer to one scenario name.
+    """
+    for cls in classes:
+        if not cls.name:
+            raise SimulationError(f"fault class {cls.__name__} has no name")
+        have = FAULTS.get(cls.name)
+        if have is not None and have is not cls:
+            raise SimulationError(f"fault {cls.name!r} is already registered ({have.__name__}); "
+                                  f"cannot register {cls.__name__}")
+        FAULTS[cls.name] = cls
 
 
 def make_fault(name: str, target: str, start: float, end: float, **params: Any) -> Fault:

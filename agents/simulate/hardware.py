@@ -1,26 +1,23 @@
 """Simulated hardware health (the ``hw`` topic) and the fail-slow faults, with ground truth.
 
-The simulator (:mod:`agents.simulate.sim`) knows nothing of the ``hw`` topic yet.  This module adds it
-without touching the simulator: :func:`with_hw` wraps a :class:`~agents.simulate.sim.Simulation`'s
-message stream and inserts, per node, what the agent's ``hw`` collector sends (NVML health and the
-kernel log every interval, PCIe links and ports every 10 s, BMC sensors every 30 s), healthy unless
-one of :data:`HW_FAULTS` is active.  The faults are ordinary :class:`~agents.simulate.faults.Fault`
-subclasses: the Simulation calls their ``on_step``/``on_gpu`` hooks as for any fault (the rank they
-slow), and :func:`with_hw` calls their ``on_hw`` hook on the node's report.
+:class:`HwReporter` builds, per node, what the agent's ``hw`` collector sends: NVML health and the
+kernel log every interval, PCIe links and ports every 10 s, BMC sensors every 30 s, all healthy.  The
+:class:`~agents.simulate.sim.Simulation` emits one such ``hw`` message per node per interval, after the
+node's ``host`` report, and lets every active fault change it through its ``on_hw`` hook.
 
-To wire them into the simulator and ``whywait eval`` (the lead's side): add :data:`HW_FAULTS` to
-``agents.simulate.faults.FAULTS``, call each fault's ``on_hw`` from ``Simulation._tick`` after
-``on_host`` (with :class:`HwReporter` building the report), and add the class names to
-``engine.eval.FAULT_CLASSES`` with their targets (node, or ``node:gpuN`` for the GPU ones).
-``benchmarks/hw_eval.py`` measures them meanwhile through :func:`with_hw`.
+The faults of :data:`HW_FAULTS` are ordinary :class:`~agents.simulate.faults.Fault` subclasses: the
+Simulation calls their ``on_step``/``on_gpu`` hooks as for any fault (the rank they slow) and their
+``on_hw`` hook on the node's report.  This module imports :mod:`agents.simulate.faults`, so they join
+its registry :data:`~agents.simulate.faults.FAULTS` from here (:func:`~agents.simulate.faults.register`,
+at import; ``agents.simulate`` imports this module, so scenario files, ``--fault`` and ``whywait eval``
+see them whatever is imported first).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from agents.events import TOPIC_HW, envelope
-from agents.simulate.faults import Fault, _GpuFault
+from agents.simulate.faults import Fault, _GpuFault, register
 
 if TYPE_CHECKING:
     from agents.simulate.sim import JobState, Simulation, StepEffects
@@ -29,10 +26,7 @@ _NIC_MODEL = "15b3:1021"  # ConnectX-7
 
 
 class HwFault(Fault):
-    """A fault that also shows in the node's ``hw`` report."""
-
-    def on_hw(self, t: float, node: str, report: dict[str, Any]) -> None:
-        """Change ``node``'s hw report for the interval ending at offset ``t`` (called while active)."""
+    """A fault that also shows in the node's ``hw`` report (it overrides :meth:`Fault.on_hw`)."""
 
     def _node_ranks(self, job: JobState) -> list[int]:
         return [r for n in sorted(self.nodes) for r in job.node_ranks.get(n, ())]
@@ -186,10 +180,15 @@ class RdmaGidMissing(HwFault):
 
 HW_FAULTS: dict[str, type[HwFault]] = {f.name: f for f in (PcieDowngrade, NicSpeedLow, CoolingDegraded, PsuFailed,
                                                            KernelMce, GpuNvmlHang, RdmaGidMissing)}
+register(*HW_FAULTS.values())
 
 
 class HwReporter:
-    """Builds each node's healthy ``hw`` body the way the agent's ``hw`` collector sends it."""
+    """Builds each node's healthy ``hw`` body the way the agent's ``hw`` collector sends it.
+
+    One per :class:`~agents.simulate.sim.Simulation`; the cadences are in seconds of event time and
+    round to whole intervals (at least one).
+    """
 
     def __init__(self, sim: Simulation, pcie_every_s: float = 10.0, bmc_every_s: float = 30.0) -> None:
         self.sim = sim
@@ -221,22 +220,3 @@ class HwReporter:
                 {"name": "Power Redundancy", "type": "redundancy", "health": "ok"},
                 {"name": "Fan Redundancy", "type": "redundancy", "health": "ok"}]
         return body
-
-
-def with_hw(sim: Simulation, faults: Iterable[Fault] = (), reporter: HwReporter | None = None
-            ) -> Iterator[tuple[str, dict[str, Any]]]:
-    """``sim.messages()`` with each node's ``hw`` message after its ``host`` message, faults applied."""
-    rep = reporter or HwReporter(sim)
-    hw_faults = [f for f in faults if isinstance(f, HwFault)]
-    for topic, msg in sim.messages():
-        yield topic, msg
-        if msg["kind"] != "host":
-            continue
-        node = msg["node"]
-        t = msg["time"] - sim.start_time
-        body = rep.body(node, t)
-        for f in hw_faults:
-            # Active during the interval that ends at t: the same test the simulator applies.
-            if f.touches(node) and f.start < t and t - sim.interval_s < f.end:
-                f.on_hw(t, node, body)
-        yield TOPIC_HW, envelope("hw", node, msg["time"], **body)

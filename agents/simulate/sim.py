@@ -1,7 +1,10 @@
 """The cluster simulator: a pure, seeded generator of contract messages with known faults.
 
 :class:`Simulation` walks event time in fixed intervals.  At each interval end it
-emits, per node, one ``gpu``, ``net``, ``storage`` and ``host`` report, and per job
+emits, per node, one ``gpu``, ``net``, ``storage``, ``host`` and ``hw`` report (the ``hw`` one
+carries what the agent's hardware collector sends that interval: NVML health and the kernel log
+always, PCIe links and ports every 10 s, BMC sensors every 30 s; see
+:class:`~agents.simulate.hardware.HwReporter`), and per job
 one ``steps`` batch per node holding the steps its ranks completed during the
 interval; ``checkpoint`` events are emitted at their own times.  One ``placement``
 message per job comes first.  Messages come out in event-time order.
@@ -48,6 +51,7 @@ from agents.events import (
     TOPIC_CHECKPOINTS,
     TOPIC_GPU,
     TOPIC_HOST,
+    TOPIC_HW,
     TOPIC_NET,
     TOPIC_PLACEMENT,
     TOPIC_STEPS,
@@ -56,6 +60,7 @@ from agents.events import (
 )
 from agents.simulate.cluster import JobSpec
 from agents.simulate.errors import SimulationError
+from agents.simulate.hardware import HwReporter
 from topology import Topology, TopologyError
 
 if TYPE_CHECKING:
@@ -222,6 +227,7 @@ class Simulation:
                                           f"{other[1]} both use {js.node_of[r]} gpu {js.gpu_of[r]}")
                 self._gpu_rank[js.node_of[r]][js.gpu_of[r]] = (js, r)
         self._temp: dict[tuple[str, int], float] = {}
+        self._hw = HwReporter(self)
         self.faults: list[Fault] = list(faults)
         for i, f in enumerate(self.faults):
             f.bind(self, random.Random(f"{seed}:fault:{i}:{f.name}"))
@@ -294,15 +300,18 @@ class Simulation:
             net = self._net_report(node, rng, t0, t1)
             storage = self._storage_report(node, rng, t0, t1, dt)
             host = self._host_report(node, rng)
+            hw = self._hw.body(node, t1)  # draws no noise: the other reports' streams stay as they were
             for f, frac in node_faults:
                 f.on_gpu(t1, frac, node, gpus)
                 f.on_net(t1, frac, node, net)
                 f.on_storage(t1, frac, node, storage)
                 f.on_host(t1, frac, node, host)
+                f.on_hw(t1, node, hw)
             yield TOPIC_GPU, envelope("gpu", node, ts, gpus=gpus)
             yield TOPIC_NET, envelope("net", node, ts, **net)
             yield TOPIC_STORAGE, envelope("storage", node, ts, **storage)
             yield TOPIC_HOST, envelope("host", node, ts, **host)
+            yield TOPIC_HW, envelope("hw", node, ts, **hw)
             for js in self.jobs:
                 pend = js.pending.get(node)
                 if not pend:

@@ -79,7 +79,7 @@ def test_straggler_classes_span_step_times_from_a_tenth_of_a_second_to_a_minute(
 
 def test_quick_suite_is_small_and_deterministic() -> None:
     quick = ev.build_suite(quick=True)
-    assert len(quick) < 30
+    assert len(quick) < 40  # one scenario per class (30), three pairs, three fault-free runs
     assert {s.classes[0] for s in quick if s.classes} >= set(ev.STRAGGLER_CLASSES)
     assert [s.spec for s in quick] == [s.spec for s in ev.build_suite(quick=True)]
 
@@ -140,6 +140,41 @@ def test_a_wrong_first_diagnosis_costs_root_cause_accuracy() -> None:
                 _diag("gpu.thermal-throttle", "gpu.thermal-throttle", 106, "node-03", labels={"gpu": "node-03/gpu2"})])
     s = ev.score([run]).classes["gpu-thermal"]
     assert (s.detected, s.root_cause_ok) == (1, 0)
+
+
+def test_hardware_classes_target_a_node_or_one_gpu_with_drawn_severity() -> None:
+    suite = ev.build_suite()
+    for cls in ev.HW_CLASSES:
+        faults = [f for s in suite if cls in s.classes for f in s.spec["faults"] if f["fault"] == cls]
+        assert len(faults) >= 7, cls
+        gpu_target = [":gpu" in f["target"] for f in faults]
+        assert all(gpu_target) if cls in ("pcie-downgrade", "gpu-nvml-hang") else not any(gpu_target), cls
+        for k in ev._SEVERITY.get(cls, {}):  # severity varies between scenarios, not fixed at the default
+            assert len({f["params"][k] for f in faults}) > 1, (cls, k)
+    widths = {f["params"]["width"] for s in suite for f in s.spec.get("faults", ()) if f["fault"] == "pcie-downgrade"}
+    assert widths == {4.0, 8.0}
+    assert all(f["params"]["every_s"] == int(f["params"]["every_s"])
+               for s in suite for f in s.spec.get("faults", ()) if f["fault"] == "kernel-mce")
+    # A hardware fault beside an older class's fault on another node of the job.
+    pairs = [s for s in suite if len(s.classes) == 2 and s.classes[0] in ev.HW_CLASSES]
+    assert len(pairs) == len(ev.HW_PAIRS)
+    assert all(len({f["target"].split(":")[0] for f in s.spec["faults"]}) == 2 for s in pairs)
+
+
+def test_adding_the_hardware_classes_left_the_older_scenarios_as_they_were(monkeypatch: Any) -> None:
+    with_hw = [s for s in ev.build_suite() if not set(s.classes) & set(ev.HW_CLASSES)]
+    monkeypatch.setattr(ev, "FAULT_CLASSES", tuple(c for c in ev.FAULT_CLASSES if c not in ev.HW_CLASSES))
+    monkeypatch.setattr(ev, "HW_PAIRS", ())
+    assert [(s.name, s.spec) for s in ev.build_suite()] == [(s.name, s.spec) for s in with_hw]
+
+
+def test_a_hardware_fault_is_found_through_the_simulated_hw_reports() -> None:
+    from engine.rules.loader import load_rules
+
+    sc = next(s for s in ev.build_suite(quick=True) if s.classes == ("pcie-downgrade",))
+    run = ev.run_scenario(load_rules([RULES]), sc)
+    s = ev.score([run]).classes["pcie-downgrade"]
+    assert (s.truths, s.detected, s.root_cause_ok, s.false_diagnoses) == (1, 1, 1, 0)
 
 
 def test_run_scenario_through_the_shipped_rules() -> None:

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from agents.events import validate
-from agents.simulate.hardware import HW_FAULTS, GpuNvmlHang, PcieDowngrade, with_hw
+from agents.simulate.errors import SimulationError
+from agents.simulate.faults import FAULTS, register
+from agents.simulate.hardware import HW_FAULTS, GpuNvmlHang, PcieDowngrade
 from agents.simulate.scenario import parse_scenario
 from agents.simulate.sim import Simulation
 
@@ -14,7 +18,7 @@ def _sim(faults: list) -> Simulation:
 
 
 def test_healthy_reports_follow_the_agents_cadence_and_pass_the_contract() -> None:
-    hw = [m for _, m in with_hw(_sim([])) if m["kind"] == "hw"]
+    hw = [m for _, m in _sim([]).messages() if m["kind"] == "hw"]
     assert len(hw) == 4 * 60  # one per node per interval: NVML health and the kernel log
     for m in hw:
         validate(m)
@@ -27,7 +31,7 @@ def test_healthy_reports_follow_the_agents_cadence_and_pass_the_contract() -> No
 def test_a_pcie_downgrade_shows_only_on_its_gpu_during_the_fault_with_truth() -> None:
     f = PcieDowngrade("node-02:gpu3", 20, 40, width=4)
     sim = _sim([f])
-    msgs = [m for _, m in with_hw(sim, [f]) if m["kind"] == "hw" and "pcie" in m]
+    msgs = [m for _, m in sim.messages() if m["kind"] == "hw" and "pcie" in m]
     narrow = {(m["node"], round(m["time"] - sim.start_time), link["gpu"])
               for m in msgs for link in m["pcie"] if link["width"] < 16}
     assert narrow == {("node-02", 21, 3), ("node-02", 31, 3)}
@@ -38,7 +42,7 @@ def test_a_pcie_downgrade_shows_only_on_its_gpu_during_the_fault_with_truth() ->
 def test_an_nvml_hang_marks_the_gpu_unresponsive_and_stalls_the_job() -> None:
     f = GpuNvmlHang("node-01:gpu0", 20, 40)
     sim = _sim([f])
-    msgs = [m for _, m in with_hw(sim, [f])]
+    msgs = [m for _, m in sim.messages()]
     dead = [m["time"] - sim.start_time for m in msgs if m["kind"] == "hw"
             for h in m["nvml"] if not h["responsive"]]
     assert min(dead) == 21 and max(dead) == 40
@@ -46,3 +50,27 @@ def test_an_nvml_hang_marks_the_gpu_unresponsive_and_stalls_the_job() -> None:
     assert steps_during == []
     assert set(HW_FAULTS) == {"pcie-downgrade", "nic-speed-low", "cooling-degraded", "psu-failed", "kernel-mce",
                               "gpu-nvml-hang", "rdma-gid-missing"}
+
+
+def test_the_hardware_faults_are_in_the_registry_and_work_from_a_scenario_file() -> None:
+    assert {n: FAULTS[n] for n in HW_FAULTS} == HW_FAULTS
+    sc = parse_scenario({"seed": 3, "duration_s": 60, "cluster": {"nodes": 4},
+                         "faults": [{"fault": "psu-failed", "target": "node-03", "start": 10, "end": 50}]})
+    sim = Simulation(sc.topology, sc.jobs, sc.faults, start_time=1_764_442_800.0, duration_s=60, seed=3)
+    bmc = {(m["node"], round(m["time"] - sim.start_time)): {s["name"]: s["health"] for s in m["bmc"]}
+           for _, m in sim.messages() if m["kind"] == "hw" and "bmc" in m}
+    assert bmc[("node-03", 31)]["PSU 1"] == "critical" and bmc[("node-03", 31)]["Power Redundancy"] == "warning"
+    assert bmc[("node-03", 1)]["PSU 1"] == "ok"  # before the fault
+    assert all(v["PSU 1"] == "ok" for (node, _), v in bmc.items() if node != "node-03")
+    (truth,) = sim.ground_truth()
+    assert truth.cause == "hardware.cooling-power-degraded" and truth.culprit == "node-03"
+
+
+def test_a_name_taken_by_another_fault_cannot_be_registered_twice() -> None:
+    class Impostor(PcieDowngrade):
+        pass
+
+    with pytest.raises(SimulationError, match="already registered"):
+        register(Impostor)
+    register(PcieDowngrade)  # the same class again is harmless (a module imported twice)
+    assert FAULTS["pcie-downgrade"] is PcieDowngrade
