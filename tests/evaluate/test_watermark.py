@@ -48,7 +48,7 @@ def first_firing(ev: Evaluator, batches: list[list[dict[str, Any]]], pending: li
 def test_backlog_one_topic_at_a_time_still_detects_on_time() -> None:
     topo, msgs = messages()
     # The consumer drains each topic's backlog in turn, 500 messages a batch: host first, then the rest.
-    order = ["placement", "host", "gpu", "storage", "steps", "net", "checkpoint"]
+    order = ["placement", "host", "gpu", "storage", "steps", "net", "checkpoint", "hw"]
     ordered = sorted(msgs, key=lambda m: (order.index(m["kind"]), m["time"]))
     batches = [ordered[i:i + 500] for i in range(0, len(ordered), 500)]
     # after each batch, the kinds not yet fully read are pending
