@@ -209,6 +209,8 @@ def find_test_files(paths: Iterable[str | Path]) -> list[Path]:
     """Expand files and folders into the sorted list of ``*.test.yaml`` files."""
     out: list[Path] = []
     for p in map(Path, paths):
+        if not p.exists():
+            raise RuleTestError(f"{p}: no such file or folder")
         out += sorted(p.rglob("*.test.yaml")) if p.is_dir() else [p]
     return out
 

@@ -53,6 +53,11 @@ def run(args: argparse.Namespace) -> int:
     except RuleLoadError as exc:
         print(exc, file=sys.stderr)
         return 2
+    unknown = sorted(set(args.only or ()) - set(ev.FAULT_CLASSES) - {"fault-free"})
+    if unknown:  # a typo must not run an empty suite and report it as a pass
+        print(f"whywait eval: unknown fault class(es) {', '.join(unknown)} (valid: "
+              f"{', '.join(ev.FAULT_CLASSES)}, fault-free)", file=sys.stderr)
+        return 2
     suite = ev.build_suite(quick=args.quick, seed=args.seed, classes=args.only,
                            fault_free_s=args.fault_free * 3600)
     bar = tqdm(total=len(suite), unit="scenario", desc="eval", file=sys.stderr, dynamic_ncols=True,

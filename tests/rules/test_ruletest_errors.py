@@ -32,3 +32,17 @@ def test_an_event_that_breaks_the_contract_names_its_case(tmp_path: Path) -> Non
     _, cases = load_cases(f)
     with pytest.raises(RuleTestError, match=r"events\[0\]: breaks the event contract: steps\[0\]\.step: is required"):
         run_case(load_rules([RULES]), cases[0], str(f))
+
+
+def test_a_missing_test_path_is_one_line(tmp_path: Path) -> None:
+    from engine.ruletest import find_test_files
+
+    with pytest.raises(RuleTestError, match=r"nope: no such file or folder"):
+        find_test_files([tmp_path / "nope"])
+
+
+def test_eval_refuses_an_unknown_class_rather_than_running_nothing(capsys: pytest.CaptureFixture[str]) -> None:
+    from engine.cli import main
+
+    assert main(["eval", "--only", "nosuch"]) == 2
+    assert "unknown fault class(es) nosuch" in capsys.readouterr().err
