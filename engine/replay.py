@@ -164,7 +164,7 @@ def _outside(raw: bytes, w: Window) -> bool:
     """Whether a message that breaks the contract still says an event time outside the window."""
     try:
         t = json.loads(raw).get("time")
-    except (ValueError, AttributeError):
+    except (ValueError, AttributeError, RecursionError):  # hostile input: malformed or nested too deeply
         return False
     return isinstance(t, (int, float)) and not isinstance(t, bool) and not (w.read_from <= t <= w.until)
 
