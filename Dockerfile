@@ -9,16 +9,21 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 
 WORKDIR /app
 # Only what the package and its rules need (never a local .venv or caches).
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
+COPY whywait ./whywait
 COPY agents ./agents
 COPY engine ./engine
 COPY topology ./topology
+COPY simulate ./simulate
 COPY rules ./rules
-RUN pip install . \
+# The `plot` extra: replay --plot/--report and eval --plot draw PNGs inside the container too.
+# The shipped rules are package data (whywait/rules in site-packages); a site's own rules are mounted at
+# /etc/whywait/rules and hot-reloaded (see docker-compose.yml), so editing them needs no rebuild.
+RUN pip install '.[plot]' \
     && useradd --create-home --uid 10001 whywait \
-    && mkdir -p /shared && chown whywait /shared
+    && mkdir -p /shared /etc/whywait/rules && chown whywait /shared \
+    && rm -rf /app/*
 
-ENV WHYWAIT_RULES=/app/rules
 USER whywait
 ENTRYPOINT ["whywait"]
 CMD ["--help"]

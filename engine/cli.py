@@ -7,7 +7,7 @@ only when their subcommand runs, so ``whywait agent`` on a node never imports
 faust or slack_sdk.
 
 Errors that a user can act on (an unreachable broker, a bad rule file) derive
-from :class:`engine.errors.WhywaitError` and are printed as one line, never as a
+from :class:`whywait.engine.errors.WhywaitError` and are printed as one line, never as a
 traceback; exit status 2.
 """
 
@@ -19,10 +19,10 @@ import logging
 import sys
 from typing import Sequence
 
-# name -> (module, one-line help).  Order is the order `whywait --help` lists them.
+# name -> (module under the `whywait` package, one-line help).  Order is the order `whywait --help` lists them.
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("engine.commands.demo", "start a local Kafka, simulate a 16-node job with a fault, print the alert"),
-    "simulate": ("agents.simulate.cli", "simulate a cluster and its jobs, publishing telemetry to Kafka"),
+    "simulate": ("simulate.cli", "simulate a cluster and its jobs, publishing telemetry to Kafka"),
     "engine": ("engine.commands.engine_cmd", "consume telemetry, evaluate the rules, publish and notify"),
     "kafka": ("engine.localkafka.cli", "fetch, start, stop or inspect the local Kafka broker"),
     "rules": ("engine.commands.rules_cmd", "check rule files, run rule tests, list metrics"),
@@ -46,11 +46,14 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """Return the top-level parser; only ``command``'s module is imported and registered."""
     parser = argparse.ArgumentParser(prog="whywait", description="Where does the waiting begin, and why?")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    from whywait import __version__
+
+    parser.add_argument("--version", action="version", version=f"whywait {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module, help_) in COMMANDS.items():
         p = sub.add_parser(name, help=help_, description=help_)
         if name == command:
-            mod = importlib.import_module(module)
+            mod = importlib.import_module(f"whywait.{module}")
             mod.register(p)
             p.set_defaults(_run=mod.run)
     return parser
@@ -58,7 +61,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``whywait`` console script; returns the exit status."""
-    from engine.errors import WhywaitError
+    from whywait.engine.errors import WhywaitError
 
     argv = list(sys.argv[1:] if argv is None else argv)
     command = next((a for a in argv if not a.startswith("-")), None)

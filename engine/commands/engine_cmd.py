@@ -19,13 +19,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from engine.errors import ConfigError, TopologyError
+from whywait.engine.errors import ConfigError, TopologyError
 
 log = logging.getLogger("whywait.engine")
 
 
 def default_rules_dir() -> Path:
-    """``$WHYWAIT_RULES``, else ``./rules``, else the ``rules/`` folder of this checkout."""
+    """``$WHYWAIT_RULES``, else ``./rules``, else the shipped rules.
+
+    The shipped rules are ``whywait/rules`` in an installed wheel (package data) and ``rules/`` in a checkout;
+    both are two folders up from this file.
+    """
     env = os.environ.get("WHYWAIT_RULES")
     if env:
         return Path(env)
@@ -33,11 +37,22 @@ def default_rules_dir() -> Path:
     return here if here.is_dir() else Path(__file__).resolve().parents[2] / "rules"
 
 
+def default_rule_paths() -> list[Path]:
+    """The rules the engine loads without ``--rules``: :func:`default_rules_dir`, plus ``$WHYWAIT_SITE_RULES``.
+
+    A site keeps its own rules in a folder of its own (mounted into the container, say) and gets the shipped
+    ones too; both are watched for hot reload.
+    """
+    site = os.environ.get("WHYWAIT_SITE_RULES")
+    return [default_rules_dir(), *([Path(site)] if site else [])]
+
+
 def register(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bootstrap", help="Kafka bootstrap servers (default: WHYWAIT_KAFKA_BOOTSTRAP, "
                                        "else the local broker started by `whywait kafka start`)")
     p.add_argument("--rules", action="append", type=Path,
-                   help="rule file or folder (repeatable; default: ./rules)")
+                   help="rule file or folder (repeatable; default: ./rules or the shipped rules, "
+                        "plus $WHYWAIT_SITE_RULES)")
     p.add_argument("--topology", type=Path, default=os.environ.get("WHYWAIT_TOPOLOGY"),
                    help="topology YAML (default: WHYWAIT_TOPOLOGY); jobs are placed from the placement topic")
     p.add_argument("--group", default="whywait-engine", help="consumer group id (default: whywait-engine)")
@@ -80,8 +95,8 @@ def instance_id(raw: str | None, group: str) -> str | None:
 
 def load_topology(path: Path | None) -> Any:
     """Load the topology file, wrapping its errors as one-line engine errors."""
-    from topology.errors import TopologyError as TopoErr
-    from topology.model import Topology
+    from whywait.topology.errors import TopologyError as TopoErr
+    from whywait.topology.model import Topology
 
     if path is None:
         raise ConfigError("no topology: pass --topology FILE or set WHYWAIT_TOPOLOGY "
@@ -97,8 +112,7 @@ def load_topology(path: Path | None) -> Any:
 async def read_snapshot(bootstrap: str, group: str) -> dict[str, Any] | None:
     """Return the newest checkpointed evaluator snapshot for ``group``, or None."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
-
-    from engine.stream.topics import TOPIC_ENGINE_STATE
+    from whywait.engine.stream.topics import TOPIC_ENGINE_STATE
 
     c = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
     await c.start()
@@ -126,8 +140,7 @@ async def read_placements(bootstrap: str) -> list[dict[str, Any]]:
     (and go unwatched) until its placement changed.
     """
     from aiokafka import AIOKafkaConsumer, TopicPartition
-
-    from agents.events import TOPIC_PLACEMENT, ContractError, decode
+    from whywait.agents.events import TOPIC_PLACEMENT, ContractError, decode
 
     c = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
     await c.start()
@@ -153,7 +166,7 @@ async def read_placements(bootstrap: str) -> list[dict[str, Any]]:
 
 def fresh_state_store(bootstrap: str, topic: str | None = None) -> Any:
     """The notifier's Kafka state store, starting empty: ``--no-restore`` must not reopen the last run's messages."""
-    from engine.notify.state import STATE_TOPIC, KafkaStateStore
+    from whywait.engine.notify.state import STATE_TOPIC, KafkaStateStore
 
     class FreshStateStore(KafkaStateStore):
         def load(self) -> dict[str, dict[str, Any]]:
@@ -165,27 +178,26 @@ def fresh_state_store(bootstrap: str, topic: str | None = None) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     import faust
+    from whywait.engine.evaluate.evaluator import Evaluator
+    from whywait.engine.localkafka.broker import probe, resolve_bootstrap
+    from whywait.engine.notify import make_notifier
+    from whywait.engine.notify.secrets import read_secret
+    from whywait.engine.rules.loader import load_rules
+    from whywait.engine.rules.reload import RuleReloader
+    from whywait.engine.stream.app import EngineConfig, build_app
+    from whywait.engine.stream.processor import Processor
+    from whywait.engine.stream.topics import ensure_topics
 
-    from engine.evaluate.evaluator import Evaluator
-    from engine.localkafka.broker import probe, resolve_bootstrap
-    from engine.notify import make_notifier
-    from engine.notify.secrets import read_secret
-    from engine.rules.loader import load_rules
-    from engine.rules.reload import RuleReloader
-    from engine.stream.app import EngineConfig, build_app
-    from engine.stream.processor import Processor
-    from engine.stream.topics import ensure_topics
-
-    rule_paths = args.rules or [default_rules_dir()]
+    rule_paths = args.rules or default_rule_paths()
     rules = load_rules(rule_paths)
     topology = load_topology(args.topology)
-    from topology.reconcile import startup_warnings
+    from whywait.topology.reconcile import startup_warnings
 
     for line in startup_warnings(topology):  # gaps in the cluster file are said once, at start
         log.warning("topology: %s", line)
     bootstrap = args.bootstrap or resolve_bootstrap()
     if not probe(bootstrap, timeout=5.0):
-        from engine.errors import BrokerUnavailable
+        from whywait.engine.errors import BrokerUnavailable
 
         raise BrokerUnavailable(bootstrap, "no answer to ApiVersions")
     skew = parse_skew(args.max_clock_skew)
@@ -200,7 +212,7 @@ def run(args: argparse.Namespace) -> int:
     notifier = make_notifier(kafka_bootstrap=bootstrap, **extra)
     actions = None
     if hasattr(notifier, "handle_action"):
-        from engine.notify.interactivity import InteractivityServer
+        from whywait.engine.notify.interactivity import InteractivityServer
 
         actions = InteractivityServer.from_env(notifier)  # None unless SLACK_SIGNING_SECRET is set
         if actions is not None:

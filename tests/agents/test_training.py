@@ -8,9 +8,8 @@ import time
 from typing import Iterator
 
 import pytest
-
-from agents.integrations import StepClock, hf_callback, lightning_callback
-from agents.training import DEFAULT_SOCKET, SOCKET_ENV, Reporter, socket_path
+from whywait.agents.integrations import StepClock, hf_callback, lightning_callback
+from whywait.agents.training import DEFAULT_SOCKET, SOCKET_ENV, Reporter, socket_path
 
 
 @pytest.fixture()
@@ -134,8 +133,8 @@ def test_socket_path_precedence(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_training_module_imports_stdlib_only() -> None:
     import subprocess
 
-    code = ("import sys; import agents.training, agents.integrations; "
-            "bad = [m for m in sys.modules if m.split('.')[0] in "
+    code = ("import sys; import whywait.agents.training, whywait.agents.integrations; "
+            "bad = [m for m in sys.modules if m.removeprefix('whywait.').split('.')[0] in "
             "('torch', 'aiokafka', 'kafka', 'faust', 'engine', 'slack_sdk', 'lightning', 'transformers', 'pynvml')]; "
             "print(bad)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

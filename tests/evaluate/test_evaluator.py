@@ -8,11 +8,10 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
-
-from agents.events import envelope
-from agents.simulate.cluster import make_cluster
-from engine.evaluate.evaluator import Evaluator
-from engine.rules.loader import load_rules
+from whywait.agents.events import envelope
+from whywait.engine.evaluate.evaluator import Evaluator
+from whywait.engine.rules.loader import load_rules
+from whywait.simulate.cluster import make_cluster
 
 T0 = 1_800_000_000.0
 NODES = ["node-01", "node-02", "node-03", "node-04"]
@@ -172,7 +171,8 @@ def test_late_messages_within_lateness_still_count(tmp_path: Path, topo: Any) ->
 
 
 def test_pure_core_imports_no_io_libraries() -> None:
-    code = ("import sys, engine.evaluate.evaluator, engine.rules.loader, topology.model, agents.events;"
+    code = ("import sys, whywait.engine.evaluate.evaluator, whywait.engine.rules.loader, whywait.topology.model, "
+            "whywait.agents.events;"
             "bad = [m for m in ('faust', 'aiokafka', 'slack_sdk', 'pynvml', 'kafka') if m in sys.modules];"
             "print(bad); sys.exit(1 if bad else 0)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -180,7 +180,7 @@ def test_pure_core_imports_no_io_libraries() -> None:
 
 
 def test_store_forgets_entities_gone_for_the_whole_retention() -> None:
-    from engine.evaluate.store import MetricStore
+    from whywait.engine.evaluate.store import MetricStore
 
     st = MetricStore(retention_s=60)
     st.put("step.duration_s", "old-job:0", 100.0, 1.0)
