@@ -97,10 +97,12 @@ def test_replay_gets_the_live_engines_diagnoses_at_the_same_event_times(live: Li
 
 def test_export_bundle_replays_without_kafka_identically_and_imports_back(live: Live) -> None:
     bundle = live.work / "incident.whywait"
-    # Only the simulated job's project: other tests leave jobs on the shared topics (the fuzz test ~100 hostile
-    # placements), and the latest placement of each job from before the window stands in for it once per replay,
-    # so with them in the window the "every message twice" count below would be off by their number.
-    win = ["--since", str(live.start), "--until", str(live.start + DURATION), "--lead", "0s", "--project", "llm"]
+    # Only the simulated job: other tests leave jobs on the shared topics (the fuzz test ~100 hostile placements),
+    # and the latest placement of each job from before the window stands in for it once per replay, so with them
+    # in the window the "every message twice" count below would be off by their number.
+    jobs = sorted({d["job"] for d in live.diagnoses})
+    win = ["--since", str(live.start), "--until", str(live.start + DURATION), "--lead", "0s",
+           *(a for j in jobs for a in ("--job", j))]
     r = whywait("export", "--bootstrap", live.bootstrap, "--topology", str(live.topo), *win, "-o", str(bundle))
     assert r.returncode == 0, r.stderr
     assert bundle.stat().st_size > 10_000
