@@ -55,11 +55,14 @@ def parse_time(v: str, now: float | None = None, what: str = "time") -> float:
 
 
 def parse_duration(v: str, what: str) -> float:
-    """Seconds from ``15m``, ``90s``, ``0`` or ``2h``."""
-    m = re.match(r"^(\d+(?:\.\d+)?)\s*([smhdw]?)$", v.strip())
-    if not m:
-        raise ConfigError(f"{what}: cannot read {v!r}: use a duration like 15m, 90s or 2h")
-    return float(m.group(1)) * _UNITS[m.group(2) or "s"]
+    """Seconds from ``15m``, ``90s``, ``0`` or ``2h`` (the one syntax, :mod:`whywait.durations`)."""
+    from whywait.durations import parse_duration as parse
+    from whywait.errors import DurationError
+
+    try:
+        return parse(v, bare_seconds=True)
+    except DurationError:
+        raise ConfigError(f"{what}: cannot read {v!r}: use a duration like 15m, 90s or 2h") from None
 
 
 def allow_relative_times(p: argparse.ArgumentParser) -> None:
