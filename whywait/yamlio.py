@@ -115,7 +115,7 @@ def loads(text: str, source: str = "<string>") -> Document:
     """
     try:
         root = _compose(text, _Composer)
-    except yaml.YAMLError as exc:
+    except yaml.YAMLError:
         if _Composer is not yaml.SafeLoader:
             try:  # libyaml's messages are terser ("did not find expected ','"): ask PyYAML's own parser
                 _compose(text, yaml.SafeLoader)

@@ -33,7 +33,8 @@ import uuid
 from pathlib import Path
 from typing import Any, Iterator
 
-from engine.errors import BrokerUnavailable, ConfigError, WhywaitError
+from engine.errors import BrokerUnavailable, ConfigError, EngineError
+from whywait.errors import EXIT_UNAVAILABLE
 
 KAFKA_VERSION = "4.1.1"
 BOOTSTRAP_ENV = "WHYWAIT_KAFKA_BOOTSTRAP"
@@ -57,8 +58,10 @@ JVM_FLAGS = (
 )
 
 
-class BrokerStartError(WhywaitError):
+class BrokerStartError(EngineError):
     """The local broker could not be formatted or did not come up; the message holds its log's tail."""
+
+    exit_code = EXIT_UNAVAILABLE
 
 
 # --------------------------------------------------------------------------- cache + jars

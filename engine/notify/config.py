@@ -45,8 +45,8 @@ def parse_duration(value: str | float | int, what: str) -> float:
     :mod:`whywait.durations`); a :class:`ConfigError` naming ``what`` otherwise."""
     try:
         return _parse_duration(value, what, bare_seconds=True)
-    except DurationError as exc:
-        raise ConfigError(str(exc)) from None
+    except DurationError:
+        raise ConfigError(f"{what} must be a duration like '30s' (got {value!r})") from None
 
 
 def parse_mention(value: str, what: str) -> str:
