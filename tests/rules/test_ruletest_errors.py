@@ -6,8 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.rules.loader import load_rules
-from engine.ruletest import RuleTestError, load_cases, run_case
+from engine.ruletest import RuleTestError, load_cases
 
 RULES = Path(__file__).resolve().parents[2] / "rules"
 

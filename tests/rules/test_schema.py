@@ -33,7 +33,8 @@ CASES = [
       "(units ms, s, m, h, d, w) (got 5)"]),
     ("unknown-key", GOOD.replace("ratio: \"> 10\"", "ratio: \"> 10\"\n      threshold: 3"),
      ["{f}:12: rule 'network.test-rule': 'when.all[0].threshold' is not a parameter of 'peer_outlier' "
-      "(valid: agg, culprit, direction, metric, min_peers, min_value, name, ratio, scope, steps, type, window, zscore)"]),
+      "(valid: agg, culprit, direction, metric, min_peers, min_value, name, ratio, scope, steps, type, window, "
+      "zscore)"]),
     ("unknown-metric-and-bad-compare", GOOD.replace("job.comm_s", "job.comms").replace('"> 1.3"', "1.3"),
      ["{f}:14: rule 'network.test-rule': 'when.all[1].metric' must be a known metric "
       "(see `whywait rules metrics`) (got 'job.comms')",
@@ -122,7 +123,8 @@ def test_override_errors_name_the_override_file(tmp_path: Path) -> None:
     with pytest.raises(RuleLoadError) as exc:
         load_rules([tmp_path / "a", tmp_path / "b"])
     assert [str(e) for e in exc.value.errors] == [
-        f"{site}:2: rule 'network.test-rule': 'for' must be a duration like '60s' (units ms, s, m, h, d, w) (got 'soon')"]
+        f"{site}:2: rule 'network.test-rule': 'for' must be a duration like '60s' (units ms, s, m, h, d, w) "
+        "(got 'soon')"]
 
 
 def test_disable_and_extends(tmp_path: Path) -> None:
