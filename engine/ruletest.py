@@ -269,9 +269,18 @@ def _messages(case: dict[str, Any], start: float) -> tuple[Any, Iterable[tuple[s
         return engine_topo, sim.messages()
     sc = parse_scenario(copy.deepcopy(case.get("topology") or {"cluster": {"nodes": 4}}), source=src, lines=lines,
                         prefix=prefix + ("topology",))
-    msgs = [(None, _event_message(ev, start, f"{case['_where']}.events[{i}]")) for i, ev in enumerate(case["events"])]
+    msgs = [(None, _event_message(ev, start, _where(case, "events", i))) for i, ev in enumerate(case["events"])]
     msgs.sort(key=lambda tm: tm[1]["time"])
     return sc.topology, msgs
+
+
+def _where(case: dict[str, Any], *path: Any) -> str:
+    """``file:line: cases[i].<path>`` for a part of a case loaded by :func:`load_cases`."""
+    lines, prefix = case.get("_lines"), case.get("_prefix")
+    if lines is None or prefix is None:
+        return f"{case['_where']}.{yamlio.format_path(path)}"
+    full = tuple(prefix) + path
+    return f"{case.get('_source', '')}:{yamlio.line_of(lines, full)}: {yamlio.format_path(full)}"
 
 
 def _matches(d: Diagnosis, exp: dict[str, Any], start: float, where: str) -> bool:
@@ -317,7 +326,7 @@ def run_case(rules: RuleSet, case: dict[str, Any], file: str = "") -> CaseResult
     expects = case.get("expect", [])
     used: set[int] = set()
     for j, exp in enumerate(expects):
-        where = f"{case['_where']}.expect[{j}]"
+        where = _where(case, "expect", j)
         exp = {"status": "firing", **exp}
         hits = [i for i, d in enumerate(res.diagnoses) if _matches(d, exp, start, where)]
         if exp.get("absent"):

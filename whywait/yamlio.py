@@ -115,15 +115,8 @@ def loads(text: str, source: str = "<string>") -> Document:
     """
     try:
         root = _compose(text, _Composer)
-    except yaml.YAMLError:
-        if _Composer is not yaml.SafeLoader:
-            try:  # libyaml's messages are terser ("did not find expected ','"): ask PyYAML's own parser
-                _compose(text, yaml.SafeLoader)
-            except yaml.YAMLError as clearer:
-                exc = clearer
-            except RecursionError:
-                pass
-        raise _syntax_error(exc, source) from None
+    except yaml.YAMLError as exc:
+        raise _syntax_error(_clearer(text, exc), source) from None
     except RecursionError:
         raise YamlError(source, 0, "not valid YAML: it nests too deeply") from None
     doc = Document(source, None, text=text)
@@ -158,9 +151,25 @@ def _compose(text: str, loader_class: Any) -> yaml.Node | None:
         loader.dispose()
 
 
+def _clearer(text: str, exc: yaml.YAMLError) -> yaml.YAMLError:
+    """PyYAML's own parser's error for ``text`` where libyaml's is terser ("did not find expected ','")."""
+    if _Composer is yaml.SafeLoader:
+        return exc
+    try:
+        _compose(text, yaml.SafeLoader)
+    except yaml.YAMLError as clearer:
+        return clearer
+    except RecursionError:
+        pass
+    return exc
+
+
 def _syntax_error(exc: yaml.YAMLError, source: str) -> YamlError:
     mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
     problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    context = getattr(exc, "context", None)
+    if context and problem.startswith("but "):  # "expected a single document in the stream, but found ..."
+        problem = f"{context}, {problem}"
     return YamlError(source, mark.line + 1 if mark is not None else 0, f"not valid YAML: {problem}")
 
 
