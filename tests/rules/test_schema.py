@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from engine.rules.loader import RuleLoadError, load_rules
+from engine.rules.schema import AllOf, Condition
 
 GOOD = """\
 apiVersion: whywait/v1
@@ -73,7 +74,9 @@ def test_good_rule_loads_typed_and_frozen(tmp_path: Path) -> None:
     f.write_text(GOOD)
     rs = load_rules([tmp_path])
     rule = rs.rules["network.test-rule"]
-    leaf = rule.when.items[0]  # type: ignore[union-attr]
+    assert isinstance(rule.when, AllOf)
+    leaf = rule.when.items[0]
+    assert isinstance(leaf, Condition)
     assert leaf.params["window"] == 5.0 and leaf.culprit is True
     assert str(leaf.params["ratio"]) == "> 10"
     with pytest.raises(AttributeError):

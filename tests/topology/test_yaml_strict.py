@@ -31,4 +31,4 @@ def test_a_slurm_topology_yaml_with_a_duplicate_key_is_refused(tmp_path: Path) -
     f = tmp_path / "topology.yaml"
     f.write_text("- topology: t\n  flat: true\n  topology: u\n")
     with pytest.raises(TopologyError, match=r"topology\.yaml:3: duplicate key 'topology' \(the first is on line 1\)"):
-        read_source("slurm-yaml", f)
+        read_source("slurm-yaml", str(f))
