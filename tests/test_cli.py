@@ -42,6 +42,24 @@ def test_a_closed_stdout_ends_quietly(args: list[str]) -> None:
     assert proc.wait(timeout=60) == 141 and err == ""
 
 
+def test_notify_render_into_a_closed_pipe_ends_quietly(tmp_path: Path) -> None:
+    import json
+
+    from engine.diagnosis import Diagnosis, Evidence
+
+    d = Diagnosis(rule_id="network.straggler-retransmits", fingerprint="f", status="firing", severity="warning",
+                  title="train waits on node-07", cause="packet loss", job="train", owner=None, starts_at=1.0,
+                  detected_at=2.0, evidence=(Evidence("net.rx_drops_per_s", "node-07", 9.0, "packets/s", 0.0),))
+    f = tmp_path / "d.json"
+    f.write_text(json.dumps(d.to_dict()))
+    proc = subprocess.Popen([sys.executable, "-m", "engine.cli", "notify", "render", str(f)], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 141 and err == ""
+
+
 def test_a_bug_is_one_line_and_exit_70(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     import engine.commands.rules_cmd as rules_cmd
 
