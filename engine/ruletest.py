@@ -144,7 +144,8 @@ def load_cases(path: Path, rule_ids: Collection[str] | None = None) -> tuple[str
 
 
 def _rules_hint(rule_ids: Collection[str]) -> str:
-    return "; load its folder with --rules" if rule_ids else "; no rules are loaded: give --rules"
+    # `rules check` takes the folder as another path, `rules test` as --rules: name neither flag
+    return "; load the folder that holds it too" if rule_ids else "; no rules are loaded"
 
 
 def _check_case(c: _Checker, p: yamlio.KeyPath, case: Any, rule_ids: Collection[str] | None) -> None:

@@ -57,12 +57,14 @@ def _check(paths: list[Path]) -> int:
     from engine.rules.loader import TEST_SUFFIX, RuleLoadError, load_rules
     from engine.ruletest import RuleTestError, find_test_files, load_cases
 
+    _require(paths)
     problems: list[str] = []
     rule_ids = None
     n_rules = 0
     try:
         rs = load_rules(paths)
-        rule_ids, n_rules = rs.rules.keys(), len(rs)
+        # with no rule among the paths (test files given alone) there is nothing to check their names against
+        rule_ids, n_rules = (rs.rules.keys() if len(rs) else None), len(rs)
     except RuleLoadError as exc:
         problems += [str(e) for e in exc.errors]
     tests = [p for p in paths if p.is_dir() or p.name.endswith(TEST_SUFFIX)]
@@ -89,9 +91,7 @@ def _test(args: argparse.Namespace) -> int:
     from engine.ruletest import junit_xml, run_files, untested_rules
 
     paths: list[Path] = args.paths or [_default_dir()]
-    for p in [*args.rules, *paths]:
-        if not p.exists():
-            raise ConfigError(f"{p}: no such file or folder")
+    _require([*args.rules, *paths])
     # The rules under test are the ones in the paths given: a folder's rules, or the rule a test file is
     # named after.  --rules come first, so a site folder's `override:` finds the rule it changes.
     under_test = [p if p.is_dir() else _rule_beside(p, TEST_SUFFIX) for p in paths]
@@ -115,6 +115,15 @@ def _test(args: argparse.Namespace) -> int:
         except OSError as exc:
             raise ConfigError(f"--junit {args.junit}: cannot write: {exc.strerror or exc}") from None
     return 1 if failed or missing else 0
+
+
+def _require(paths: list[Path]) -> None:
+    """Refuse a path that does not exist, in one line, before loading anything."""
+    from engine.errors import ConfigError
+
+    for p in paths:
+        if not p.exists():
+            raise ConfigError(f"{p}: no such file or folder")
 
 
 def _rule_beside(test_file: Path, suffix: str) -> Path | None:

@@ -129,7 +129,8 @@ def test_check_refuses_a_bad_test_file_with_every_problem_and_its_line(tmp_path:
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith(f"{f}:8: cases[0].scenario.faults[0]: unknown fault 'nic-packet-los' (valid: ")
     assert out[1:] == [
-        f"{f}:11: cases[0].expect[1].rule: must name a loaded rule (got 'site.cpu-hto'); load its folder with --rules",
+        f"{f}:11: cases[0].expect[1].rule: must name a loaded rule (got 'site.cpu-hto'); load the folder that holds it "
+        "too",
         f"{f}:11: cases[0].expect[1].culprti: is not a diagnosis field (valid: absent, cause, clean_checks, "
         "confidence, cost, culprit, detected, detected_at, ends_at, evidence, fingerprint, job, labels, next_step, "
         "owner, ranks, rule, rule_id, runbook_url, severity, starts_at, status, text, text_contains, title, "
@@ -152,3 +153,8 @@ def test_check_of_the_shipped_rules_counts_their_tests(capsys: pytest.CaptureFix
     assert main(["rules", "check", str(RULES)]) == 0
     n_tests = len(list(RULES.rglob("*.test.yaml")))
     assert f"rule(s) and {n_tests} test file(s) OK" in capsys.readouterr().err
+
+
+def test_check_of_a_missing_path_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["rules", "check", str(tmp_path / "nope")]) == 2
+    assert capsys.readouterr().err == f"whywait rules: {tmp_path / 'nope'}: no such file or folder\n"
