@@ -1,7 +1,9 @@
 """Unit tests for rules, in the spirit of ``promtool test rules``.
 
-Called by ``whywait rules test FILE...``, by the test suite (every shipped rule
-must have cases) and by ``whywait eval``.  A test file, ``<rule id>.test.yaml``
+Called by ``whywait rules test DIR|FILE...`` (and, to check without running, by
+``whywait rules check``) and by the test suite (every shipped rule must have
+cases).  A test file is read by :mod:`whywait.yamlio` and checked whole before
+any case runs (:func:`load_cases`), so every problem has its file and line.  A test file, ``<rule id>.test.yaml``
 beside its rule, holds cases; each case feeds the *same* :class:`Evaluator` the
 live engine runs, either a simulator scenario or explicit events, and states
 the diagnoses expected::
@@ -30,6 +32,8 @@ the diagnoses expected::
 
 Only *firing* diagnoses count against ``strict`` unless an expectation names
 ``status: resolved``; resolutions always follow firings and need not be listed.
+Offsets (``at``, ``detected``) are durations (:mod:`whywait.durations`) or plain seconds.
+:func:`junit_xml` writes results for CI (``--junit FILE``).
 """
 
 from __future__ import annotations
