@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
 
 import yaml
 
@@ -36,13 +36,14 @@ _MAP = "tag:yaml.org,2002:map"
 _SEQ = "tag:yaml.org,2002:seq"
 _STR = "tag:yaml.org,2002:str"
 _MERGE = "tag:yaml.org,2002:merge"
+_PLAIN_TAGS = frozenset(f"tag:yaml.org,2002:{t}" for t in ("int", "float", "bool", "null"))
 
 
-@dataclass(frozen=True)
-class Span:
+class Span(NamedTuple):
     """Where a scalar's text stands: its first content line, its last line, and its YAML style.
 
     ``style`` is ``'|'`` (literal block), ``'>'`` (folded block), ``'"'``/``"'"`` (quoted) or ``''`` (plain).
+    A tuple rather than a dataclass: a 10,000-GPU topology file has tens of thousands of scalars.
     """
 
     first: int
@@ -105,7 +106,19 @@ def format_path(path: KeyPath) -> str:
 
 def dotted(lines: Mapping[KeyPath, int]) -> dict[str, int]:
     """``lines`` keyed by :func:`format_path` strings, for schemas that name paths as text (topology)."""
-    return {format_path(p): n for p, n in lines.items() if p}
+    out: dict[str, int] = {}
+    names: dict[KeyPath, str] = {(): ""}  # each path's text, built from its parent's (parents come first)
+    for p, n in lines.items():
+        if not p:
+            continue
+        parent = names.get(p[:-1])
+        if parent is None:
+            parent = format_path(p[:-1])
+        last = p[-1]
+        text = f"{parent}[{last}]" if isinstance(last, int) else (f"{parent}.{last}" if parent else str(last))
+        names[p] = text
+        out[text] = n
+    return out
 
 
 def loads(text: str, source: str = "<string>") -> Document:
@@ -186,10 +199,13 @@ class _Builder:
         return YamlError(self.doc.source, node.start_mark.line + 1, problem)
 
     def build(self, node: yaml.Node, path: KeyPath) -> Any:
+        if isinstance(node, yaml.ScalarNode):
+            return self._scalar(node, path)
+        # Only collections can amplify (an alias to a scalar is one value), so only they are counted.
         if id(node) in self.seen:
             # An alias: PyYAML hands back the anchored node itself.  Rebuilding it gives every path its own
             # values (so a schema may not mutate a shared one), within a budget that stops alias bombs.
-            self.expanded += 1
+            self.expanded += len(node.value)
             if self.expanded > ALIAS_BUDGET:
                 raise self.fail(node, f"aliases expand into more than {ALIAS_BUDGET:,} values: write them out")
         self.seen.add(id(node))
@@ -203,7 +219,7 @@ class _Builder:
                 self.doc.lines[path + (i,)] = item.start_mark.line + 1
                 out.append(self.build(item, path + (i,)))
             return out
-        return self._scalar(node, path)
+        raise self.fail(node, f"a {type(node).__name__} is not supported here")  # pragma: no cover - no such node
 
     def _mapping(self, node: yaml.MappingNode, path: KeyPath) -> dict[Any, Any]:
         if node.tag != _MAP:
@@ -236,9 +252,13 @@ class _Builder:
         return self._value(node)
 
     def _value(self, node: yaml.Node) -> Any:
-        if node.tag == _STR:
+        tag = node.tag
+        if tag == _STR:
             return node.value  # the common case, without the constructor's bookkeeping
+        make = self.constructor.yaml_constructors.get(tag) if tag in _PLAIN_TAGS else None
         try:
+            if make is not None:  # int, float, bool, null: straight to the constructor of the tag
+                return make(self.constructor, node)
             return self.constructor.construct_object(node, deep=True)
         except yaml.YAMLError as exc:
             problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
