@@ -30,7 +30,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from agents.errors import AgentError
+from whywait.agents.errors import AgentError
 
 SCHEMA_VERSION = 2
 # Versions this engine reads.  Version 2 only adds optional fields (parallel coordinates on a

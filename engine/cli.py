@@ -35,7 +35,7 @@ from whywait.errors import (
 # name -> (module, one-line help).  Order is the order `whywait --help` lists them.
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("engine.commands.demo", "start a local Kafka, simulate a 16-node job with a fault, print the alert"),
-    "simulate": ("agents.simulate.cli", "simulate a cluster and its jobs, publishing telemetry to Kafka"),
+    "simulate": ("simulate.cli", "simulate a cluster and its jobs, publishing telemetry to Kafka"),
     "engine": ("engine.commands.engine_cmd", "consume telemetry, evaluate the rules, publish and notify"),
     "kafka": ("engine.localkafka.cli", "fetch, start, stop or inspect the local Kafka broker"),
     "rules": ("engine.commands.rules_cmd", "check rule files, run rule tests, list metrics"),

@@ -8,19 +8,19 @@
         ├── BrokerUnavailable    Kafka did not answer (bootstrap named)                 (exit 3)
         ├── RuleError            a rule or rule-test file is malformed                  (exit 2)
         │                        (engine.rules.schema.RuleSchemaError, engine.rules.loader.RuleLoadError,
-        │                         engine.ruletest.RuleTestError)
+        │                         simulate.ruletest.RuleTestError)
         ├── NotifyError          a notifier failed; ``retryable`` says whether to try again   (exit 3)
         ├── PlacementError       engine.placement.model: which job runs where cannot be used  (exit 2)
         └── BrokerStartError     engine.localkafka.broker: the local broker did not come up   (exit 3)
 
-``TopologyError`` is the topology package's own (:mod:`topology.errors`), re-exported here so the engine
+``TopologyError`` is the topology package's own (:mod:`whywait.topology.errors`), re-exported here so the engine
 names it one way; ``WhywaitError`` is the root in :mod:`whywait.errors`.  The exit codes are listed in
 :data:`whywait.errors.EXIT_CODES` (``whywait --help`` prints them).
 """
 
 from __future__ import annotations
 
-from topology.errors import TopologyError
+from whywait.topology.errors import TopologyError
 from whywait.errors import EXIT_UNAVAILABLE, WhywaitError
 
 __all__ = ["EngineError", "ConfigError", "BrokerUnavailable", "RuleError", "NotifyError", "TopologyError",

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.cli import main
+from whywait.engine.cli import main
 from whywait import __version__
 from whywait.errors import EXIT_CODES
 
@@ -34,7 +34,7 @@ def test_help_documents_every_exit_code(capsys: pytest.CaptureFixture[str]) -> N
 @pytest.mark.parametrize("args", [["rules", "metrics"], ["events", "doc"]])
 def test_a_closed_stdout_ends_quietly(args: list[str]) -> None:
     # The reader closes the pipe before the command writes: the write fails with EPIPE, as under `| head`.
-    proc = subprocess.Popen([sys.executable, "-m", "engine.cli", *args], cwd=REPO, stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-m", "whywait", *args], cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)
     assert proc.stdout is not None and proc.stderr is not None
     proc.stdout.close()
@@ -45,14 +45,14 @@ def test_a_closed_stdout_ends_quietly(args: list[str]) -> None:
 def test_notify_render_into_a_closed_pipe_ends_quietly(tmp_path: Path) -> None:
     import json
 
-    from engine.diagnosis import Diagnosis, Evidence
+    from whywait.engine.diagnosis import Diagnosis, Evidence
 
     d = Diagnosis(rule_id="network.straggler-retransmits", fingerprint="f", status="firing", severity="warning",
                   title="train waits on node-07", cause="packet loss", job="train", owner=None, starts_at=1.0,
                   detected_at=2.0, evidence=(Evidence("net.rx_drops_per_s", "node-07", 9.0, "packets/s", 0.0),))
     f = tmp_path / "d.json"
     f.write_text(json.dumps(d.to_dict()))
-    proc = subprocess.Popen([sys.executable, "-m", "engine.cli", "notify", "render", str(f)], cwd=REPO,
+    proc = subprocess.Popen([sys.executable, "-m", "whywait", "notify", "render", str(f)], cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert proc.stdout is not None and proc.stderr is not None
     proc.stdout.close()
@@ -61,7 +61,7 @@ def test_notify_render_into_a_closed_pipe_ends_quietly(tmp_path: Path) -> None:
 
 
 def test_a_bug_is_one_line_and_exit_70(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    import engine.commands.rules_cmd as rules_cmd
+    import whywait.engine.commands.rules_cmd as rules_cmd
 
     def broken(args: argparse.Namespace) -> int:
         raise KeyError("boom")

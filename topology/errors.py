@@ -7,7 +7,7 @@
         └── UnknownEntityError              a query or a placement names a node, GPU, switch, pool or job
                                             the topology does not hold
 
-``topology`` must not import ``engine``; the engine re-exports this class as ``engine.errors.TopologyError``
+``topology`` must not import ``engine``; the engine re-exports this class as ``whywait.engine.errors.TopologyError``
 (one class, not two), and the CLI prints it as one line (exit 2).
 """
 

@@ -11,7 +11,7 @@ Each package derives its own subtree from it; the whole tree::
     │   └── ContractError               agents.events: a message breaks the event contract (also a ValueError)
     ├── TopologyError                   topology.errors: a topology source is malformed (also a ValueError)
     │   └── UnknownEntityError          a query or placement names an entity the topology lacks
-    ├── SimulationError                 agents.simulate.errors: a scenario, fault spec or cluster is wrong
+    ├── SimulationError                 simulate.errors: a scenario, fault spec or cluster is wrong
     └── EngineError                     engine.errors: the engine and the CLI's commands
         ├── ConfigError                 bad command-line or environment configuration
         ├── BrokerUnavailable           Kafka did not answer
@@ -19,7 +19,7 @@ Each package derives its own subtree from it; the whole tree::
         ├── NotifyError                 a notifier failed; `retryable` says whether to try again
         └── PlacementError              a placement (which job runs where) cannot be used
 
-The CLI (:func:`engine.cli.main`) catches ``WhywaitError``, prints ``str(exc)`` as one line and exits with the
+The CLI (:func:`whywait.engine.cli.main`) catches ``WhywaitError``, prints ``str(exc)`` as one line and exits with the
 class's :attr:`~WhywaitError.exit_code`; :data:`EXIT_CODES` documents them (``whywait --help`` prints it).
 """
 

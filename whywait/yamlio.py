@@ -1,8 +1,8 @@
 """The one YAML reader of whywait: plain data, plus the line of every key and item.
 
-Called for rule files and their overrides (:mod:`engine.rules.loader`), rule tests (:mod:`engine.ruletest`),
-topology files (:mod:`topology.schema` and the topology importers) and simulator scenarios
-(:mod:`agents.simulate.scenario`), so each of their schema errors can say ``file:line``.
+Called for rule files and their overrides (:mod:`whywait.engine.rules.loader`), rule tests (:mod:`whywait.simulate.ruletest`),
+topology files (:mod:`whywait.topology.schema` and the topology importers) and simulator scenarios
+(:mod:`whywait.simulate.scenario`), so each of their schema errors can say ``file:line``.
 
 Stricter than ``yaml.safe_load`` on purpose, because these files are hand-edited:
 

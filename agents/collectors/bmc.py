@@ -36,7 +36,7 @@ import urllib.error
 import urllib.request
 from typing import Any, Callable, Mapping
 
-from agents.errors import AgentError
+from whywait.agents.errors import AgentError
 
 log = logging.getLogger("whywait.agent")
 

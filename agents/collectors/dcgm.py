@@ -37,9 +37,9 @@ from typing import Any, Iterable, Iterator
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-from agents.collectors.base import Collector, CollectorOff
-from agents.collectors.gpu import decode_throttle
-from agents.rates import RateTracker
+from whywait.agents.collectors.base import Collector, CollectorOff
+from whywait.agents.collectors.gpu import decode_throttle
+from whywait.agents.rates import RateTracker
 
 _MIB = 1 << 20
 _NVLINK_ERRS = ("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL",

@@ -19,7 +19,7 @@ from pathlib import Path
 
 
 def register(p: argparse.ArgumentParser) -> None:
-    """Add the ``check``, ``test`` and ``metrics`` actions; called by :func:`engine.cli.build_parser`."""
+    """Add the ``check``, ``test`` and ``metrics`` actions; called by :func:`whywait.engine.cli.build_parser`."""
     sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
     c = sub.add_parser("check", help="lint rule files and folders, and their tests")
     c.add_argument("paths", nargs="*", type=Path, help="rule files or folders (default: ./rules)")
@@ -37,7 +37,7 @@ def register(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run the chosen action; return 0 when all is well, 1 when a check or a case failed."""
     if args.action == "metrics":
-        from engine.rules.metrics import METRICS
+        from whywait.engine.rules.metrics import METRICS
 
         for m in METRICS.values():
             print(f"{m.name:32} {m.level:5} {m.unit:12} {m.doc}")
@@ -48,14 +48,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _default_dir() -> Path:
-    from engine.commands.engine_cmd import default_rules_dir
+    from whywait.engine.commands.engine_cmd import default_rules_dir
 
     return default_rules_dir()
 
 
 def _check(paths: list[Path]) -> int:
-    from engine.rules.loader import TEST_SUFFIX, RuleLoadError, load_rules
-    from engine.ruletest import RuleTestError, find_test_files, load_cases
+    from whywait.engine.rules.loader import TEST_SUFFIX, RuleLoadError, load_rules
+    from whywait.simulate.ruletest import RuleTestError, find_test_files, load_cases
 
     _require(paths)
     problems: list[str] = []
@@ -86,9 +86,9 @@ def _check(paths: list[Path]) -> int:
 
 
 def _test(args: argparse.Namespace) -> int:
-    from engine.errors import ConfigError
-    from engine.rules.loader import TEST_SUFFIX, RuleSet, load_rules, rule_files
-    from engine.ruletest import junit_xml, run_files, untested_rules
+    from whywait.engine.errors import ConfigError
+    from whywait.engine.rules.loader import TEST_SUFFIX, RuleSet, load_rules, rule_files
+    from whywait.simulate.ruletest import junit_xml, run_files, untested_rules
 
     paths: list[Path] = args.paths or [_default_dir()]
     _require([*args.rules, *paths])
@@ -119,7 +119,7 @@ def _test(args: argparse.Namespace) -> int:
 
 def _require(paths: list[Path]) -> None:
     """Refuse a path that does not exist, in one line, before loading anything."""
-    from engine.errors import ConfigError
+    from whywait.engine.errors import ConfigError
 
     for p in paths:
         if not p.exists():

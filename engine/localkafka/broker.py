@@ -33,7 +33,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Iterator
 
-from engine.errors import BrokerUnavailable, ConfigError, EngineError
+from whywait.engine.errors import BrokerUnavailable, ConfigError, EngineError
 from whywait.errors import EXIT_UNAVAILABLE
 
 KAFKA_VERSION = "4.1.1"

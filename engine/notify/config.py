@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
-from engine.diagnosis import SEVERITIES
-from engine.errors import ConfigError
+from whywait.engine.diagnosis import SEVERITIES
+from whywait.engine.errors import ConfigError
 from whywait.durations import parse_duration as _parse_duration
 from whywait.errors import DurationError
 
@@ -80,7 +80,7 @@ def default_outbox_dir(env: Mapping[str, str]) -> Path:
 
 @dataclass(frozen=True)
 class SlackConfig:
-    """Routing, grouping, pacing and delivery settings of :class:`~engine.notify.slack.SlackNotifier`."""
+    """Routing, grouping, pacing and delivery settings of :class:`~whywait.engine.notify.slack.SlackNotifier`."""
 
     api_url: str | None = None  # None: Slack's own (https://slack.com/api/)
     default_channel: str = "#whywait"
@@ -153,8 +153,8 @@ class SlackConfig:
 
 
 def _check_dashboard_template(template: str) -> None:
-    from engine.diagnosis import Diagnosis
-    from engine.notify.render import dashboard_url
+    from whywait.engine.diagnosis import Diagnosis
+    from whywait.engine.notify.render import dashboard_url
 
     sample = Diagnosis(rule_id="r", fingerprint="f", status="firing", severity="info", title="t", cause="c",
                        job="j", owner=None, starts_at=0.0, detected_at=0.0)

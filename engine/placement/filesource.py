@@ -23,9 +23,9 @@ import json
 import time
 from typing import Any, Mapping
 
-from agents.events import ContractError, validate
-from engine.placement.model import JobFacts, Owner, PlacementError, placement_message
-from engine.placement.ownership import OwnershipFile
+from whywait.agents.events import ContractError, validate
+from whywait.engine.placement.model import JobFacts, Owner, PlacementError, placement_message
+from whywait.engine.placement.ownership import OwnershipFile
 from whywait import yamlio
 from whywait.errors import YamlError
 

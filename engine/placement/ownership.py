@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from engine.placement.model import Owner, PlacementError
+from whywait.engine.placement.model import Owner, PlacementError
 from whywait import yamlio
 from whywait.errors import YamlError
 

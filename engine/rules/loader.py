@@ -16,12 +16,12 @@ from typing import Any, Callable, Iterable  # noqa: UP035
 
 import jinja2
 
-from engine.diagnosis import Evidence
-from engine.errors import RuleError
-from engine.rules.metrics import METRICS
-from engine.rules.schema import Rule, RuleSchemaError, parse_rule
-from engine.rules.templating import TEMPLATE_VARS, undeclared
-from engine.rules.templating import env as _env
+from whywait.engine.diagnosis import Evidence
+from whywait.engine.errors import RuleError
+from whywait.engine.rules.metrics import METRICS
+from whywait.engine.rules.schema import Rule, RuleSchemaError, parse_rule
+from whywait.engine.rules.templating import TEMPLATE_VARS, undeclared
+from whywait.engine.rules.templating import env as _env
 from whywait import yamlio
 from whywait.errors import YamlError
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.cli import main
+from whywait.engine.cli import main
 
 RULES = Path(__file__).resolve().parents[2] / "rules"
 

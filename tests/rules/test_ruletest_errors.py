@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.ruletest import RuleTestError, load_cases
+from whywait.simulate.ruletest import RuleTestError, load_cases
 
 RULES = Path(__file__).resolve().parents[2] / "rules"
 
@@ -34,14 +34,14 @@ def test_an_event_that_breaks_the_contract_is_refused_at_load_with_its_line(tmp_
 
 
 def test_a_missing_test_path_is_one_line(tmp_path: Path) -> None:
-    from engine.ruletest import find_test_files
+    from whywait.simulate.ruletest import find_test_files
 
     with pytest.raises(RuleTestError, match=r"nope: no such file or folder"):
         find_test_files([tmp_path / "nope"])
 
 
 def test_eval_refuses_an_unknown_class_rather_than_running_nothing(capsys: pytest.CaptureFixture[str]) -> None:
-    from engine.cli import main
+    from whywait.engine.cli import main
 
     assert main(["eval", "--only", "nosuch"]) == 2
     assert "unknown fault class(es) nosuch" in capsys.readouterr().err

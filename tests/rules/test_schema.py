@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.rules.loader import RuleLoadError, load_rules
-from engine.rules.schema import AllOf, Condition
+from whywait.engine.rules.loader import RuleLoadError, load_rules
+from whywait.engine.rules.schema import AllOf, Condition
 
 GOOD = """\
 apiVersion: whywait/v1

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from topology import Topology, TopologyError
+from whywait.topology import Topology, TopologyError
 
 
 def test_a_duplicate_key_in_a_cluster_file_names_both_lines(tmp_path: Path) -> None:
@@ -26,7 +26,7 @@ def test_a_bad_cluster_file_is_one_line_with_its_place(tmp_path: Path) -> None:
 
 
 def test_a_slurm_topology_yaml_with_a_duplicate_key_is_refused(tmp_path: Path) -> None:
-    from topology.sources import read_source
+    from whywait.topology.sources import read_source
 
     f = tmp_path / "topology.yaml"
     f.write_text("- topology: t\n  flat: true\n  topology: u\n")

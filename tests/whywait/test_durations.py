@@ -38,9 +38,9 @@ def test_format_reads_back(seconds: float) -> None:
 
 def test_every_place_reads_the_same_syntax() -> None:
     # notify's settings and replay's --lead accept what rule files accept ('1d' was refused by rules once).
-    from engine.commands.replay_cmd import parse_duration as replay_duration
-    from engine.notify.config import parse_duration as notify_duration
-    from engine.rules.schema import _duration as rule_duration
+    from whywait.engine.commands.replay_cmd import parse_duration as replay_duration
+    from whywait.engine.notify.config import parse_duration as notify_duration
+    from whywait.engine.rules.schema import _duration as rule_duration
 
     for text in ("1d", "1h30m", "250ms", "2w"):
         assert notify_duration(text, "X") == replay_duration(text, "--lead") == rule_duration(text)

@@ -40,10 +40,10 @@ def test_every_public_error_class_is_in_the_tree() -> None:
 
 
 def test_one_topology_error_and_rule_schema_errors_are_rule_errors() -> None:
-    import engine.errors
-    import topology.errors
-    from engine.rules.schema import RuleSchemaError
-    from engine.ruletest import RuleTestError
+    import whywait.engine.errors
+    import whywait.topology.errors
+    from whywait.engine.rules.schema import RuleSchemaError
+    from whywait.simulate.ruletest import RuleTestError
 
     assert engine.errors.TopologyError is topology.errors.TopologyError
     assert issubclass(RuleSchemaError, engine.errors.RuleError)
@@ -52,10 +52,10 @@ def test_one_topology_error_and_rule_schema_errors_are_rule_errors() -> None:
 
 
 @pytest.mark.parametrize("path, code", [
-    ("engine.errors.ConfigError", 2), ("engine.errors.RuleError", 2), ("topology.errors.TopologyError", 2),
-    ("agents.simulate.errors.SimulationError", 2), ("whywait.errors.YamlError", 2),
-    ("agents.events.ContractError", 2), ("engine.errors.BrokerUnavailable", 3), ("engine.errors.NotifyError", 3),
-    ("engine.localkafka.broker.BrokerStartError", 3), ("agents.errors.CollectorOff", 3),
+    ("whywait.engine.errors.ConfigError", 2), ("whywait.engine.errors.RuleError", 2), ("whywait.topology.errors.TopologyError", 2),
+    ("whywait.simulate.errors.SimulationError", 2), ("whywait.errors.YamlError", 2),
+    ("whywait.agents.events.ContractError", 2), ("whywait.engine.errors.BrokerUnavailable", 3), ("whywait.engine.errors.NotifyError", 3),
+    ("whywait.engine.localkafka.broker.BrokerStartError", 3), ("whywait.agents.errors.CollectorOff", 3),
 ])
 def test_each_kind_has_a_documented_exit_code(path: str, code: int) -> None:
     mod, name = path.rsplit(".", 1)

@@ -41,10 +41,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from agents.simulate.cluster import JobSpec, make_cluster, make_job
-from agents.simulate.errors import SimulationError
-from agents.simulate.faults import Fault, make_fault
-from topology import Topology, TopologyError
+from whywait.simulate.cluster import JobSpec, make_cluster, make_job
+from whywait.simulate.errors import SimulationError
+from whywait.simulate.faults import Fault, make_fault
+from whywait.topology import Topology, TopologyError
 from whywait import yamlio
 from whywait.errors import YamlError
 

@@ -11,7 +11,7 @@ the diagnoses expected::
     rule: network.straggler-retransmits     # optional: the rule under test (for the coverage check)
     cases:
       - name: packet loss on one node
-        scenario:                           # agents.simulate.scenario format
+        scenario:                           # simulate.scenario format
           cluster: {nodes: 8}
           duration_s: 240
           faults:
@@ -45,11 +45,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Collection, Iterable, Sequence
 
-from agents.events import ContractError, envelope, validate
-from engine.diagnosis import Diagnosis
-from engine.errors import RuleError
-from engine.evaluate.evaluator import Evaluator
-from engine.rules.loader import TEST_SUFFIX, RuleSet
+from whywait.agents.events import ContractError, envelope, validate
+from whywait.engine.diagnosis import Diagnosis
+from whywait.engine.errors import RuleError
+from whywait.engine.evaluate.evaluator import Evaluator
+from whywait.engine.rules.loader import TEST_SUFFIX, RuleSet
 from whywait import yamlio
 from whywait.durations import parse_duration
 from whywait.errors import DurationError, YamlError
@@ -153,8 +153,8 @@ def _rules_hint(rule_ids: Collection[str]) -> str:
 
 
 def _check_case(c: _Checker, p: yamlio.KeyPath, case: Any, rule_ids: Collection[str] | None) -> None:
-    from agents.simulate.errors import SimulationError
-    from agents.simulate.scenario import parse_scenario
+    from whywait.simulate.errors import SimulationError
+    from whywait.simulate.scenario import parse_scenario
 
     if not isinstance(case, dict):
         c.err(p, f"must be a mapping with 'name', 'expect' and 'scenario' or 'events' (got {case!r})")
@@ -262,8 +262,8 @@ def _event_message(ev: Any, start: float, where: str) -> dict[str, Any]:
 
 def _messages(case: dict[str, Any], start: float) -> tuple[Any, Iterable[tuple[str | None, dict[str, Any]]]]:
     """Build (engine topology, messages) for a case checked by :func:`load_cases`."""
-    from agents.simulate.scenario import parse_scenario
-    from agents.simulate.sim import Simulation
+    from whywait.simulate.scenario import parse_scenario
+    from whywait.simulate.sim import Simulation
 
     src, lines, prefix = case.get("_source", case["_where"]), case.get("_lines"), case.get("_prefix", ())
     if "scenario" in case:
