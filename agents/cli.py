@@ -157,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
         return asyncio.run(_run(agent, 1 if args.once else args.rounds))
     except AgentError as exc:
         print(f"whywait agent: {exc}", file=sys.stderr)
-        return 2
+        return exc.exit_code  # whywait.errors.EXIT_CODES: 2 for a wrong flag, 3 for a missing service
 
 
 def _once_print(agent: Any) -> int:

@@ -30,6 +30,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from whywait.agents.errors import AgentError
+
 SCHEMA_VERSION = 2
 # Versions this engine reads.  Version 2 only adds optional fields (parallel coordinates on a
 # placement, an optional step split, communication split into collectives and pipeline waits),
@@ -63,7 +65,7 @@ INPUT_TOPICS: tuple[str, ...] = (
 )
 
 
-class ContractError(ValueError):
+class ContractError(AgentError, ValueError):
     """A message breaks the event contract.
 
     Raised by :func:`decode` and :func:`validate`.  ``path`` is the dotted key path

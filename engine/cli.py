@@ -7,8 +7,11 @@ only when their subcommand runs, so ``whywait agent`` on a node never imports
 faust or slack_sdk.
 
 Errors that a user can act on (an unreachable broker, a bad rule file) derive
-from :class:`whywait.engine.errors.WhywaitError` and are printed as one line, never as a
-traceback; exit status 2.
+from :class:`whywait.errors.WhywaitError` and are printed as one line, never as a
+traceback, with the exit status of their class (:data:`whywait.errors.EXIT_CODES`,
+listed by ``whywait --help``).  A closed stdout (``whywait rules metrics | head``)
+ends the command quietly; anything else is a bug, reported in one line too
+(``-v`` shows its traceback).
 """
 
 from __future__ import annotations
@@ -16,8 +19,18 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 from typing import Sequence
+
+from whywait.errors import (
+    EXIT_BROKEN_PIPE,
+    EXIT_CODES,
+    EXIT_INTERNAL,
+    EXIT_INTERRUPTED,
+    EXIT_USAGE,
+    WhywaitError,
+)
 
 # name -> (module under the `whywait` package, one-line help).  Order is the order `whywait --help` lists them.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -42,13 +55,19 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+def _epilog() -> str:
+    codes = "\n".join(f"  {code:>3}  {what}" for code, what in EXIT_CODES.items())
+    return f"exit status:\n{codes}\n\nRun `whywait COMMAND --help` for a command's options."
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """Return the top-level parser; only ``command``'s module is imported and registered."""
-    parser = argparse.ArgumentParser(prog="whywait", description="Where does the waiting begin, and why?")
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     from whywait import __version__
 
+    parser = argparse.ArgumentParser(prog="whywait", description="Where does the waiting begin, and why?",
+                                     epilog=_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"whywait {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging, and tracebacks of internal errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module, help_) in COMMANDS.items():
         p = sub.add_parser(name, help=help_, description=help_)
@@ -60,12 +79,38 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``whywait`` console script; returns the exit status."""
-    from whywait.engine.errors import WhywaitError
-
+    """Entry point of the ``whywait`` console script; returns the exit status (see :data:`EXIT_CODES`)."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        code = _main(argv)
+        sys.stdout.flush()  # a pipe closed early shows here, inside the handler, not at interpreter exit
+        return code
+    except BrokenPipeError:
+        return _stdout_closed()
+
+
+def _stdout_closed() -> int:
+    """The reader of stdout went away (``| head``): stop quietly, as a C tool killed by SIGPIPE would.
+
+    Python's documented way (the "Note on SIGPIPE" in the signal module): point stdout at /dev/null so the
+    interpreter's final flush cannot raise again.  SIG_DFL for SIGPIPE would also kill the engine on a
+    closed Kafka or Slack socket, which is why it is not used.
+    """
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout is not a real file (tests capture it): nothing left to flush
+        pass
+    return EXIT_BROKEN_PIPE
+
+
+def _main(argv: list[str]) -> int:
     command = next((a for a in argv if not a.startswith("-")), None)
-    parser = build_parser(command)
+    try:
+        parser = build_parser(command)
+    except WhywaitError as exc:  # a command module that cannot even register (a bad environment)
+        print(f"whywait {command}: {exc}", file=sys.stderr)
+        return exc.exit_code
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
@@ -78,14 +123,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.getLogger(noisy).setLevel(logging.ERROR if not args.verbose else logging.DEBUG)
     if not getattr(args, "_run", None):
         parser.print_help()
-        return 2
+        return EXIT_USAGE
     try:
         return int(args._run(args) or 0)
     except WhywaitError as exc:
         print(f"whywait {args.command}: {exc}", file=sys.stderr)
-        return 2
+        return exc.exit_code
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        raise  # main() ends quietly
+    except Exception as exc:  # noqa: BLE001 - the last line of defence: a bug still gets one line, not a traceback
+        if args.verbose:
+            logging.getLogger("whywait").exception("internal error")
+        print(f"whywait {args.command}: internal error: {type(exc).__name__}: {exc} "
+              "(a bug in whywait: run again with -v for the traceback, and please report it)", file=sys.stderr)
+        return EXIT_INTERNAL
 
 
 if __name__ == "__main__":  # pragma: no cover

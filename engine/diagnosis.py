@@ -9,10 +9,12 @@ notifiers, which render it however their sink wants.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 Status = Literal["firing", "resolved"]
 Severity = Literal["info", "warning", "critical"]
+#: the one severity list, lowest first: rule files, notify settings and routing all read it
+SEVERITIES: tuple[Severity, ...] = get_args(Severity)
 
 
 @dataclass(frozen=True)

@@ -1,31 +1,45 @@
-"""The engine's exception tree.
+"""The engine's exception tree (the engine and the ``whywait`` commands).
 
 ::
 
-    WhywaitError                 anything a user can act on; the CLI prints it as one line
-    ├── ConfigError              bad command-line or environment configuration
-    ├── BrokerUnavailable        Kafka did not answer (bootstrap named)
-    ├── RuleError                a rule file is malformed (engine.rules.schema.RuleSchemaError)
-    ├── TopologyError            a topology file is malformed or names an unknown entity
-    └── NotifyError              a notifier failed; ``retryable`` says whether to try again
+    whywait.errors.WhywaitError
+    └── EngineError              anything the engine reports to a user as one line
+        ├── ConfigError          bad command-line or environment configuration         (exit 2)
+        ├── BrokerUnavailable    Kafka did not answer (bootstrap named)                 (exit 3)
+        ├── RuleError            a rule or rule-test file is malformed                  (exit 2)
+        │                        (engine.rules.schema.RuleSchemaError, engine.rules.loader.RuleLoadError,
+        │                         simulate.ruletest.RuleTestError)
+        ├── NotifyError          a notifier failed; ``retryable`` says whether to try again   (exit 3)
+        ├── PlacementError       engine.placement.model: which job runs where cannot be used  (exit 2)
+        └── BrokerStartError     engine.localkafka.broker: the local broker did not come up   (exit 3)
 
-``whywait.agents.events.ContractError`` is separate on purpose: the agents package must
-not import the engine.
+``TopologyError`` is the topology package's own (:mod:`whywait.topology.errors`), re-exported here so the engine
+names it one way; ``WhywaitError`` is the root in :mod:`whywait.errors`.  The exit codes are listed in
+:data:`whywait.errors.EXIT_CODES` (``whywait --help`` prints them).
 """
 
 from __future__ import annotations
 
+from whywait.topology.errors import TopologyError
 
-class WhywaitError(Exception):
-    """Root of every error whywait reports to a user as one line."""
+from whywait.errors import EXIT_UNAVAILABLE, WhywaitError
+
+__all__ = ["EngineError", "ConfigError", "BrokerUnavailable", "RuleError", "NotifyError", "TopologyError",
+           "WhywaitError"]
 
 
-class ConfigError(WhywaitError):
+class EngineError(WhywaitError):
+    """Root of the engine's errors; the CLI prints them as one line."""
+
+
+class ConfigError(EngineError):
     """Configuration (flags, environment variables, files) is missing or wrong."""
 
 
-class BrokerUnavailable(WhywaitError):
+class BrokerUnavailable(EngineError):
     """The Kafka cluster at ``bootstrap`` could not be reached."""
+
+    exit_code = EXIT_UNAVAILABLE
 
     def __init__(self, bootstrap: str, detail: str = "") -> None:
         self.bootstrap = bootstrap
@@ -33,16 +47,14 @@ class BrokerUnavailable(WhywaitError):
                          "(start one with `whywait kafka start` or set WHYWAIT_KAFKA_BOOTSTRAP)")
 
 
-class RuleError(WhywaitError):
-    """A rule file cannot be loaded; the message names the file and line."""
+class RuleError(EngineError):
+    """A rule or rule-test file cannot be loaded; the message names the file and line."""
 
 
-class TopologyError(WhywaitError):
-    """A topology file cannot be loaded, or a query names an unknown entity."""
-
-
-class NotifyError(WhywaitError):
+class NotifyError(EngineError):
     """A notification could not be delivered; ``retryable`` tells the caller whether to retry."""
+
+    exit_code = EXIT_UNAVAILABLE
 
     def __init__(self, message: str, retryable: bool) -> None:
         self.retryable = retryable

@@ -2,15 +2,18 @@
 
 ::
 
-    SimulationError (ValueError)   a scenario, fault spec or cluster parameter is wrong
-                                   (the message names the file or flag, the key path, expected vs got)
+    whywait.errors.WhywaitError
+    └── SimulationError (also a ValueError)   a scenario, fault spec or cluster parameter is wrong
+                                              (the message names the file and line or flag, the key path,
+                                              expected vs got)
 
-``agents`` must not import ``engine``; ``whywait simulate`` turns this into
-``whywait.engine.errors.ConfigError`` so it prints as one line.
+The CLI prints it as one line (exit 2), like every :class:`whywait.errors.WhywaitError`.
 """
 
 from __future__ import annotations
 
+from whywait.errors import WhywaitError
 
-class SimulationError(ValueError):
+
+class SimulationError(WhywaitError, ValueError):
     """A scenario file, ``--fault`` spec or cluster parameter cannot be used as given."""

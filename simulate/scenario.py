@@ -39,13 +39,15 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
-import yaml
 from whywait.simulate.cluster import JobSpec, make_cluster, make_job
 from whywait.simulate.errors import SimulationError
 from whywait.simulate.faults import Fault, make_fault
 from whywait.topology import Topology, TopologyError
+
+from whywait import yamlio
+from whywait.errors import YamlError
 
 _TOP = {"seed", "duration_s", "interval_s", "cluster", "topology", "jobs", "faults"}
 _CLUSTER = {"nodes", "gpus_per_node", "nodes_per_leaf", "spines", "nics_per_node", "nodes_per_rack", "pools",
@@ -86,24 +88,40 @@ def expand_nodes(spec: Any, where: str) -> list[str] | None:
     raise SimulationError(f"{where}: expected a node list or a range like node-01..node-08 (got {spec!r})")
 
 
-def parse_scenario(data: Any, source: str = "<scenario>", base_dir: Path | None = None) -> Scenario:
-    """Build a :class:`Scenario` from the mapping above; raises :class:`SimulationError` naming the key path."""
+def parse_scenario(data: Any, source: str = "<scenario>", base_dir: Path | None = None,
+                   lines: Mapping[yamlio.KeyPath, int] | None = None, prefix: yamlio.KeyPath = ()) -> Scenario:
+    """Build a :class:`Scenario` from the mapping above; raises :class:`SimulationError` naming the key path.
+
+    ``lines`` (from :func:`whywait.yamlio.load`) puts the line in each message (``s.yaml:12: faults[0]: ...``);
+    ``prefix`` is where ``data`` stands inside that document (a rule test's ``cases[2].scenario``).
+    """
+    def loc(*path: Any) -> str:
+        """``source:line`` of ``path`` inside the scenario (just ``source`` without a line map)."""
+        return source if lines is None else f"{source}:{yamlio.line_of(lines, prefix + path)}"
+
+    def at(*path: Any) -> str:
+        """``source:line: path`` for a problem at ``path`` inside the scenario."""
+        where = yamlio.format_path(prefix + path)
+        return f"{loc(*path)}: {where}" if where else loc(*path)
+
     if not isinstance(data, dict):
-        raise SimulationError(f"{source}: expected a mapping at the top level (got {type(data).__name__})")
+        raise SimulationError(f"{at()}: expected a mapping at the top level (got {type(data).__name__})")
     unknown = set(data) - _TOP
     if unknown:
-        raise SimulationError(f"{source}: unknown key(s) {', '.join(sorted(map(str, unknown)))} "
+        names = sorted(map(str, unknown))
+        inside = f"{yamlio.format_path(prefix)}: " if prefix else ""
+        raise SimulationError(f"{loc(names[0])}: {inside}unknown key(s) {', '.join(names)} "
                               f"(valid: {', '.join(sorted(_TOP))})")
     if "cluster" in data and "topology" in data:
-        raise SimulationError(f"{source}: give either 'cluster' or 'topology', not both")
+        raise SimulationError(f"{at('topology')}: give either 'cluster' or 'topology', not both")
     seed = data.get("seed", 0)
     if isinstance(seed, bool) or not isinstance(seed, int):
-        raise SimulationError(f"{source}: seed: expected an integer (got {seed!r})")
+        raise SimulationError(f"{at('seed')}: expected an integer (got {seed!r})")
     nums = {}
     for k, default in (("duration_s", 600.0), ("interval_s", 1.0)):
         v = data.get(k, default)
         if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
-            raise SimulationError(f"{source}: {k}: expected a positive number of seconds (got {v!r})")
+            raise SimulationError(f"{at(k)}: expected a positive number of seconds (got {v!r})")
         nums[k] = float(v)
     if "topology" in data:
         path = Path(str(data["topology"]))
@@ -112,25 +130,27 @@ def parse_scenario(data: Any, source: str = "<scenario>", base_dir: Path | None 
         try:
             topo = Topology.from_yaml(path)
         except TopologyError as exc:
-            raise SimulationError(f"{source}: topology: {exc}") from None
+            raise SimulationError(f"{at('topology')}: {exc}") from None
     else:
         cl = data.get("cluster") or {}
         if not isinstance(cl, dict):
-            raise SimulationError(f"{source}: cluster: expected a mapping (got {cl!r})")
+            raise SimulationError(f"{at('cluster')}: expected a mapping (got {cl!r})")
         bad = set(cl) - _CLUSTER
         if bad:
-            raise SimulationError(f"{source}: cluster: unknown key(s) {', '.join(sorted(map(str, bad)))} "
+            names = sorted(map(str, bad))
+            raise SimulationError(f"{loc('cluster', names[0])}: {yamlio.format_path(prefix + ('cluster',))}: "
+                                  f"unknown key(s) {', '.join(names)} "
                                   f"(valid: {', '.join(sorted(_CLUSTER))})")
         try:
             topo = make_cluster(**cl)
         except TypeError as exc:
-            raise SimulationError(f"{source}: cluster: {exc}") from None
+            raise SimulationError(f"{at('cluster')}: {exc}") from None
     jobs: list[JobSpec] = []
     job_list = data.get("jobs") or [{}]
     if not isinstance(job_list, list):
-        raise SimulationError(f"{source}: jobs: expected a list (got {job_list!r})")
+        raise SimulationError(f"{at('jobs')}: expected a list (got {job_list!r})")
     for i, j in enumerate(job_list):
-        where = f"{source}: jobs[{i}]"
+        where = at("jobs", i)
         if not isinstance(j, dict):
             raise SimulationError(f"{where}: expected a mapping (got {j!r})")
         own = {k: j[k] for k in _JOB_OWN if k in j and k != "nodes"}
@@ -144,9 +164,9 @@ def parse_scenario(data: Any, source: str = "<scenario>", base_dir: Path | None 
     faults: list[Fault] = []
     fault_list = data.get("faults") or []
     if not isinstance(fault_list, list):
-        raise SimulationError(f"{source}: faults: expected a list (got {fault_list!r})")
+        raise SimulationError(f"{at('faults')}: expected a list (got {fault_list!r})")
     for i, f in enumerate(fault_list):
-        where = f"{source}: faults[{i}]"
+        where = at("faults", i)
         if not isinstance(f, dict):
             raise SimulationError(f"{where}: expected a mapping (got {f!r})")
         bad = set(f) - _FAULT
@@ -166,14 +186,10 @@ def parse_scenario(data: Any, source: str = "<scenario>", base_dir: Path | None 
 
 
 def load_scenario(path: str | Path) -> Scenario:
-    """Read a scenario YAML file; problems name the file."""
+    """Read a scenario YAML file; problems name the file and line."""
     p = Path(path)
     try:
-        data = yaml.safe_load(p.read_text())
-    except OSError as exc:
-        raise SimulationError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        raise SimulationError(f"{path}{':' + str(mark.line + 1) if mark else ''}: not valid YAML: "
-                              f"{getattr(exc, 'problem', None) or exc}") from None
-    return parse_scenario(data, str(path), p.parent)
+        doc = yamlio.load(p)
+    except YamlError as exc:
+        raise SimulationError(str(exc)) from None
+    return parse_scenario(doc.data, str(path), p.parent, doc.lines)

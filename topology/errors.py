@@ -2,20 +2,23 @@
 
 ::
 
-    TopologyError (ValueError)   a topology source is malformed, or a call names an unknown entity
-    └── UnknownEntityError       a query or a placement names a node, GPU, switch, pool or job
-                                 the topology does not hold
+    whywait.errors.WhywaitError
+    └── TopologyError (also a ValueError)   a topology source is malformed, or a call names an unknown entity
+        └── UnknownEntityError              a query or a placement names a node, GPU, switch, pool or job
+                                            the topology does not hold
 
-``topology`` must not import ``engine``; the engine catches :class:`TopologyError`
-and wraps it in ``whywait.engine.errors.TopologyError`` so the CLI prints it as one line.
+``topology`` must not import ``engine``; the engine re-exports this class as ``whywait.engine.errors.TopologyError``
+(one class, not two), and the CLI prints it as one line (exit 2).
 """
 
 from __future__ import annotations
 
 from typing import Sequence
 
+from whywait.errors import WhywaitError
 
-class TopologyError(ValueError):
+
+class TopologyError(WhywaitError, ValueError):
     """A topology cannot be built from its source, or a call names something it lacks.
 
     ``problems`` holds one complete line per problem, each naming the source, the

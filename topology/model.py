@@ -32,10 +32,12 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Hashable, Iterable, Mapping, Sequence, TypeVar
 
 import networkx as nx
 from whywait.topology.errors import TopologyError, UnknownEntityError
+
+_T = TypeVar("_T")
 
 KINDS: tuple[str, ...] = ("rack", "switch", "node", "gpu", "nic", "pool")
 TIERS: tuple[str, ...] = ("leaf", "spine", "core")
@@ -372,9 +374,10 @@ class Topology:
         self._require(switch, "switch")
         return self._switches[switch]
 
-    def _cached(self, key: Any, build: Any) -> Any:
+    def _cached(self, key: Hashable, build: Callable[[], _T]) -> _T:
+        """The value cached under ``key`` for this :attr:`version`, built by ``build`` the first time."""
         try:
-            return self._cache[key]
+            return self._cache[key]  # type: ignore[no-any-return]  # the cache holds what build() returned
         except KeyError:
             value = self._cache[key] = build()
             return value
@@ -737,7 +740,7 @@ class Topology:
         if None in leaves:
             return None
         if len(leaves) == 1:
-            return next(iter(leaves))  # type: ignore[return-value]
+            return next(iter(leaves))
         level: set[str] = set(leaves)  # type: ignore[arg-type]
         for _ in TIERS[1:]:
             ups = [set(self._uplinks[s]) for s in level]

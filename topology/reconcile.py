@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-import yaml
 from whywait.topology.errors import TopologyError
 from whywait.topology.loaders import NcclLocality, load_nccl_topology
 from whywait.topology.model import TIERS, Nic, Topology, natural_key, normalise_pci
@@ -72,20 +71,14 @@ def load_node_types(path: str | Path) -> list[NodeType]:
     Every problem is reported together, each with ``file:line`` and its key path;
     an ``nccl:`` path is relative to the types file.
     """
-    from whywait.topology.schema import line_map
+    from whywait.topology.schema import parse_yaml_with_lines
 
     source = str(path)
     try:
         text = Path(path).read_text()
     except OSError as exc:
         raise TopologyError(f"{source}: cannot read: {exc.strerror or exc}", source=source) from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        raise TopologyError(f"{source}:{mark.line + 1 if mark else 1}: not valid YAML: "
-                            f"{getattr(exc, 'problem', None) or exc}", source=source) from None
-    lines = line_map(text)
+    data, lines = parse_yaml_with_lines(text, source)
     problems: list[str] = []
 
     def bad(key: str, what: str) -> None:

@@ -16,6 +16,9 @@ import yaml
 from whywait.topology.errors import TopologyError
 from whywait.topology.model import TIERS, Nic, Topology, normalise_guid, normalise_pci
 
+from whywait import yamlio
+from whywait.errors import YamlError
+
 FORMAT = 1
 
 _TOP_KEYS = {"format", "name", "racks", "switches", "storage_pools", "nodes", "jobs", "unmatched"}
@@ -316,55 +319,28 @@ def parse_topology(data: Any, source: str = "<dict>", lines: Mapping[str, int] |
     return topo
 
 
-# libyaml when PyYAML has it: a 10,000-GPU cluster file parses in a fraction of the pure-Python time.
-_Loader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+# libyaml when PyYAML has it: a 10,000-GPU cluster file is written in a fraction of the pure-Python time.
 _Dumper: Any = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 
-def _node_lines(root: Any) -> dict[str, int]:
-    out: dict[str, int] = {}
-
-    def walk(node: Any, path: str) -> None:
-        if isinstance(node, yaml.MappingNode):
-            for k, v in node.value:
-                key = f"{path}.{k.value}" if path else str(k.value)
-                out[key] = k.start_mark.line + 1
-                walk(v, key)
-        elif isinstance(node, yaml.SequenceNode):
-            for i, v in enumerate(node.value):
-                key = f"{path}[{i}]"
-                out[key] = v.start_mark.line + 1
-                walk(v, key)
-
-    if root is not None:
-        walk(root, "")
-    return out
-
-
 def line_map(text: str) -> dict[str, int]:
-    """Map each key path of a YAML document (``nodes[2].nics[0].leaf``) to its 1-based line."""
+    """Map each key path of a YAML document (``nodes[2].nics[0].leaf``) to its 1-based line; {} if it is bad."""
     try:
-        return _node_lines(yaml.compose(text, Loader=_Loader))
-    except yaml.YAMLError:
+        return yamlio.dotted(yamlio.loads(text).lines)
+    except YamlError:
         return {}
 
 
-def parse_yaml_with_lines(text: str) -> tuple[Any, dict[str, int]]:
-    """Parse ``text`` once into (data, line map); raises ``yaml.YAMLError`` as ``yaml.safe_load`` does."""
-    def parse(loader_class: Any) -> tuple[Any, dict[str, int]]:
-        loader = loader_class(text)
-        try:
-            node = loader.get_single_node()
-            return (loader.construct_document(node) if node is not None else None), _node_lines(node)
-        finally:
-            loader.dispose()
+def parse_yaml_with_lines(text: str, source: str = "<string>") -> tuple[Any, dict[str, int]]:
+    """Parse ``text`` once into (data, line map) with :mod:`whywait.yamlio` (duplicate keys refused).
 
+    Raises :class:`TopologyError` naming ``source`` and the line; called by every topology reader of YAML.
+    """
     try:
-        return parse(_Loader)
-    except yaml.YAMLError:
-        if _Loader is yaml.SafeLoader:
-            raise
-        return parse(yaml.SafeLoader)  # raises again, with PyYAML's clearer message
+        doc = yamlio.loads(text, source)
+    except YamlError as exc:
+        raise TopologyError(str(exc), source=source) from None
+    return doc.data, yamlio.dotted(doc.lines)
 
 
 def dump_yaml(data: Any) -> str:
@@ -377,14 +353,7 @@ def load_yaml(path: str | Path) -> Topology:
     """Read and parse a topology YAML file; every problem names ``path`` and its line."""
     source = str(path)
     try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise TopologyError(f"{source}: cannot read: {exc.strerror or exc}", source=source) from None
-    try:
-        data, lines = parse_yaml_with_lines(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{source}:{mark.line + 1}" if mark is not None else source
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise TopologyError(f"{where}: not valid YAML: {problem}", source=source) from None
-    return parse_topology(data, source, lines)
+        doc = yamlio.load(path)
+    except YamlError as exc:
+        raise TopologyError(str(exc), source=source) from None
+    return parse_topology(doc.data, source, yamlio.dotted(doc.lines))

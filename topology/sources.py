@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping
 
-import yaml
 from whywait.topology.errors import TopologyError
 from whywait.topology.loaders import (
     _HOST_DESC,
@@ -284,17 +283,11 @@ def read_slurm_yaml(path: str | Path) -> SourceFacts:
     ``tree: {switches: [{switch, children | nodes}]}``, ``block: {blocks: [{block, nodes}]}``
     or ``flat: true``.
     """
-    from whywait.topology.schema import line_map
+    from whywait.topology.schema import parse_yaml_with_lines
 
     source = str(path)
     text = _read_text(path)
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        raise TopologyError(f"{source}:{mark.line + 1 if mark else 1}: not valid YAML: "
-                            f"{getattr(exc, 'problem', None) or exc}", source=source) from None
-    lines = line_map(text)
+    data, lines = parse_yaml_with_lines(text, source)
     facts = SourceFacts(source, "slurm-yaml")
     if not isinstance(data, list) or not all(isinstance(t, dict) for t in data):
         raise TopologyError(f"{source}:1: expected a list of topologies ('- topology: NAME') "

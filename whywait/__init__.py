@@ -16,7 +16,7 @@ from pathlib import Path
 
 _root = Path(__file__).resolve().parent.parent
 if (_root / "engine" / "__init__.py").is_file() and (_root / "pyproject.toml").is_file():
-    __path__.append(str(_root))  # type: ignore[name-defined]  # a source checkout: see above
+    __path__.append(str(_root))  # a source checkout: see above
 
 
 def _version() -> str:

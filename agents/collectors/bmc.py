@@ -36,6 +36,8 @@ import urllib.error
 import urllib.request
 from typing import Any, Callable, Mapping
 
+from whywait.agents.errors import AgentError
+
 log = logging.getLogger("whywait.agent")
 
 URL_ENV = "WHYWAIT_BMC_URL"
@@ -53,7 +55,7 @@ _CONTEXT = {"intake": "inlet", "room": "inlet", "exhaust": "exhaust", "cpu": "cp
             "memory": "memory", "storagedevice": "storage", "networkingdevice": "nic"}
 
 
-class BmcError(Exception):
+class BmcError(AgentError):
     """A BMC request failed (connection, HTTP status, not JSON); the message says which URL and why."""
 
 

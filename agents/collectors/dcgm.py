@@ -1,4 +1,4 @@
-"""GPUs from an existing dcgm-exporter's ``/metrics`` (Prometheus text format).
+"""GPUs from an existing dcgm-exporter's ``/metrics`` (Prometheus text format, read by ``prometheus_client``).
 
 Sites that already run DCGM point the agent at its URL instead of loading NVML
 a second time.  Field names map onto the same ``gpu`` record as NVML's:
@@ -30,45 +30,55 @@ both accepted.
 
 from __future__ import annotations
 
-import re
 import urllib.error
 import urllib.request
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
+from prometheus_client.metrics_core import Metric
+from prometheus_client.parser import text_string_to_metric_families
 from whywait.agents.collectors.base import Collector, CollectorOff
 from whywait.agents.collectors.gpu import decode_throttle
 from whywait.agents.rates import RateTracker
 
 _MIB = 1 << 20
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)(\s+\S+)?\s*$")
-_LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
 _NVLINK_ERRS = ("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL",
                 "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL")
 
 
 def parse_prometheus(text: str) -> tuple[list[tuple[str, dict[str, str], float]], int]:
-    """Prometheus text exposition → ``([(name, labels, value)], malformed line count)``."""
+    """Prometheus text exposition → ``([(name, labels, value)], malformed line count)``.
+
+    Called on every scrape.  The parsing is ``prometheus_client``'s (escapes, timestamps, exposition rules);
+    its parser gives up on the whole text at the first bad line, so only then are the lines parsed one by
+    one, keeping every good sample and counting the bad ones (a half-broken exporter still reports).
+    """
+    lines = [ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    # prometheus_client names a counter's samples `<name>_total` even where the exporter wrote `<name>`
+    # (dcgm-exporter's DCGM_FI_DEV_PCIE_REPLAY_COUNTER): keep the names the exporter wrote.
+    written = {ln.split("{", 1)[0].split(None, 1)[0] for ln in lines}
+    try:
+        return _samples(text_string_to_metric_families(text), written), 0
+    except ValueError:
+        pass
     out: list[tuple[str, dict[str, str], float]] = []
     bad = 0
-    for line in text.splitlines():
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        m = _SAMPLE.match(line)
-        if not m:
-            bad += 1
-            continue
-        labels: dict[str, str] = {}
-        if m.group(3):
-            for lm in _LABEL.finditer(m.group(3)):
-                labels[lm.group(1)] = lm.group(2).replace('\\"', '"').replace("\\n", "\n").replace("\\\\", "\\")
+    for line in lines:
         try:
-            value = float(m.group(4))
+            out += _samples(text_string_to_metric_families(line + "\n"), written)
         except ValueError:
             bad += 1
-            continue
-        out.append((m.group(1), labels, value))
     return out, bad
+
+
+def _samples(families: Iterable[Metric], written: set[str]) -> list[tuple[str, dict[str, str], float]]:
+    out = []
+    for f in families:
+        for s in f.samples:
+            name = s.name
+            if name not in written and name.endswith("_total") and name[: -len("_total")] in written:
+                name = name[: -len("_total")]
+            out.append((name, dict(s.labels), float(s.value)))
+    return out
 
 
 def _label(labels: dict[str, str], *names: str) -> str | None:

@@ -29,19 +29,22 @@ from typing import Any, AsyncGenerator, Callable, Iterator
 from whywait.engine.errors import BrokerUnavailable, ConfigError
 from whywait.engine.replay import EventTimeMerge, Window
 
-_REL = re.compile(r"^-(\d+(?:\.\d+)?)\s*([smhdw])$")
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+from whywait.durations import parse_duration as _parse_duration
+from whywait.errors import DurationError
+
 # Relative times (-10m) look like options to argparse; this lets them through as values.
-_NEGATIVE = re.compile(r"^-\d+(\.\d+)?[smhdw]?$")
+_NEGATIVE = re.compile(r"^-\d+(\.\d+)?(?:ms|[smhdw])?(?:\d+(\.\d+)?(?:ms|[smhdw]))*$")
 
 
 def parse_time(v: str, now: float | None = None, what: str = "time") -> float:
     """Unix seconds from ``1764442800``, ``2025-11-29T19:00:00Z``, ``-2h`` or ``-7d`` (relative to now)."""
     now = time.time() if now is None else now
     s = v.strip()
-    m = _REL.match(s)
-    if m:
-        return now - float(m.group(1)) * _UNITS[m.group(2)]
+    if s.startswith("-") and s[1:2].isdigit() and not s[1:].replace(".", "", 1).isdigit():
+        try:  # "-2h", "-1h30m": a duration (the one syntax, whywait.durations) before now
+            return now - _parse_duration(s[1:])
+        except DurationError:
+            pass  # not a duration: tried as a number or a date below, which names the accepted forms
     try:
         return float(s)
     except ValueError:
@@ -55,11 +58,11 @@ def parse_time(v: str, now: float | None = None, what: str = "time") -> float:
 
 
 def parse_duration(v: str, what: str) -> float:
-    """Seconds from ``15m``, ``90s``, ``0`` or ``2h``."""
-    m = re.match(r"^(\d+(?:\.\d+)?)\s*([smhdw]?)$", v.strip())
-    if not m:
-        raise ConfigError(f"{what}: cannot read {v!r}: use a duration like 15m, 90s or 2h")
-    return float(m.group(1)) * _UNITS[m.group(2) or "s"]
+    """Seconds from ``15m``, ``90s``, ``0`` or ``2h`` (the one syntax, :mod:`whywait.durations`)."""
+    try:
+        return _parse_duration(v, bare_seconds=True)
+    except DurationError:
+        raise ConfigError(f"{what}: cannot read {v!r}: use a duration like 15m, 90s or 2h") from None
 
 
 def allow_relative_times(p: argparse.ArgumentParser) -> None:

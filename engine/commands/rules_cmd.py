@@ -1,10 +1,13 @@
 """``whywait rules``: lint rules, run their tests, list the metrics they may use.
 
 - ``whywait rules check PATH...``: load without running anything; every schema error of every
-  file (with file and line), duplicate ids, inhibitions naming no rule, templates that do not parse,
-  and rule tests that do not load.  Exit 1 when anything is wrong.
-- ``whywait rules test FILE...``: run rule tests (``*.test.yaml``) through the same evaluator as
-  production; print one line per case and the failures in full.  Exit 1 when a case fails.
+  file (with file and line), duplicate ids, inhibitions naming no rule, templates that do not parse or read
+  an unknown metric, and rule tests (``*.test.yaml``) checked as strictly as rules: unknown keys, fault
+  names, events against the contract, expectations naming no rule.  Exit 1 when anything is wrong.
+- ``whywait rules test DIR|FILE...``: run the rule tests under the paths through the same evaluator as
+  production, against the rules *in those paths* (plus ``--rules PATH``, e.g. the shipped rules a site
+  folder overrides or inhibits); print one line per case and the failures in full; ``--junit FILE``
+  writes JUnit XML for CI.  Exit 1 when a case fails.
 - ``whywait rules metrics``: the metric names, their level and unit.
 """
 
@@ -16,20 +19,23 @@ from pathlib import Path
 
 
 def register(p: argparse.ArgumentParser) -> None:
+    """Add the ``check``, ``test`` and ``metrics`` actions; called by :func:`whywait.engine.cli.build_parser`."""
     sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
-    c = sub.add_parser("check", help="lint rule files and folders")
+    c = sub.add_parser("check", help="lint rule files and folders, and their tests")
     c.add_argument("paths", nargs="*", type=Path, help="rule files or folders (default: ./rules)")
-    t = sub.add_parser("test", help="run rule tests (*.test.yaml)")
-    t.add_argument("paths", nargs="*", type=Path, help="test files or folders (default: ./rules)")
-    t.add_argument("--rules", action="append", type=Path, help="the rules under test (default: ./rules)")
-    t.add_argument("--require-all", action="store_true", help="fail when a rule has no test file")
+    t = sub.add_parser("test", help="run rule tests (*.test.yaml) against the rules beside them")
+    t.add_argument("paths", nargs="*", type=Path,
+                   help="folders of rules and their tests, or test files (default: ./rules)")
+    t.add_argument("--rules", action="append", type=Path, default=[],
+                   help="more rules to load first, e.g. the shipped ones a site folder overrides, "
+                        "inhibits or takes macros from (repeatable)")
+    t.add_argument("--require-all", action="store_true", help="fail when a rule under test has no test file")
+    t.add_argument("--junit", type=Path, metavar="FILE", help="also write the results as JUnit XML to FILE")
     sub.add_parser("metrics", help="list the metrics rules may name")
 
 
 def run(args: argparse.Namespace) -> int:
-    from whywait.engine.commands.engine_cmd import default_rules_dir
-    from whywait.engine.rules.loader import RuleLoadError, load_rules
-
+    """Run the chosen action; return 0 when all is well, 1 when a check or a case failed."""
     if args.action == "metrics":
         from whywait.engine.rules.metrics import METRICS
 
@@ -37,37 +43,90 @@ def run(args: argparse.Namespace) -> int:
             print(f"{m.name:32} {m.level:5} {m.unit:12} {m.doc}")
         return 0
     if args.action == "check":
-        from whywait.simulate.ruletest import RuleTestError, find_test_files, load_cases
+        return _check(args.paths or [_default_dir()])
+    return _test(args)
 
-        paths = args.paths or [default_rules_dir()]
+
+def _default_dir() -> Path:
+    from whywait.engine.commands.engine_cmd import default_rules_dir
+
+    return default_rules_dir()
+
+
+def _check(paths: list[Path]) -> int:
+    from whywait.engine.rules.loader import TEST_SUFFIX, RuleLoadError, load_rules
+    from whywait.simulate.ruletest import RuleTestError, find_test_files, load_cases
+
+    _require(paths)
+    problems: list[str] = []
+    rule_ids = None
+    n_rules = 0
+    try:
+        rs = load_rules(paths)
+        # with no rule among the paths (test files given alone) there is nothing to check their names against
+        rule_ids, n_rules = (rs.rules.keys() if len(rs) else None), len(rs)
+    except RuleLoadError as exc:
+        problems += [str(e) for e in exc.errors]
+    tests = [p for p in paths if p.is_dir() or p.name.endswith(TEST_SUFFIX)]
+    n_tests = 0
+    for f in find_test_files(p for p in tests if p.exists()):
+        n_tests += 1
         try:
-            rs = load_rules(paths)
-        except RuleLoadError as exc:
-            for e in exc.errors:
-                print(e)
-            print(f"{len(exc.errors)} error(s)", file=sys.stderr)
-            return 1
-        bad = 0
-        for f in find_test_files(p for p in paths if p.is_dir()):
-            try:
-                load_cases(f)
-            except RuleTestError as exc:
-                print(exc)
-                bad += 1
-        print(f"{len(rs)} rule(s) OK" if not bad else f"{bad} test file(s) malformed", file=sys.stderr)
-        return 1 if bad else 0
-    from whywait.simulate.ruletest import run_files, untested_rules
+            # with the rules broken, still check everything a test file says on its own
+            load_cases(f, rule_ids)
+        except RuleTestError as exc:
+            problems += exc.problems
+    for line in problems:
+        print(line)
+    if problems:
+        print(f"{len(problems)} error(s)", file=sys.stderr)
+        return 1
+    print(f"{n_rules} rule(s) and {n_tests} test file(s) OK", file=sys.stderr)
+    return 0
 
-    rules = load_rules(args.rules or [default_rules_dir()])
-    paths = args.paths or [default_rules_dir()]
+
+def _test(args: argparse.Namespace) -> int:
+    from whywait.engine.errors import ConfigError
+    from whywait.engine.rules.loader import TEST_SUFFIX, RuleSet, load_rules, rule_files
+    from whywait.simulate.ruletest import junit_xml, run_files, untested_rules
+
+    paths: list[Path] = args.paths or [_default_dir()]
+    _require([*args.rules, *paths])
+    # The rules under test are the ones in the paths given: a folder's rules, or the rule a test file is
+    # named after.  --rules come first, so a site folder's `override:` finds the rule it changes.
+    under_test = [p if p.is_dir() else _rule_beside(p, TEST_SUFFIX) for p in paths]
+    rules = load_rules([*args.rules, *(p for p in under_test if p is not None)])
     results = run_files(rules, paths)
     failed = [r for r in results if not r.ok]
     for r in results:
         print(f"{'PASS' if r.ok else 'FAIL'}  {r.file}: {r.name}")
         for failure in r.failures:
             print(f"      {failure}")
-    missing = untested_rules(rules, paths) if args.require_all else []
+    missing: list[str] = []
+    if args.require_all:  # only the rules under test need cases, not the ones --rules brought in
+        files = {str(f) for f in rule_files(p for p in under_test if p is not None)}
+        missing = untested_rules(RuleSet({k: r for k, r in rules.rules.items() if r.file in files}), paths)
     for rid in missing:
         print(f"FAIL  rule {rid} has no test cases")
     print(f"{len(results) - len(failed)} passed, {len(failed) + len(missing)} failed")
+    if args.junit:
+        try:
+            args.junit.write_text(junit_xml(results))
+        except OSError as exc:
+            raise ConfigError(f"--junit {args.junit}: cannot write: {exc.strerror or exc}") from None
     return 1 if failed or missing else 0
+
+
+def _require(paths: list[Path]) -> None:
+    """Refuse a path that does not exist, in one line, before loading anything."""
+    from whywait.engine.errors import ConfigError
+
+    for p in paths:
+        if not p.exists():
+            raise ConfigError(f"{p}: no such file or folder")
+
+
+def _rule_beside(test_file: Path, suffix: str) -> Path | None:
+    """The rule file a test file is named after (``x.test.yaml`` -> ``x.yaml``), when it exists."""
+    rule = test_file.with_name(test_file.name[: -len(suffix)] + ".yaml")
+    return rule if rule.is_file() else None

@@ -22,7 +22,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from whywait.engine.errors import ConfigError, TopologyError
+from whywait.engine.errors import ConfigError
 
 
 def register(p: argparse.ArgumentParser) -> None:
@@ -56,17 +56,13 @@ def register(p: argparse.ArgumentParser) -> None:
 
 
 def _load(path: Path | None) -> Any:
-    from whywait.topology.errors import TopologyError as TopoErr
     from whywait.topology.model import Topology
 
     if path is None:
         raise ConfigError("no cluster file: pass FILE (or --topology FILE), or set WHYWAIT_TOPOLOGY")
     if not path.exists():
         raise ConfigError(f"cluster file {path} does not exist")
-    try:
-        return Topology.from_yaml(path)
-    except TopoErr as exc:
-        raise TopologyError(str(exc)) from None
+    return Topology.from_yaml(path)  # a TopologyError prints as one line per problem
 
 
 def parse_source_args(tokens: list[str]) -> list[tuple[str, list[str]]]:
@@ -97,17 +93,13 @@ def _listing(items: list[str], everything: bool, limit: int = 8) -> str:
 
 
 def _import(args: argparse.Namespace) -> int:
-    from whywait.topology.errors import TopologyError as TopoErr
     from whywait.topology.reconcile import findings, load_node_types, merge
     from whywait.topology.schema import dump_yaml
     from whywait.topology.sources import read_source
 
     groups = parse_source_args(args.sources)
-    try:
-        types = load_node_types(args.types) if args.types else []
-        facts = [read_source(fmt, f) for fmt, files in groups for f in files]
-    except TopoErr as exc:
-        raise TopologyError(str(exc)) from None
+    types = load_node_types(args.types) if args.types else []
+    facts = [read_source(fmt, f) for fmt, files in groups for f in files]
     res = merge(facts, types, args.name)
     for f in facts:
         print(f"{f.source}: {f.format}: {len(f.hosts)} host(s), {len(f.switches)} switch(es), "
@@ -212,13 +204,9 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _path(args: argparse.Namespace) -> int:
-    from whywait.topology.errors import TopologyError as TopoErr
 
     topo = _load(args.topology)
-    try:
-        hops = topo.path_between(args.a, args.b)
-    except TopoErr as exc:
-        raise TopologyError(str(exc)) from None
+    hops = topo.path_between(args.a, args.b)
     print(" -> ".join(hops))
     return 0
 

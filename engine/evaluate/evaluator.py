@@ -503,9 +503,9 @@ class Evaluator:
 
         ``step_losses`` (end time, step time, seconds lost) come from the rule's step-aligned leaves
         (``what_if``, ``periodic``).  Each step counts once; on the first tick the leaves walk back
-        to where the waiting began, so the figure covers the time before the rule fired.  Every GPU the job holds waits for the lost time,
-        so GPU-hours are the lost seconds times the job's GPUs (a rank with part of a GPU counts its
-        share).
+        to where the waiting began, so the figure covers the time before the rule fired.  Every GPU the
+        job holds waits for the lost time, so GPU-hours are the lost seconds times the job's GPUs (a rank
+        with part of a GPU counts its share).
         """
         losses = facts.get("step_losses")
         if losses is None:

@@ -33,7 +33,9 @@ import uuid
 from pathlib import Path
 from typing import Any, Iterator
 
-from whywait.engine.errors import BrokerUnavailable, ConfigError, WhywaitError
+from whywait.engine.errors import BrokerUnavailable, ConfigError, EngineError
+
+from whywait.errors import EXIT_UNAVAILABLE
 
 KAFKA_VERSION = "4.1.1"
 BOOTSTRAP_ENV = "WHYWAIT_KAFKA_BOOTSTRAP"
@@ -57,8 +59,10 @@ JVM_FLAGS = (
 )
 
 
-class BrokerStartError(WhywaitError):
+class BrokerStartError(EngineError):
     """The local broker could not be formatted or did not come up; the message holds its log's tail."""
+
+    exit_code = EXIT_UNAVAILABLE
 
 
 # --------------------------------------------------------------------------- cache + jars

@@ -32,25 +32,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
+from whywait.engine.diagnosis import SEVERITIES
 from whywait.engine.errors import ConfigError
 
-SEVERITIES = ("info", "warning", "critical")
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+from whywait.durations import parse_duration as _parse_duration
+from whywait.errors import DurationError
+
 _MENTION = re.compile(r"^<(!here|!channel|!everyone|@[UW][A-Z0-9]+|!subteam\^[A-Z0-9]+)>$")
 
 
 def parse_duration(value: str | float | int, what: str) -> float:
-    """Seconds from ``"90s"``, ``"5m"``, ``"4h"``, ``"1d"``, ``"250ms"`` or a number;
-    a :class:`ConfigError` naming ``what`` otherwise."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        if value < 0:
-            raise ConfigError(f"{what} must be a duration like '30s' (got {value!r})")
-        return float(value)
-    m = _DURATION.match(str(value))
-    if not m:
-        raise ConfigError(f"{what} must be a duration like '30s' (got {value!r})")
-    return float(m.group(1)) * _UNITS[m.group(2)]
+    """Seconds from ``"90s"``, ``"5m"``, ``"4h"``, ``"1d"``, ``"250ms"`` or a number (the one syntax,
+    :mod:`whywait.durations`); a :class:`ConfigError` naming ``what`` otherwise."""
+    try:
+        return _parse_duration(value, what, bare_seconds=True)
+    except DurationError:
+        raise ConfigError(f"{what} must be a duration like '30s' (got {value!r})") from None
 
 
 def parse_mention(value: str, what: str) -> str:

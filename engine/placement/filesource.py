@@ -23,17 +23,17 @@ import json
 import time
 from typing import Any, Mapping
 
-import yaml
 from whywait.agents.events import ContractError, validate
 from whywait.engine.placement.model import JobFacts, Owner, PlacementError, placement_message
 from whywait.engine.placement.ownership import OwnershipFile
+
+from whywait import yamlio
+from whywait.errors import YamlError
 
 _SHORT = {"job", "user", "account", "project", "team", "channel", "state", "nodes", "ranks"}
 
 
 def _load(text: str, source: str) -> tuple[Any, dict[str, int]]:
-    from whywait.topology.schema import line_map
-
     stripped = text.lstrip()
     if stripped.startswith(("{", "[")):
         try:
@@ -41,11 +41,10 @@ def _load(text: str, source: str) -> tuple[Any, dict[str, int]]:
         except json.JSONDecodeError as exc:
             raise PlacementError(f"{source}:{exc.lineno}: not valid JSON: {exc.msg}") from None
     try:
-        return yaml.safe_load(text), line_map(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        raise PlacementError(f"{source}:{mark.line + 1 if mark else 1}: not valid YAML: "
-                             f"{getattr(exc, 'problem', None) or exc}") from None
+        doc = yamlio.loads(text, source)
+    except YamlError as exc:
+        raise PlacementError(str(exc)) from None
+    return doc.data, yamlio.dotted(doc.lines)
 
 
 def placements_from_text(text: str, source: str, ownership: OwnershipFile, producer: str,

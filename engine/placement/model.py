@@ -6,10 +6,10 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from whywait.agents.events import ContractError, envelope, validate
-from whywait.engine.errors import WhywaitError
+from whywait.engine.errors import EngineError
 
 
-class PlacementError(WhywaitError):
+class PlacementError(EngineError):
     """A scheduler's output or a placement file cannot be turned into a placement (one line: what and where)."""
 
 

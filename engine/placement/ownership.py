@@ -35,8 +35,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-import yaml
 from whywait.engine.placement.model import Owner, PlacementError
+
+from whywait import yamlio
+from whywait.errors import YamlError
 
 log = logging.getLogger("whywait.placement")
 
@@ -93,15 +95,11 @@ def _globs(v: Any) -> tuple[str, ...] | None:
 
 def parse_ownership(text: str, source: str) -> Ownership:
     """Parse an ownership YAML; every problem is reported together with its ``file:line``."""
-    from whywait.topology.schema import line_map
-
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        raise PlacementError(f"{source}:{mark.line + 1 if mark else 1}: not valid YAML: "
-                             f"{getattr(exc, 'problem', None) or exc}") from None
-    lines = line_map(text)
+        doc = yamlio.loads(text, source)
+    except YamlError as exc:
+        raise PlacementError(str(exc)) from None
+    data, lines = doc.data, yamlio.dotted(doc.lines)
     problems: list[str] = []
 
     def bad(key: str, what: str) -> None:

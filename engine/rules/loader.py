@@ -8,16 +8,22 @@ collected; :func:`load_rules` raises one :class:`RuleLoadError` listing them all
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable  # noqa: UP035
+from typing import Any, Callable, Iterable  # noqa: UP035
 
 import jinja2
+from whywait.engine.diagnosis import Evidence
 from whywait.engine.errors import RuleError
+from whywait.engine.rules.metrics import METRICS
 from whywait.engine.rules.schema import Rule, RuleSchemaError, parse_rule
 from whywait.engine.rules.templating import TEMPLATE_VARS, undeclared
 from whywait.engine.rules.templating import env as _env
-from whywait.engine.rules.yamlsrc import YamlSyntaxError, load_with_lines
+
+from whywait import yamlio
+from whywait.errors import YamlError
 
 MACROS_FILE = "macros.yaml"
 TEST_SUFFIX = ".test.yaml"
@@ -47,24 +53,36 @@ class RuleSet:
 
 
 def rule_files(paths: Iterable[str | Path]) -> list[Path]:
-    """Expand files and folders into the sorted list of rule files (tests and macros excluded)."""
+    """Expand files and folders into the sorted list of rule files (tests and macros excluded).
+
+    A file reached twice (``--rules rules/ --rules rules/network``) is listed once, where first reached.
+    """
     out: list[Path] = []
+    seen: set[Path] = set()
     for p in map(Path, paths):
         cands = sorted(p.rglob("*.yaml")) if p.is_dir() else [p]
-        out += [c for c in cands if not c.name.endswith(TEST_SUFFIX) and c.name != MACROS_FILE]
+        for c in cands:
+            if c.name.endswith(TEST_SUFFIX) or c.name == MACROS_FILE or c.resolve() in seen:
+                continue
+            seen.add(c.resolve())
+            out.append(c)
     return out
+
+
+def _yaml_error(e: YamlError) -> RuleSchemaError:
+    return RuleSchemaError(e.source, e.line, None, "", e.problem)
 
 
 def _load_macros(paths: Iterable[Path], errors: list[RuleSchemaError]) -> dict[str, Any]:
     macros: dict[str, Any] = {}
     for p in paths:
-        f = p / MACROS_FILE if p.is_dir() else None
+        f = p / MACROS_FILE if p.is_dir() else (p if p.name == MACROS_FILE else None)
         if f is None or not f.exists():
             continue
         try:
-            data, lines = load_with_lines(f.read_text())
-        except YamlSyntaxError as e:
-            errors.append(RuleSchemaError(str(f), e.line, None, "", str(e)))
+            data = yamlio.load(f).data
+        except YamlError as e:
+            errors.append(_yaml_error(e))
             continue
         if not isinstance(data, dict) or not isinstance(data.get("macros", {}), dict):
             errors.append(RuleSchemaError(str(f), 1, None, "macros", "must be a mapping of name → condition"))
@@ -75,7 +93,30 @@ def _load_macros(paths: Iterable[Path], errors: list[RuleSchemaError]) -> dict[s
 
 
 
-def _check_templates(rule: Rule, errors: list[RuleSchemaError], lines: dict[Any, int]) -> None:
+#: evidence names the evaluator adds beside the metrics: a topology fact, and another rule's clean check seen
+_EV_EXTRA = ("topology", "check")
+_EV_FIELDS = frozenset(f.name for f in dataclasses.fields(Evidence))
+
+
+def _evidence_refs(template: jinja2.nodes.Template) -> list[tuple[int, str, str | None]]:
+    """Every ``ev['name']`` (and ``ev['name'].field``) in a parsed template: ``(template line, name, field)``."""
+    out: list[tuple[int, str, str | None]] = []
+    attrs = {id(g.node): g.attr for g in template.find_all(jinja2.nodes.Getattr)}
+    for item in template.find_all(jinja2.nodes.Getitem):
+        target, arg = item.node, item.arg
+        if isinstance(target, jinja2.nodes.Name) and target.name == "ev" and isinstance(arg, jinja2.nodes.Const) \
+                and isinstance(arg.value, str):
+            out.append((item.lineno, arg.value, attrs.get(id(item))))
+    return out
+
+
+def _check_templates(rule: Rule, errors: list[RuleSchemaError], doc: _Doc) -> None:
+    """Parse every template of ``rule`` and check the names it reads; errors point at their line in the file.
+
+    Called once per loaded rule.  A Jinja syntax error is placed on the file line of the template line
+    Jinja names (exact for ``|`` blocks, see :class:`whywait.yamlio.Span`); an ``ev['...']`` naming no
+    metric, or a variable the evaluator does not fill, is refused so a typo never reaches a pager.
+    """
     texts: list[tuple[str, str, tuple[Any, ...]]] = [
         (key, getattr(rule, key), (key,)) for key in ("title", "cause", "next_step")]
     texts += [("culprit", rule.culprit, ("culprit",))] if rule.culprit else []
@@ -83,16 +124,57 @@ def _check_templates(rule: Rule, errors: list[RuleSchemaError], lines: dict[Any,
     # A label value may be a template too (`phase: "{{ phase }}"`): the diagnosis carries it rendered.
     texts += [(f"labels.{k}", v, ("labels", k)) for k, v in rule.labels.items() if "{" in v]
     for key, text, path in texts:
+        file = str(doc.origins[path[0]][0]) if path[0] in doc.origins else rule.file
+        span = doc.spans.get(path)
+        line_at: Callable[[int], int] = span.line_in if span is not None else _fixed(yamlio.line_of(doc.lines, path))
         try:
-            _env.from_string(text)
+            parsed = _env.parse(text)
         except jinja2.TemplateSyntaxError as e:
-            errors.append(RuleSchemaError(rule.file, e.lineno, rule.id, key, f"template does not parse: {e.message}"))
+            errors.append(RuleSchemaError(file, _syntax_line(doc, path, e, line_at), rule.id, key,
+                                          f"template does not parse: {e.message}"))
             continue
         unknown = sorted(undeclared(text))
         if unknown:
             errors.append(RuleSchemaError(
-                rule.file, lines.get(path, 1), rule.id, key, f"template uses unknown variable(s) {', '.join(unknown)} "
+                file, line_at(1), rule.id, key, f"template uses unknown variable(s) {', '.join(unknown)} "
                 f"(known: {', '.join(sorted(TEMPLATE_VARS))})"))
+        raw = doc.texts.get(path)
+        if raw is not None and span is not None and span.style != "|":
+            try:  # the text as written in the file, so each reference has its own line (see _syntax_line)
+                parsed = _env.parse(raw)
+            except jinja2.TemplateSyntaxError:
+                pass
+        for lineno, name, attr in _evidence_refs(parsed):
+            if name not in METRICS and name not in _EV_EXTRA:
+                near = difflib.get_close_matches(name, list(METRICS), n=1)
+                hint = f"; did you mean {near[0]!r}?" if near else " (see `whywait rules metrics`)"
+                errors.append(RuleSchemaError(file, line_at(lineno), rule.id, key,
+                                              f"template reads ev[{name!r}], which is not a metric{hint}"))
+            if attr is not None and attr not in _EV_FIELDS:
+                errors.append(RuleSchemaError(file, line_at(lineno), rule.id, key,
+                                              f"template reads ev[{name!r}].{attr}, which evidence does not have "
+                                              f"(fields: {', '.join(sorted(_EV_FIELDS))})"))
+
+
+def _fixed(line: int) -> Callable[[int], int]:
+    return lambda _template_line: line
+
+
+def _syntax_line(doc: _Doc, path: tuple[Any, ...], e: jinja2.TemplateSyntaxError,
+                 at: Callable[[int], int]) -> int:
+    """The file line of a template syntax error.
+
+    YAML folds the lines of a ``>`` block or a multi-line plain value, so Jinja's line number counts lines
+    that are not the file's.  Parsing the text as written in the file (folding changes only whitespace,
+    which Jinja's tags ignore) gives the error's line in the file's terms.
+    """
+    raw, span = doc.texts.get(path), doc.spans.get(path)
+    if raw is not None and span is not None and span.style != "|":
+        try:
+            _env.parse(raw)
+        except jinja2.TemplateSyntaxError as again:
+            return span.line_in(again.lineno or 1)
+    return at(e.lineno or 1)
 
 
 @dataclass
@@ -104,6 +186,8 @@ class _Doc:
     lines: dict[Any, int]
     expected_id: str | None = None
     origins: dict[str, tuple[Path, int]] = field(default_factory=dict)  # overridden key -> (file, line)
+    spans: dict[Any, yamlio.Span] = field(default_factory=dict)  # where each scalar's text stands
+    texts: dict[Any, str] = field(default_factory=dict)  # each scalar's text as written in the file
 
     def __post_init__(self) -> None:
         if self.expected_id is None:
@@ -150,7 +234,8 @@ def _apply_overrides(docs: list[_Doc], errors: list[RuleSchemaError]) -> list[_D
                 continue
             doc = base
         else:
-            doc = _Doc(m.file, dict(base.data), dict(base.lines), origins=dict(base.origins))
+            doc = _Doc(m.file, dict(base.data), dict(base.lines), origins=dict(base.origins),
+                       spans=dict(base.spans), texts=dict(base.texts))
             plain.append(doc)
         merged = dict(doc.data)
         for k, v in changes.items():
@@ -162,6 +247,12 @@ def _apply_overrides(docs: list[_Doc], errors: list[RuleSchemaError]) -> list[_D
             for path, line in m.lines.items():
                 if path and path[0] == k:
                     doc.lines[path] = line
+            for path, span in m.spans.items():
+                if path and path[0] == k:
+                    doc.spans[path] = span
+                    doc.texts.pop(path, None)
+                    if path in m.texts:
+                        doc.texts[path] = m.texts[path]
         doc.data = merged
         if key == "extends":
             by_id.setdefault(str(merged.get("id")), doc)
@@ -190,14 +281,12 @@ def load_rules(paths: Iterable[str | Path]) -> RuleSet:
     docs: list[_Doc] = []
     for f in files:
         try:
-            data, lines = load_with_lines(f.read_text())
-        except YamlSyntaxError as e:
-            errors.append(RuleSchemaError(str(f), e.line, None, "", str(e)))
+            y = yamlio.load(f)
+        except YamlError as e:
+            errors.append(_yaml_error(e))
             continue
-        except OSError as e:
-            errors.append(RuleSchemaError(str(f), 0, None, "", f"cannot read: {e.strerror}"))
-            continue
-        docs.append(_Doc(f, data, lines))
+        docs.append(_Doc(f, y.data, y.lines, spans=y.spans,
+                         texts={p: y.source_text(sp) for p, sp in y.spans.items() if sp.last > sp.first}))
     for doc in _apply_overrides(docs, errors):
         rule, errs = parse_rule(doc.data, str(doc.file), doc.lines, macros, expected_id=doc.expected_id)
         errors += [_attribute(e, doc) for e in errs]
@@ -207,7 +296,7 @@ def load_rules(paths: Iterable[str | Path]) -> RuleSet:
             errors.append(RuleSchemaError(str(doc.file), doc.lines.get(("id",), 1), rule.id, "id",
                                           f"duplicates the rule in {rules[rule.id].file}"))
             continue
-        _check_templates(rule, errors, doc.lines)
+        _check_templates(rule, errors, doc)
         rules[rule.id] = rule
     for rule in rules.values():
         for i, target in enumerate(rule.inhibits):

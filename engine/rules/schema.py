@@ -19,23 +19,28 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from whywait.engine.diagnosis import SEVERITIES
+from whywait.engine.errors import RuleError
 from whywait.engine.rules.metrics import METRICS
-from whywait.engine.rules.yamlsrc import Path_, line_of
+
+from whywait.durations import EXPECTED as _DURATION_EXPECTED
+from whywait.durations import parse_duration
+from whywait.errors import DurationError
+from whywait.yamlio import KeyPath as Path_
+from whywait.yamlio import line_of
 
 API_VERSION = "whywait/v1"
-SEVERITIES = ("info", "warning", "critical")
 AGGS = ("avg", "min", "max", "sum", "count", "last", "median", "p90", "p95", "p99", "rate", "delta")
 OPS: dict[str, Callable[[float, float], bool]] = {
     ">": lambda a, b: a > b, ">=": lambda a, b: a >= b, "<": lambda a, b: a < b,
     "<=": lambda a, b: a <= b, "==": lambda a, b: a == b, "!=": lambda a, b: a != b,
 }
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)\s*$")
 _COMPARE = re.compile(r"^\s*(>=|<=|==|!=|>|<)\s*(-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)\s*$")
 _ID = re.compile(r"^[a-z0-9][a-z0-9-]*(\.[a-z0-9][a-z0-9-]*)+$")
 
 
-class RuleSchemaError(ValueError):
-    """One problem in one rule file, with its location."""
+class RuleSchemaError(RuleError, ValueError):
+    """One problem in one rule file, with its location (a :class:`RuleError`; a ``ValueError`` for old callers)."""
 
     def __init__(self, file: str, line: int, rule_id: str | None, path: str, message: str) -> None:
         self.file, self.line, self.rule_id, self.path, self.message = file, line, rule_id, path, message
@@ -132,11 +137,10 @@ class _Bad(Exception):
 
 
 def _duration(v: Any) -> float:
-    m = _DURATION.match(v) if isinstance(v, str) else None
-    if not m:
-        raise _Bad("a duration like '60s' (units ms, s, m, h)", v)
-    n, unit = float(m.group(1)), m.group(2)
-    return n * {"ms": 0.001, "s": 1, "m": 60, "h": 3600}[unit]
+    try:
+        return parse_duration(v)  # the one duration syntax (whywait.durations), bare numbers refused
+    except DurationError:
+        raise _Bad(_DURATION_EXPECTED, v) from None
 
 
 def _number(v: Any) -> float:

@@ -131,3 +131,13 @@ def test_unreachable_exporter_is_a_counted_error_and_recovers(exporter: str) -> 
     assert c.collect(0.0, 0.0) is None and c.errors == 1 and "scrape" in c.parts_off
     c.url = exporter + "/metrics"
     assert c.collect(1.0, 1.0) is not None and "scrape" not in c.parts_off
+
+
+def test_exposition_details_follow_prometheus_client() -> None:
+    # A counter written without `_total` keeps its written name; escaped label values and timestamps parse.
+    text = ('# TYPE DCGM_FI_DEV_PCIE_REPLAY_COUNTER counter\nDCGM_FI_DEV_PCIE_REPLAY_COUNTER{gpu="0"} 4\n'
+            '# TYPE req_total counter\nreq_total 2\nm{path="a\\"b\\\\c",gpu="1"} 3 1700000000000\n')
+    samples, bad = parse_prometheus(text)
+    assert bad == 0
+    assert samples == [("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", {"gpu": "0"}, 4.0), ("req_total", {}, 2.0),
+                       ("m", {"path": 'a"b\\c', "gpu": "1"}, 3.0)]

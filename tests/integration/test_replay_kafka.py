@@ -135,10 +135,10 @@ def test_broker_outage_is_one_line(live: Live, tmp_path: Path) -> None:
 
     r = whywait("replay", "--bootstrap", f"127.0.0.1:{free_port()}", "--topology", str(live.topo),
                 "--since", "-10m", timeout=60)
-    assert r.returncode == 2 and "is unreachable" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert r.returncode == 3 and "is unreachable" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     r = whywait("export", "--bootstrap", f"127.0.0.1:{free_port()}", "--since", "-10m", "-o",
                 str(tmp_path / "x.whywait"), timeout=60)
-    assert r.returncode == 2 and "is unreachable" in r.stderr and not (tmp_path / "x.whywait").exists()
+    assert r.returncode == 3 and "is unreachable" in r.stderr and not (tmp_path / "x.whywait").exists()
 
 
 def test_digest_counts_the_incidents_gpu_hours(live: Live) -> None:

@@ -5,8 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from whywait.engine.rules.loader import load_rules
-from whywait.simulate.ruletest import RuleTestError, load_cases, run_case
+from whywait.simulate.ruletest import RuleTestError, load_cases
 
 RULES = Path(__file__).resolve().parents[2] / "rules"
 
@@ -25,12 +24,12 @@ def test_a_duplicate_key_is_refused_with_both_lines(tmp_path: Path) -> None:
         load_cases(f)
 
 
-def test_an_event_that_breaks_the_contract_names_its_case(tmp_path: Path) -> None:
+def test_an_event_that_breaks_the_contract_is_refused_at_load_with_its_line(tmp_path: Path) -> None:
     f = tmp_path / "x.test.yaml"
     f.write_text("cases:\n- name: c\n  events:\n  - {at: 0, kind: steps, job: j, steps: [{rank: 0}]}\n  expect: []\n")
-    _, cases = load_cases(f)
-    with pytest.raises(RuleTestError, match=r"events\[0\]: breaks the event contract: steps\[0\]\.step: is required"):
-        run_case(load_rules([RULES]), cases[0], str(f))
+    with pytest.raises(RuleTestError, match=r"x\.test\.yaml:4: cases\[0\]\.events\[0\]: breaks the event contract: "
+                                            r"steps\[0\]\.step: is required"):
+        load_cases(f)
 
 
 def test_a_missing_test_path_is_one_line(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 from whywait.engine.rules.loader import RuleLoadError, load_rules
+from whywait.engine.rules.schema import AllOf, Condition
 
 GOOD = """\
 apiVersion: whywait/v1
@@ -29,10 +30,11 @@ when:
 CASES = [
     ("window-not-duration", GOOD.replace("window: 5s", "window: 5"),
      ["{f}:10: rule 'network.test-rule': 'when.all[0].window' must be a duration like '60s' "
-      "(units ms, s, m, h) (got 5)"]),
+      "(units ms, s, m, h, d, w) (got 5)"]),
     ("unknown-key", GOOD.replace("ratio: \"> 10\"", "ratio: \"> 10\"\n      threshold: 3"),
      ["{f}:12: rule 'network.test-rule': 'when.all[0].threshold' is not a parameter of 'peer_outlier' "
-      "(valid: agg, culprit, direction, metric, min_peers, min_value, name, ratio, scope, steps, type, window, zscore)"]),
+      "(valid: agg, culprit, direction, metric, min_peers, min_value, name, ratio, scope, steps, type, window, "
+      "zscore)"]),
     ("unknown-metric-and-bad-compare", GOOD.replace("job.comm_s", "job.comms").replace('"> 1.3"', "1.3"),
      ["{f}:14: rule 'network.test-rule': 'when.all[1].metric' must be a known metric "
       "(see `whywait rules metrics`) (got 'job.comms')",
@@ -52,7 +54,7 @@ CASES = [
     ("bad-yaml", "apiVersion: whywait/v1\nid: [unclosed\n",
      ["{f}:3: not valid YAML: expected ',' or ']', but got '<stream end>'"]),
     ("bad-template", GOOD.replace('cause: "because"', 'cause: "{{ job "'),
-     ["{f}:1: rule 'network.test-rule': 'cause' template does not parse: unexpected end of template, "
+     ["{f}:4: rule 'network.test-rule': 'cause' template does not parse: unexpected end of template, "
       "expected 'end of print statement'."]),
 ]
 
@@ -71,7 +73,9 @@ def test_good_rule_loads_typed_and_frozen(tmp_path: Path) -> None:
     f.write_text(GOOD)
     rs = load_rules([tmp_path])
     rule = rs.rules["network.test-rule"]
-    leaf = rule.when.items[0]  # type: ignore[union-attr]
+    assert isinstance(rule.when, AllOf)
+    leaf = rule.when.items[0]
+    assert isinstance(leaf, Condition)
     assert leaf.params["window"] == 5.0 and leaf.culprit is True
     assert str(leaf.params["ratio"]) == "> 10"
     with pytest.raises(AttributeError):
@@ -121,7 +125,8 @@ def test_override_errors_name_the_override_file(tmp_path: Path) -> None:
     with pytest.raises(RuleLoadError) as exc:
         load_rules([tmp_path / "a", tmp_path / "b"])
     assert [str(e) for e in exc.value.errors] == [
-        f"{site}:2: rule 'network.test-rule': 'for' must be a duration like '60s' (units ms, s, m, h) (got 'soon')"]
+        f"{site}:2: rule 'network.test-rule': 'for' must be a duration like '60s' (units ms, s, m, h, d, w) "
+        "(got 'soon')"]
 
 
 def test_disable_and_extends(tmp_path: Path) -> None:

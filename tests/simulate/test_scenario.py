@@ -85,3 +85,20 @@ def test_node_ranges():
     assert expand_nodes(None, "x") is None
     with pytest.raises(SimulationError, match="x: expected a node list"):
         expand_nodes(3, "x")
+
+
+def test_a_scenario_file_names_the_line_of_its_problem(tmp_path):
+    f = tmp_path / "s.yaml"
+    f.write_text("seed: 1\ncluster: {nodes: 4}\nfaults:\n"
+                 "  - {fault: nic-packet-loss, target: node-02, start: 5, end: 9}\n"
+                 "  - {fault: nic-packet-los, target: node-02, start: 10, end: 50}\n")
+    with pytest.raises(SimulationError) as info:
+        load_scenario(f)
+    assert str(info.value).startswith(f"{f}:5: faults[1]: unknown fault 'nic-packet-los' (valid: ")
+
+
+def test_a_duplicate_key_in_a_scenario_is_refused(tmp_path):
+    f = tmp_path / "s.yaml"
+    f.write_text("seed: 1\nduration_s: 60\nseed: 2\n")
+    with pytest.raises(SimulationError, match=r"s\.yaml:3: duplicate key 'seed' \(the first is on line 1\)"):
+        load_scenario(f)

@@ -1,0 +1,82 @@
+"""The ``whywait`` command's contract with a shell: --version, documented exit codes, one line per error,
+a quiet end when stdout closes early, and no traceback even from a bug."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from whywait.engine.cli import main
+
+from whywait import __version__
+from whywait.errors import EXIT_CODES
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0 and capsys.readouterr().out == f"whywait {__version__}\n"
+
+
+def test_help_documents_every_exit_code(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    for code, what in EXIT_CODES.items():
+        assert f"{code:>3}  {what}" in out
+
+
+@pytest.mark.parametrize("args", [["rules", "metrics"], ["events", "doc"]])
+def test_a_closed_stdout_ends_quietly(args: list[str]) -> None:
+    # The reader closes the pipe before the command writes: the write fails with EPIPE, as under `| head`.
+    proc = subprocess.Popen([sys.executable, "-m", "whywait", *args], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 141 and err == ""
+
+
+def test_notify_render_into_a_closed_pipe_ends_quietly(tmp_path: Path) -> None:
+    import json
+
+    from whywait.engine.diagnosis import Diagnosis, Evidence
+
+    d = Diagnosis(rule_id="network.straggler-retransmits", fingerprint="f", status="firing", severity="warning",
+                  title="train waits on node-07", cause="packet loss", job="train", owner=None, starts_at=1.0,
+                  detected_at=2.0, evidence=(Evidence("net.rx_drops_per_s", "node-07", 9.0, "packets/s", 0.0),))
+    f = tmp_path / "d.json"
+    f.write_text(json.dumps(d.to_dict()))
+    proc = subprocess.Popen([sys.executable, "-m", "whywait", "notify", "render", str(f)], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 141 and err == ""
+
+
+def test_a_bug_is_one_line_and_exit_70(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import whywait.engine.commands.rules_cmd as rules_cmd
+
+    def broken(args: argparse.Namespace) -> int:
+        raise KeyError("boom")
+
+    monkeypatch.setattr(rules_cmd, "run", broken)
+    assert main(["rules", "metrics"]) == 70
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("whywait rules: internal error: KeyError: 'boom' (a bug in whywait")
+
+
+def test_an_input_error_is_exit_2_and_an_unreachable_service_exit_3(tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "topo.yaml"
+    bad.write_text("format: 1\nformat: 1\n")
+    assert main(["topology", "check", str(bad)]) == 1  # `check` reports the problems it found: exit 1
+    assert capsys.readouterr().out == f"{bad}:2: duplicate key 'format' (the first is on line 1)\n"
+    assert main(["replay", "--topology", str(bad), "--since", "-1m"]) == 2
+    assert capsys.readouterr().err.endswith(f"{bad}:2: duplicate key 'format' (the first is on line 1)\n")
