@@ -604,9 +604,7 @@ def _longest_window(node: Any) -> float:
     against it as soon as its recent window has refilled.
     """
     if isinstance(node, Condition):
-        p = node.params
-        spans = [p.get("window"), p.get("for")]
-        return max((float(x) for x in spans if isinstance(x, (int, float))), default=0.0)
+        return node.params.recent_s()
     items = getattr(node, "items", None)
     if items is not None:
         return max((_longest_window(i) for i in items), default=0.0)
