@@ -6,6 +6,8 @@
 - ``whywait rules test FILE...``: run rule tests (``*.test.yaml``) through the same evaluator as
   production; print one line per case and the failures in full.  Exit 1 when a case fails.
 - ``whywait rules metrics``: the metric names, their level and unit.
+- ``whywait rules conditions``: the condition types and their parameters, from the one registry;
+  ``--docs FILE`` rewrites the generated condition tables of a Markdown file (``docs/rules.md``).
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ def register(p: argparse.ArgumentParser) -> None:
     t.add_argument("--rules", action="append", type=Path, help="the rules under test (default: ./rules)")
     t.add_argument("--require-all", action="store_true", help="fail when a rule has no test file")
     sub.add_parser("metrics", help="list the metrics rules may name")
+    cd = sub.add_parser("conditions", help="list the condition types and their parameters")
+    cd.add_argument("--docs", type=Path, metavar="FILE",
+                    help="rewrite the generated condition tables in FILE (docs/rules.md) instead")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -34,8 +39,10 @@ def run(args: argparse.Namespace) -> int:
         from engine.rules.metrics import METRICS
 
         for m in METRICS.values():
-            print(f"{m.name:32} {m.level:5} {m.unit:12} {m.doc}")
+            print(f"{m.name:32} {m.level:6} {m.unit:12} {m.doc}")
         return 0
+    if args.action == "conditions":
+        return _conditions(args.docs)
     if args.action == "check":
         from engine.ruletest import RuleTestError, find_test_files, load_cases
 
@@ -71,3 +78,25 @@ def run(args: argparse.Namespace) -> int:
         print(f"FAIL  rule {rid} has no test cases")
     print(f"{len(results) - len(failed)} passed, {len(failed) + len(missing)} failed")
     return 1 if failed or missing else 0
+
+
+def _conditions(docs: Path | None) -> int:
+    """List every registered condition type, or rewrite the generated tables of ``docs``; return the exit code."""
+    from engine.rules.condition_types import condition_types, default_text, update_docs
+
+    if docs is not None:
+        try:
+            text = docs.read_text(encoding="utf-8")
+            new = update_docs(text)
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            print(f"{docs}: {getattr(exc, 'strerror', None) or exc}", file=sys.stderr)
+            return 1
+        if new != text:
+            docs.write_text(new, encoding="utf-8")
+        print(f"{docs}: {'updated' if new != text else 'already up to date'}", file=sys.stderr)
+        return 0
+    for ct in condition_types().values():
+        print(f"{ct.name}: {ct.doc}")
+        for s in ct.specs:
+            print(f"    {s.key:20} {s.kind.text:22} {default_text(s):10} {s.doc}")
+    return 0

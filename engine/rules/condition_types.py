@@ -133,8 +133,7 @@ Share = Annotated[float, Kind("share (0–1)", parse_share)]
 Comparison = Annotated[Compare, Kind("comparison", parse_compare)]
 MetricName = Annotated[str, Kind("metric", parse_metric)]
 Codes = Annotated[tuple[int, ...], Kind("list of integers", parse_ints)]
-Agg = Literal["avg", "min", "max", "sum", "count", "last", "median", "p90", "p95", "p99", "rate", "delta"]
-assert typing.get_args(Agg) == AGGS
+Agg = Annotated[str, Kind("aggregation", enum(*AGGS))]
 
 
 def param(default: Any = dataclasses.MISSING, doc: str = "") -> Any:
@@ -266,9 +265,10 @@ def condition(name: str, params: type[P]) -> Callable[[Callable[[Any, Any], Any]
         if not (isinstance(params, type) and issubclass(params, ConditionParams)
                 and dataclasses.is_dataclass(params) and params.__dataclass_params__.frozen):  # type: ignore[attr-defined]
             raise TypeError(f"{params!r} must be a frozen dataclass of ConditionParams")
+        specs = _specs(params)  # raises before anything is registered
         params.type_name = name
         doc = " ".join((params.__doc__ or "").strip().split("\n\n")[0].split())
-        CONDITIONS[name] = ConditionType(name, params, fn, _specs(params), doc)
+        CONDITIONS[name] = ConditionType(name, params, fn, specs, doc)
         return fn
     return register
 
@@ -294,3 +294,41 @@ def _duration_text(s: float) -> str:
         if s >= n and s % n == 0:
             return f"{s / n:g}{unit}"
     return f"{s * 1000:g}ms"
+
+
+# ---- the generated documentation ---------------------------------------------------------------------
+
+_DOC_BEGIN = "<!-- generated from the condition registry: {name} (whywait rules conditions --docs FILE) -->"
+_DOC_END = "<!-- end generated: {name} -->"
+
+
+def render_table(ct: ConditionType) -> str:
+    """The parameter table of one condition type, as ``docs/rules.md`` shows it."""
+    rows = ["| param | takes | default | meaning |", "|---|---|---|---|"]
+    for s in ct.specs:
+        kind = s.kind.text if " | " not in s.kind.text else ", ".join(f"`{w}`" for w in s.kind.text.split(" | "))
+        default = default_text(s)
+        default = default if s.required or s.default is None else f"`{default.strip(chr(34))}`"
+        rows.append(f"| `{s.key}` | {kind} | {default} | {s.doc} |")
+    return "\n".join(rows)
+
+
+def update_docs(text: str) -> str:
+    """Return ``text`` with every generated condition table replaced by the registry's.
+
+    Called by ``whywait rules conditions --docs FILE`` and by the test that keeps ``docs/rules.md``
+    in step with the registry.  Raises :class:`ValueError` naming a registered type whose table
+    markers are missing, or markers naming no registered type, so neither side can drift.
+    """
+    types_ = condition_types()
+    for name, ct in types_.items():
+        begin, end = _DOC_BEGIN.format(name=name), _DOC_END.format(name=name)
+        i, j = text.find(begin), text.find(end)
+        if i < 0 or j < i:
+            raise ValueError(f"no generated table for condition type '{name}' (add the lines {begin!r} and "
+                             f"{end!r} where it belongs)")
+        text = text[:i] + begin + "\n\n" + render_table(ct) + "\n\n" + text[j:]
+    for m in re.finditer(r"<!-- generated from the condition registry: (\S+) ", text):
+        if m.group(1) not in types_:
+            raise ValueError(f"a generated table names '{m.group(1)}', which is not a registered condition type")
+    return text
