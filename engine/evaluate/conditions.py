@@ -104,8 +104,8 @@ class Ctx:
         nodes = [n for n in self.nodes() if only is None or n in only]
         if level == "node":
             return nodes
-        if level == "nic":
-            return self.store.nic_entities(nodes)
+        if level in ("nic", "device"):  # the NICs, block devices and mounts the job's nodes reported
+            return self.store.entities_at(level, nodes)
         raise ValueError(level)
 
     def _placed(self) -> dict[int, tuple[str, int]]:

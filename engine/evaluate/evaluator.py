@@ -21,6 +21,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable
 
+from agents.events import TOPICS
 from engine.diagnosis import Diagnosis, Evidence, Owner
 from engine.evaluate.conditions import Ctx, Result, evaluate
 from engine.evaluate.store import MetricStore
@@ -32,8 +33,9 @@ log = logging.getLogger(__name__)
 
 
 
-# Inputs every node sends every interval: the watermark waits for all of them.
-_PERIODIC = frozenset({"gpu", "net", "storage", "host", "steps"})
+# Inputs every node sends every interval (``periodic`` in the event contract): the watermark waits
+# for all of them.
+_PERIODIC = frozenset(t.kind for t in TOPICS if t.periodic)
 # Steps stop when a job hangs or stalls in a checkpoint, which is exactly when the rules must run:
 # the watermark stops waiting for them after a few seconds, not after ``idle_s``.
 _IDLE_S = {"steps": 5.0}
