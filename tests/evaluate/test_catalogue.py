@@ -1,0 +1,149 @@
+"""The metric catalogue comes from the event contract: a declared field is collected, stored and usable in rules."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agents import events
+from agents.collectors.storage import StorageCollector
+from agents.events import TOPIC_STORAGE, envelope, validate
+from agents.simulate.cluster import make_cluster
+from engine.evaluate.conditions import Ctx, evaluate
+from engine.evaluate.evaluator import _PERIODIC, Evaluator
+from engine.evaluate.store import PLAN, MetricStore, ingest_plan
+from engine.rules import metrics
+from engine.rules.loader import load_rules
+from engine.rules.schema import leaves
+from tests.agents.conftest import fixture_path
+from tests.agents.test_storage import bump_nfs_op
+
+T0 = 1_800_000_000.0
+RULES_DIR = Path(__file__).resolve().parents[2] / "rules"
+
+
+def test_every_declared_field_is_a_metric_at_its_entity_level() -> None:
+    declared = events.measured()
+    assert len(declared) > 40
+    for _topic, list_name, rec, f, m in declared:
+        level = rec.entity if list_name else "node"
+        if m.metric is not None:
+            got = metrics.METRICS[m.metric]
+            assert (got.level, got.unit) == (level, m.unit or f.unit), m.metric
+        for r in m.rollups:
+            assert metrics.METRICS[r.metric].level == "node"
+    names = {m.name for m in metrics.DERIVED}
+    assert not names & set(metrics.catalogue()), "a metric is both declared and derived"
+    assert metrics.METRICS["storage.device.read_rtt_ms"].level == "device"
+    # Per-mount NFS round trips are addressable; the node's worst device stays what it was.
+    assert metrics.METRICS["storage.read_latency_ms"].doc == "slowest device's read latency"
+
+
+def test_periodic_inputs_come_from_the_contract() -> None:
+    assert _PERIODIC == {"gpu", "net", "storage", "host", "steps"}
+
+
+def test_store_rollups_and_per_device_series() -> None:
+    s = MetricStore()
+    dev = {"read_iops": 1.0, "write_iops": 2.0, "read_bytes_per_s": 3.0, "write_bytes_per_s": 4.0,
+           "write_latency_ms": 1.0, "queue_depth": 0.5}
+    s.ingest(validate(envelope("storage", "n1", T0, interval_s=1.0, devices=[
+        {**dev, "device": "nvme0n1", "read_latency_ms": 0.1, "util_pct": 3.0},
+        {**dev, "device": "nfs:/scratch", "read_latency_ms": 9.0, "read_rtt_ms": 7.5, "nfs_retransmissions": 2}])))
+    assert s.window("storage.read_latency_ms", "n1", 0, T0)[1] == [9.0]  # the max over devices, as before
+    assert s.window("storage.read_iops", "n1", 0, T0)[1] == [2.0]  # the sum
+    assert s.window("storage.util_pct", "n1", 0, T0)[1] == [3.0]  # max over those that have it
+    assert s.window("storage.device.read_rtt_ms", "n1/nfs:/scratch", 0, T0)[1] == [7.5]
+    assert s.window("storage.device.nfs_retransmissions", "n1/nfs:/scratch", 0, T0)[1] == [2.0]
+    assert s.window("storage.device.read_rtt_ms", "n1/nvme0n1", 0, T0)[1] == ()  # a local disk has no RPCs
+    assert s.entities_at("device", ["n1"]) == ["n1/nfs:/scratch", "n1/nvme0n1"]
+
+
+def _with_field(field: events.Field) -> tuple[events.Topic, ...]:
+    """The contract with one more field on DiskStats: what editing agents/events.py would make."""
+    disk = dataclasses.replace(events.DISK_STATS, fields=events.DISK_STATS.fields + (field,))
+    return tuple(dataclasses.replace(t, lists={**t.lists, "devices": disk}) if t.kind == "storage" else t
+                 for t in events.TOPICS)
+
+
+class _Job:
+    job, project, team, channel = "j", "p", "t", None
+    ranks = {0: ("n1", 0), 1: ("n2", 0), 2: ("n3", 0)}
+
+
+def test_one_declaration_makes_a_usable_metric(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A test-only field declared with measure=: stored per device and per node, accepted and evaluated by a rule."""
+    new = events.F("readahead_kb", "integer", "count", "Test only: the mount's read-ahead.", required=False,
+                   measure=events.M("storage.device.readahead_kb", "read-ahead", "",
+                                    events.Rollup("storage.readahead_kb_max", "max", "largest read-ahead")))
+    topics = _with_field(new)
+    catalogue = metrics.catalogue(topics)
+    assert catalogue["storage.device.readahead_kb"].level == "device"
+    assert catalogue["storage.readahead_kb_max"].level == "node"
+    assert "storage.device.readahead_kb" not in metrics.METRICS  # the real contract does not have it
+    for name, m in catalogue.items():  # what importing engine.rules.metrics builds from such a contract
+        monkeypatch.setitem(metrics.METRICS, name, m)
+    store = MetricStore(plan=ingest_plan(topics))
+    base = {"read_iops": 1.0, "write_iops": 1.0, "read_bytes_per_s": 1.0, "write_bytes_per_s": 1.0,
+            "read_latency_ms": 1.0, "write_latency_ms": 1.0, "queue_depth": 0.1}
+    for t in range(1, 6):
+        for node, kb in (("n1", 128), ("n2", 128), ("n3", 16384)):
+            store.ingest(validate(envelope("storage", node, T0 + t, interval_s=1.0, devices=[
+                {**base, "device": "nfs:/data", "readahead_kb": kb}])))
+    assert store.window("storage.readahead_kb_max", "n3", 0, T0 + 5)[1][-1] == 16384.0
+    f = tmp_path / "storage.test-readahead.yaml"
+    f.write_text("apiVersion: whywait/v1\nid: storage.test-readahead\ntitle: t\ncause: c\nnext_step: n\n"
+                 "when: {type: peer_outlier, metric: storage.device.readahead_kb, peers: same_name, ratio: '> 10',"
+                 " min_peers: 2, culprit: true}\n")
+    [leaf] = leaves(load_rules([f]).rules["storage.test-readahead"].when)
+    ctx = Ctx(store, T0 + 5, _Job(), None, "storage.test-readahead", {})
+    r = evaluate(leaf, ctx)
+    assert r.holds and r.entities == ["n3/nfs:/data"] and ctx.culprit_level == "device"
+    assert "the median of nfs:/data on the job's nodes" in r.evidence[0].note
+
+
+def test_the_plan_reads_every_declaration() -> None:
+    planned = {m for p in PLAN.values() for m in [b[1] for b in p.body]
+               + [d[1] for lp in p.lists for d in lp.direct] + [r[1] for lp in p.lists for r in lp.rollups]}
+    assert planned == set(metrics.catalogue())
+
+
+def _nfs_root(tmp_path: Path, node: str) -> tuple[StorageCollector, str]:
+    root = tmp_path / node
+    os.makedirs(root / "proc" / "10")
+    p = str(root / "proc" / "10" / "mountstats")
+    shutil.copy(fixture_path("node_exporter", "proc", "10", "mountstats"), p)
+    return StorageCollector(str(root), pid=10), p
+
+
+def test_real_mountstats_to_a_diagnosis(tmp_path: Path) -> None:
+    """node_exporter's real mountstats, read by the agent's collector on four nodes, one with a slow NFS mount:
+    the contract carries its per-mount round trip, the store keeps it per mount, and the shipped
+    storage.nfs-slow-mount rule names the node and the mount."""
+    nodes = ["node-01", "node-02", "node-03", "node-04"]
+    collectors = {n: _nfs_root(tmp_path, n) for n in nodes}
+    msgs: list[dict[str, Any]] = [envelope("placement", "sched", T0, job="train", project="llm", team="ml",
+                                           state="running",
+                                           ranks=[{"rank": i, "node": n, "gpu": 0} for i, n in enumerate(nodes)])]
+    for c, _ in collectors.values():
+        assert c.collect(T0, 0.0) is None  # the first read only primes the counters
+    for s in range(1, 16):
+        for n, (c, path) in collectors.items():
+            rtt = 240 if n == "node-03" else 24  # ms over 20 READs: 12 ms against 1.2 ms per round trip
+            # READ: ops, transmissions, timeouts, bytes sent, received, queue ms, rtt ms, execute ms
+            bump_nfs_op(path, "/mnt/nfs/test", "READ", {0: 20, 1: 20, 4: 20 << 16, 6: rtt, 7: rtt + 6})
+            body = c.collect(T0 + s, float(s))
+            assert body is not None
+            msgs.append(validate(envelope("storage", n, T0 + s, **body), TOPIC_STORAGE))
+    ev = Evaluator(load_rules([RULES_DIR]), make_cluster(nodes=4, gpus_per_node=1))
+    diags = [d for m in msgs for d in ev.ingest(m)]
+    assert ev.store.window("storage.device.read_rtt_ms", "node-03/nfs:/mnt/nfs/test", 0, T0 + 15)[1][-1] == 12.0
+    firing = [d for d in diags if d.status == "firing"]
+    assert [(d.rule_id, d.culprit) for d in firing] == [("storage.nfs-slow-mount", "node-03")]
+    assert "nfs:/mnt/nfs/test takes 12.0 ms per READ round trip" in firing[0].cause
+    assert "other nodes takes 1.2 ms" in firing[0].cause
