@@ -172,7 +172,7 @@ def measured(topics: tuple[Topic, ...] | None = None) -> list[tuple[Topic, str |
     Read by the engine to build its metric catalogue and its ingest plan (``engine.rules.metrics``,
     ``engine.evaluate.store``); ``topics`` defaults to :data:`TOPICS`.
     """
-    out = []
+    out: list[tuple[Topic, str | None, Record, Field, Measure]] = []
     for t in TOPICS if topics is None else topics:
         for f in t.body.fields:
             if f.measure is not None:

@@ -611,7 +611,7 @@ def _other_project(c: Condition, ctx: Ctx, nodes: list[str]) -> Result:
             if o.project == ctx.job.project:
                 continue
             ev: list[Evidence] = []
-            if p.metric is not None:
+            if p.metric is not None and p.value is not None:  # both or neither (the type's check)
                 best: tuple[float, str] | None = None
                 for n in sorted({n for n, _ in o.ranks.values()} & under):
                     v = ctx.store.value(p.metric, n, p.agg, ctx.now, p.window)

@@ -72,8 +72,13 @@ def _with_field(field: events.Field) -> tuple[events.Topic, ...]:
 
 
 class _Job:
-    job, project, team, channel = "j", "p", "t", None
-    ranks = {0: ("n1", 0), 1: ("n2", 0), 2: ("n3", 0)}
+    """The placed job a condition is evaluated for (``JobView``)."""
+
+    job: str = "j"
+    project: str = "p"
+    team: str = "t"
+    channel: str | None = None
+    ranks: dict[int, tuple[str, int]] = {0: ("n1", 0), 1: ("n2", 0), 2: ("n3", 0)}
 
 
 def test_one_declaration_makes_a_usable_metric(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -44,8 +44,13 @@ def _rule(leaf_yaml: str) -> str:
 
 
 class _Job:
-    job, project, team, channel = "j", "p", "t", None
-    ranks = {0: ("n1", 0), 1: ("n2", 0)}
+    """The placed job a condition is evaluated for (``JobView``)."""
+
+    job: str = "j"
+    project: str = "p"
+    team: str = "t"
+    channel: str | None = None
+    ranks: dict[int, tuple[str, int]] = {0: ("n1", 0), 1: ("n2", 0)}
 
 
 def test_every_registered_type_has_schema_docs_and_evaluation() -> None:
