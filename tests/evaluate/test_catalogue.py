@@ -152,3 +152,68 @@ def test_real_mountstats_to_a_diagnosis(tmp_path: Path) -> None:
     assert [(d.rule_id, d.culprit) for d in firing] == [("storage.nfs-slow-mount", "node-03")]
     assert "nfs:/mnt/nfs/test takes 12.0 ms per READ round trip" in firing[0].cause
     assert "other nodes takes 1.2 ms" in firing[0].cause
+
+
+# Metrics that name figures rather than series: ages the store answers at evaluation time, and the
+# step-aligned conditions' evidence (their values come from the step tables, not from a series).
+_AGES = {"step.since_last_s", "node.since_last_s", "checkpoint.open_s"}
+_EVIDENCE_ONLY = {"step.work_s", "job.step_s"}
+
+
+def _every_kind() -> list[dict[str, Any]]:
+    """One message of every kind with every measured field set: what the store must turn into every metric."""
+    t = T0
+    dev = {"read_iops": 1.0, "write_iops": 1.0, "read_bytes_per_s": 1.0, "write_bytes_per_s": 1.0,
+           "read_latency_ms": 1.0, "write_latency_ms": 1.0, "queue_depth": 1.0, "util_pct": 1.0}
+    nic = {"rx_bytes_per_s": 1.0, "tx_bytes_per_s": 1.0, "rx_packets_per_s": 1.0, "tx_packets_per_s": 1.0,
+           "rx_errors_per_s": 1.0, "tx_errors_per_s": 1.0, "rx_drops_per_s": 1.0, "tx_drops_per_s": 1.0,
+           "link_up": True, "carrier_changes": 1, "symbol_errors": 1, "xmit_wait_per_s": 1.0, "gpus": [0]}
+    step = {"duration_s": 1.0, "data_wait_s": 0.1, "compute_s": 0.5, "comm_s": 0.3, "collective_s": 0.2,
+            "pipeline_wait_s": 0.1, "checkpoint_s": 0.1}
+    return [envelope(*a, **b) for a, b in [
+        (("gpu", "n1", t), {"gpus": [{"gpu": 0, "util_pct": 1.0, "mem_util_pct": 1.0, "mem_used_bytes": 1,
+                                      "mem_total_bytes": 2, "temp_c": 1.0, "power_w": 1.0, "power_limit_w": 2.0,
+                                      "sm_clock_mhz": 1.0, "sm_clock_max_mhz": 2.0, "throttle_reasons": [],
+                                      "ecc_corrected": 1, "ecc_uncorrected": 1, "remapped_rows_pending": True,
+                                      "xid": [79], "pcie_replay": 1, "nvlink_errors": 1}]}),
+        (("net", "n1", t), {"interval_s": 1.0, "nics": [{"nic": "mlx5_0/1", **nic}], "tcp_retrans_segs_per_s": 1.0,
+                            "tcp_out_segs_per_s": 2.0, "tcp_timeouts_per_s": 1.0}),
+        (("storage", "n1", t), {"interval_s": 1.0, "io_pressure_some_avg10": 1.0, "devices": [
+            {**dev, "device": "nfs:/scratch", "read_rtt_ms": 1.0, "write_rtt_ms": 1.0, "nfs_errors": 1,
+             "nfs_timeouts": 1, "nfs_retransmissions": 1},
+            {**dev, "device": "lustre:fs0", "metadata_ops_per_s": 1.0, "metadata_latency_ms": 1.0}]}),
+        (("host", "n1", t), {"cpu_busy_pct": 1.0, "cpu_iowait_pct": 1.0, "cpu_steal_pct": 1.0, "mem_used_bytes": 1,
+                             "mem_total_bytes": 2, "cpu_pressure_some_avg10": 1.0, "mem_pressure_some_avg10": 1.0,
+                             "loader_cpu_pct": 1.0}),
+        (("hw", "n1", t), {
+            "pcie": [{"device": "0000:01:00.0", "class": "gpu", "gpu": 0, "width": 16, "width_max": 16, "gen": 5,
+                      "gen_max": 5, "tx_bytes_per_s": 1.0, "rx_bytes_per_s": 1.0},
+                     {"device": "0000:02:00.0", "class": "nic", "nics": ["mlx5_0/1"], "width": 8, "width_max": 16,
+                      "gen": 5, "gen_max": 5}],
+            "ports": [{"nic": "mlx5_0/1", "speed_mbps": 400000.0, "speed_common_max_mbps": 400000.0,
+                       "link_layer": "Ethernet", "rdma": True, "link_up": True, "gids": 2, "roce_v2_gids": 1}],
+            "kernel": [{"seq": 1, "class": "mce", "level": 2, "message": "x"}],
+            "bmc": [{"name": "in", "type": "temperature", "context": "inlet", "health": "ok", "reading": 20.0},
+                    {"name": "out", "type": "temperature", "context": "exhaust", "health": "ok", "reading": 40.0},
+                    {"name": "p", "type": "power", "health": "ok", "reading": 300.0}],
+            "nvml": [{"gpu": 0, "responsive": True, "latency_ms": 1.0, "calls": 1, "errors": 0, "timeouts": 0}]}),
+        (("steps", "n1", t), {"job": "j", "steps": [{"rank": 0, "step": 1, **step}]}),
+        (("checkpoint", "n1", t), {"job": "j", "rank": 0, "checkpoint_id": "c1", "phase": "start"}),
+        (("checkpoint", "n1", t + 1), {"job": "j", "rank": 0, "checkpoint_id": "c1", "phase": "end",
+                                       "duration_s": 1.0}),
+        (("checkpoint", "n1", t + 1), {"job": "j", "rank": 0, "checkpoint_id": "c2", "phase": "failed"}),
+    ]]
+
+
+def test_every_catalogue_metric_is_produced_by_the_store() -> None:
+    """Declared or derived, every metric a rule may name has a series once its messages arrive: no name
+    in the catalogue that the store never writes."""
+    s = MetricStore()
+    for m in _every_kind():
+        s.ingest(validate(m))
+    s.close_buckets(T0 + 10)
+    stored = {metric for metric, _ in s.series}
+    missing = set(metrics.METRICS) - stored - _AGES - _EVIDENCE_ONLY
+    assert missing == set()
+    assert stored <= set(metrics.METRICS), "the store writes a metric the catalogue does not list"
+    assert s.age("node.since_last_s", "n1", T0 + 5) == 5.0 and s.age("step.since_last_s", "j:0", T0 + 5) == 5.0
