@@ -469,7 +469,8 @@ class EventCondition(ConditionParams):
                                    "`checkpoint.failed`")
     window: Duration = param(10.0, "the window the aggregate covers: `(now - window, now]`")
     count: Comparison = param(Compare(">=", 1.0), "comparison of the number of events in the window")
-    codes: Codes | None = param(None, "for `gpu.xid`: only these XID codes, e.g. `[48, 79, 94, 95]`")
+    codes: Codes | None = param(None, "for a metric of occurrences (`gpu.xid`): only these codes, e.g. "
+                                      "`[48, 79, 94, 95]`")
 
 
 @condition("event", EventCondition)
@@ -481,7 +482,7 @@ def _event(c: Condition, ctx: Ctx) -> Result:
     for e in ctx.entities(level, c.on):
         _, values = ctx.store.window(p.metric, e, ctx.now - p.window, ctx.now)
         # Counters carry a count per sample; XID series carry one point per occurrence with its code.
-        if p.metric == "gpu.xid":
+        if METRICS[p.metric].occurrences:
             hits = [v for v in values if codes is None or int(v) in codes]
             n = float(len(hits))
         else:

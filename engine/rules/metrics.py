@@ -25,12 +25,13 @@ Level = Literal["rank", "gpu", "node", "nic", "device", "job"]
 
 @dataclass(frozen=True)
 class Metric:
-    """A metric's name, level and unit."""
+    """A metric's name, level and unit; ``occurrences``: one point per event, its code as the value (XIDs)."""
 
     name: str
     level: Level
     unit: str
     doc: str
+    occurrences: bool = False
 
 
 def _m(level: Level, unit: str, *names_docs: tuple[str, str]) -> list[Metric]:
@@ -49,7 +50,7 @@ def catalogue(topics: tuple[events.Topic, ...] | None = None) -> dict[str, Metri
     for topic, list_name, rec, f, meas in events.measured(topics):
         level = rec.entity if list_name is not None else ("node" if topic.key == "node id" else "job")
         if meas.metric is not None:
-            add(Metric(meas.metric, cast(Level, level), meas.unit or f.unit, meas.doc))
+            add(Metric(meas.metric, cast(Level, level), meas.unit or f.unit, meas.doc, meas.each))
         for r in meas.rollups:
             add(Metric(r.metric, "node", meas.unit or f.unit, r.doc))
     return out
