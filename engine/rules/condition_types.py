@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import keyword
 import re
 import types
 import typing
@@ -171,7 +172,10 @@ class ConditionParams:
         return None
 
     def __getitem__(self, key: str) -> Any:
-        return getattr(self, key + "_" if key in _KEYWORDS else key)
+        try:
+            return getattr(self, key + "_" if keyword.iskeyword(key) else key)
+        except AttributeError:
+            raise KeyError(key) from None
 
     def entity_level(self) -> str | None:
         """The level of the entities this condition matches (from its metric or ``level``), or None."""
@@ -187,7 +191,6 @@ class ConditionParams:
         return max((float(x) for x in spans if isinstance(x, (int, float))), default=0.0)
 
 
-_KEYWORDS = frozenset({"for", "in", "from", "if", "is", "not", "and", "or"})
 P = TypeVar("P", bound=ConditionParams)
 
 
