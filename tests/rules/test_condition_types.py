@@ -182,3 +182,23 @@ def test_registration_refuses_what_the_schema_could_not_read() -> None:
     with pytest.raises(TypeError, match="registered twice"):
         condition("threshold", _LatestCondition)(lambda c, ctx: Result(False))
     assert "hot" not in CONDITIONS
+
+
+def test_cli_lists_conditions_and_metrics_and_rewrites_stale_docs(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    from engine.cli import main
+
+    assert main(["rules", "conditions"]) == 0
+    out = capsys.readouterr().out
+    assert "peer_outlier: An entity against its job's peers" in out
+    assert "    peers                all | same_name" in out
+    assert main(["rules", "metrics"]) == 0
+    assert "storage.device.read_rtt_ms       device ms" in capsys.readouterr().out
+    stale = tmp_path / "rules.md"
+    text = DOCS.read_text(encoding="utf-8")
+    stale.write_text(text.replace("| `peers` |", "| `peerz` |"), encoding="utf-8")
+    assert main(["rules", "conditions", "--docs", str(stale)]) == 0
+    assert stale.read_text(encoding="utf-8") == text
+    assert capsys.readouterr().err.strip() == f"{stale}: updated"
+    assert main(["rules", "conditions", "--docs", str(tmp_path / "missing.md")]) == 1
+    assert capsys.readouterr().err.strip() == f"{tmp_path / 'missing.md'}: No such file or directory"
