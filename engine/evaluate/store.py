@@ -68,9 +68,18 @@ def ingest_plan(topics: tuple[events.Topic, ...] | None = None) -> dict[str, Kin
                      if f.measure is not None and f.measure.metric is not None)
         lists = []
         for name, rec in t.lists.items():
-            if not rec.entity:
-                continue
             ms = [(f, f.measure) for f in rec.fields if f.measure is not None]
+            if not ms:
+                continue
+            # A declaration the store could not follow fails at import, naming the record and field.
+            key = next((f for f in rec.fields if f.name == rec.entity_key), None)
+            if rec.entity not in events.ENTITIES or key is None or not key.required:
+                raise ValueError(f"{rec.name}: measured fields need entity= one of {', '.join(events.ENTITIES)} and "
+                                 f"entity_key= a required field of the record (got {rec.entity!r}, "
+                                 f"{rec.entity_key!r})")
+            for f, m in ms:
+                if any(r.how not in ("max", "sum") for r in m.rollups):
+                    raise ValueError(f"{rec.name}.{f.name}: a rollup is 'max' or 'sum'")
             lists.append(_ListPlan(
                 name, rec.entity, rec.entity_key,
                 tuple((f.name, m.metric, f.type == "boolean", m.each) for f, m in ms if m.metric is not None),

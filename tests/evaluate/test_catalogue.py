@@ -217,3 +217,20 @@ def test_every_catalogue_metric_is_produced_by_the_store() -> None:
     assert missing == set()
     assert stored <= set(metrics.METRICS), "the store writes a metric the catalogue does not list"
     assert s.age("node.since_last_s", "n1", T0 + 5) == 5.0 and s.age("step.since_last_s", "j:0", T0 + 5) == 5.0
+
+
+def test_a_declaration_the_store_cannot_follow_fails_at_import() -> None:
+    """A measured field on a record that does not say which entity an entry is, or a rollup of an unknown kind."""
+    rec = events.Record("Loose", (events.F("name", "string", "", "n", required=False),
+                                  events.F("x", "number", "count", "x", measure=events.M("loose.x", "x"))))
+    topic = events.Topic("whywait.loose.v1", "loose", "node id", events.Record("LooseReport", (
+        events.F("items", "list[Loose]", "", "items"),)), "test only", lists={"items": rec})
+    with pytest.raises(ValueError, match="Loose: measured fields need entity= one of gpu, nic, device, rank"):
+        ingest_plan((topic,))
+    keyed = dataclasses.replace(rec, entity="device", entity_key="name")
+    with pytest.raises(ValueError, match="got 'device', 'name'"):  # the key must be a required field
+        ingest_plan((dataclasses.replace(topic, lists={"items": keyed}),))
+    bad = events.F("y", "number", "count", "y", measure=events.M(None, "", "", events.Rollup("loose.y", "avg", "y")))
+    ok = dataclasses.replace(keyed, fields=(events.F("name", "string", "", "n"), bad))
+    with pytest.raises(ValueError, match=r"Loose.y: a rollup is 'max' or 'sum'"):
+        ingest_plan((dataclasses.replace(topic, lists={"items": ok}),))
