@@ -169,8 +169,8 @@ def M(metric: str | None, doc: str, unit: str = "", *rollups: Rollup, each: bool
 def measured(topics: tuple[Topic, ...] | None = None) -> list[tuple[Topic, str | None, Record, Field, Measure]]:
     """Every measured field: ``(topic, list field or None for the body, record, field, measure)``.
 
-    Read by the engine to build its metric catalogue and its ingest plan (``engine.rules.metrics``,
-    ``engine.evaluate.store``); ``topics`` defaults to :data:`TOPICS`.
+    Read by the engine to build its metric catalogue and its ingest plan (``whywait.engine.rules.metrics``,
+    ``whywait.engine.evaluate.store``); ``topics`` defaults to :data:`TOPICS`.
     """
     out: list[tuple[Topic, str | None, Record, Field, Measure]] = []
     for t in TOPICS if topics is None else topics:

@@ -32,11 +32,11 @@ def register(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.commands.engine_cmd import default_rules_dir
-    from engine.rules.loader import RuleLoadError, load_rules
+    from whywait.engine.commands.engine_cmd import default_rules_dir
+    from whywait.engine.rules.loader import RuleLoadError, load_rules
 
     if args.action == "metrics":
-        from engine.rules.metrics import METRICS
+        from whywait.engine.rules.metrics import METRICS
 
         for m in METRICS.values():
             print(f"{m.name:32} {m.level:6} {m.unit:12} {m.doc}")
@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     if args.action == "conditions":
         return _conditions(args.docs)
     if args.action == "check":
-        from engine.ruletest import RuleTestError, find_test_files, load_cases
+        from whywait.simulate.ruletest import RuleTestError, find_test_files, load_cases
 
         paths = args.paths or [default_rules_dir()]
         try:
@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
                 bad += 1
         print(f"{len(rs)} rule(s) OK" if not bad else f"{bad} test file(s) malformed", file=sys.stderr)
         return 1 if bad else 0
-    from engine.ruletest import run_files, untested_rules
+    from whywait.simulate.ruletest import run_files, untested_rules
 
     rules = load_rules(args.rules or [default_rules_dir()])
     paths = args.paths or [default_rules_dir()]
@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _conditions(docs: Path | None) -> int:
     """List every registered condition type, or rewrite the generated tables of ``docs``; return the exit code."""
-    from engine.rules.condition_types import condition_types, default_text, update_docs
+    from whywait.engine.rules.condition_types import condition_types, default_text, update_docs
 
     if docs is not None:
         try:

@@ -3,7 +3,7 @@
 Called by the evaluator on every tick, once per (rule, running job).  Each leaf
 type is one typed, frozen parameters class (its fields are its YAML keys) and the
 function that evaluates it, registered together with ``@condition`` in
-:data:`engine.rules.condition_types.CONDITIONS`; a leaf returns a :class:`Result`
+:data:`whywait.engine.rules.condition_types.CONDITIONS`; a leaf returns a :class:`Result`
 naming the entities that matched and the evidence for each.  Leaves marked ``culprit: true`` set the
 culprit entities that later leaves with ``on: culprit``, clean checks, topology
 predicates and the topology path refer to: put them first in an ``all``.
@@ -16,9 +16,9 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, Sequence, TypeVar
 
-from engine.diagnosis import Evidence
-from engine.evaluate.store import MetricStore
-from engine.rules.condition_types import (
+from whywait.engine.diagnosis import Evidence
+from whywait.engine.evaluate.store import MetricStore
+from whywait.engine.rules.condition_types import (
     CONDITIONS,
     Agg,
     Codes,
@@ -32,12 +32,12 @@ from engine.rules.condition_types import (
     condition,
     param,
 )
-from engine.rules.metrics import METRICS
-from engine.rules.schema import AllOf, AnyOf, Condition, Node, Not
+from whywait.engine.rules.metrics import METRICS
+from whywait.engine.rules.schema import AllOf, AnyOf, Condition, Node, Not
 
 
 class JobView(Protocol):
-    """What the evaluator needs of a placed job (``topology.model.JobInfo`` provides it)."""
+    """What the evaluator needs of a placed job (``whywait.topology.model.JobInfo`` provides it)."""
 
     job: str
     project: str
@@ -633,7 +633,7 @@ def _other_project(c: Condition, ctx: Ctx, nodes: list[str]) -> Result:
 
 # The step-aligned condition types live in their own module; it imports this one (for Ctx and
 # Result), so it is imported here, after them, and its ``@condition`` registrations run then.
-import engine.evaluate.step_conditions  # noqa: E402,F401
+import whywait.engine.evaluate.step_conditions  # noqa: E402,F401
 
 # Past this much event time without any input, no leaf holds.  Live, the watermark never passes the
 # newest input, so this only cuts short replays and rule tests that run the clock on after their

@@ -21,13 +21,13 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable
 
-from agents.events import TOPICS
-from engine.diagnosis import Diagnosis, Evidence, Owner
-from engine.evaluate.conditions import Ctx, Result, evaluate
-from engine.evaluate.store import MetricStore
-from engine.rules.loader import RuleSet
-from engine.rules.schema import Condition, Rule
-from engine.rules.templating import render as _render
+from whywait.agents.events import TOPICS
+from whywait.engine.diagnosis import Diagnosis, Evidence, Owner
+from whywait.engine.evaluate.conditions import Ctx, Result, evaluate
+from whywait.engine.evaluate.store import MetricStore
+from whywait.engine.rules.loader import RuleSet
+from whywait.engine.rules.schema import Condition, Rule
+from whywait.engine.rules.templating import render as _render
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Condition types that read the job's own step timings, aligned by step number.
 
 Each is a typed parameters class registered with its function by ``@condition`` in
-:data:`engine.rules.condition_types.CONDITIONS`.  Each is called once per tick per
+:data:`whywait.engine.rules.condition_types.CONDITIONS`.  Each is called once per tick per
 (rule, job), like every leaf, and returns a :class:`Result`.  They fill
 ``ctx.facts`` for the rule's templates and for the cost figure:
 
@@ -16,7 +16,7 @@ Each is a typed parameters class registered with its function by ``@condition`` 
   seconds lost per step since the incident began (the evaluator turns those into
   GPU-hours).
 
-See :mod:`engine.evaluate.steps` for why the split, not the step time, and for the
+See :mod:`whywait.engine.evaluate.steps` for why the split, not the step time, and for the
 robust statistics.
 """
 
@@ -28,9 +28,9 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from engine.diagnosis import Evidence
-from engine.evaluate.conditions import Ctx, Result
-from engine.evaluate.steps import (
+from whywait.engine.diagnosis import Evidence
+from whywait.engine.evaluate.conditions import Ctx, Result
+from whywait.engine.evaluate.steps import (
     PHASE_NAMES,
     StepRec,
     groups_of,
@@ -40,7 +40,7 @@ from engine.evaluate.steps import (
     select,
     step_loss,
 )
-from engine.rules.condition_types import (
+from whywait.engine.rules.condition_types import (
     Compare,
     Comparison,
     ConditionParams,
@@ -50,7 +50,7 @@ from engine.rules.condition_types import (
     condition,
     param,
 )
-from engine.rules.schema import Condition
+from whywait.engine.rules.schema import Condition
 
 Steps = list[tuple[int, dict[int, StepRec]]]
 Measure = Literal["work", "duration_s", "compute_s", "data_wait_s", "comm_s"]
@@ -520,7 +520,7 @@ def _what_if(c: Condition, ctx: Ctx) -> Result:
     """What the waiting costs: the step time were the culprits as fast as their peers.
 
     Uses the per-step losses a pattern leaf left in the facts (stage, rotation, periodic), or
-    computes them for the culprit ranks (:func:`engine.evaluate.steps.step_loss`) over the complete
+    computes them for the culprit ranks (:func:`whywait.engine.evaluate.steps.step_loss`) over the complete
     steps since the incident began (``incident_since``, set by the evaluator).  Sets ``step_s``,
     ``whatif_step_s``, ``slowdown_pct`` and ``step_losses`` (which the evaluator sums into
     GPU-hours).  Never gates a rule: put it under ``evidence:``.

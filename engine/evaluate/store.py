@@ -26,8 +26,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
-from agents import events
-from engine.evaluate.steps import StepRec, StepTable
+from whywait.agents import events
+from whywait.engine.evaluate.steps import StepRec, StepTable
 
 THERMAL = {"hw_thermal_slowdown", "sw_thermal_slowdown"}
 POWER = {"sw_power_cap", "hw_power_brake_slowdown"}
@@ -60,7 +60,7 @@ def ingest_plan(topics: tuple[events.Topic, ...] | None = None) -> dict[str, Kin
     """Read the contract's ``measure=`` declarations into a plan per message kind.
 
     Called once at import for the contract (:data:`PLAN`), and by tests with a contract of their
-    own.  ``topics`` defaults to :data:`agents.events.TOPICS`.
+    own.  ``topics`` defaults to :data:`whywait.agents.events.TOPICS`.
     """
     out: dict[str, KindPlan] = {}
     for t in events.TOPICS if topics is None else topics:
@@ -171,7 +171,7 @@ def aggregate(agg: str, times: Sequence[float], values: Sequence[float]) -> floa
 
 
 class MetricStore:
-    """Every metric of :mod:`engine.rules.metrics`, per entity, over the last ``retention_s``."""
+    """Every metric of :mod:`whywait.engine.rules.metrics`, per entity, over the last ``retention_s``."""
 
     def __init__(self, retention_s: float = 900.0, plan: dict[str, KindPlan] | None = None) -> None:
         self.retention_s = retention_s

@@ -17,10 +17,10 @@ evaluation is registered with it, beside it, by :func:`condition`::
     @condition("trend", TrendCondition)
     def _trend(c: Condition, ctx: Ctx) -> Result: ...
 
-:data:`CONDITIONS` is the one registry: the rule schema (:mod:`engine.rules.schema`), the
+:data:`CONDITIONS` is the one registry: the rule schema (:mod:`whywait.engine.rules.schema`), the
 generated condition tables of ``docs/rules.md``, ``whywait rules conditions`` and the evaluator
 all read it, so they cannot disagree.  The classes live beside their evaluation in
-``engine.evaluate``; :func:`condition_types` imports those modules (listed in
+``whywait.engine.evaluate``; :func:`condition_types` imports those modules (listed in
 :data:`EVALUATION_MODULES`, an explicit list, not a scan) the first time the registry is read.
 """
 
@@ -35,7 +35,7 @@ import typing
 from dataclasses import dataclass
 from typing import Annotated, Any, Callable, ClassVar, Literal, TypeVar, Union
 
-from engine.rules.metrics import METRICS
+from whywait.engine.rules.metrics import METRICS
 
 # ---- field kinds: how a YAML value is read ---------------------------------------------------------
 
@@ -212,7 +212,7 @@ CONDITIONS: dict[str, ConditionType] = {}
 """The one registry of leaf condition types, in registration (and documentation) order."""
 
 # The modules whose ``@condition`` registrations fill :data:`CONDITIONS`: explicit, not scanned.
-EVALUATION_MODULES = ("engine.evaluate.conditions", "engine.evaluate.step_conditions")
+EVALUATION_MODULES = ("whywait.engine.evaluate.conditions", "whywait.engine.evaluate.step_conditions")
 
 
 def condition_types() -> dict[str, ConditionType]:

@@ -3,7 +3,7 @@
 Most metrics are *declared* in the event contract (``agents/events.py``): a field with a
 ``measure=`` is stored per entity of its record (a GPU, a NIC, a block device or mount, a
 rank) or per node, plus the node roll-ups it declares.  :func:`catalogue` reads those
-declarations, so a field declared there is stored by :class:`engine.evaluate.store.MetricStore`,
+declarations, so a field declared there is stored by :class:`whywait.engine.evaluate.store.MetricStore`,
 listed by ``whywait rules metrics`` and accepted by the rule schema without touching this file.
 
 The rest (:data:`DERIVED`) are computed by the store from several fields or from state (a
@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, cast
 
-from agents import events
+from whywait.agents import events
 
 Level = Literal["rank", "gpu", "node", "nic", "device", "job"]
 

@@ -1,6 +1,6 @@
 """The rule model: typed, frozen rules parsed strictly from YAML.
 
-Called by :mod:`engine.rules.loader` for each rule file.  Every problem in a file
+Called by :mod:`whywait.engine.rules.loader` for each rule file.  Every problem in a file
 is collected and reported together, each naming the file, the line, the rule id,
 the key path, and what was expected against what was found::
 
@@ -8,9 +8,9 @@ the key path, and what was expected against what was found::
         'when.all[1].window' must be a duration like '60s' (got 60)
 
 A condition node is either a combinator (``all``, ``any``, ``not``, ``macro``)
-or a leaf with a ``type:`` from :data:`engine.rules.condition_types.CONDITIONS`, the one
+or a leaf with a ``type:`` from :data:`whywait.engine.rules.condition_types.CONDITIONS`, the one
 registry of condition types: each a typed, frozen class whose fields are the leaf's keys,
-registered with its evaluation (which lives in ``engine.evaluate``).
+registered with its evaluation (which lives in ``whywait.engine.evaluate``).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from engine.rules.condition_types import (
+from whywait.engine.rules.condition_types import (
     AGGS,
     OPS,
     Bad,
@@ -30,7 +30,7 @@ from engine.rules.condition_types import (
     parse_duration,
     parse_number,
 )
-from engine.rules.yamlsrc import Path_, line_of
+from whywait.engine.rules.yamlsrc import Path_, line_of
 
 __all__ = ["AGGS", "OPS", "Compare", "API_VERSION", "SEVERITIES", "RuleSchemaError", "Condition", "AllOf", "AnyOf",
            "Not", "Node", "Check", "Rule", "parse_rule", "leaves"]

@@ -7,8 +7,8 @@ from typing import Iterator
 
 import pytest
 
-from agents.collectors.dcgm import DcgmCollector, parse_prometheus
-from agents.events import TOPIC_GPU, envelope, validate
+from whywait.agents.collectors.dcgm import DcgmCollector, parse_prometheus
+from whywait.agents.events import TOPIC_GPU, envelope, validate
 from tests.agents.conftest import fixture_path
 
 

@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from agents.collectors.storage import StorageCollector
-from agents.events import TOPIC_STORAGE, envelope, validate
+from whywait.agents.collectors.storage import StorageCollector
+from whywait.agents.events import TOPIC_STORAGE, envelope, validate
 from tests.agents.conftest import fixture_path
 
 T0 = 1_764_442_800.0

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.localkafka import broker as lb
+from whywait.engine.localkafka import broker as lb
 
 pytestmark = pytest.mark.integration
 

@@ -6,8 +6,8 @@ import uuid
 
 import pytest
 
-from engine.commands.engine_cmd import fresh_state_store
-from engine.notify.state import KafkaStateStore
+from whywait.engine.commands.engine_cmd import fresh_state_store
+from whywait.engine.notify.state import KafkaStateStore
 
 pytestmark = pytest.mark.integration
 

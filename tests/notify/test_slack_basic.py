@@ -7,8 +7,8 @@ import io
 
 import pytest
 
-from engine.errors import NotifyError
-from engine.notify import ConsoleNotifier, SlackNotifier, make_notifier
+from whywait.engine.errors import NotifyError
+from whywait.engine.notify import ConsoleNotifier, SlackNotifier, make_notifier
 from tests.notify.conftest import T0, TOKEN
 
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from engine.cli import main
+from whywait.engine.cli import main
 from tests.placement.conftest import FIX
 
 

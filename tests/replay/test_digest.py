@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from agents.events import envelope
-from engine.report.digest import Digest, cause_of
+from whywait.agents.events import envelope
+from whywait.engine.report.digest import Digest, cause_of
 
 T0 = 1_764_442_800.0
 

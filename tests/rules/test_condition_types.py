@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from engine.evaluate.conditions import Ctx, Result, evaluate
-from engine.evaluate.store import MetricStore
-from engine.rules.condition_types import (
+from whywait.engine.evaluate.conditions import Ctx, Result, evaluate
+from whywait.engine.evaluate.store import MetricStore
+from whywait.engine.rules.condition_types import (
     CONDITIONS,
     Compare,
     ConditionParams,
@@ -24,8 +24,8 @@ from engine.rules.condition_types import (
     render_table,
     update_docs,
 )
-from engine.rules.loader import RuleLoadError, load_rules
-from engine.rules.schema import Condition, leaves
+from whywait.engine.rules.loader import RuleLoadError, load_rules
+from whywait.engine.rules.schema import Condition, leaves
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "rules.md"
 
@@ -186,7 +186,7 @@ def test_registration_refuses_what_the_schema_could_not_read() -> None:
 
 def test_cli_lists_conditions_and_metrics_and_rewrites_stale_docs(tmp_path: Path,
                                                                    capsys: pytest.CaptureFixture[str]) -> None:
-    from engine.cli import main
+    from whywait.engine.cli import main
 
     assert main(["rules", "conditions"]) == 0
     out = capsys.readouterr().out

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.rules.loader import RuleLoadError, load_rules
+from whywait.engine.rules.loader import RuleLoadError, load_rules
 
 GOOD = """\
 apiVersion: whywait/v1

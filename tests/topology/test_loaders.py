@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from topology import Topology, TopologyError
-from topology.loaders import (
+from whywait.topology import Topology, TopologyError
+from whywait.topology.loaders import (
     LoadReport,
     add_nccl_node,
     expand_hostlist,
