@@ -365,7 +365,6 @@ async def _publish(source: Any, bootstrap: str, sim: Any, speed: float = 0.0) ->
     """
     from aiokafka import AIOKafkaProducer
     from aiokafka.errors import KafkaConnectionError, KafkaError
-
     from whywait.engine.errors import BrokerUnavailable
 
     _fast_gzip()

@@ -447,9 +447,9 @@ def run_scenario(rules: Any, sc: EvalScenario) -> ScenarioRun:
     """Simulate ``sc`` and feed every message to a fresh evaluator; return the truths and diagnoses."""
     import time
 
+    from whywait.engine.evaluate.evaluator import Evaluator
     from whywait.simulate.scenario import parse_scenario
     from whywait.simulate.sim import Simulation
-    from whywait.engine.evaluate.evaluator import Evaluator
 
     t0 = time.perf_counter()
     parsed = parse_scenario(copy.deepcopy(sc.spec), source=sc.name)

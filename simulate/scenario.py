@@ -42,7 +42,6 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-
 from whywait.simulate.cluster import JobSpec, make_cluster, make_job
 from whywait.simulate.errors import SimulationError
 from whywait.simulate.faults import Fault, make_fault

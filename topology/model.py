@@ -35,7 +35,6 @@ from types import MappingProxyType
 from typing import Any, Iterable, Mapping, Sequence
 
 import networkx as nx
-
 from whywait.topology.errors import TopologyError, UnknownEntityError
 
 KINDS: tuple[str, ...] = ("rack", "switch", "node", "gpu", "nic", "pool")

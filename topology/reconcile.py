@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import yaml
-
 from whywait.topology.errors import TopologyError
 from whywait.topology.loaders import NcclLocality, load_nccl_topology
 from whywait.topology.model import TIERS, Nic, Topology, natural_key, normalise_pci

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import yaml
-
 from whywait.topology.errors import TopologyError
 from whywait.topology.model import TIERS, Nic, Topology, normalise_guid, normalise_pci
 

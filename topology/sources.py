@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 import yaml
-
 from whywait.topology.errors import TopologyError
 from whywait.topology.loaders import (
     _HOST_DESC,

@@ -48,7 +48,6 @@ async def _read_diagnoses(bootstrap: str, not_before: float, job: str, deadline:
                           want_resolved: bool) -> list[dict[str, Any]]:
     """Consume the diagnoses topic until a firing (and, if asked, its resolved) diagnosis for ``job``."""
     from aiokafka import AIOKafkaConsumer
-
     from whywait.agents.events import TOPIC_DIAGNOSES
 
     c = AIOKafkaConsumer(TOPIC_DIAGNOSES, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
@@ -79,7 +78,6 @@ async def _newest_event_time(bootstrap: str) -> float:
     event time after it keeps the two runs' samples from mixing in one window.
     """
     from aiokafka import AIOKafkaConsumer, TopicPartition
-
     from whywait.agents.events import INPUT_TOPICS
 
     c = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None)
@@ -117,9 +115,9 @@ def _timeline(bootstrap: str, topo_file: Path, since: float, until: float, out: 
 
 
 def run(args: argparse.Namespace) -> int:
-    from whywait.simulate.cluster import make_cluster
     from whywait.engine.localkafka.broker import ensure_broker
     from whywait.engine.stream.topics import ensure_topics
+    from whywait.simulate.cluster import make_cluster
 
     print("whywait demo: a 16-node training job, one NIC dropping packets, and the alert it raises\n")
     bootstrap = ensure_broker()

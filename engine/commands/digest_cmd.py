@@ -36,7 +36,6 @@ async def read_period(bootstrap: str, since: float, until: float, digest: Any) -
     """Feed ``digest`` the placements, steps and diagnoses with event time in ``[since, until]``."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
     from aiokafka.errors import KafkaError
-
     from whywait.agents.events import TOPIC_DIAGNOSES, TOPIC_PLACEMENT, TOPIC_STEPS, ContractError, decode
     from whywait.engine.errors import BrokerUnavailable, ConfigError
     from whywait.engine.localkafka.broker import probe
@@ -132,7 +131,6 @@ def post(digest: Any, rows: list[dict[str, Any]]) -> None:
 
     from slack_sdk import WebClient
     from slack_sdk.errors import SlackApiError
-
     from whywait.engine.errors import ConfigError, NotifyError
     from whywait.engine.notify.secrets import read_secret
 

@@ -97,7 +97,6 @@ def load_topology(path: Path | None) -> Any:
 async def read_snapshot(bootstrap: str, group: str) -> dict[str, Any] | None:
     """Return the newest checkpointed evaluator snapshot for ``group``, or None."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
-
     from whywait.engine.stream.topics import TOPIC_ENGINE_STATE
 
     c = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
@@ -126,7 +125,6 @@ async def read_placements(bootstrap: str) -> list[dict[str, Any]]:
     (and go unwatched) until its placement changed.
     """
     from aiokafka import AIOKafkaConsumer, TopicPartition
-
     from whywait.agents.events import TOPIC_PLACEMENT, ContractError, decode
 
     c = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
@@ -165,7 +163,6 @@ def fresh_state_store(bootstrap: str, topic: str | None = None) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     import faust
-
     from whywait.engine.evaluate.evaluator import Evaluator
     from whywait.engine.localkafka.broker import probe, resolve_bootstrap
     from whywait.engine.notify import make_notifier

@@ -42,10 +42,9 @@ def register(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
-
-    from whywait.simulate import eval as ev
     from whywait.engine.commands.engine_cmd import default_rules_dir
     from whywait.engine.rules.loader import RuleLoadError, load_rules
+    from whywait.simulate import eval as ev
 
     rule_paths = args.rules or [default_rules_dir()]
     try:

@@ -145,7 +145,6 @@ async def publish(bootstrap: str, items: Iterator[tuple[str, bytes]]) -> int:
     """Send ``(topic, raw value)`` pairs with their contract keys; return how many; one line if unreachable."""
     from aiokafka import AIOKafkaProducer
     from aiokafka.errors import KafkaError
-
     from whywait.agents.events import message_key
     from whywait.engine.errors import BrokerUnavailable
     from whywait.engine.localkafka.broker import probe

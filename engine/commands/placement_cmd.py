@@ -161,7 +161,6 @@ def _slurm(args: argparse.Namespace) -> int:
 
 def _k8s(args: argparse.Namespace) -> int:
     from kubernetes import client, config
-
     from whywait.engine.placement.k8s import PodTracker
 
     if args.api_server:

@@ -120,7 +120,6 @@ async def _kafka_agen(bootstrap: str, window: Window, merge: EventTimeMerge,
                       batch: int) -> AsyncGenerator[list[Any], None]:
     from aiokafka import AIOKafkaConsumer, TopicPartition
     from aiokafka.errors import KafkaError
-
     from whywait.agents.events import INPUT_TOPICS, TOPIC_PLACEMENT
     from whywait.engine.localkafka.broker import probe
 
@@ -263,7 +262,6 @@ async def notify_records(bootstrap: str) -> list[dict[str, Any]]:
     """
     from aiokafka import AIOKafkaConsumer, TopicPartition
     from aiokafka.errors import KafkaError
-
     from whywait.engine.notify.state import STATE_TOPIC
 
     c = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None)

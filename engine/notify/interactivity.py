@@ -32,7 +32,6 @@ from typing import Any, Mapping, Protocol
 from urllib.parse import parse_qs
 
 from slack_sdk.signature import SignatureVerifier
-
 from whywait.engine.errors import ConfigError, NotifyError
 from whywait.engine.notify.render import ACTIONS
 from whywait.engine.notify.secrets import Secret, read_secret

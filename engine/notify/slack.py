@@ -39,7 +39,6 @@ from slack_sdk.http_retry.builtin_handlers import (
     ServerErrorRetryHandler,
 )
 from slack_sdk.http_retry.builtin_interval_calculators import BackoffRetryIntervalCalculator
-
 from whywait.engine.diagnosis import Diagnosis
 from whywait.engine.errors import NotifyError
 from whywait.engine.notify.base import Notifier

@@ -24,7 +24,6 @@ import time
 from typing import Any, Mapping
 
 import yaml
-
 from whywait.agents.events import ContractError, validate
 from whywait.engine.placement.model import JobFacts, Owner, PlacementError, placement_message
 from whywait.engine.placement.ownership import OwnershipFile

@@ -36,7 +36,6 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import yaml
-
 from whywait.engine.placement.model import Owner, PlacementError
 
 log = logging.getLogger("whywait.placement")

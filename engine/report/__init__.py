@@ -229,7 +229,6 @@ class Report:
     def timeline_png(self, path: Path) -> Path:
         """Draw the main timeline to ``path`` (PNG) and return it."""
         import matplotlib.pyplot as plt
-
         from whywait.engine.report.plots import timeline_figure
 
         fig, _ = timeline_figure(self.data)

@@ -32,7 +32,6 @@ def post_to_thread(report: Report, target: str, tmp: Path) -> None:
     """Post the report's summary and timeline PNG as replies in the thread ``target``."""
     from slack_sdk import WebClient
     from slack_sdk.errors import SlackApiError, SlackClientError
-
     from whywait.engine.notify.secrets import read_secret
 
     channel, ts = parse_thread(target)

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any, Iterable  # noqa: UP035
 
 import jinja2
-
 from whywait.engine.errors import RuleError
 from whywait.engine.rules.schema import Rule, RuleSchemaError, parse_rule
 from whywait.engine.rules.templating import TEMPLATE_VARS, undeclared

@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import faust
-
 from whywait.agents.events import INPUT_TOPICS, TOPIC_DEADLETTER, TOPIC_DIAGNOSES, kind_for_topic
 from whywait.engine.diagnosis import Diagnosis
 from whywait.engine.notify.base import Notifier

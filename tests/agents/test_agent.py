@@ -8,7 +8,6 @@ import subprocess
 import sys
 
 import pytest
-
 from whywait.agents.agent import Agent, TrainingInbox, bind_training_socket
 from whywait.agents.collectors import AgentConfigError, HostCollector, NetworkCollector, StorageCollector
 from whywait.agents.events import validate

@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from whywait.agents.events import (
     TOPIC_NET,
     TOPIC_STEPS,

@@ -5,9 +5,9 @@ import subprocess
 import sys
 
 import pytest
-
 from whywait.agents.collectors.gpu import NvmlCollector, decode_throttle
 from whywait.agents.events import TOPIC_GPU, envelope, validate
+
 from tests.agents.conftest import fixture_path
 from tests.agents.fake_nvml import FakeNvml, NVMLError_LibraryNotFound, load_capture
 

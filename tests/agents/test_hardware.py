@@ -12,13 +12,13 @@ import threading
 from typing import Any, Iterator
 
 import pytest
-
 from whywait.agents.collectors import COLLECTORS, HardwareCollector
 from whywait.agents.collectors.bmc import BmcSource, RedfishClient, parse_power, parse_sdr, parse_thermal
 from whywait.agents.collectors.kmsg import KmsgSource, classify, parse_record
 from whywait.agents.collectors.pcie import PcieSource, device_class, generation, parse_aer, parse_speed
 from whywait.agents.collectors.ports import PortSource
 from whywait.agents.events import TOPIC_HW, envelope, validate
+
 from tests.agents.conftest import fixture_path
 from tests.agents.fake_nvml import FakeNvml, load_capture
 

@@ -7,7 +7,6 @@ import sys
 import time
 
 import pytest
-
 from whywait.agents.collectors.host import _CLK_TCK, HostCollector
 from whywait.agents.events import TOPIC_HOST, envelope, validate
 

@@ -5,7 +5,6 @@ import os
 import shutil
 
 import pytest
-
 from whywait.agents.collectors.network import NetworkCollector, normalise_pci
 from whywait.agents.events import TOPIC_NET, envelope, validate
 

@@ -6,7 +6,6 @@ import os
 from typing import Any
 
 import pytest
-
 from whywait.agents.events import TOPIC_HOST, envelope
 from whywait.agents.publisher import KafkaPublisher, MemoryPublisher, PrintPublisher, Spool
 

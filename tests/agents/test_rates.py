@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import pytest
-
 from whywait.agents.rates import ABSURD, FIRST, RESET, SATURATED, WRAP, RateTracker, counter_delta
 
 

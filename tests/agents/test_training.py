@@ -8,7 +8,6 @@ import time
 from typing import Iterator
 
 import pytest
-
 from whywait.agents.integrations import StepClock, hf_callback, lightning_callback
 from whywait.agents.training import DEFAULT_SOCKET, SOCKET_ENV, Reporter, socket_path
 

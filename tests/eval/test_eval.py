@@ -8,9 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from whywait.simulate import eval as ev
 from whywait.engine.commands import eval_cmd
+from whywait.simulate import eval as ev
 
 RULES = Path(__file__).resolve().parents[2] / "rules"
 S = ev.START

@@ -9,17 +9,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from whywait.agents import events
 from whywait.agents.collectors.storage import StorageCollector
 from whywait.agents.events import TOPIC_STORAGE, envelope, validate
-from whywait.simulate.cluster import make_cluster
 from whywait.engine.evaluate.conditions import Ctx, evaluate
 from whywait.engine.evaluate.evaluator import _PERIODIC, Evaluator
 from whywait.engine.evaluate.store import PLAN, MetricStore, ingest_plan
 from whywait.engine.rules import metrics
 from whywait.engine.rules.loader import load_rules
 from whywait.engine.rules.schema import leaves
+from whywait.simulate.cluster import make_cluster
+
 from tests.agents.conftest import fixture_path
 from tests.agents.test_storage import bump_nfs_op
 

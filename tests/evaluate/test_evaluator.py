@@ -8,11 +8,10 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
-
 from whywait.agents.events import envelope
-from whywait.simulate.cluster import make_cluster
 from whywait.engine.evaluate.evaluator import Evaluator
 from whywait.engine.rules.loader import load_rules
+from whywait.simulate.cluster import make_cluster
 
 T0 = 1_800_000_000.0
 NODES = ["node-01", "node-02", "node-03", "node-04"]

@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from whywait.agents.events import envelope, validate
-from whywait.simulate.cluster import make_cluster
 from whywait.engine.evaluate.evaluator import Evaluator
 from whywait.engine.evaluate.steps import StepRec, StepTable, judge_ranks, lower_quartile, select, work
 from whywait.engine.rules.loader import load_rules
+from whywait.simulate.cluster import make_cluster
 
 RULES = Path(__file__).resolve().parents[2] / "rules"
 T0 = 1_764_442_800.0

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from whywait.agents.events import envelope, validate
 from whywait.engine.evaluate.store import MetricStore
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from whywait.engine.evaluate.evaluator import Evaluator
+from whywait.engine.rules.loader import load_rules
 from whywait.simulate.cluster import make_cluster, make_job
 from whywait.simulate.faults import make_fault
 from whywait.simulate.sim import Simulation
-from whywait.engine.evaluate.evaluator import Evaluator
-from whywait.engine.rules.loader import load_rules
 from whywait.topology.model import Topology
 
 RULES = Path(__file__).resolve().parents[2] / "rules"

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from whywait.agents.events import validate
 from whywait.engine.importers import ImportFormatError
 from whywait.engine.importers.kineto import steps_from_trace

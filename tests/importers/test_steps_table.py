@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from whywait.engine.importers import ImportFormatError
 from whywait.engine.importers.steps_table import read_steps
 

@@ -11,7 +11,6 @@ import uuid
 from typing import Any
 
 import pytest
-
 from whywait.agents.agent import Agent
 from whywait.agents.collectors import HostCollector, NetworkCollector, StorageCollector
 from whywait.agents.events import (

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from whywait.agents.events import TOPIC_DEADLETTER, TOPIC_DIAGNOSES, TOPIC_NET, TOPIC_STEPS
+
 from tests.support.slack_server import SlackServer
 
 pytestmark = pytest.mark.integration
@@ -76,8 +76,8 @@ class Run:
 
 @pytest.fixture(scope="module")
 def run(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
-    from whywait.simulate.cluster import make_cluster
     from whywait.engine.stream.topics import ensure_topics
+    from whywait.simulate.cluster import make_cluster
 
     work = tmp_path_factory.mktemp("e2e")
     ensure_topics(kafka_bootstrap)

@@ -28,14 +28,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from whywait.agents.events import TOPIC_DEADLETTER, TOPIC_DIAGNOSES, encode, message_key
 from whywait.simulate.cluster import make_cluster, make_job
 from whywait.simulate.faults import make_fault
 from whywait.simulate.sim import Simulation
+from whywait.topology.model import Topology
+
 from tests.support.hostile import bad_messages, families
 from tests.support.kafka import wait_for
-from whywait.topology.model import Topology
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from whywait.agents.agent import Agent
 from whywait.agents.collectors.gpu import NvmlCollector
 from whywait.agents.collectors.hardware import HardwareCollector
@@ -28,11 +27,12 @@ from whywait.agents.events import TOPIC_GPU, TOPIC_HW, envelope
 from whywait.agents.publisher import KafkaPublisher
 from whywait.engine.evaluate.evaluator import Evaluator
 from whywait.engine.rules.loader import load_rules
+from whywait.topology.model import Topology
+
 from tests.agents.conftest import fixture_path
 from tests.agents.conftest import node_exporter_root as _node_exporter_root
 from tests.agents.fake_nvml import FakeNvml, load_capture
 from tests.integration.test_agent_kafka import consume
-from whywait.topology.model import Topology
 
 pytestmark = pytest.mark.integration
 

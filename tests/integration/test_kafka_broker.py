@@ -10,7 +10,6 @@ import uuid
 from pathlib import Path
 
 import pytest
-
 from whywait.engine.errors import BrokerUnavailable
 from whywait.engine.localkafka import broker as lb
 

@@ -6,7 +6,6 @@ import os
 from pathlib import Path
 
 import pytest
-
 from whywait.engine.localkafka import broker as lb
 
 pytestmark = pytest.mark.integration

@@ -5,7 +5,6 @@ from __future__ import annotations
 import uuid
 
 import pytest
-
 from whywait.engine.commands.engine_cmd import fresh_state_store
 from whywait.engine.notify.state import KafkaStateStore
 

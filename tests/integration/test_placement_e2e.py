@@ -21,15 +21,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from whywait.engine.evaluate.evaluator import Evaluator
 from whywait.engine.rules.loader import load_rules
 from whywait.engine.stream.processor import Processor, Record
-from tests.support.k8s_server import K8sReplayServer
-from tests.support.kafka import create_topic
 from whywait.topology.model import Topology
 from whywait.topology.reconcile import load_node_types, merge
 from whywait.topology.sources import read_ibnetdiscover
+
+from tests.support.k8s_server import K8sReplayServer
+from tests.support.kafka import create_topic
 
 pytestmark = pytest.mark.integration
 

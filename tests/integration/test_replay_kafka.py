@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from whywait.agents.events import TOPIC_DIAGNOSES, TOPIC_PLACEMENT, envelope
+
 from tests.integration.test_end_to_end import consume
 
 pytestmark = pytest.mark.integration
@@ -41,8 +41,9 @@ class Live:
 
 @pytest.fixture(scope="module")
 def live(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
-    from whywait.simulate.cluster import make_cluster
     from whywait.engine.stream.topics import ensure_topics
+    from whywait.simulate.cluster import make_cluster
+
     from tests.support.kafka import publish_messages
 
     work = tmp_path_factory.mktemp("replay-kafka")

@@ -28,16 +28,16 @@ import time
 from pathlib import Path
 
 import pytest
-
 from whywait.agents.events import TOPIC_DIAGNOSES
+from whywait.engine.rules.loader import load_rules
 from whywait.simulate.cluster import make_cluster, make_job
 from whywait.simulate.faults import make_fault
 from whywait.simulate.sim import Simulation
-from whywait.engine.rules.loader import load_rules
+from whywait.topology.model import Topology
+
 from tests.support.kafka import publish_messages as publish
 from tests.support.kafka import wait_for
 from tests.support.slack_server import SlackServer
-from whywait.topology.model import Topology
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]

@@ -8,12 +8,12 @@ import dataclasses
 import time
 
 import pytest
-
 from whywait.engine.diagnosis import Diagnosis, Evidence, Owner
 from whywait.engine.notify.config import SlackConfig
 from whywait.engine.notify.silences import KafkaSilenceStore, Silence
 from whywait.engine.notify.slack import SlackNotifier
 from whywait.engine.notify.state import STATE_TOPIC, KafkaStateStore
+
 from tests.support.kafka import unique_topic
 from tests.support.slack_server import SlackServer
 

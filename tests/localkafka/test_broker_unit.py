@@ -10,7 +10,6 @@ import uuid
 from pathlib import Path
 
 import pytest
-
 from whywait.engine.cli import main
 from whywait.engine.errors import BrokerUnavailable, ConfigError
 from whywait.engine.localkafka import broker as lb

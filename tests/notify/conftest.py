@@ -6,8 +6,8 @@ import dataclasses
 from typing import Any, Callable, Iterator
 
 import pytest
-
 from whywait.engine.diagnosis import Diagnosis, Evidence, Owner
+
 from tests.support.slack_server import SlackServer
 
 TOKEN = "xoxb-test-0000"

@@ -7,7 +7,6 @@ import json
 import re
 
 import pytest
-
 from whywait.engine.commands import notify_cmd, silence_cmd
 from whywait.engine.errors import ConfigError
 from whywait.engine.notify.silences import InMemorySilenceStore, Silence, SilenceError, parse_matchers

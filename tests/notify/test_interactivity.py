@@ -10,7 +10,6 @@ from typing import Any
 from urllib.parse import urlencode
 
 import pytest
-
 from whywait.engine.notify.interactivity import InteractivityServer, InvalidSignature, sign, verify_signature
 from whywait.engine.notify.render import ACTION_ACK, ACTION_SILENCE_1H, ACTION_SILENCE_RESOLVED, ACTION_TIMELINE
 from whywait.engine.notify.silences import InMemorySilenceStore

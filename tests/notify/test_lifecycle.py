@@ -7,6 +7,7 @@ import dataclasses
 from whywait.engine.notify.config import SlackConfig
 from whywait.engine.notify.lifecycle import IncidentBook, group_key, routed_channel
 from whywait.engine.notify.silences import Silence
+
 from tests.notify.conftest import T0
 
 CFG = SlackConfig(group_wait=30, group_interval=300, repeat_interval=4 * 3600, reopen_within=3600,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 
 import pytest
-
 from whywait.engine.errors import ConfigError, NotifyError
 from whywait.engine.notify.config import SlackConfig, parse_duration
 from whywait.engine.notify.outbox import Outbox
@@ -77,6 +76,7 @@ def test_secret_from_env_or_file_never_shown(tmp_path) -> None:
 
 def test_make_notifier_token_from_file(slack_server, tmp_path, make_diagnosis) -> None:
     from whywait.engine.notify import SlackNotifier, make_notifier
+
     from tests.notify.conftest import TOKEN
 
     f = tmp_path / "token"

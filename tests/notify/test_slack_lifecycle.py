@@ -7,6 +7,7 @@ import logging
 import time
 
 from whywait.engine.notify.state import InMemoryStateStore
+
 from tests.notify.conftest import T0
 
 

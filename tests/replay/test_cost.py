@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from whywait.engine.report.cost import shared_gpu_hours
 
 

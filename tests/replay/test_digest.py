@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from whywait.agents.events import envelope
 from whywait.engine.report.digest import Digest, cause_of
 

@@ -13,14 +13,13 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from whywait.agents.events import encode, envelope
-from whywait.simulate.cluster import make_cluster, make_job
-from whywait.simulate.faults import make_fault
-from whywait.simulate.sim import Simulation
 from whywait.engine.commands.replay_cmd import allow_relative_times, parse_time
 from whywait.engine.replay import EventTimeMerge, Window, backtest, diagnoses_jsonl, incidents, replay
 from whywait.engine.rules.loader import load_rules
+from whywait.simulate.cluster import make_cluster, make_job
+from whywait.simulate.faults import make_fault
+from whywait.simulate.sim import Simulation
 from whywait.topology.model import Topology
 
 REPO = Path(__file__).resolve().parents[2]
@@ -173,7 +172,6 @@ def test_report_tells_the_whole_story(tmp_path: Path) -> None:
 
 def test_every_incident_is_labelled_without_overlap(tmp_path: Path) -> None:
     import matplotlib.pyplot as plt
-
     from whywait.engine.report.plots import timeline_figure
 
     rep, paths = report_for([("nic-packet-loss", "node-05", 100, 180), ("gpu-thermal", "node-02", 104, 190),
@@ -253,8 +251,8 @@ def test_bad_ranges_and_unreachable_broker_are_one_line(args: list[str], says: s
 
 def test_slack_thread_gets_the_summary_and_the_png(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from slack_sdk import WebClient
-
     from whywait.engine.report.slack import post_to_thread
+
     from tests.support.slack_server import SlackServer
 
     rep, _ = report_for([("nic-packet-loss", "node-05", 120, 200)], tmp_path)

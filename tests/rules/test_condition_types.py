@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from whywait.engine.evaluate.conditions import Ctx, Result, evaluate
 from whywait.engine.evaluate.store import MetricStore
 from whywait.engine.rules.condition_types import (

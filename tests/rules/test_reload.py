@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 from whywait.engine.rules.reload import RuleReloader
+
 from tests.rules.test_schema import GOOD
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from whywait.engine.rules.loader import load_rules
 from whywait.simulate.ruletest import RuleTestError, load_cases, run_case
 

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from whywait.engine.rules.loader import RuleSet, load_rules
 from whywait.simulate.ruletest import find_test_files, load_cases, run_case, untested_rules
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-
 from whywait.simulate.cluster import make_cluster, make_job
 from whywait.simulate.faults import Fault, make_fault
 from whywait.simulate.sim import Simulation

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import yaml
-
 from whywait.agents.events import validate
 from whywait.engine.cli import main
 from whywait.topology import Topology

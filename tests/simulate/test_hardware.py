@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from whywait.agents.events import validate
 from whywait.simulate.errors import SimulationError
 from whywait.simulate.faults import FAULTS, register

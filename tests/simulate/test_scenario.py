@@ -6,7 +6,6 @@ import itertools
 from pathlib import Path
 
 import pytest
-
 from whywait.agents.events import validate
 from whywait.simulate.errors import SimulationError
 from whywait.simulate.scenario import expand_nodes, load_scenario, parse_scenario

@@ -9,6 +9,7 @@ from whywait.agents.events import TOPIC_PLACEMENT, validate
 from whywait.simulate.cluster import make_cluster, make_job
 from whywait.simulate.faults import make_fault
 from whywait.simulate.sim import Simulation
+
 from tests.simulate.conftest import run_sim
 from tests.simulate.support import START, by_rank, mean, net_field, of_kind, steps
 
@@ -162,7 +163,6 @@ def test_simulator_core_imports_no_engine_kafka_or_slack():
 
 def test_two_jobs_on_one_gpu_and_faults_after_the_end_are_refused():
     import pytest
-
     from whywait.simulate.errors import SimulationError
 
     topo = make_cluster(nodes=2)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import socket
 
 import pytest
-
 from whywait.engine.commands.engine_cmd import instance_id, parse_skew
 from whywait.engine.errors import ConfigError
 

@@ -15,7 +15,6 @@ from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from whywait.agents.events import (
     _RECORDS,
     GENERIC_BOUND,
@@ -31,11 +30,12 @@ from whywait.agents.events import (
     topic_for_kind,
     validate,
 )
-from whywait.simulate.cluster import make_cluster
 from whywait.engine.evaluate.evaluator import Evaluator
 from whywait.engine.evaluate.store import MetricStore
 from whywait.engine.rules.loader import load_rules
 from whywait.engine.stream.processor import DLQ_ORIGINAL_MAX, Processor, Record
+from whywait.simulate.cluster import make_cluster
+
 from tests.support.hostile import bad_messages, families
 
 RULES = Path(__file__).resolve().parents[2] / "rules"

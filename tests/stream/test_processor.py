@@ -6,10 +6,10 @@ import json
 from pathlib import Path
 
 from whywait.agents.events import TOPIC_HOST, TOPIC_PLACEMENT, encode, envelope
-from whywait.simulate.cluster import make_cluster
 from whywait.engine.evaluate.evaluator import Evaluator
 from whywait.engine.rules.loader import load_rules
 from whywait.engine.stream.processor import Processor, Record
+from whywait.simulate.cluster import make_cluster
 
 RULES = Path(__file__).resolve().parents[2] / "rules"
 

@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from whywait.agents.events import TOPIC_HOST, TOPIC_PLACEMENT, TOPIC_STEPS, encode, envelope
-from whywait.simulate.cluster import make_cluster
 from whywait.engine.evaluate.evaluator import Evaluator
 from whywait.engine.rules.loader import load_rules
 from whywait.engine.stream.processor import Processor, Record, _unix_user
+from whywait.simulate.cluster import make_cluster
 
 RULES = Path(__file__).resolve().parents[2] / "rules"
 T = 1_700_000_000.0

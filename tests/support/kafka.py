@@ -49,7 +49,6 @@ async def create_topic(
 async def publish_messages(bootstrap: str, msgs: list[tuple[str, dict]]) -> None:
     """Publish contract messages ``(topic, message)`` with their contract keys, in order, and wait."""
     from aiokafka import AIOKafkaProducer
-
     from whywait.agents.events import encode, message_key
 
     p = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=20)

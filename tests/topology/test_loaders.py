@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from whywait.topology import Topology, TopologyError
 from whywait.topology.loaders import (
     LoadReport,

@@ -6,7 +6,6 @@ import subprocess
 import sys
 
 import pytest
-
 from whywait.simulate.cluster import make_cluster
 from whywait.topology import Topology, UnknownEntityError
 

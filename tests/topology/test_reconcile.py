@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from whywait.engine.cli import main
 from whywait.topology.errors import TopologyError
 from whywait.topology.model import Topology

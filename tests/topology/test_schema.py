@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from whywait.simulate.cluster import make_cluster
 from whywait.topology import Topology, TopologyError
 

@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from whywait.topology.errors import TopologyError
 from whywait.topology.sources import (
     FORMATS,

@@ -10,12 +10,12 @@ import sys
 from pathlib import Path
 
 from whywait.agents.events import encode
-from whywait.simulate.cluster import make_cluster, make_job
-from whywait.simulate.faults import make_fault
-from whywait.simulate.sim import Simulation
 from whywait.engine.commands.export_cmd import rule_files
 from whywait.engine.importers.bundle import BundleWriter
 from whywait.engine.replay import EventTimeMerge, Window
+from whywait.simulate.cluster import make_cluster, make_job
+from whywait.simulate.faults import make_fault
+from whywait.simulate.sim import Simulation
 
 START = 1_764_442_800.0
 
