@@ -86,23 +86,62 @@ MAX_MESSAGE_BYTES = 16 << 20
 
 
 @dataclass(frozen=True)
+class Rollup:
+    """A node-level metric made from one field over every entry of a list: their ``max`` or their ``sum``."""
+
+    metric: str
+    how: str  # "max" (emitted when any entry has the field) or "sum" (absent entries count 0)
+    doc: str
+
+
+@dataclass(frozen=True)
+class Measure:
+    """Declares a field a measurement: the engine stores it as a metric that rules can name.
+
+    ``metric`` is stored per entity of the field's record (``Record.entity``: a GPU, a NIC, a
+    block device or mount, a rank), or per node for a field of a node topic's body; ``rollups`` add
+    node-level metrics over a list's entries.  ``unit`` overrides the field's unit for the metric
+    (``bool`` for a boolean, stored as 1/0).  ``each``: a list of integers stored one point per
+    entry (XID codes).  ``whywait rules metrics`` lists them; nothing else needs to name them.
+    """
+
+    metric: str | None
+    doc: str
+    unit: str = ""
+    rollups: tuple[Rollup, ...] = ()
+    each: bool = False
+
+
+@dataclass(frozen=True)
 class Field:
-    """One field of a record: its JSON name, type, unit and meaning."""
+    """One field of a record: its JSON name, type, unit and meaning (and, when measured, its metric)."""
 
     name: str
     type: str  # "number", "integer", "string", "boolean", "list[string]", "list[integer]", or a record name
     unit: str
     doc: str
     required: bool = True
+    measure: Measure | None = None
+
+
+# What a list entry is, for the engine: the entity kinds a record's entries can be, each keyed by one
+# field of the entry (``Record.entity_key``) and qualified by the message's node (or job, for ranks).
+ENTITIES = ("gpu", "nic", "device", "rank")
 
 
 @dataclass(frozen=True)
 class Record:
-    """A named group of fields; a topic's body is one, and lists hold others."""
+    """A named group of fields; a topic's body is one, and lists hold others.
+
+    ``entity``/``entity_key``: for a list's records, which entity one entry describes (one of
+    :data:`ENTITIES`) and the field naming it; measured fields are stored per that entity.
+    """
 
     name: str
     fields: tuple[Field, ...]
     doc: str = ""
+    entity: str = ""
+    entity_key: str = ""
 
 
 @dataclass(frozen=True)
@@ -116,39 +155,75 @@ class Topic:
     doc: str
     compacted: bool = False
     lists: Mapping[str, Record] = field(default_factory=dict)
+    # Sent by every node (or job) every interval: the engine's watermark waits for each such input.
+    periodic: bool = False
 
 
-def F(name: str, type_: str, unit: str, doc: str, required: bool = True) -> Field:
-    return Field(name, type_, unit, doc, required)
+def F(name: str, type_: str, unit: str, doc: str, required: bool = True, measure: Measure | None = None) -> Field:
+    return Field(name, type_, unit, doc, required, measure)
+
+
+def M(metric: str | None, doc: str, unit: str = "", *rollups: Rollup, each: bool = False) -> Measure:
+    """Shorthand for a :class:`Measure` in the tables below."""
+    return Measure(metric, doc, unit, tuple(rollups), each)
+
+
+def measured(topics: tuple[Topic, ...] | None = None) -> list[tuple[Topic, str | None, Record, Field, Measure]]:
+    """Every measured field: ``(topic, list field or None for the body, record, field, measure)``.
+
+    Read by the engine to build its metric catalogue and its ingest plan (``whywait.engine.rules.metrics``,
+    ``whywait.engine.evaluate.store``); ``topics`` defaults to :data:`TOPICS`.
+    """
+    out: list[tuple[Topic, str | None, Record, Field, Measure]] = []
+    for t in TOPICS if topics is None else topics:
+        for f in t.body.fields:
+            if f.measure is not None:
+                out.append((t, None, t.body, f, f.measure))
+        for list_name, rec in t.lists.items():
+            for f in rec.fields:
+                if f.measure is not None:
+                    out.append((t, list_name, rec, f, f.measure))
+    return out
 
 
 GPU_SAMPLE = Record("GpuSample", (
     F("gpu", "integer", "index", "GPU index on the node (NVML/nvidia-smi order)."),
     F("uuid", "string", "", "GPU UUID, `GPU-...`.", required=False),
     F("util_pct", "number", "%", "GPU (SM) utilisation over the interval (absent on MIG, where NVML has none).",
-      required=False),
+      required=False,
+      measure=M("gpu.util_pct", "GPU utilisation")),
     F("mem_util_pct", "number", "%", "Memory-controller utilisation over the interval (absent on MIG).",
-      required=False),
+      required=False,
+      measure=M("gpu.mem_util_pct", "memory-controller utilisation")),
     F("mem_used_bytes", "integer", "bytes", "Framebuffer memory in use."),
     F("mem_total_bytes", "integer", "bytes", "Framebuffer memory in total."),
-    F("temp_c", "number", "°C", "GPU core temperature."),
-    F("power_w", "number", "W", "Power draw."),
+    F("temp_c", "number", "°C", "GPU core temperature.",
+      measure=M("gpu.temp_c", "GPU temperature")),
+    F("power_w", "number", "W", "Power draw.",
+      measure=M("gpu.power_w", "power draw")),
     F("power_limit_w", "number", "W", "Enforced power limit.", required=False),
-    F("sm_clock_mhz", "number", "MHz", "Current SM clock."),
+    F("sm_clock_mhz", "number", "MHz", "Current SM clock.",
+      measure=M("gpu.sm_clock_mhz", "SM clock")),
     F("sm_clock_max_mhz", "number", "MHz", "Maximum SM clock.", required=False),
     F("throttle_reasons", "list[string]", "names",
       "Active clock-event reasons: `sw_power_cap`, `hw_slowdown`, `hw_thermal_slowdown`, "
       "`hw_power_brake_slowdown`, `sw_thermal_slowdown`, `sync_boost`, `gpu_idle`, `applications_clocks_setting`, "
       "`display_clock_setting`. Empty when the GPU runs at full clocks."),
-    F("ecc_corrected", "integer", "count", "Volatile corrected ECC errors during the interval.", required=False),
-    F("ecc_uncorrected", "integer", "count", "Volatile uncorrected ECC errors during the interval.", required=False),
-    F("remapped_rows_pending", "boolean", "", "A row remap is pending (needs a GPU reset).", required=False),
+    F("ecc_corrected", "integer", "count", "Volatile corrected ECC errors during the interval.", required=False,
+      measure=M("gpu.ecc_corrected", "corrected ECC errors")),
+    F("ecc_uncorrected", "integer", "count", "Volatile uncorrected ECC errors during the interval.", required=False,
+      measure=M("gpu.ecc_uncorrected", "uncorrected ECC errors")),
+    F("remapped_rows_pending", "boolean", "", "A row remap is pending (needs a GPU reset).", required=False,
+      measure=M("gpu.remapped_rows_pending", "a row remap is pending", "bool")),
     F("xid", "list[integer]", "XID codes",
       "XID errors seen during the interval, one entry per occurrence (a repeated XID appears twice).",
-      required=False),
-    F("pcie_replay", "integer", "count", "PCIe replays during the interval.", required=False),
+      required=False,
+      measure=M("gpu.xid", "XID errors (one per occurrence)", "count", each=True)),
+    F("pcie_replay", "integer", "count", "PCIe replays during the interval.", required=False,
+      measure=M("gpu.pcie_replay", "PCIe replays")),
     F("nvlink_errors", "integer", "count", "NVLink CRC/replay/recovery errors during the interval.",
-      required=False),
+      required=False,
+      measure=M("gpu.nvlink_errors", "NVLink errors")),
     F("pci_bus_id", "string", "", "The GPU's PCI address as NVML gives it (`00000000:83:00.0`).", required=False),
     F("pcie_tx_bytes_per_s", "number", "bytes/s", "PCIe transmit throughput (NVML, a 20 ms window).",
       required=False),
@@ -160,25 +235,41 @@ GPU_SAMPLE = Record("GpuSample", (
       required=False),
     F("pcie_link_width", "integer", "lanes", "Current PCIe link width.", required=False),
     F("pcie_link_width_max", "integer", "lanes", "Maximum PCIe link width.", required=False),
-), "One GPU's sample for the interval.")
+), "One GPU's sample for the interval.", entity="gpu", entity_key="gpu")
 
 NIC_COUNTERS = Record("NicCounters", (
     F("nic", "string", "", "Interface or HCA port name (`eth0`, `mlx5_0/1`)."),
-    F("rx_bytes_per_s", "number", "bytes/s", "Received bytes."),
-    F("tx_bytes_per_s", "number", "bytes/s", "Transmitted bytes."),
+    F("rx_bytes_per_s", "number", "bytes/s", "Received bytes.",
+      measure=M("nic.rx_bytes_per_s", "received bytes", "",
+              Rollup("net.rx_bytes_per_s", "sum", "received bytes, all NICs"))),
+    F("tx_bytes_per_s", "number", "bytes/s", "Transmitted bytes.",
+      measure=M("nic.tx_bytes_per_s", "transmitted bytes", "",
+              Rollup("net.tx_bytes_per_s", "sum", "transmitted bytes, all NICs"))),
     F("rx_packets_per_s", "number", "packets/s", "Received packets."),
     F("tx_packets_per_s", "number", "packets/s", "Transmitted packets."),
-    F("rx_errors_per_s", "number", "errors/s", "Receive errors (IB: `port_rcv_errors`)."),
-    F("tx_errors_per_s", "number", "errors/s", "Transmit errors."),
-    F("rx_drops_per_s", "number", "packets/s", "Receive drops."),
-    F("tx_drops_per_s", "number", "packets/s", "Transmit drops (IB: `port_xmit_discards`)."),
-    F("link_up", "boolean", "", "Operational state is up."),
+    F("rx_errors_per_s", "number", "errors/s", "Receive errors (IB: `port_rcv_errors`).",
+      measure=M("nic.rx_errors_per_s", "receive errors", "",
+              Rollup("net.rx_errors_per_s", "sum", "receive errors, all NICs"))),
+    F("tx_errors_per_s", "number", "errors/s", "Transmit errors.",
+      measure=M(None, "", "", Rollup("net.tx_errors_per_s", "sum", "transmit errors, all NICs"))),
+    F("rx_drops_per_s", "number", "packets/s", "Receive drops.",
+      measure=M("nic.rx_drops_per_s", "receive drops", "",
+              Rollup("net.rx_drops_per_s", "sum", "receive drops, all NICs"))),
+    F("tx_drops_per_s", "number", "packets/s", "Transmit drops (IB: `port_xmit_discards`).",
+      measure=M("nic.tx_drops_per_s", "transmit drops", "",
+              Rollup("net.tx_drops_per_s", "sum", "transmit drops, all NICs"))),
+    F("link_up", "boolean", "", "Operational state is up.",
+      measure=M("nic.link_up", "link is up", "bool")),
     F("speed_mbps", "number", "Mbit/s", "Negotiated link speed.", required=False),
     F("carrier_changes", "integer", "count", "Link flaps during the interval (IB: `link_downed`).",
-      required=False),
-    F("symbol_errors", "integer", "count", "IB physical symbol errors during the interval.", required=False),
+      required=False,
+      measure=M(None, "", "", Rollup("net.carrier_changes", "sum", "link flaps, all NICs"))),
+    F("symbol_errors", "integer", "count", "IB physical symbol errors during the interval.", required=False,
+      measure=M(None, "", "", Rollup("net.symbol_errors", "sum", "IB symbol errors, all ports"))),
     F("xmit_wait_per_s", "number", "ticks/s", "IB `port_xmit_wait`: time the port had data but no credits.",
-      required=False),
+      required=False,
+      measure=M("nic.xmit_wait_per_s", "IB transmit wait", "",
+              Rollup("net.xmit_wait_per_s", "sum", "IB transmit wait, all ports"))),
     F("gpus", "list[integer]", "indexes", "GPUs this adapter serves (PCIe locality).", required=False),
     F("node_guid", "string", "", "IB/RoCE adapter's node GUID, `0x` and 16 hex digits (sysfs `node_guid`): "
       "matches the adapter to a fabric dump whatever either calls it.", required=False),
@@ -186,41 +277,78 @@ NIC_COUNTERS = Record("NicCounters", (
       required=False),
     F("pci_bus_id", "string", "", "The adapter's PCI address, `0000:83:00.0`: matches it to NCCL's topology "
       "and nvidia-smi.", required=False),
-), "One network interface's rates for the interval.")
+), "One network interface's rates for the interval.", entity="nic", entity_key="nic")
 
 DISK_STATS = Record("DiskStats", (
     F("device", "string", "", "Block device or mount (`nvme0n1`, `nfs:/scratch`)."),
     F("pool", "string", "", "Storage pool this device belongs to (topology id).", required=False),
-    F("read_iops", "number", "ops/s", "Completed reads."),
-    F("write_iops", "number", "ops/s", "Completed writes."),
-    F("read_bytes_per_s", "number", "bytes/s", "Bytes read."),
-    F("write_bytes_per_s", "number", "bytes/s", "Bytes written."),
-    F("read_latency_ms", "number", "ms", "Average time per completed read."),
-    F("write_latency_ms", "number", "ms", "Average time per completed write."),
-    F("queue_depth", "number", "requests", "Average requests in flight."),
-    F("util_pct", "number", "%", "Share of the interval the device was busy.", required=False),
-), "One block device's (or network mount's) figures for the interval.")
+    F("read_iops", "number", "ops/s", "Completed reads.",
+      measure=M("storage.device.read_iops", "reads", "", Rollup("storage.read_iops", "sum", "reads, all devices"))),
+    F("write_iops", "number", "ops/s", "Completed writes.",
+      measure=M("storage.device.write_iops", "writes", "", Rollup("storage.write_iops", "sum", "writes, all devices"))),
+    F("read_bytes_per_s", "number", "bytes/s", "Bytes read.",
+      measure=M("storage.device.read_bytes_per_s", "bytes read", "",
+              Rollup("storage.read_bytes_per_s", "sum", "bytes read, all devices"))),
+    F("write_bytes_per_s", "number", "bytes/s", "Bytes written.",
+      measure=M("storage.device.write_bytes_per_s", "bytes written", "",
+              Rollup("storage.write_bytes_per_s", "sum", "bytes written, all devices"))),
+    F("read_latency_ms", "number", "ms", "Average time per completed read.",
+      measure=M("storage.device.read_latency_ms", "average time per completed read", "",
+              Rollup("storage.read_latency_ms", "max", "slowest device's read latency"))),
+    F("write_latency_ms", "number", "ms", "Average time per completed write.",
+      measure=M("storage.device.write_latency_ms", "average time per completed write", "",
+              Rollup("storage.write_latency_ms", "max", "slowest device's write latency"))),
+    F("queue_depth", "number", "requests", "Average requests in flight.",
+      measure=M("storage.device.queue_depth", "average requests in flight", "",
+              Rollup("storage.queue_depth", "max", "deepest device queue"))),
+    F("util_pct", "number", "%", "Share of the interval the device was busy.", required=False,
+      measure=M("storage.device.util_pct", "share of the interval the device was busy", "",
+              Rollup("storage.util_pct", "max", "busiest device's utilisation"))),
+    F("read_rtt_ms", "number", "ms", "NFS mounts: average RPC round trip per READ (network and server; "
+      "`read_latency_ms` adds the client's own queueing).", required=False,
+      measure=M("storage.device.read_rtt_ms", "NFS mounts: RPC round trip per read")),
+    F("write_rtt_ms", "number", "ms", "NFS mounts: average RPC round trip per WRITE.", required=False,
+      measure=M("storage.device.write_rtt_ms", "NFS mounts: RPC round trip per write")),
+    F("nfs_errors", "integer", "count", "NFS mounts: RPCs that failed during the interval (kernel 5.3+).",
+      required=False, measure=M("storage.device.nfs_errors", "NFS mounts: failed RPCs")),
+    F("nfs_timeouts", "integer", "count", "NFS mounts: RPC major timeouts during the interval.", required=False,
+      measure=M("storage.device.nfs_timeouts", "NFS mounts: RPC major timeouts")),
+    F("nfs_retransmissions", "integer", "count", "NFS mounts: RPC retransmissions during the interval.",
+      required=False, measure=M("storage.device.nfs_retransmissions", "NFS mounts: RPC retransmissions")),
+    F("metadata_ops_per_s", "number", "ops/s", "Lustre mounts: metadata operations (open, close, getattr, ...).",
+      required=False, measure=M("storage.device.metadata_ops_per_s", "Lustre mounts: metadata operations")),
+    F("metadata_latency_ms", "number", "ms", "Lustre mounts: average time per metadata operation.",
+      required=False, measure=M("storage.device.metadata_latency_ms", "Lustre mounts: time per metadata operation"))
+), "One block device's (or network mount's) figures for the interval.", entity="device",
+   entity_key="device")
 
 STEP_TIMING = Record("StepTiming", (
     F("rank", "integer", "", "Global rank in the job."),
     F("step", "integer", "", "Training step number (monotonic per rank)."),
-    F("duration_s", "number", "s", "Wall time of the whole step."),
+    F("duration_s", "number", "s", "Wall time of the whole step.",
+      measure=M("step.duration_s", "a rank's step wall time")),
     F("data_wait_s", "number", "s", "Time waiting on the input pipeline. Optional since v2: a producer that "
       "knows only the step time leaves the split out, and an absent phase is *unknown*, not zero.",
-      required=False),
-    F("compute_s", "number", "s", "Forward and backward compute (optional since v2).", required=False),
+      required=False,
+      measure=M("step.data_wait_s", "a rank's time waiting on the input pipeline")),
+    F("compute_s", "number", "s", "Forward and backward compute (optional since v2).", required=False,
+      measure=M("step.compute_s", "a rank's compute time")),
     F("comm_s", "number", "s", "Communication not overlapped with compute: collectives plus pipeline waits "
-      "(optional since v2; when only `collective_s`/`pipeline_wait_s` are given, their sum).", required=False),
+      "(optional since v2; when only `collective_s`/`pipeline_wait_s` are given, their sum).", required=False,
+      measure=M("step.comm_s", "a rank's exposed communication (all-reduce wait) time")),
     F("collective_s", "number", "s", "Of `comm_s`, time in collectives (all-reduce, all-gather, "
-      "reduce-scatter) not overlapped with compute (v2).", required=False),
+      "reduce-scatter) not overlapped with compute (v2).", required=False,
+      measure=M("step.collective_s", "a rank's exposed time in collectives (v2 producers)")),
     F("pipeline_wait_s", "number", "s", "Of `comm_s`, time waiting on pipeline send/recv and bubbles (v2).",
-      required=False),
-    F("checkpoint_s", "number", "s", "Time inside checkpoint saves during the step.", required=False),
+      required=False,
+      measure=M("step.pipeline_wait_s", "a rank's time waiting on pipeline send/recv and bubbles (v2 producers)")),
+    F("checkpoint_s", "number", "s", "Time inside checkpoint saves during the step.", required=False,
+      measure=M("step.checkpoint_s", "a rank's time inside checkpoint saves")),
     F("node", "string", "", "Node the rank runs on (for producers that batch several nodes).",
       required=False),
     F("ended_at", "number", "s since epoch (UTC)", "When this step ended (the envelope `time` is the batch's).",
       required=False),
-), "One completed training step of one rank.")
+), "One completed training step of one rank.", entity="rank", entity_key="rank")
 
 PLACED_RANK = Record("PlacedRank", (
     F("rank", "integer", "", "Global rank."),
@@ -333,7 +461,8 @@ TOPICS: tuple[Topic, ...] = (
     Topic(TOPIC_STEPS, "steps", "job id", Record("StepBatch", (
         F("job", "string", "", "Job id."),
         F("steps", "list[StepTiming]", "", "Steps completed on this node during the interval."),
-    )), "Per-rank training-step timings, batched per node per interval.", lists={"steps": STEP_TIMING}),
+    )), "Per-rank training-step timings, batched per node per interval.", lists={"steps": STEP_TIMING},
+        periodic=True),
     Topic(TOPIC_CHECKPOINTS, "checkpoint", "job id", Record("CheckpointEvent", (
         F("job", "string", "", "Job id."),
         F("rank", "integer", "", "Rank writing the checkpoint."),
@@ -346,33 +475,44 @@ TOPICS: tuple[Topic, ...] = (
     )), "A checkpoint save starting, ending or failing (one message per phase)."),
     Topic(TOPIC_GPU, "gpu", "node id", Record("GpuReport", (
         F("gpus", "list[GpuSample]", "", "One sample per GPU."),
-    )), "Per-GPU samples of one node for the interval.", lists={"gpus": GPU_SAMPLE}),
+    )), "Per-GPU samples of one node for the interval.", lists={"gpus": GPU_SAMPLE}, periodic=True),
     Topic(TOPIC_NET, "net", "node id", Record("NetReport", (
         F("interval_s", "number", "s", "Length of the interval the rates cover."),
         F("nics", "list[NicCounters]", "", "One entry per interface or IB port."),
-        F("tcp_retrans_segs_per_s", "number", "segments/s", "TCP segments retransmitted (`RetransSegs`)."),
-        F("tcp_out_segs_per_s", "number", "segments/s", "TCP segments sent (`OutSegs`)."),
+        F("tcp_retrans_segs_per_s", "number", "segments/s", "TCP segments retransmitted (`RetransSegs`).",
+          measure=M("net.tcp_retrans_segs_per_s", "TCP segments retransmitted")),
+        F("tcp_out_segs_per_s", "number", "segments/s", "TCP segments sent (`OutSegs`).",
+          measure=M("net.tcp_out_segs_per_s", "TCP segments sent")),
         F("tcp_timeouts_per_s", "number", "events/s", "TCP retransmission timeouts (`TCPTimeouts`).",
-          required=False),
-    )), "Per-NIC rates and node-wide TCP counters for the interval.", lists={"nics": NIC_COUNTERS}),
+          required=False,
+          measure=M("net.tcp_timeouts_per_s", "TCP retransmission timeouts")),
+    )), "Per-NIC rates and node-wide TCP counters for the interval.", lists={"nics": NIC_COUNTERS},
+        periodic=True),
     Topic(TOPIC_STORAGE, "storage", "node id", Record("StorageReport", (
         F("interval_s", "number", "s", "Length of the interval the rates cover."),
         F("devices", "list[DiskStats]", "", "One entry per block device or network mount."),
-        F("io_pressure_some_avg10", "number", "%", "PSI `io some avg10`.", required=False),
-    )), "Per-device storage figures for the interval.", lists={"devices": DISK_STATS}),
+        F("io_pressure_some_avg10", "number", "%", "PSI `io some avg10`.", required=False,
+          measure=M("storage.io_pressure", "PSI io some avg10")),
+    )), "Per-device storage figures for the interval.", lists={"devices": DISK_STATS}, periodic=True),
     Topic(TOPIC_HOST, "host", "node id", Record("HostSample", (
-        F("cpu_busy_pct", "number", "%", "CPU busy (not idle, not iowait) across all cores."),
-        F("cpu_iowait_pct", "number", "%", "CPU time in iowait."),
-        F("cpu_steal_pct", "number", "%", "CPU time stolen by the hypervisor.", required=False),
+        F("cpu_busy_pct", "number", "%", "CPU busy (not idle, not iowait) across all cores.",
+          measure=M("host.cpu_busy_pct", "CPU busy")),
+        F("cpu_iowait_pct", "number", "%", "CPU time in iowait.",
+          measure=M("host.cpu_iowait_pct", "CPU iowait")),
+        F("cpu_steal_pct", "number", "%", "CPU time stolen by the hypervisor.", required=False,
+          measure=M("host.cpu_steal_pct", "CPU steal")),
         F("cpu_count", "integer", "cores", "Online logical CPUs.", required=False),
         F("mem_used_bytes", "integer", "bytes", "Memory in use (total − available)."),
         F("mem_total_bytes", "integer", "bytes", "Memory in total."),
-        F("cpu_pressure_some_avg10", "number", "%", "PSI `cpu some avg10`.", required=False),
-        F("mem_pressure_some_avg10", "number", "%", "PSI `memory some avg10`.", required=False),
+        F("cpu_pressure_some_avg10", "number", "%", "PSI `cpu some avg10`.", required=False,
+          measure=M("host.cpu_pressure", "PSI cpu some avg10")),
+        F("mem_pressure_some_avg10", "number", "%", "PSI `memory some avg10`.", required=False,
+          measure=M("host.mem_pressure", "PSI memory some avg10")),
         F("mem_pressure_full_avg10", "number", "%", "PSI `memory full avg10`.", required=False),
         F("loader_cpu_pct", "number", "% of one core",
-          "CPU used by the training job's data-loader processes.", required=False),
-    )), "Host CPU and memory pressure for the interval."),
+          "CPU used by the training job's data-loader processes.", required=False,
+          measure=M("host.loader_cpu_pct", "data-loader CPU, % of one core", "%")),
+    )), "Host CPU and memory pressure for the interval.", periodic=True),
     Topic(TOPIC_HW, "hw", "node id", Record("HwReport", (
         F("pcie", "list[PcieLink]", "", "Every GPU's, NIC's and NVMe drive's PCIe link.", required=False),
         F("ports", "list[NicPort]", "", "Every physical network port's speed and GID table.", required=False),

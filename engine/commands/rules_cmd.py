@@ -9,6 +9,8 @@
   folder overrides or inhibits); print one line per case and the failures in full; ``--junit FILE``
   writes JUnit XML for CI.  Exit 1 when a case fails.
 - ``whywait rules metrics``: the metric names, their level and unit.
+- ``whywait rules conditions``: the condition types and their parameters, from the one registry;
+  ``--docs FILE`` rewrites the generated condition tables of a Markdown file (``docs/rules.md``).
 """
 
 from __future__ import annotations
@@ -32,6 +34,9 @@ def register(p: argparse.ArgumentParser) -> None:
     t.add_argument("--require-all", action="store_true", help="fail when a rule under test has no test file")
     t.add_argument("--junit", type=Path, metavar="FILE", help="also write the results as JUnit XML to FILE")
     sub.add_parser("metrics", help="list the metrics rules may name")
+    cd = sub.add_parser("conditions", help="list the condition types and their parameters")
+    cd.add_argument("--docs", type=Path, metavar="FILE",
+                    help="rewrite the generated condition tables in FILE (docs/rules.md) instead")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -40,8 +45,10 @@ def run(args: argparse.Namespace) -> int:
         from whywait.engine.rules.metrics import METRICS
 
         for m in METRICS.values():
-            print(f"{m.name:32} {m.level:5} {m.unit:12} {m.doc}")
+            print(f"{m.name:32} {m.level:6} {m.unit:12} {m.doc}")
         return 0
+    if args.action == "conditions":
+        return _conditions(args.docs)
     if args.action == "check":
         return _check(args.paths or [_default_dir()])
     return _test(args)
@@ -130,3 +137,25 @@ def _rule_beside(test_file: Path, suffix: str) -> Path | None:
     """The rule file a test file is named after (``x.test.yaml`` -> ``x.yaml``), when it exists."""
     rule = test_file.with_name(test_file.name[: -len(suffix)] + ".yaml")
     return rule if rule.is_file() else None
+
+
+def _conditions(docs: Path | None) -> int:
+    """List every registered condition type, or rewrite the generated tables of ``docs``; return the exit code."""
+    from whywait.engine.rules.condition_types import condition_types, default_text, update_docs
+
+    if docs is not None:
+        try:
+            text = docs.read_text(encoding="utf-8")
+            new = update_docs(text)
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            print(f"{docs}: {getattr(exc, 'strerror', None) or exc}", file=sys.stderr)
+            return 1
+        if new != text:
+            docs.write_text(new, encoding="utf-8")
+        print(f"{docs}: {'updated' if new != text else 'already up to date'}", file=sys.stderr)
+        return 0
+    for ct in condition_types().values():
+        print(f"{ct.name}: {ct.doc}")
+        for s in ct.specs:
+            print(f"    {s.key:20} {s.kind.text:22} {default_text(s):10} {s.doc}")
+    return 0

@@ -1,9 +1,10 @@
 """Evaluating condition trees against the store, for one job at one event time.
 
 Called by the evaluator on every tick, once per (rule, running job).  Each leaf
-type of :data:`whywait.engine.rules.schema.CONDITION_TYPES` has an evaluation function in
-:data:`EVALUATORS`; a leaf returns a :class:`Result` naming the entities that
-matched and the evidence for each.  Leaves marked ``culprit: true`` set the
+type is one typed, frozen parameters class (its fields are its YAML keys) and the
+function that evaluates it, registered together with ``@condition`` in
+:data:`whywait.engine.rules.condition_types.CONDITIONS`; a leaf returns a :class:`Result`
+naming the entities that matched and the evidence for each.  Leaves marked ``culprit: true`` set the
 culprit entities that later leaves with ``on: culprit``, clean checks, topology
 predicates and the topology path refer to: put them first in an ``all``.
 """
@@ -13,10 +14,24 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Literal, Protocol, Sequence, TypeVar
 
 from whywait.engine.diagnosis import Evidence
 from whywait.engine.evaluate.store import MetricStore
+from whywait.engine.rules.condition_types import (
+    CONDITIONS,
+    Agg,
+    Codes,
+    Compare,
+    Comparison,
+    ConditionParams,
+    Duration,
+    MetricName,
+    Number,
+    Share,
+    condition,
+    param,
+)
 from whywait.engine.rules.metrics import METRICS
 from whywait.engine.rules.schema import AllOf, AnyOf, Condition, Node, Not
 
@@ -89,8 +104,8 @@ class Ctx:
         nodes = [n for n in self.nodes() if only is None or n in only]
         if level == "node":
             return nodes
-        if level == "nic":
-            return self.store.nic_entities(nodes)
+        if level in ("nic", "device"):  # the NICs, block devices and mounts the job's nodes reported
+            return self.store.entities_at(level, nodes)
         raise ValueError(level)
 
     def _placed(self) -> dict[int, tuple[str, int]]:
@@ -119,6 +134,15 @@ class Result:
     evidence: list[Evidence] = field(default_factory=list)
 
 
+C = TypeVar("C", bound=ConditionParams)
+
+
+def _params(c: Condition, cls: type[C]) -> C:
+    """``c``'s parameters as their registered class (the schema built them from it)."""
+    assert isinstance(c.params, cls), (c.type, type(c.params))
+    return c.params
+
+
 def _ev(c: Condition, metric: str, entity: str, value: float, baseline: float | None, threshold: str,
         window: float | None, note: str = "") -> Evidence:
     return Evidence(metric=metric, entity=entity, value=round(value, 6), unit=METRICS[metric].unit if metric in
@@ -126,40 +150,97 @@ def _ev(c: Condition, metric: str, entity: str, value: float, baseline: float | 
                     threshold=threshold, window_s=window, note=note or (c.name or ""))
 
 
+@dataclass(frozen=True, kw_only=True)
+class ThresholdCondition(ConditionParams):
+    """A metric's windowed aggregate against a fixed value, per entity.
+
+    ``min_entities``/``min_share``: how many (or what share) of the job's entities must match, so a
+    rule can say "the whole pool is slow" (most nodes) rather than "one node is slow"."""
+
+    metric: MetricName = param(doc="the metric (see `whywait rules metrics`); its level sets the entities judged")
+    agg: Agg = param("avg", "how the window's points are reduced (see Aggregations)")
+    window: Duration = param(10.0, "the window the aggregate covers: `(now - window, now]`")
+    value: Comparison = param(doc='comparison of the aggregate, e.g. `"> 95"`')
+    min_entities: Number = param(1.0, "at least this many of the job's entities must match")
+    min_share: Share = param(0.0, "at least this share of the job's entities at that level must match")
+    steps: Number = param(0.0, "the window holds at least each entity's last N points (steps, for rank metrics)")
+
+
+@condition("threshold", ThresholdCondition)
 def _threshold(c: Condition, ctx: Ctx) -> Result:
-    p = c.params
-    level = METRICS[p["metric"]].level
+    p = _params(c, ThresholdCondition)
+    level = METRICS[p.metric].level
     res = Result(False)
     ents = ctx.entities(level, c.on)
     for e in ents:
-        w = ctx.store.span(p["metric"], e, ctx.now, p["window"], int(p["steps"]))
-        v = ctx.store.value(p["metric"], e, p["agg"], ctx.now, w)
-        if v is not None and p["value"](v):
+        w = ctx.store.span(p.metric, e, ctx.now, p.window, int(p.steps))
+        v = ctx.store.value(p.metric, e, p.agg, ctx.now, w)
+        if v is not None and p.value(v):
             res.entities.append(e)
-            res.evidence.append(_ev(c, p["metric"], e, v, None, f"{p['agg']} {p['value']}", p["window"]))
+            res.evidence.append(_ev(c, p.metric, e, v, None, f"{p.agg} {p.value}", p.window))
     n = len(res.entities)
-    res.holds = n >= max(1.0, p["min_entities"]) and (not ents or n / len(ents) >= p["min_share"])
+    res.holds = n >= max(1.0, p.min_entities) and (not ents or n / len(ents) >= p.min_share)
     return res
 
 
+@dataclass(frozen=True, kw_only=True)
+class PeerOutlierCondition(ConditionParams):
+    """An entity against its job's peers: ratio to the peers' median and robust z-score."""
+
+    metric: MetricName = param(doc="the metric (see `whywait rules metrics`); its level sets the entities judged")
+    agg: Agg = param("avg", "how the window's points are reduced (see Aggregations)")
+    window: Duration = param(10.0, "the window the aggregate covers: `(now - window, now]`")
+    ratio: Comparison | None = param(None, "comparison of value ÷ peers' median (at least one of `ratio`, "
+                                                 "`zscore`)")
+    zscore: Comparison | None = param(None, "comparison of the robust z-score (value − median) ÷ (1.4826 × MAD), "
+                                            "MAD floored at 2 % of the median")
+    min_value: Comparison | None = param(None, "the entity's own value must also pass this (ignore outliers among "
+                                               "tiny numbers)")
+    min_peers: Number = param(3.0, "fewer peers with data: the condition does not hold")
+    direction: Literal["high", "low"] = param("high", "`low`: the entity is below its peers (ratio is median ÷ "
+                                                      "value)")
+    peers: Literal["all", "same_name"] = param(
+        "all", "`all`: every entity of the job at the metric's level; `same_name`: only those of the same name "
+               "on the job's other nodes (the same mount point, the same NIC port)")
+    steps: Number = param(0.0, "the window holds at least each entity's last N points (steps, for rank metrics)")
+
+    def check(self) -> str | None:
+        return None if self.ratio or self.zscore else "'peer_outlier' needs 'ratio' or 'zscore'"
+
+
+@condition("peer_outlier", PeerOutlierCondition)
 def _peer_outlier(c: Condition, ctx: Ctx) -> Result:
-    p = c.params
-    level = METRICS[p["metric"]].level
+    p = _params(c, PeerOutlierCondition)
+    level = METRICS[p.metric].level
     vals: dict[str, float] = {}
     for e in ctx.entities(level):  # peers are always the whole job, even when judging only the culprit
-        v = ctx.store.value(p["metric"], e, p["agg"], ctx.now,
-                            ctx.store.span(p["metric"], e, ctx.now, p["window"], int(p["steps"])))
+        v = ctx.store.value(p.metric, e, p.agg, ctx.now,
+                            ctx.store.span(p.metric, e, ctx.now, p.window, int(p.steps)))
         if v is not None:
             vals[e] = v
-    if len(vals) < p["min_peers"] + 1:
-        return Result(False)
+    # Peer groups: the whole level, or (same_name) the entities of one name across the job's nodes,
+    # so a node's /scratch mount is judged against the other nodes' /scratch, not against /home.
+    groups: dict[str, dict[str, float]] = {}
+    for e, v in vals.items():
+        groups.setdefault(e.split("/", 1)[1] if p.peers == "same_name" and "/" in e else "", {})[e] = v
+    only = set(ctx.entities(level, c.on)) if c.on == "culprit" else None
+    res = Result(False)
+    for name, group in sorted(groups.items()):
+        if len(group) >= p.min_peers + 1:
+            against = f"the median of {name} on the job's nodes" if name else "the job median"
+            _judge_peers(c, p, group, only, res, against)
+    res.holds = bool(res.entities)
+    return res
+
+
+def _judge_peers(c: Condition, p: PeerOutlierCondition, vals: dict[str, float], only: set[str] | None,
+                 res: Result, against: str) -> None:
+    """Add to ``res`` the entities of one peer group ``vals`` that stand out from the group's median."""
     med = statistics.median(vals.values())
     mad = statistics.median(abs(v - med) for v in vals.values())
     # A floor on the spread: identical peers (MAD 0) must not turn a 1% wobble into an infinite z-score.
     scale = max(1.4826 * mad, 0.02 * abs(med), 1e-9)
-    only = set(ctx.entities(level, c.on)) if c.on == "culprit" else None
-    low = p["direction"] == "low"
-    res = Result(False)
+    low = p.direction == "low"
     for e, v in vals.items():
         if only is not None and e not in only:
             continue
@@ -169,31 +250,51 @@ def _peer_outlier(c: Condition, ctx: Ctx) -> Result:
         else:
             ratio = v / med if med > 0 else (math.inf if v > 0 else 1.0)
             z = (v - med) / scale
-        if p["ratio"] is not None and not p["ratio"](ratio):
+        if p.ratio is not None and not p.ratio(ratio):
             continue
-        if p["zscore"] is not None and not p["zscore"](z):
+        if p.zscore is not None and not p.zscore(z):
             continue
-        if p["min_value"] is not None and not p["min_value"](v):
+        if p.min_value is not None and not p.min_value(v):
             continue
         res.entities.append(e)
-        thr = " and ".join(x for x in (f"ratio {p['ratio']}" if p["ratio"] else "",
-                                       f"robust z {p['zscore']}" if p["zscore"] else "") if x)
-        note = f"{ratio:.1f}x the job median, robust z {z:.1f}" if math.isfinite(ratio) else f"robust z {z:.1f}"
-        res.evidence.append(_ev(c, p["metric"], e, v, med, thr, p["window"], note))
-    res.holds = bool(res.entities)
-    return res
+        thr = " and ".join(x for x in (f"ratio {p.ratio}" if p.ratio else "",
+                                       f"robust z {p.zscore}" if p.zscore else "") if x)
+        note = f"{ratio:.1f}x {against}, robust z {z:.1f}" if math.isfinite(ratio) else f"robust z {z:.1f}"
+        res.evidence.append(_ev(c, p.metric, e, v, med, thr, p.window, note))
 
 
+@dataclass(frozen=True, kw_only=True)
+class SelfHistoryCondition(ConditionParams):
+    """An entity against its own past: the recent window over a baseline window before it.
+
+    While the entity is anomalous its baseline is frozen, so a long fault does not become its own
+    baseline and resolve itself."""
+
+    metric: MetricName = param(doc="the metric (see `whywait rules metrics`); its level sets the entities judged")
+    agg: Agg = param("avg", "how the window's points are reduced (see Aggregations)")
+    window: Duration = param(10.0, "the window the aggregate covers: `(now - window, now]`")
+    baseline: Duration = param(300.0, "the window before the recent one; its median is the baseline")
+    ratio: Comparison = param(doc="comparison of recent ÷ baseline")
+    min_value: Comparison | None = param(None, "the recent value must also pass this")
+    min_baseline_points: Number = param(10.0, "fewer points in the baseline: no judgement")
+    steps: Number = param(0.0, "the recent window holds at least the last N points (steps)")
+    baseline_steps: Number = param(0.0, "when set, the baseline is the N points before the recent window, "
+                                        "however long ago")
+    min_share: Share = param(0.0, "hold only when at least this share of the job's entities grew (\"every rank "
+                                  "slowed\"; 0: any one)")
+
+
+@condition("self_history", SelfHistoryCondition)
 def _self_history(c: Condition, ctx: Ctx) -> Result:
-    p = c.params
-    level = METRICS[p["metric"]].level
+    p = _params(c, SelfHistoryCondition)
+    level = METRICS[p.metric].level
     res = Result(False)
-    b = p["baseline"]
+    b = p.baseline
     ents = ctx.entities(level, c.on)
     judged = 0
     for e in ents:
-        w = ctx.store.span(p["metric"], e, ctx.now, p["window"], int(p["steps"]))
-        v = ctx.store.value(p["metric"], e, p["agg"], ctx.now, w)
+        w = ctx.store.span(p.metric, e, ctx.now, p.window, int(p.steps))
+        v = ctx.store.value(p.metric, e, p.agg, ctx.now, w)
         if v is None:
             continue
         key = (ctx.rule_id, c.line, e)
@@ -201,30 +302,59 @@ def _self_history(c: Condition, ctx: Ctx) -> Result:
         if frozen is not None:
             base = frozen
         else:
-            if p["baseline_steps"]:  # the baseline_steps points before the window, however long ago
-                _, values = ctx.store.window(p["metric"], e, ctx.now - w - b, ctx.now - w)
-                values = values[-int(p["baseline_steps"]):]
+            if p.baseline_steps:  # the baseline_steps points before the window, however long ago
+                _, values = ctx.store.window(p.metric, e, ctx.now - w - b, ctx.now - w)
+                values = values[-int(p.baseline_steps):]
             else:
-                _, values = ctx.store.window(p["metric"], e, ctx.now - w - b, ctx.now - w)
-            if len(values) < p["min_baseline_points"]:
+                _, values = ctx.store.window(p.metric, e, ctx.now - w - b, ctx.now - w)
+            if len(values) < p.min_baseline_points:
                 continue
             base = statistics.median(values)
         judged += 1
         ratio = v / base if base > 0 else (math.inf if v > 0 else 1.0)
-        ok = p["ratio"](ratio) and (p["min_value"] is None or p["min_value"](v))
+        ok = p.ratio(ratio) and (p.min_value is None or p.min_value(v))
         if ok:
             # Freeze the baseline while the entity is anomalous, so a long fault does not become
             # its own baseline and resolve itself.
             ctx.state[key] = base
             res.entities.append(e)
-            res.evidence.append(_ev(c, p["metric"], e, v, base, f"ratio to own baseline {p['ratio']}", w,
+            res.evidence.append(_ev(c, p.metric, e, v, base, f"ratio to own baseline {p.ratio}", w,
                                     f"{ratio:.2f}x its own median of the previous "
-                                    + (f"{int(p['baseline_steps'])} steps" if p["baseline_steps"] else f"{b:g}s")))
+                                    + (f"{int(p.baseline_steps)} steps" if p.baseline_steps else f"{b:g}s")))
         else:
             ctx.state.pop(key, None)
     # With min_share, enough of the job's entities must have grown ("every rank slowed", not one).
-    res.holds = bool(res.entities) and (not p["min_share"] or
-                                        (judged > 0 and len(res.entities) >= p["min_share"] * len(ents)))
+    res.holds = bool(res.entities) and (not p.min_share or
+                                        (judged > 0 and len(res.entities) >= p.min_share * len(ents)))
+    return res
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrendCondition(ConditionParams):
+    """Successive values growing: each of the last ``count`` points larger than the one before."""
+
+    metric: MetricName = param(doc="the metric (see `whywait rules metrics`); its level sets the entities judged")
+    count: Number = param(3.0, "the last `count` points (so `count + 1` values) must each grow")
+    growth: Comparison = param(Compare(">", 1.0), "comparison of each value ÷ the one before")
+    window: Duration = param(3600.0, "how far back to look for the values")
+
+
+@condition("trend", TrendCondition)
+def _trend(c: Condition, ctx: Ctx) -> Result:
+    p = _params(c, TrendCondition)
+    level = METRICS[p.metric].level
+    n = int(p.count)
+    res = Result(False)
+    for e in ctx.entities(level, c.on):
+        _, values = ctx.store.window(p.metric, e, ctx.now - p.window, ctx.now)
+        if len(values) < n + 1:
+            continue
+        tail = values[-(n + 1):]
+        if all(b > 0 and p.growth(a / b) for b, a in zip(tail, tail[1:], strict=False)):
+            res.entities.append(e)
+            res.evidence.append(_ev(c, p.metric, e, tail[-1], tail[0], f"each of {n} growing {p.growth}",
+                                    p.window, "successive values: " + ", ".join(f"{x:.3g}" for x in tail)))
+    res.holds = bool(res.entities)
     return res
 
 
@@ -265,83 +395,103 @@ def change_point(times: Sequence[float], values: Sequence[float], min_segment: i
     return best
 
 
+@dataclass(frozen=True, kw_only=True)
+class ChangePointCondition(ConditionParams):
+    """A level shift inside the window, and when it happened.
+
+    The split that best separates "before" from "after" (a two-sample t statistic over every split
+    point), with the shift's size as a ratio."""
+
+    metric: MetricName = param(doc="the metric (see `whywait rules metrics`); its level sets the entities judged")
+    window: Duration = param(120.0, "where to look for the shift")
+    score: Comparison = param(Compare(">", 6.0), "comparison of the split's Welch t statistic")
+    ratio: Comparison = param(doc="comparison of the mean after ÷ the mean before the best split")
+    min_segment: Number = param(10.0, "points each side of a split needs")
+
+
+@condition("change_point", ChangePointCondition)
 def _change_point(c: Condition, ctx: Ctx) -> Result:
-    p = c.params
-    level = METRICS[p["metric"]].level
+    p = _params(c, ChangePointCondition)
+    level = METRICS[p.metric].level
     res = Result(False)
     for e in ctx.entities(level, c.on):
-        times, values = ctx.store.window(p["metric"], e, ctx.now - p["window"], ctx.now)
-        cp = change_point(times, values, int(p["min_segment"]))
+        times, values = ctx.store.window(p.metric, e, ctx.now - p.window, ctx.now)
+        cp = change_point(times, values, int(p.min_segment))
         if cp is None:
             continue
         score, at, before, after = cp
         ratio = after / before if before > 0 else (math.inf if after > 0 else 1.0)
-        if p["score"](score) and p["ratio"](ratio):
+        if p.score(score) and p.ratio(ratio):
             res.entities.append(e)
             ctx.facts.setdefault("changed_at", at)
-            res.evidence.append(_ev(c, p["metric"], e, after, before, f"level shift {p['ratio']}", p["window"],
+            res.evidence.append(_ev(c, p.metric, e, after, before, f"level shift {p.ratio}", p.window,
                                     f"shifted {ratio:.2f}x at {ctx.now - at:.0f}s before now (score {score:.0f})"))
     res.holds = bool(res.entities)
     return res
 
 
-def _trend(c: Condition, ctx: Ctx) -> Result:
-    p = c.params
-    level = METRICS[p["metric"]].level
-    n = int(p["count"])
-    res = Result(False)
-    for e in ctx.entities(level, c.on):
-        _, values = ctx.store.window(p["metric"], e, ctx.now - p["window"], ctx.now)
-        if len(values) < n + 1:
-            continue
-        tail = values[-(n + 1):]
-        if all(b > 0 and p["growth"](a / b) for b, a in zip(tail, tail[1:], strict=False)):
-            res.entities.append(e)
-            res.evidence.append(_ev(c, p["metric"], e, tail[-1], tail[0], f"each of {n} growing {p['growth']}",
-                                    p["window"], "successive values: " + ", ".join(f"{x:.3g}" for x in tail)))
-    res.holds = bool(res.entities)
-    return res
+@dataclass(frozen=True, kw_only=True)
+class AbsenceCondition(ConditionParams):
+    """An entity that stops reporting while its job runs."""
+
+    level: Literal["rank", "node"] = param(doc="what falls silent: a rank (its steps) or a node (its telemetry)")
+    for_: Duration = param(doc="silent at least this long")
+    max_share: Share = param(1.0, "hold only while at most this share of the job's reporting entities is silent")
 
 
+@condition("absence", AbsenceCondition)
 def _absence(c: Condition, ctx: Ctx) -> Result:
-    p = c.params
-    metric = "step.since_last_s" if p["level"] == "rank" else "node.since_last_s"
+    p = _params(c, AbsenceCondition)
+    metric = "step.since_last_s" if p.level == "rank" else "node.since_last_s"
     res = Result(False)
     known = 0
-    for e in ctx.entities(p["level"], c.on):
+    for e in ctx.entities(p.level, c.on):
         since = ctx.store.age(metric, e, ctx.now)
         if since is None:  # never reported: the job may still be starting; that is not a silence
             continue
         known += 1
-        if since >= p["for"]:
+        if since >= p.for_:
             res.entities.append(e)
     # Share of the entities that have reported at all: a whole job pausing (a checkpoint) is not
     # one rank falling silent.
-    res.holds = bool(res.entities) and len(res.entities) <= p["max_share"] * max(known, 1)
+    res.holds = bool(res.entities) and len(res.entities) <= p.max_share * max(known, 1)
     if res.holds:
-        res.evidence = [_ev(c, metric, e, ctx.store.age(metric, e, ctx.now) or 0.0, None, f">= {p['for']:g}s", None,
+        res.evidence = [_ev(c, metric, e, ctx.store.age(metric, e, ctx.now) or 0.0, None, f">= {p.for_:g}s", None,
                             "no report since") for e in res.entities]
     return res
 
 
+@dataclass(frozen=True, kw_only=True)
+class EventCondition(ConditionParams):
+    """Discrete events (XID, uncorrectable ECC, link down, checkpoint failure) counted in a window."""
+
+    metric: MetricName = param(doc="e.g. `gpu.xid`, `gpu.ecc_uncorrected`, `net.carrier_changes`, "
+                                   "`checkpoint.failed`")
+    window: Duration = param(10.0, "the window the aggregate covers: `(now - window, now]`")
+    count: Comparison = param(Compare(">=", 1.0), "comparison of the number of events in the window")
+    codes: Codes | None = param(None, "for a metric of occurrences (`gpu.xid`): only these codes, e.g. "
+                                      "`[48, 79, 94, 95]`")
+
+
+@condition("event", EventCondition)
 def _event(c: Condition, ctx: Ctx) -> Result:
-    p = c.params
-    level = METRICS[p["metric"]].level
+    p = _params(c, EventCondition)
+    level = METRICS[p.metric].level
     res = Result(False)
-    codes = set(p["codes"]) if p["codes"] else None
+    codes = set(p.codes) if p.codes else None
     for e in ctx.entities(level, c.on):
-        _, values = ctx.store.window(p["metric"], e, ctx.now - p["window"], ctx.now)
+        _, values = ctx.store.window(p.metric, e, ctx.now - p.window, ctx.now)
         # Counters carry a count per sample; XID series carry one point per occurrence with its code.
-        if p["metric"] == "gpu.xid":
+        if METRICS[p.metric].occurrences:
             hits = [v for v in values if codes is None or int(v) in codes]
             n = float(len(hits))
         else:
             hits = []
             n = float(sum(values))
-        if n > 0 and p["count"](n):
+        if n > 0 and p.count(n):
             res.entities.append(e)
             note = "codes " + ", ".join(str(int(h)) for h in hits) if hits else ""
-            res.evidence.append(_ev(c, p["metric"], e, n, None, f"count {p['count']}", p["window"], note))
+            res.evidence.append(_ev(c, p.metric, e, n, None, f"count {p.count}", p.window, note))
     res.holds = bool(res.entities)
     return res
 
@@ -349,14 +499,35 @@ def _event(c: Condition, ctx: Ctx) -> Result:
 _NIC_LOW, _NIC_HIGH = 0.75, 1.25  # a NIC below 3/4 of its node's mean while another is above 5/4
 
 
+@dataclass(frozen=True, kw_only=True)
+class TopologyCondition(ConditionParams):
+    """Topology predicates over the culprit entities found by the other conditions."""
+
+    predicate: Literal["share_switch", "share_rack", "share_pool", "wrong_nic", "other_project_on_switch",
+                       "other_project_on_pool"] = param(doc="see the predicates below")
+    min_entities: Number = param(1.0, "at least this many culprit nodes")
+    metric: MetricName | None = param(None, "for `other_project_on_*`: the other job counts only when one of its "
+                                            "nodes there shows this metric (with `value`)")
+    agg: Agg = param("avg", "how the window's points are reduced (see Aggregations)")
+    window: Duration = param(10.0, "the window the aggregate covers: `(now - window, now]`")
+    value: Comparison | None = param(None, "for `other_project_on_*`: the comparison the other job's `agg` of "
+                                           "`metric` must pass")
+
+    def check(self) -> str | None:
+        if (self.metric is None) != (self.value is None):
+            return "'topology' needs both 'metric' and 'value' (the other job's activity) or neither"
+        return None
+
+
+@condition("topology", TopologyCondition)
 def _topology(c: Condition, ctx: Ctx) -> Result:
-    p = c.params
+    p = _params(c, TopologyCondition)
     topo = ctx.topology
-    pred = p["predicate"]
+    pred = p.predicate
     # Culprits at job level (a checkpoint, the job itself) have no nodes: the job's own nodes stand in.
     nodes = ctx.culprit_nodes() if any(e != ctx.job.job for e in ctx.culprits) else ctx.nodes()
     nodes = [n for n in nodes if n != ctx.job.job]
-    if len(nodes) < p["min_entities"] or topo is None:
+    if len(nodes) < p.min_entities or topo is None:
         return Result(False)
     if pred in ("share_switch", "share_rack", "share_pool"):
         fn = {"share_switch": topo.common_switch, "share_rack": topo.common_rack,
@@ -379,7 +550,7 @@ def _wrong_nic(c: Condition, ctx: Ctx, nodes: list[str]) -> Result:
     GPUs the job uses, another above 5/4 of it.  The facts name the GPUs, the NIC they should use
     (``expected_nic``) and the one that carries their traffic (``actual_nic``).
     """
-    topo, store, w = ctx.topology, ctx.store, c.params["window"]
+    topo, store, w = ctx.topology, ctx.store, _params(c, TopologyCondition).window
     used = {(n, g) for n, g in ctx.job.ranks.values()}
     for node in nodes:
         tx: dict[str, float] = {}
@@ -425,8 +596,8 @@ def _other_project(c: Condition, ctx: Ctx, nodes: list[str]) -> Result:
     switch or pool is busy that way (for example sending near line rate); its busiest node becomes
     evidence, and the facts name the job, its project and team, and the shared place.
     """
-    p, topo = c.params, ctx.topology
-    where = "switch" if p["predicate"].endswith("switch") else "pool"
+    p, topo = _params(c, TopologyCondition), ctx.topology
+    where = "switch" if p.predicate.endswith("switch") else "pool"
     places: set[str] = set()
     for n in nodes:
         if where == "switch":
@@ -441,15 +612,15 @@ def _other_project(c: Condition, ctx: Ctx, nodes: list[str]) -> Result:
             if o.project == ctx.job.project:
                 continue
             ev: list[Evidence] = []
-            if p["metric"] is not None:
+            if p.metric is not None and p.value is not None:  # both or neither (the type's check)
                 best: tuple[float, str] | None = None
                 for n in sorted({n for n, _ in o.ranks.values()} & under):
-                    v = ctx.store.value(p["metric"], n, p["agg"], ctx.now, p["window"])
-                    if v is not None and p["value"](v) and (best is None or v > best[0]):
+                    v = ctx.store.value(p.metric, n, p.agg, ctx.now, p.window)
+                    if v is not None and p.value(v) and (best is None or v > best[0]):
                         best = (v, n)
                 if best is None:
                     continue
-                ev.append(_ev(c, p["metric"], best[1], best[0], None, f"{p['agg']} {p['value']}", p["window"],
+                ev.append(_ev(c, p.metric, best[1], best[0], None, f"{p.agg} {p.value}", p.window,
                               f"{o.job} ({o.project}) on {best[1]}"))
                 ctx.facts.update(other_node=best[1], other_value=best[0])
             ctx.facts.update(other_job=o.job, other_project=o.project, other_team=o.team, shared=place)
@@ -460,23 +631,9 @@ def _other_project(c: Condition, ctx: Ctx, nodes: list[str]) -> Result:
     return Result(False)
 
 
-EVALUATORS: dict[str, Callable[[Condition, Ctx], Result]] = {
-    "threshold": _threshold,
-    "peer_outlier": _peer_outlier,
-    "self_history": _self_history,
-    "trend": _trend,
-    "change_point": _change_point,
-    "absence": _absence,
-    "event": _event,
-    "topology": _topology,
-}
-
-# The step-aligned conditions live in their own module; it imports this one, so it registers here,
-# after Ctx and Result exist.
-from whywait.engine.evaluate.step_conditions import STEP_EVALUATORS  # noqa: E402
-
-EVALUATORS.update(STEP_EVALUATORS)
-
+# The step-aligned condition types live in their own module; it imports this one (for Ctx and
+# Result), so it is imported here, after them, and its ``@condition`` registrations run then.
+import whywait.engine.evaluate.step_conditions  # noqa: E402,F401
 
 # Past this much event time without any input, no leaf holds.  Live, the watermark never passes the
 # newest input, so this only cuts short replays and rule tests that run the clock on after their
@@ -489,11 +646,10 @@ def evaluate(node: Node, ctx: Ctx) -> Result:
     if isinstance(node, Condition):
         if ctx.now - ctx.store.max_time > QUIET_S:
             return Result(False)
-        r = EVALUATORS[node.type](node, ctx)
+        r: Result = CONDITIONS[node.type].evaluate(node, ctx)  # typed loosely: engine.rules cannot name Ctx
         if r.holds and node.culprit and r.entities:
             ctx.culprits = list(r.entities)
-            metric = node.params.get("metric")
-            ctx.culprit_level = METRICS[metric].level if metric else node.params.get("level")
+            ctx.culprit_level = node.params.entity_level()
             ctx.facts["culprit_ranks"] = ctx.culprit_ranks()
         return r
     if isinstance(node, Not):

@@ -21,6 +21,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable
 
+from whywait.agents.events import TOPICS
 from whywait.engine.diagnosis import Diagnosis, Evidence, Owner
 from whywait.engine.evaluate.conditions import Ctx, Result, evaluate
 from whywait.engine.evaluate.store import MetricStore
@@ -32,8 +33,9 @@ log = logging.getLogger(__name__)
 
 
 
-# Inputs every node sends every interval: the watermark waits for all of them.
-_PERIODIC = frozenset({"gpu", "net", "storage", "host", "steps"})
+# Inputs every node sends every interval (``periodic`` in the event contract): the watermark waits
+# for all of them.
+_PERIODIC = frozenset(t.kind for t in TOPICS if t.periodic)
 # Steps stop when a job hangs or stalls in a checkpoint, which is exactly when the rules must run:
 # the watermark stops waiting for them after a few seconds, not after ``idle_s``.
 _IDLE_S = {"steps": 5.0}
@@ -604,9 +606,7 @@ def _longest_window(node: Any) -> float:
     against it as soon as its recent window has refilled.
     """
     if isinstance(node, Condition):
-        p = node.params
-        spans = [p.get("window"), p.get("for")]
-        return max((float(x) for x in spans if isinstance(x, (int, float))), default=0.0)
+        return node.params.recent_s()
     items = getattr(node, "items", None)
     if items is not None:
         return max((_longest_window(i) for i in items), default=0.0)

@@ -1,7 +1,7 @@
 """Condition types that read the job's own step timings, aligned by step number.
 
-Registered in :data:`whywait.engine.evaluate.conditions.EVALUATORS` (their parameters in
-:data:`whywait.engine.rules.schema.CONDITION_TYPES`).  Each is called once per tick per
+Each is a typed parameters class registered with its function by ``@condition`` in
+:data:`whywait.engine.rules.condition_types.CONDITIONS`.  Each is called once per tick per
 (rule, job), like every leaf, and returns a :class:`Result`.  They fill
 ``ctx.facts`` for the rule's templates and for the cost figure:
 
@@ -25,7 +25,8 @@ from __future__ import annotations
 import math
 import statistics
 from collections import Counter
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from whywait.engine.diagnosis import Evidence
 from whywait.engine.evaluate.conditions import Ctx, Result
@@ -39,9 +40,23 @@ from whywait.engine.evaluate.steps import (
     select,
     step_loss,
 )
+from whywait.engine.rules.condition_types import (
+    Compare,
+    Comparison,
+    ConditionParams,
+    Duration,
+    Number,
+    Share,
+    condition,
+    param,
+)
 from whywait.engine.rules.schema import Condition
 
 Steps = list[tuple[int, dict[int, StepRec]]]
+Measure = Literal["work", "duration_s", "compute_s", "data_wait_s", "comm_s"]
+Within = Literal["stage", "job"]
+_MEASURE_DOC = "`work` (compute plus input wait), or one field of the step: `duration_s`, `compute_s`, ..."
+_WITHIN_DOC = "`stage`: compare with the same pipeline stage on the other replicas; `job`: with every rank"
 # How many steps before the window count as a rank's history (bounded: the table keeps ~600).
 _HISTORY_MAX = 60
 
@@ -77,6 +92,26 @@ def _where(ctx: Ctx, rank: int) -> dict[str, Any]:
             "replica": co.get("dp") if len(replicas) > 1 else None}
 
 
+@dataclass(frozen=True, kw_only=True)
+class StepOutlierCondition(ConditionParams):
+    """Ranks whose own work per step exceeds their comparable peers' (same pipeline stage): stragglers."""
+
+    measure: Measure = param("work", _MEASURE_DOC)
+    window: Duration = param(5.0, "the last `window` or the last `steps` steps, whichever is longer")
+    steps: Number = param(5.0, "see `window`")
+    ratio: Comparison = param(Compare(">", 1.1), "median over the window of the rank's per-step ratio to its "
+                                                 "group's lower quartile")
+    zscore: Comparison = param(Compare(">", 4.0), "that ratio against the fast group's spread (MAD, floored at 0.02)")
+    persist: Number = param(0.6, "the rank was over `ratio` on at least this share of the steps")
+    within: Within = param("stage", _WITHIN_DOC)
+    history: Number = param(20.0, "steps before the window needed to judge the rank against its own past")
+    steady_ratio: Number = param(3.0, "below this, a rank must also have slowed by `ratio` against its own history")
+    max_share: Share = param(0.5, "more than this share flagged: no straggler (the reference itself is in doubt)")
+    min_ranks: Number = param(4.0, "fewer ranks with data: no judgement")
+    level: Literal["rank"] = param("rank", "the culprit's level: always `rank`")
+
+
+@condition("step_outlier", StepOutlierCondition)
 def _step_outlier(c: Condition, ctx: Ctx) -> Result:
     """Ranks whose own work per step exceeds their comparable peers' on most aligned steps.
 
@@ -164,6 +199,17 @@ def _set_phase(ctx: Ctx, win: Steps, culprits: list[int], ranks: list[int]) -> l
             for f, (m, t) in sorted(ex.items())]
 
 
+@dataclass(frozen=True, kw_only=True)
+class PhaseCondition(ConditionParams):
+    """Which phase (compute, input, communication) of the culprit ranks' step is slow."""
+
+    phase: Literal["any", "compute", "input", "communication"] = param(
+        "any", "holds when this phase grew (`any`: whichever did)")
+    window: Duration = param(5.0, "the same window as `step_outlier`, so the figures agree")
+    steps: Number = param(5.0, "see `window`")
+
+
+@condition("phase", PhaseCondition)
 def _phase(c: Condition, ctx: Ctx) -> Result:
     """Which phase of the culprit ranks' step is slow, against their peers on the same steps.
 
@@ -182,6 +228,20 @@ def _phase(c: Condition, ctx: Ctx) -> Result:
     return Result(holds, [], ev if holds else [])
 
 
+@dataclass(frozen=True, kw_only=True)
+class StageImbalanceCondition(ConditionParams):
+    """One pipeline stage slower than the others on (nearly) every data-parallel replica."""
+
+    measure: Measure = param("work", _MEASURE_DOC)
+    window: Duration = param(10.0, "the last `window` or the last `steps` steps, whichever is longer")
+    steps: Number = param(5.0, "see `window`")
+    ratio: Comparison = param(Compare(">", 1.15), "the slowest stage's work ÷ the median of the replica's stages")
+    persist: Number = param(0.6, "... on at least this share of the steps")
+    replica_share: Number = param(0.9, "the same stage is the slowest on at least this share of replicas")
+    min_replicas: Number = param(2.0, "fewer replicas: no judgement")
+
+
+@condition("stage_imbalance", StageImbalanceCondition)
 def _stage_imbalance(c: Condition, ctx: Ctx) -> Result:
     """One pipeline stage does more work than the others on (nearly) every data-parallel replica.
 
@@ -260,6 +320,22 @@ def _stage_imbalance(c: Condition, ctx: Ctx) -> Result:
     return Result(True, [ctx.job.job], [ev])
 
 
+@dataclass(frozen=True, kw_only=True)
+class RotationCondition(ConditionParams):
+    """A different rank slow on each step (data or sequence-length imbalance): no single culprit."""
+
+    measure: Measure = param("work", _MEASURE_DOC)
+    window: Duration = param(30.0, "the last `window` or the last `steps` steps, whichever is longer")
+    steps: Number = param(10.0, "see `window`")
+    ratio: Comparison = param(Compare(">", 1.15), "the step's slowest rank against the lower quartile")
+    zscore: Comparison = param(Compare(">", 6.0), "... and against the fast group's spread")
+    persist: Number = param(0.5, "share of steps that have such a slow rank")
+    max_share: Share = param(0.34, "no rank is the slow one on more than this share of those steps")
+    min_distinct: Number = param(3.0, "at least this many ranks take turns")
+    within: Within = param("stage", _WITHIN_DOC)
+
+
+@condition("rotation", RotationCondition)
 def _rotation(c: Condition, ctx: Ctx) -> Result:
     """A different rank is the slow one each step: imbalance in the data, not in any one rank.
 
@@ -344,6 +420,19 @@ def _rotation(c: Condition, ctx: Ctx) -> Result:
     return Result(True, [ctx.job.job], [ev])
 
 
+@dataclass(frozen=True, kw_only=True)
+class PeriodicCondition(ConditionParams):
+    """Slowdowns of the job's step time that recur with a regular period."""
+
+    window: Duration = param(1800.0, "how far back to look for bursts (reads `job.duration_s`)")
+    ratio: Comparison = param(Compare(">", 1.15), "a point is slow at this multiple of the window's median step "
+                                                  "time")
+    zscore: Comparison = param(Compare(">", 5.0), "... and this far above it in robust z")
+    min_bursts: Number = param(3.0, "at least this many bursts")
+    tolerance: Number = param(0.25, "the start-to-start intervals agree within this share of their median")
+
+
+@condition("periodic", PeriodicCondition)
 def _periodic(c: Condition, ctx: Ctx) -> Result:
     """The job's step time rises in bursts that recur with a regular period.
 
@@ -416,6 +505,17 @@ def _periodic(c: Condition, ctx: Ctx) -> Result:
     return Result(True, [job], [ev])
 
 
+@dataclass(frozen=True, kw_only=True)
+class WhatIfCondition(ConditionParams):
+    """The cost: the step time were the culprits as fast as their peers, and the time lost per step."""
+
+    measure: Measure = param("work", _MEASURE_DOC)
+    window: Duration = param(10.0, "the last `window` or the last `steps` steps, whichever is longer")
+    steps: Number = param(5.0, "see `window`")
+    within: Within = param("stage", _WITHIN_DOC)
+
+
+@condition("what_if", WhatIfCondition)
 def _what_if(c: Condition, ctx: Ctx) -> Result:
     """What the waiting costs: the step time were the culprits as fast as their peers.
 
@@ -523,13 +623,3 @@ def _losses(done: Steps, fn: Any, counted: float, recent: int, max_miss: int = 4
             if got is not None:
                 out.append((t, *got))
     return out
-
-
-STEP_EVALUATORS = {
-    "step_outlier": _step_outlier,
-    "phase": _phase,
-    "stage_imbalance": _stage_imbalance,
-    "rotation": _rotation,
-    "periodic": _periodic,
-    "what_if": _what_if,
-}

@@ -7,7 +7,14 @@ the live engine, ``whywait rules test`` and replays.
 
 Entity keys are plain strings so they serialise compactly:
 rank ``"<job>:<rank>"``, GPU ``"<node>/gpu<i>"``, NIC ``"<node>/<nic>"``,
+block device or mount ``"<node>/<device>"`` (``node-03/nfs:/scratch``),
 node ``"<node>"``, job ``"<job>"``.
+
+Ingest walks the event contract's declarations (:func:`ingest_plan`): every field declared
+with ``measure=`` in ``agents/events.py`` is stored per entity of its record (or per node), with
+the node roll-ups it declares, so a new measured field needs no code here.  What no single field
+gives (ratios, throttle reasons, the job's median over ranks, checkpoint spans, the hardware
+report's summaries) is computed by the topic's derivation in :data:`DERIVATIONS`.
 """
 
 from __future__ import annotations
@@ -16,8 +23,10 @@ import bisect
 import math
 import statistics
 from collections import defaultdict
-from typing import Any, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Sequence
 
+from whywait.agents import events
 from whywait.engine.evaluate.steps import StepRec, StepTable
 
 THERMAL = {"hw_thermal_slowdown", "sw_thermal_slowdown"}
@@ -25,6 +34,73 @@ POWER = {"sw_power_cap", "hw_power_brake_slowdown"}
 _AGES = frozenset({"checkpoint.open_s", "step.since_last_s", "node.since_last_s"})
 _JOB_FIELDS = ("duration_s", "data_wait_s", "compute_s", "comm_s", "collective_s", "pipeline_wait_s",
                "checkpoint_s")
+
+
+@dataclass(frozen=True)
+class _ListPlan:
+    """How one list of a topic is stored: its entity, its measured fields and its node roll-ups."""
+
+    name: str  # the list field ("gpus", "devices")
+    entity: str  # gpu | nic | device | rank
+    key: str  # the entry's field naming the entity
+    direct: tuple[tuple[str, str, bool, bool], ...]  # (field, metric, boolean, one point per list entry)
+    rollups: tuple[tuple[str, str, str], ...]  # (field, metric, "max" | "sum")
+
+
+@dataclass(frozen=True)
+class KindPlan:
+    """How the measured fields of one message kind are stored."""
+
+    body: tuple[tuple[str, str, bool], ...]  # (field, metric, boolean): stored per node (or job)
+    lists: tuple[_ListPlan, ...]
+    per_job: bool = False  # a job topic: body fields are stored per job, not per node
+
+
+def ingest_plan(topics: tuple[events.Topic, ...] | None = None) -> dict[str, KindPlan]:
+    """Read the contract's ``measure=`` declarations into a plan per message kind.
+
+    Called once at import for the contract (:data:`PLAN`), and by tests with a contract of their
+    own.  ``topics`` defaults to :data:`whywait.agents.events.TOPICS`.
+    """
+    out: dict[str, KindPlan] = {}
+    for t in events.TOPICS if topics is None else topics:
+        body = tuple((f.name, f.measure.metric, f.type == "boolean") for f in t.body.fields
+                     if f.measure is not None and f.measure.metric is not None)
+        lists = []
+        for name, rec in t.lists.items():
+            ms = [(f, f.measure) for f in rec.fields if f.measure is not None]
+            if not ms:
+                continue
+            # A declaration the store could not follow fails at import, naming the record and field.
+            key = next((f for f in rec.fields if f.name == rec.entity_key), None)
+            if rec.entity not in events.ENTITIES or key is None or not key.required:
+                raise ValueError(f"{rec.name}: measured fields need entity= one of {', '.join(events.ENTITIES)} and "
+                                 f"entity_key= a required field of the record (got {rec.entity!r}, "
+                                 f"{rec.entity_key!r})")
+            for f, m in ms:
+                if any(r.how not in ("max", "sum") for r in m.rollups):
+                    raise ValueError(f"{rec.name}.{f.name}: a rollup is 'max' or 'sum'")
+            lists.append(_ListPlan(
+                name, rec.entity, rec.entity_key,
+                tuple((f.name, m.metric, f.type == "boolean", m.each) for f, m in ms if m.metric is not None),
+                tuple((f.name, r.metric, r.how) for f, m in ms for r in m.rollups)))
+        if body or lists:
+            out[t.kind] = KindPlan(body, tuple(lists), t.key == "job id")
+    return out
+
+
+PLAN = ingest_plan()
+# Kinds every node sends every interval (not steps, which a node sends only while a job runs there):
+# a node's last report among these is its ``node.since_last_s``.
+_NODE_PERIODIC = frozenset(t.kind for t in events.TOPICS if t.periodic and t.key == "node id")
+
+
+def _entity(entity: str, msg: dict[str, Any], node: str, name: Any) -> str:
+    if entity == "rank":
+        return f"{msg['job']}:{name}"
+    if entity == "gpu":
+        return f"{node}/gpu{name}"
+    return f"{node}/{name}"  # nic, device: the name as the agent gives it, under its node
 
 
 class Series:
@@ -97,12 +173,16 @@ def aggregate(agg: str, times: Sequence[float], values: Sequence[float]) -> floa
 class MetricStore:
     """Every metric of :mod:`whywait.engine.rules.metrics`, per entity, over the last ``retention_s``."""
 
-    def __init__(self, retention_s: float = 900.0) -> None:
+    def __init__(self, retention_s: float = 900.0, plan: dict[str, KindPlan] | None = None) -> None:
         self.retention_s = retention_s
+        self.plan = PLAN if plan is None else plan
         self.series: dict[tuple[str, str], Series] = {}
         self.node_last: dict[str, float] = {}
         self.rank_last: dict[str, float] = {}
-        self.nics: dict[str, set[str]] = defaultdict(set)  # node -> NIC entity keys seen
+        # level -> node -> entity keys seen, for the levels a job's placement does not name (NICs,
+        # block devices and mounts): a condition at that level judges the entities of the job's nodes.
+        self.members: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
+        self.nics: dict[str, set[str]] = self.members["nic"]  # node -> NIC entity keys seen
         self.nic_gpus: dict[str, tuple[int, ...]] = {}  # NIC entity key -> GPUs it serves
         self.open_checkpoints: dict[tuple[str, str], float] = {}  # (job, checkpoint id) -> start time
         # job -> checkpoint id -> [start, end or None]: ages are judged at the evaluation time, which
@@ -134,29 +214,60 @@ class MetricStore:
             self.max_time = t
         kind = msg["kind"]
         node = msg["node"]
-        if kind in ("gpu", "net", "storage", "host"):
+        if kind in _NODE_PERIODIC:
             self.node_last[node] = max(t, self.node_last.get(node, t))
             seen = self.node_seen.get(node)
             if seen is None:
                 seen = self.node_seen[node] = Series()
             if not seen.t or seen.t[-1] != t:
                 seen.add(t, 1.0)
-        handler = getattr(self, f"_ingest_{kind}", None)
-        if handler is not None:
-            handler(msg, t, node)
+        plan = self.plan.get(kind)
+        if plan is not None:
+            self._ingest_declared(plan, msg, t, node)
+        derive = DERIVATIONS.get(kind)
+        if derive is not None:
+            derive(self, msg, t, node)
         return t
 
-    def _ingest_gpu(self, msg: dict[str, Any], t: float, node: str) -> None:
+    def _ingest_declared(self, plan: KindPlan, msg: dict[str, Any], t: float, node: str) -> None:
+        """Store every field the contract declares measured, and the node roll-ups it declares."""
+        put = self.put
+        owner = msg["job"] if plan.per_job else node
+        for name, metric, boolean in plan.body:
+            v = msg.get(name)
+            if v is not None:
+                put(metric, owner, t, (1.0 if v else 0.0) if boolean else float(v))
+        for lp in plan.lists:
+            items = msg.get(lp.name)
+            if items is None:
+                continue
+            members = self.members[lp.entity] if lp.entity in ("nic", "device") else None
+            for item in items:
+                e = _entity(lp.entity, msg, node, item[lp.key])
+                if members is not None:
+                    members[node].add(e)
+                for name, metric, boolean, each in lp.direct:
+                    v = item.get(name)
+                    if v is None:
+                        continue
+                    if each:  # one point per occurrence: a repeated XID counts twice
+                        for x in v:
+                            put(metric, e, t, float(x))
+                    else:
+                        put(metric, e, t, (1.0 if v else 0.0) if boolean else float(v))
+            for name, metric, how in lp.rollups:
+                vals = [float(item[name]) for item in items if item.get(name) is not None]
+                if how == "sum":  # an empty list, or entries without the field, add nothing: 0
+                    put(metric, node, t, math.fsum(vals))
+                elif vals:
+                    put(metric, node, t, max(vals))
+
+    # ---- derivations: what no single declared field gives -----------------------------------------
+
+    def _derive_gpu(self, msg: dict[str, Any], t: float, node: str) -> None:
         put = self.put
         for g in msg["gpus"]:
             e = f"{node}/gpu{g['gpu']}"
-            if g.get("util_pct") is not None:  # absent on MIG instances
-                put("gpu.util_pct", e, t, g["util_pct"])
-            if g.get("mem_util_pct") is not None:
-                put("gpu.mem_util_pct", e, t, g["mem_util_pct"])
-            put("gpu.temp_c", e, t, g["temp_c"])
-            put("gpu.power_w", e, t, g["power_w"])
-            put("gpu.sm_clock_mhz", e, t, g["sm_clock_mhz"])
             if g.get("sm_clock_max_mhz"):
                 put("gpu.sm_clock_ratio", e, t, g["sm_clock_mhz"] / g["sm_clock_max_mhz"])
             if g.get("power_limit_w"):
@@ -164,77 +275,27 @@ class MetricStore:
             reasons = set(g.get("throttle_reasons") or ())
             put("gpu.thermal_throttle", e, t, 1.0 if reasons & THERMAL else 0.0)
             put("gpu.power_throttle", e, t, 1.0 if reasons & POWER else 0.0)
-            for f in ("ecc_uncorrected", "ecc_corrected", "pcie_replay", "nvlink_errors"):
-                if g.get(f) is not None:
-                    put(f"gpu.{f}", e, t, float(g[f]))
-            if g.get("remapped_rows_pending") is not None:
-                put("gpu.remapped_rows_pending", e, t, 1.0 if g["remapped_rows_pending"] else 0.0)
-            for code in g.get("xid") or ():  # one point per occurrence: a repeated XID counts twice
-                put("gpu.xid", e, t, float(code))
 
-    def _ingest_net(self, msg: dict[str, Any], t: float, node: str) -> None:
+    def _derive_net(self, msg: dict[str, Any], t: float, node: str) -> None:
         put = self.put
         retrans, out = msg["tcp_retrans_segs_per_s"], msg["tcp_out_segs_per_s"]
-        put("net.tcp_retrans_segs_per_s", node, t, retrans)
-        put("net.tcp_out_segs_per_s", node, t, out)
         put("net.tcp_retrans_ratio", node, t, retrans / out if out > 0 else 0.0)
-        if msg.get("tcp_timeouts_per_s") is not None:
-            put("net.tcp_timeouts_per_s", node, t, msg["tcp_timeouts_per_s"])
-        sums = dict.fromkeys(("rx_drops_per_s", "tx_drops_per_s", "rx_errors_per_s", "tx_errors_per_s",
-                              "rx_bytes_per_s", "tx_bytes_per_s", "carrier_changes", "symbol_errors",
-                              "xmit_wait_per_s"), 0.0)
         down = 0
         tx: list[float] = []
         for n in msg["nics"]:
-            e = f"{node}/{n['nic']}"
-            self.nics[node].add(e)
             if n.get("gpus"):
-                self.nic_gpus[e] = tuple(n["gpus"])
-            for f in sums:
-                if n.get(f) is not None:
-                    sums[f] += n[f]
-            for f in ("rx_bytes_per_s", "tx_bytes_per_s", "rx_drops_per_s", "tx_drops_per_s", "rx_errors_per_s",
-                      "xmit_wait_per_s"):
-                if n.get(f) is not None:
-                    put(f"nic.{f}", e, t, n[f])
-            put("nic.link_up", e, t, 1.0 if n["link_up"] else 0.0)
+                self.nic_gpus[f"{node}/{n['nic']}"] = tuple(n["gpus"])
             down += 0 if n["link_up"] else 1
             tx.append(n["tx_bytes_per_s"])
-        for f, v in sums.items():
-            put(f"net.{f}", node, t, v)
         put("net.links_down", node, t, float(down))
         mean_tx = sum(tx) / len(tx) if tx else 0.0
         put("net.tx_imbalance", node, t, max(tx) / mean_tx if mean_tx > 0 else 1.0)
 
-    def _ingest_storage(self, msg: dict[str, Any], t: float, node: str) -> None:
-        devs = msg["devices"]
-        put = self.put
-        if devs:
-            put("storage.read_latency_ms", node, t, max(d["read_latency_ms"] for d in devs))
-            put("storage.write_latency_ms", node, t, max(d["write_latency_ms"] for d in devs))
-            put("storage.read_iops", node, t, sum(d["read_iops"] for d in devs))
-            put("storage.write_iops", node, t, sum(d["write_iops"] for d in devs))
-            put("storage.read_bytes_per_s", node, t, sum(d["read_bytes_per_s"] for d in devs))
-            put("storage.write_bytes_per_s", node, t, sum(d["write_bytes_per_s"] for d in devs))
-            put("storage.queue_depth", node, t, max(d["queue_depth"] for d in devs))
-            utils = [d["util_pct"] for d in devs if d.get("util_pct") is not None]
-            if utils:
-                put("storage.util_pct", node, t, max(utils))
-        if msg.get("io_pressure_some_avg10") is not None:
-            put("storage.io_pressure", node, t, msg["io_pressure_some_avg10"])
-
-    def _ingest_host(self, msg: dict[str, Any], t: float, node: str) -> None:
-        put = self.put
-        put("host.cpu_busy_pct", node, t, msg["cpu_busy_pct"])
-        put("host.cpu_iowait_pct", node, t, msg["cpu_iowait_pct"])
+    def _derive_host(self, msg: dict[str, Any], t: float, node: str) -> None:
         if msg["mem_total_bytes"]:
-            put("host.mem_used_pct", node, t, 100.0 * msg["mem_used_bytes"] / msg["mem_total_bytes"])
-        for src, dst in (("cpu_steal_pct", "host.cpu_steal_pct"), ("cpu_pressure_some_avg10", "host.cpu_pressure"),
-                         ("mem_pressure_some_avg10", "host.mem_pressure"), ("loader_cpu_pct", "host.loader_cpu_pct")):
-            if msg.get(src) is not None:
-                put(dst, node, t, msg[src])
+            self.put("host.mem_used_pct", node, t, 100.0 * msg["mem_used_bytes"] / msg["mem_total_bytes"])
 
-    def _ingest_hw(self, msg: dict[str, Any], t: float, node: str) -> None:
+    def _derive_hw(self, msg: dict[str, Any], t: float, node: str) -> None:
         """Hardware health (the ``hw`` topic): each list present sets its metrics; an absent list says nothing."""
         put = self.put
         # Per-lane PCIe rate in Gb/s after encoding, by generation (Gen1-2: 8b/10b; Gen3-5: 128b/130b;
@@ -359,7 +420,8 @@ class MetricStore:
             put("gpu.nvml_errors", e, t, float(h["errors"]))
             put("gpu.nvml_timeouts", e, t, float(h["timeouts"]))
 
-    def _ingest_steps(self, msg: dict[str, Any], t: float, node: str) -> None:
+    def _derive_steps(self, msg: dict[str, Any], t: float, node: str) -> None:
+        """The step tables, the ranks' last reports, ``comm_s`` where only its parts came, and the job buckets."""
         job = msg["job"]
         put = self.put
         sec = int(t)
@@ -372,6 +434,7 @@ class MetricStore:
             dur = s["duration_s"]
             if s.get("comm_s") is None and (s.get("collective_s") is not None or s.get("pipeline_wait_s") is not None):
                 s = {**s, "comm_s": (s.get("collective_s") or 0.0) + (s.get("pipeline_wait_s") or 0.0)}
+                put("step.comm_s", e, t, s["comm_s"])  # the declared field was absent: its parts' sum
             ended = s.get("ended_at")
             # A step's own end time when the producer gives it (several steps per message), else the
             # message's time; never later than the message, so a bad clock cannot run ahead of it.
@@ -384,7 +447,6 @@ class MetricStore:
                 v = s.get(f)
                 if v is None:  # an absent phase is unknown, not zero: no point at all
                     continue
-                put(f"step.{f}", e, t, v)
                 self._buckets[(job, f)].setdefault(sec, []).append(v)
             if dur > 0:
                 for f, share in (("data_wait_s", "data_wait_share"), ("comm_s", "comm_share"),
@@ -392,7 +454,7 @@ class MetricStore:
                     if s.get(f) is not None:
                         self._buckets[(job, share)].setdefault(sec, []).append(s[f] / dur)
 
-    def _ingest_checkpoint(self, msg: dict[str, Any], t: float, node: str) -> None:
+    def _derive_checkpoint(self, msg: dict[str, Any], t: float, node: str) -> None:
         job, cid, phase = msg["job"], msg["checkpoint_id"], msg["phase"]
         spans = self.checkpoint_spans[job]
         if phase == "start":
@@ -490,4 +552,21 @@ class MetricStore:
         return aggregate(agg, times, values)
 
     def nic_entities(self, nodes: Iterable[str]) -> list[str]:
-        return sorted(e for n in nodes for e in self.nics.get(n, ()))
+        return self.entities_at("nic", nodes)
+
+    def entities_at(self, level: str, nodes: Iterable[str]) -> list[str]:
+        """The entities at ``level`` (``nic``, ``device``) seen on ``nodes``, sorted."""
+        seen = self.members.get(level, {})
+        return sorted(e for n in nodes for e in seen.get(n, ()))
+
+
+# The derivation of each kind, called after its declared fields are stored.  An explicit table: a
+# kind without derived metrics has no entry.
+DERIVATIONS: dict[str, Callable[[MetricStore, dict[str, Any], float, str], None]] = {
+    "gpu": MetricStore._derive_gpu,
+    "net": MetricStore._derive_net,
+    "host": MetricStore._derive_host,
+    "hw": MetricStore._derive_hw,
+    "steps": MetricStore._derive_steps,
+    "checkpoint": MetricStore._derive_checkpoint,
+}

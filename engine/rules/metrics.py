@@ -1,43 +1,66 @@
-"""The metrics a rule may name, the level each lives at, and its unit.
+"""The metrics a rule may name, the level each lives at, and its unit: one catalogue.
 
-The evaluator's store (``whywait.engine.evaluate.store``) derives every one of these from
-contract messages; the rule schema refuses any other name, listing the valid
-ones.  A metric's *level* decides which entities a condition compares: a job's
-ranks, its GPUs, its nodes, the NICs of its nodes, or the job as a whole.
+Most metrics are *declared* in the event contract (``agents/events.py``): a field with a
+``measure=`` is stored per entity of its record (a GPU, a NIC, a block device or mount, a
+rank) or per node, plus the node roll-ups it declares.  :func:`catalogue` reads those
+declarations, so a field declared there is stored by :class:`whywait.engine.evaluate.store.MetricStore`,
+listed by ``whywait rules metrics`` and accepted by the rule schema without touching this file.
+
+The rest (:data:`DERIVED`) are computed by the store from several fields or from state (a
+ratio, a throttle reason, a job's median over its ranks, an age); each is declared here and
+computed in the store's derivation for its topic.  A metric's *level* decides which entities a
+condition compares: a job's ranks, its GPUs, its nodes, their NICs or block devices and mounts,
+or the job as a whole.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, cast
 
-Level = Literal["rank", "gpu", "node", "nic", "job"]
+from whywait.agents import events
+
+Level = Literal["rank", "gpu", "node", "nic", "device", "job"]
 
 
 @dataclass(frozen=True)
 class Metric:
-    """A metric's name, level and unit."""
+    """A metric's name, level and unit; ``occurrences``: one point per event, its code as the value (XIDs)."""
 
     name: str
     level: Level
     unit: str
     doc: str
+    occurrences: bool = False
 
 
 def _m(level: Level, unit: str, *names_docs: tuple[str, str]) -> list[Metric]:
     return [Metric(n, level, unit, d) for n, d in names_docs]
 
 
-_ALL: list[Metric] = [
-    # Per rank, from StepTiming.
+def catalogue(topics: tuple[events.Topic, ...] | None = None) -> dict[str, Metric]:
+    """The metrics the contract's ``measure=`` declarations make (``topics`` defaults to the contract's)."""
+    out: dict[str, Metric] = {}
+
+    def add(m: Metric) -> None:
+        if m.name in out:
+            raise ValueError(f"metric {m.name!r} declared twice in the event contract")
+        out[m.name] = m
+
+    for topic, list_name, rec, f, meas in events.measured(topics):
+        level = rec.entity if list_name is not None else ("node" if topic.key == "node id" else "job")
+        if meas.metric is not None:
+            add(Metric(meas.metric, cast(Level, level), meas.unit or f.unit, meas.doc, meas.each))
+        for r in meas.rollups:
+            add(Metric(r.metric, "node", meas.unit or f.unit, r.doc))
+    return out
+
+
+# Computed by the store from several fields or from its own state: declared here, computed in the
+# derivation of their topic in engine/evaluate/store.py.
+DERIVED: list[Metric] = [
+    # Per rank.
     *_m("rank", "s",
-        ("step.duration_s", "a rank's step wall time"),
-        ("step.data_wait_s", "a rank's time waiting on the input pipeline"),
-        ("step.compute_s", "a rank's compute time"),
-        ("step.comm_s", "a rank's exposed communication (all-reduce wait) time"),
-        ("step.checkpoint_s", "a rank's time inside checkpoint saves"),
-        ("step.collective_s", "a rank's exposed time in collectives (v2 producers)"),
-        ("step.pipeline_wait_s", "a rank's time waiting on pipeline send/recv and bubbles (v2 producers)"),
         ("step.work_s", "a rank's own time per step: compute plus input wait (step-aligned conditions)")),
     *_m("rank", "s", ("step.since_last_s", "seconds since the rank last reported a step (absence)")),
     # Per job: the median over its ranks, per second of event time.
@@ -58,52 +81,15 @@ _ALL: list[Metric] = [
         ("checkpoint.open_s", "age of the oldest checkpoint save still running")),
     *_m("job", "count", ("checkpoint.failed", "checkpoint saves that failed")),
     # Per GPU.
-    *_m("gpu", "%", ("gpu.util_pct", "GPU utilisation"), ("gpu.mem_util_pct", "memory-controller utilisation")),
-    *_m("gpu", "°C", ("gpu.temp_c", "GPU temperature")),
-    *_m("gpu", "W", ("gpu.power_w", "power draw")),
-    *_m("gpu", "MHz", ("gpu.sm_clock_mhz", "SM clock")),
     *_m("gpu", "ratio", ("gpu.sm_clock_ratio", "SM clock over its maximum"),
         ("gpu.power_ratio", "power draw over its limit")),
     *_m("gpu", "bool", ("gpu.thermal_throttle", "a thermal clock-event reason is active"),
-        ("gpu.power_throttle", "a power clock-event reason is active"),
-        ("gpu.remapped_rows_pending", "a row remap is pending")),
-    *_m("gpu", "count", ("gpu.ecc_uncorrected", "uncorrected ECC errors"),
-        ("gpu.ecc_corrected", "corrected ECC errors"), ("gpu.xid", "XID errors (one per occurrence)"),
-        ("gpu.pcie_replay", "PCIe replays"), ("gpu.nvlink_errors", "NVLink errors")),
+        ("gpu.power_throttle", "a power clock-event reason is active")),
     # Per node: network.
-    *_m("node", "segments/s", ("net.tcp_retrans_segs_per_s", "TCP segments retransmitted"),
-        ("net.tcp_out_segs_per_s", "TCP segments sent")),
     *_m("node", "ratio", ("net.tcp_retrans_ratio", "retransmitted over sent TCP segments")),
-    *_m("node", "events/s", ("net.tcp_timeouts_per_s", "TCP retransmission timeouts")),
-    *_m("node", "packets/s", ("net.rx_drops_per_s", "receive drops, all NICs"),
-        ("net.tx_drops_per_s", "transmit drops, all NICs")),
-    *_m("node", "errors/s", ("net.rx_errors_per_s", "receive errors, all NICs"),
-        ("net.tx_errors_per_s", "transmit errors, all NICs")),
-    *_m("node", "count", ("net.carrier_changes", "link flaps, all NICs"),
-        ("net.symbol_errors", "IB symbol errors, all ports"), ("net.links_down", "NICs whose link is down")),
-    *_m("node", "ticks/s", ("net.xmit_wait_per_s", "IB transmit wait, all ports")),
-    *_m("node", "bytes/s", ("net.rx_bytes_per_s", "received bytes, all NICs"),
-        ("net.tx_bytes_per_s", "transmitted bytes, all NICs")),
+    *_m("node", "count", ("net.links_down", "NICs whose link is down")),
     *_m("node", "ratio", ("net.tx_imbalance", "busiest NIC's transmit over the mean of the node's NICs")),
-    # Per NIC.
-    *_m("nic", "bytes/s", ("nic.rx_bytes_per_s", "received bytes"), ("nic.tx_bytes_per_s", "transmitted bytes")),
-    *_m("nic", "packets/s", ("nic.rx_drops_per_s", "receive drops"), ("nic.tx_drops_per_s", "transmit drops")),
-    *_m("nic", "errors/s", ("nic.rx_errors_per_s", "receive errors")),
-    *_m("nic", "ticks/s", ("nic.xmit_wait_per_s", "IB transmit wait")),
-    *_m("nic", "bool", ("nic.link_up", "link is up")),
-    # Per node: storage (worst or summed device) and host.
-    *_m("node", "ms", ("storage.read_latency_ms", "slowest device's read latency"),
-        ("storage.write_latency_ms", "slowest device's write latency")),
-    *_m("node", "ops/s", ("storage.read_iops", "reads, all devices"), ("storage.write_iops", "writes, all devices")),
-    *_m("node", "bytes/s", ("storage.read_bytes_per_s", "bytes read, all devices"),
-        ("storage.write_bytes_per_s", "bytes written, all devices")),
-    *_m("node", "requests", ("storage.queue_depth", "deepest device queue")),
-    *_m("node", "%", ("storage.util_pct", "busiest device's utilisation"),
-        ("storage.io_pressure", "PSI io some avg10")),
-    *_m("node", "%", ("host.cpu_busy_pct", "CPU busy"), ("host.cpu_iowait_pct", "CPU iowait"),
-        ("host.cpu_steal_pct", "CPU steal"), ("host.mem_used_pct", "memory in use"),
-        ("host.cpu_pressure", "PSI cpu some avg10"), ("host.mem_pressure", "PSI memory some avg10"),
-        ("host.loader_cpu_pct", "data-loader CPU, % of one core")),
+    *_m("node", "%", ("host.mem_used_pct", "memory in use")),
     *_m("node", "s", ("node.since_last_s", "seconds since the node last reported (absence)")),
     # Hardware health, from the hw topic (fail-slow faults).
     *_m("gpu", "ratio", ("gpu.pcie_width_ratio", "PCIe link width negotiated over the maximum"),
@@ -157,4 +143,14 @@ _ALL: list[Metric] = [
     *_m("node", "W", ("bmc.power_w", "the node's power consumption the BMC reads")),
 ]
 
-METRICS: dict[str, Metric] = {m.name: m for m in _ALL}
+def _build() -> dict[str, Metric]:
+    out = catalogue()
+    for m in DERIVED:
+        if m.name in out:
+            raise ValueError(f"metric {m.name!r} is both declared in the event contract and derived")
+        out[m.name] = m
+    return out
+
+
+METRICS: dict[str, Metric] = _build()
+"""Every metric a rule may name: the contract's declarations, then the derived ones."""

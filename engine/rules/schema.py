@@ -8,9 +8,9 @@ the key path, and what was expected against what was found::
         'when.all[1].window' must be a duration like '60s' (got 60)
 
 A condition node is either a combinator (``all``, ``any``, ``not``, ``macro``)
-or a leaf with a ``type:`` from :data:`CONDITION_TYPES`, the explicit registry of
-leaf kinds and their fields.  Evaluation lives elsewhere
-(``whywait.engine.evaluate.conditions``) so this module stays a plain data model.
+or a leaf with a ``type:`` from :data:`whywait.engine.rules.condition_types.CONDITIONS`, the one
+registry of condition types: each a typed, frozen class whose fields are the leaf's keys,
+registered with its evaluation (which lives in ``whywait.engine.evaluate``).
 """
 
 from __future__ import annotations
@@ -21,21 +21,25 @@ from typing import Any, Callable
 
 from whywait.engine.diagnosis import SEVERITIES
 from whywait.engine.errors import RuleError
-from whywait.engine.rules.metrics import METRICS
+from whywait.engine.rules.condition_types import (
+    AGGS,
+    OPS,
+    Bad,
+    Compare,
+    ConditionParams,
+    condition_types,
+    enum,
+    parse_duration,
+    parse_number,
+)
 
-from whywait.durations import EXPECTED as _DURATION_EXPECTED
-from whywait.durations import parse_duration
-from whywait.errors import DurationError
 from whywait.yamlio import KeyPath as Path_
 from whywait.yamlio import line_of
 
+__all__ = ["AGGS", "OPS", "Compare", "API_VERSION", "SEVERITIES", "RuleSchemaError", "Condition", "AllOf", "AnyOf",
+           "Not", "Node", "Check", "Rule", "parse_rule", "leaves"]
+
 API_VERSION = "whywait/v1"
-AGGS = ("avg", "min", "max", "sum", "count", "last", "median", "p90", "p95", "p99", "rate", "delta")
-OPS: dict[str, Callable[[float, float], bool]] = {
-    ">": lambda a, b: a > b, ">=": lambda a, b: a >= b, "<": lambda a, b: a < b,
-    "<=": lambda a, b: a <= b, "==": lambda a, b: a == b, "!=": lambda a, b: a != b,
-}
-_COMPARE = re.compile(r"^\s*(>=|<=|==|!=|>|<)\s*(-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)\s*$")
 _ID = re.compile(r"^[a-z0-9][a-z0-9-]*(\.[a-z0-9][a-z0-9-]*)+$")
 
 
@@ -50,25 +54,11 @@ class RuleSchemaError(RuleError, ValueError):
 
 
 @dataclass(frozen=True)
-class Compare:
-    """A comparison such as ``> 10``: ``op`` applied as ``value op threshold``."""
-
-    op: str
-    value: float
-
-    def __call__(self, x: float) -> bool:
-        return OPS[self.op](x, self.value)
-
-    def __str__(self) -> str:
-        return f"{self.op} {self.value:g}"
-
-
-@dataclass(frozen=True)
 class Condition:
     """A leaf condition: its ``type`` and its validated parameters."""
 
     type: str
-    params: dict[str, Any]
+    params: ConditionParams  # the type's typed, frozen parameters (engine.rules.condition_types)
     culprit: bool = False
     on: str = "job"  # "job": all the job's entities; "culprit": only the culprit's
     name: str | None = None  # a label for evidence and clean-check text
@@ -128,38 +118,12 @@ class Rule:
     culprit: str | None = None  # a template naming the culprit when it is not a node (switch, pool, job)
 
 
-# ---- field kinds -------------------------------------------------------------------------------
+# ---- rule-level field kinds (a leaf's parameters are read by engine.rules.condition_types) --------
 
-
-class _Bad(Exception):
-    def __init__(self, expected: str, got: Any) -> None:
-        self.expected, self.got = expected, got
-
-
-def _duration(v: Any) -> float:
-    try:
-        return parse_duration(v)  # the one duration syntax (whywait.durations), bare numbers refused
-    except DurationError:
-        raise _Bad(_DURATION_EXPECTED, v) from None
-
-
-def _number(v: Any) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise _Bad("a number", v)
-    return float(v)
-
-
-def _compare(v: Any) -> Compare:
-    m = _COMPARE.match(v) if isinstance(v, str) else None
-    if not m:
-        raise _Bad("a comparison like '> 10'", v)
-    return Compare(m.group(1), float(m.group(2)))
-
-
-def _metric(v: Any) -> str:
-    if not isinstance(v, str) or v not in METRICS:
-        raise _Bad("a known metric (see `whywait rules metrics`)", v)
-    return v
+_Bad = Bad
+_duration = parse_duration
+_number = parse_number
+_enum = enum
 
 
 def _string(v: Any) -> str:
@@ -174,114 +138,12 @@ def _bool(v: Any) -> bool:
     return v
 
 
-def _enum(*choices: str) -> Callable[[Any], str]:
-    def parse(v: Any) -> str:
-        if v not in choices:
-            raise _Bad("one of " + ", ".join(choices), v)
-        return str(v)
-    return parse
-
-
 def _strings(v: Any) -> tuple[str, ...]:
     if not isinstance(v, list) or not all(isinstance(x, str) and x for x in v):
         raise _Bad("a list of strings", v)
     return tuple(v)
 
 
-def _ints(v: Any) -> tuple[int, ...]:
-    if not isinstance(v, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
-        raise _Bad("a list of integers", v)
-    return tuple(v)
-
-
-@dataclass(frozen=True)
-class P:
-    """A parameter of a condition type: its parser, whether required, and its default."""
-
-    parse: Callable[[Any], Any]
-    required: bool = False
-    default: Any = None
-
-
-_WINDOW = P(_duration, default=10.0)
-_AGG = P(_enum(*AGGS), default="avg")
-
-_STEPS = P(_number, default=5.0)  # at least this many of the latest steps, however long they take
-_MEASURE = P(_enum("work", "duration_s", "compute_s", "data_wait_s", "comm_s"), default="work")
-_WITHIN = P(_enum("stage", "job"), default="stage")
-
-# The explicit registry of leaf condition types: type name -> its parameters.
-CONDITION_TYPES: dict[str, dict[str, P]] = {
-    # A metric's windowed aggregate against a fixed threshold, per entity.
-    # ``min_entities``/``min_share``: how many (or what share) of the job's entities must match, so a
-    # rule can say "the whole pool is slow" (most nodes) rather than "one node is slow".
-    "threshold": {"metric": P(_metric, True), "agg": _AGG, "window": _WINDOW, "value": P(_compare, True),
-                  "min_entities": P(_number, default=1.0), "min_share": P(_number, default=0.0),
-                  # the window holds at least the entity's last `steps` points (rank metrics: steps)
-                  "steps": P(_number, default=0.0)},
-    # An entity against its job's peers: ratio to the peers' median and robust z-score.
-    "peer_outlier": {"metric": P(_metric, True), "agg": _AGG, "window": _WINDOW,
-                     "ratio": P(_compare), "zscore": P(_compare), "min_value": P(_compare),
-                     "min_peers": P(_number, default=3.0), "direction": P(_enum("high", "low"), default="high"),
-                     "steps": P(_number, default=0.0)},
-    # An entity against its own past: the recent window over a baseline window before it.
-    "self_history": {"metric": P(_metric, True), "agg": _AGG, "window": _WINDOW,
-                     "baseline": P(_duration, default=300.0), "ratio": P(_compare, True),
-                     "min_value": P(_compare), "min_baseline_points": P(_number, default=10.0),
-                     # windows counted in points (steps) too: the recent window holds at least the last
-                     # `steps` points and the baseline the `baseline_steps` points before them
-                     "steps": P(_number, default=0.0), "baseline_steps": P(_number, default=0.0),
-                     # hold only when at least this share of the job's entities grew (0: any one)
-                     "min_share": P(_number, default=0.0)},
-    # Successive values growing: each of the last `count` points larger than the one before.
-    "trend": {"metric": P(_metric, True), "count": P(_number, default=3.0),
-              "growth": P(_compare, default=Compare(">", 1.0)), "window": P(_duration, default=3600.0)},
-    # A level shift inside the window: the split that best separates "before" from "after"
-    # (a two-sample t statistic over every split point), with the shift's size as a ratio.
-    "change_point": {"metric": P(_metric, True), "window": P(_duration, default=120.0),
-                     "score": P(_compare, default=Compare(">", 6.0)), "ratio": P(_compare, True),
-                     "min_segment": P(_number, default=10.0)},
-    # An entity that stops reporting while its job runs.
-    # ``max_share``: hold only while at most this share of the job's entities is silent (one rank gone
-    # quiet while its peers report, as opposed to the whole job pausing for a checkpoint).
-    "absence": {"level": P(_enum("rank", "node"), True), "for": P(_duration, True),
-                "max_share": P(_number, default=1.0)},
-    # Discrete events (XID, uncorrectable ECC, link down, checkpoint failure) counted in a window.
-    "event": {"metric": P(_metric, True), "window": _WINDOW, "count": P(_compare, default=Compare(">=", 1)),
-              "codes": P(_ints)},
-    # Topology predicates over the culprit entities found by the other conditions.
-    "topology": {"predicate": P(_enum("share_switch", "share_rack", "share_pool", "wrong_nic",
-                                      "other_project_on_switch", "other_project_on_pool"), True),
-                 "min_entities": P(_number, default=1.0),
-                 # For other_project_*: the other job counts only when one of its nodes on the shared
-                 # switch or pool shows ``metric`` (its ``agg`` over ``window``) matching ``value``.
-                 "metric": P(_metric), "agg": _AGG, "window": _WINDOW, "value": P(_compare)},
-    # ---- step-aligned conditions (engine.evaluate.step_conditions): ranks compared on the same steps
-    # Ranks whose own work per step exceeds their comparable peers' (same pipeline stage): stragglers.
-    "step_outlier": {"measure": _MEASURE, "window": P(_duration, default=5.0), "steps": _STEPS,
-                     "ratio": P(_compare, default=Compare(">", 1.1)), "zscore": P(_compare, default=Compare(">", 4.0)),
-                     "persist": P(_number, default=0.6), "within": _WITHIN, "history": P(_number, default=20.0),
-                     "steady_ratio": P(_number, default=3.0), "max_share": P(_number, default=0.5),
-                     "min_ranks": P(_number, default=4.0), "level": P(_enum("rank"), default="rank")},
-    # Which phase (compute, input, communication) of the culprit ranks' step is slow.
-    "phase": {"phase": P(_enum("any", "compute", "input", "communication"), default="any"),
-              "window": P(_duration, default=5.0), "steps": _STEPS},
-    # One pipeline stage slower than the others on (nearly) every data-parallel replica.
-    "stage_imbalance": {"measure": _MEASURE, "window": _WINDOW, "steps": _STEPS,
-                        "ratio": P(_compare, default=Compare(">", 1.15)), "persist": P(_number, default=0.6),
-                        "replica_share": P(_number, default=0.9), "min_replicas": P(_number, default=2.0)},
-    # A different rank slow on each step (data or sequence-length imbalance): no single culprit.
-    "rotation": {"measure": _MEASURE, "window": P(_duration, default=30.0), "steps": P(_number, default=10.0),
-                 "ratio": P(_compare, default=Compare(">", 1.15)), "zscore": P(_compare, default=Compare(">", 6.0)),
-                 "persist": P(_number, default=0.5), "max_share": P(_number, default=0.34),
-                 "min_distinct": P(_number, default=3.0), "within": _WITHIN},
-    # Slowdowns of the job's step time that recur with a regular period.
-    "periodic": {"window": P(_duration, default=1800.0), "ratio": P(_compare, default=Compare(">", 1.15)),
-                 "zscore": P(_compare, default=Compare(">", 5.0)),
-                 "min_bursts": P(_number, default=3.0), "tolerance": P(_number, default=0.25)},
-    # The cost: the step time were the culprits as fast as their peers, and the time lost per step.
-    "what_if": {"measure": _MEASURE, "window": _WINDOW, "steps": _STEPS, "within": _WITHIN},
-}
 _LEAF_COMMON = {"type", "culprit", "scope", "name"}
 _RULE_KEYS = {"apiVersion", "id", "title", "cause", "next_step", "severity", "confidence", "when", "for",
               "keep_firing_for", "group_by", "checks", "inhibits", "labels", "runbook_url", "layer", "culprit",
@@ -349,44 +211,40 @@ def _parse_node(ctx: _Ctx, v: Any, path: Path_, macros: dict[str, Any], depth: i
         if any(p is None for p in parsed):
             return None
         return (AllOf if k == "all" else AnyOf)(tuple(parsed))  # type: ignore[arg-type]
+    types_ = condition_types()
     t = v.get("type")
-    if t not in CONDITION_TYPES:
+    if t not in types_:
         ctx.err(path + ("type",), f"must be one of all, any, not, macro, or a condition type "
-                                  f"({', '.join(CONDITION_TYPES)}) (got {t!r})")
+                                  f"({', '.join(types_)}) (got {t!r})")
         return None
-    spec = CONDITION_TYPES[t]
+    ct = types_[t]
     ok = True
     for key in v:
-        if key not in spec and key not in _LEAF_COMMON:
-            valid = ", ".join(sorted(set(spec) | _LEAF_COMMON))
+        if ct.spec(key) is None and key not in _LEAF_COMMON:
+            valid = ", ".join(sorted({s.key for s in ct.specs} | _LEAF_COMMON))
             ctx.err(path + (key,), f"is not a parameter of '{t}' (valid: {valid})")
             ok = False
-    params: dict[str, Any] = {}
-    for key, p in spec.items():
-        if key in v:
+    values: dict[str, Any] = {}
+    for spec in ct.specs:
+        if spec.key in v:
             before = len(ctx.errors)
-            params[key] = ctx.parse(path + (key,), v[key], p.parse)
+            values[spec.attr] = ctx.parse(path + (spec.key,), v[spec.key], spec.kind.parse)
             ok = ok and len(ctx.errors) == before
-        elif p.required:
-            ctx.err(path + (key,), f"is required for '{t}'")
+        elif spec.required:
+            ctx.err(path + (spec.key,), f"is required for '{t}'")
             ok = False
-        else:
-            params[key] = p.default
-    if t == "peer_outlier" and not any(params.get(k) for k in ("ratio", "zscore")):
-        ctx.err(path, "'peer_outlier' needs 'ratio' or 'zscore'")
-        ok = False
-    if t == "topology" and ok and (params.get("metric") is None) != (params.get("value") is None):
-        ctx.err(path, "'topology' needs both 'metric' and 'value' (the other job's activity) or neither")
-        ok = False
-    for share in ("min_share", "max_share"):
-        if ok and share in params and not 0 <= params[share] <= 1:
-            ctx.err(path + (share,), f"must be a share between 0 and 1 (got {params[share]:g})")
+    params: ConditionParams | None = None
+    if ok:
+        params = ct.params(**values)
+        problem = params.check()
+        if problem:
+            ctx.err(path, problem)
             ok = False
     culprit = ctx.parse(path + ("culprit",), v.get("culprit", False), _bool, False)
     # The key is `scope`, not `on`: YAML 1.1 reads a bare `on` key as the boolean true.
     on = ctx.parse(path + ("scope",), v.get("scope", "job"), _enum("job", "culprit"), "job")
     name = ctx.parse(path + ("name",), v["name"], _string) if "name" in v else None
-    if not ok:
+    if not ok or params is None:
         return None
     return Condition(t, params, bool(culprit), on, name, line_of(ctx.lines, path))
 

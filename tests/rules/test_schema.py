@@ -33,7 +33,7 @@ CASES = [
       "(units ms, s, m, h, d, w) (got 5)"]),
     ("unknown-key", GOOD.replace("ratio: \"> 10\"", "ratio: \"> 10\"\n      threshold: 3"),
      ["{f}:12: rule 'network.test-rule': 'when.all[0].threshold' is not a parameter of 'peer_outlier' "
-      "(valid: agg, culprit, direction, metric, min_peers, min_value, name, ratio, scope, steps, type, window, "
+      "(valid: agg, culprit, direction, metric, min_peers, min_value, name, peers, ratio, scope, steps, type, window, "
       "zscore)"]),
     ("unknown-metric-and-bad-compare", GOOD.replace("job.comm_s", "job.comms").replace('"> 1.3"', "1.3"),
      ["{f}:14: rule 'network.test-rule': 'when.all[1].metric' must be a known metric "
