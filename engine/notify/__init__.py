@@ -10,18 +10,29 @@ from typing import Any, Mapping
 
 from engine.errors import ConfigError
 from engine.notify.base import Notifier
-from engine.notify.pipeline import Pipeline, PipelineConfig
-from engine.notify.receivers import RECEIVERS, receiver_class
-from engine.notify.receivers.console import ConsoleNotifier
-from engine.notify.receivers.slack import SlackNotifier
 from engine.notify.secrets import read_secret
 
 log = logging.getLogger(__name__)
+
+# Loaded on first use, so importing the pipeline (or the console alone) pulls in no sink's client.
+_LAZY = {"RECEIVERS": "engine.notify.receivers", "receiver_class": "engine.notify.receivers",
+         "Pipeline": "engine.notify.pipeline", "PipelineConfig": "engine.notify.pipeline",
+         "ConsoleNotifier": "engine.notify.receivers.console", "SlackNotifier": "engine.notify.receivers.slack"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def receiver_names(env: Mapping[str, str]) -> list[str]:
     """The receivers the environment asks for: ``WHYWAIT_RECEIVERS`` (comma-separated), else
     ``slack`` when ``SLACK_BOT_TOKEN`` (or ``_FILE``) is set, else ``console``."""
+    from engine.notify.receivers import RECEIVERS
+
     raw = env.get("WHYWAIT_RECEIVERS", "")
     if raw.strip():
         names = [n.strip() for n in raw.split(",") if n.strip()]
@@ -46,6 +57,9 @@ def make_notifier(env: Mapping[str, str] | None = None, *, kafka_bootstrap: str 
     :class:`Pipeline` (``state_store``, ``silence_store``, ``clock``, ``close_stores``).  A bad
     setting raises :class:`ConfigError`; a rejected Slack token ``NotifyError(retryable=False)``.
     """
+    from engine.notify.pipeline import Pipeline, PipelineConfig
+    from engine.notify.receivers import receiver_class
+
     env = os.environ if env is None else env
     names = receiver_names(env)
     receivers = [receiver_class(n).from_env(env) for n in names]

@@ -130,7 +130,7 @@ class Incident:
     silenced_by: str | None = None
     silenced_until: float | None = None
     silenced_until_resolved: bool = False
-    timeline: list[list[Any]] = field(default_factory=list)  # [time, mrkdwn text]
+    timeline: list[list[Any]] = field(default_factory=list)  # [time, plain text]
 
     def __post_init__(self, ts: str | None, channel_id: str | None) -> None:
         if ts is not None or channel_id is not None:  # a record written before receivers were split out
