@@ -273,9 +273,9 @@ class InteractivityServer:
             loop.close()
             raise ConfigError(f"cannot listen for Slack actions on {self.host}:{self.port}: "
                               f"{exc.strerror or exc}") from None
-        server = site._server  # the bound socket tells the port chosen for port 0
-        if server is not None and getattr(server, "sockets", None):
-            self.port = server.sockets[0].getsockname()[1]
+        sockets = getattr(site._server, "sockets", None)  # the bound socket tells the port chosen for port 0
+        if sockets:
+            self.port = sockets[0].getsockname()[1]
         self._loop, self._runner = loop, runner
         self._thread = threading.Thread(target=loop.run_forever, name="slack-actions", daemon=True)
         self._thread.start()

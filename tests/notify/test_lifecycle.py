@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 
-from engine.notify.config import SlackConfig
-from engine.notify.lifecycle import IncidentBook, group_key, routed_channel
+from engine.notify.pipeline.config import PipelineConfig
+from engine.notify.pipeline.incidents import IncidentBook, group_key, routed_channel
 from engine.notify.silences import Silence
 from tests.notify.conftest import T0
 
-CFG = SlackConfig(group_wait=30, group_interval=300, repeat_interval=4 * 3600, reopen_within=3600,
+CFG = PipelineConfig(group_wait=30, group_interval=300, repeat_interval=4 * 3600, reopen_within=3600,
                   forget_after=86400)
 
 
@@ -102,7 +102,7 @@ def test_keys_and_routing(make_diagnosis) -> None:
     assert group_key(d, ("job",)) == "network.straggler-retransmits|#ml-infra|job=llm-70b"
     assert group_key(d, ()) == f"network.straggler-retransmits|#ml-infra|fingerprint={d.fingerprint}"
     assert group_key(d, ("switch", "culprit")).endswith("switch=leaf-3|culprit=node-07")
-    cfg = SlackConfig(default_channel="#default", severity_channels={"info": "#quiet"})
+    cfg = PipelineConfig(default_channel="#default", severity_channels={"info": "#quiet"})
     assert routed_channel(d, cfg) == "#ml-infra"
     assert routed_channel(dataclasses.replace(d, severity="info"), cfg) == "#quiet"
     assert routed_channel(dataclasses.replace(d, owner=Owner("p", "t")), cfg) == "#default"
