@@ -1,9 +1,10 @@
 """The notifier interface: where a :class:`~engine.diagnosis.Diagnosis` goes once it is made.
 
 The engine calls :meth:`Notifier.notify` for every diagnosis the evaluator returns
-(firing, updated, resolved) and :meth:`Notifier.close` at shutdown.  The registry of
-notifier classes (``NOTIFIERS``) and the factory (``make_notifier``) are in
-``engine/notify/__init__.py``.
+(firing, updated, resolved) and :meth:`Notifier.close` at shutdown.  The one implementation
+is the pipeline (``engine.notify.pipeline.Pipeline``) with its receivers (registry:
+``engine.notify.receivers.RECEIVERS``); ``make_notifier`` in ``engine/notify/__init__.py``
+builds it from the environment.
 """
 
 from __future__ import annotations

@@ -83,6 +83,21 @@ def test_firing_alert_is_refreshed_before_resolve_timeout(alertmanager: Any, mak
         assert p.stats()["receivers"]["alertmanager"]["updated"] >= 2
 
 
+def test_raised_severity_resolves_the_old_alert(alertmanager: Any, make_diagnosis: Any) -> None:
+    """Severity is part of an alert's identity: when it changes, the old alert is resolved at once."""
+    am, _ = alertmanager
+    with Pipeline([AlertmanagerReceiver(am.url)], FAST) as p:
+        d = make_diagnosis()
+        p.notify(d)
+        assert p.flush(10)
+        assert [a["labels"]["severity"] for a in am.wait_alerts(lambda a: len(a) == 1)] == ["warning"]
+        time.sleep(0.25)  # past group_interval: the raise is news
+        p.notify(dataclasses.replace(d, severity="critical"))
+        assert p.flush(10)
+        after = am.wait_alerts(lambda a: [x["labels"]["severity"] for x in a] == ["critical"])
+    assert len(after) == 1
+
+
 def test_unreachable_alertmanager_is_retried_then_delivered(tmp_path: Path, make_diagnosis: Any) -> None:
     from tests.support.alertmanager import free_port
 

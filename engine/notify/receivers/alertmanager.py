@@ -19,7 +19,8 @@ what may change: ``summary`` (the title), ``description`` (the cause sentence),
 incident id).  ``startsAt`` is when the condition began; a firing alert is sent with no
 ``endsAt``, so Alertmanager keeps it for its ``resolve_timeout`` (5m by default), and
 the pipeline re-sends it every ``WHYWAIT_ALERTMANAGER_REFRESH`` (1m) while it fires; a
-resolved finding is sent with ``endsAt`` = now.
+resolved finding is sent with ``endsAt`` = now, and so is a label set sent before that no
+longer stands (a finding whose severity was raised).
 
 Environment: ``WHYWAIT_ALERTMANAGER_URL`` (required; ``http://alertmanager:9093``, several
 comma-separated for an HA cluster: each gets every alert), ``WHYWAIT_ALERTMANAGER_REFRESH``
@@ -112,8 +113,19 @@ class AlertmanagerReceiver(Receiver):
         return out
 
     def send(self, announcement: Announcement) -> Receipt:
-        """POST the incident's alerts to every configured Alertmanager; the receipt counts the alerts."""
-        body = json.dumps([self.alert(d, announcement) for d in announcement.findings]).encode()
+        """POST the incident's alerts to every configured Alertmanager.
+
+        The receipt keeps the label sets sent firing: one that is no longer among them (a finding
+        whose severity or cause label changed: a new identity for Alertmanager) is resolved explicitly
+        rather than left to expire after ``resolve_timeout``."""
+        ann = announcement
+        alerts = [self.alert(d, ann) for d in ann.findings]
+        current = {json.dumps(a["labels"], sort_keys=True) for a in alerts}
+        now = _iso(ann.now)
+        for old in (ann.receipt or {}).get("firing") or []:
+            if isinstance(old, dict) and json.dumps(old, sort_keys=True) not in current:
+                alerts.append({"labels": old, "startsAt": now, "endsAt": now})  # Alertmanager keeps its start
+        body = json.dumps(alerts).encode()
         errors: list[ReceiverError] = []
         for url in self.urls:
             try:
@@ -125,4 +137,4 @@ class AlertmanagerReceiver(Receiver):
             raise ReceiverError(str(first) + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""),
                                 retryable=any(e.retryable for e in errors), retry_after=first.retry_after,
                                 rate_limited=first.rate_limited)
-        return {"alerts": len(announcement.findings), "status": announcement.status}
+        return {"firing": [a["labels"] for a in alerts if "endsAt" not in a], "status": ann.status}
