@@ -215,3 +215,25 @@ def test_refresh_resends_a_firing_incident(hook: Hook, make_diagnosis: Any) -> N
         time.sleep(1.2)
         kinds = [b["kind"] for b in hook.bodies()]
     assert kinds[0] == "post" and kinds.count("update") >= 2
+
+
+def test_each_variable_reaches_its_part(slack_server: Any, tmp_path: Path) -> None:
+    """The variables of the one-object SlackConfig keep working after the split: the pipeline's go to
+    the pipeline, the Slack receiver's to the receiver."""
+    env = {"SLACK_BOT_TOKEN": TOKEN, "WHYWAIT_SLACK_API_URL": slack_server.url,
+           "WHYWAIT_NOTIFY_OUTBOX": str(tmp_path / "o"), "WHYWAIT_NOTIFY_GROUP_BY": "job,switch",
+           "WHYWAIT_NOTIFY_GROUP_WAIT": "250ms", "WHYWAIT_NOTIFY_GROUP_INTERVAL": "2m",
+           "WHYWAIT_NOTIFY_REPEAT_INTERVAL": "1d", "WHYWAIT_NOTIFY_OUTBOX_MAX_AGE": "2h",
+           "WHYWAIT_SLACK_CHANNEL": "#alerts", "WHYWAIT_SLACK_SEVERITY_CHANNELS": "info=#quiet",
+           "WHYWAIT_SLACK_MENTIONS": "warning=@channel", "WHYWAIT_SLACK_RATE": "2",
+           "WHYWAIT_DASHBOARD_URL": "https://g/d?job={job}"}
+    with make_notifier(env) as n:
+        c = n.config
+        assert (c.group_by, c.group_wait, c.group_interval, c.repeat_interval, c.outbox_max_age) == \
+            (("job", "switch"), 0.25, 120.0, 86400.0, 7200.0)
+        assert (c.default_channel, c.severity_channels) == ("#alerts", {"info": "#quiet"})
+        assert str(n.outbox.directory) == str(tmp_path / "o")
+        slack = n.receivers["slack"]
+        assert slack.settings.mentions == {"warning": "<!channel>"} and slack.rate == 2.0
+        assert slack.settings.default_channel == "#alerts"
+        assert slack.settings.dashboard_url_template == "https://g/d?job={job}"
