@@ -296,3 +296,21 @@ def test_a_failing_state_store_does_not_stop_notifications(slack_server, make_no
     assert n.flush(5)
     assert len(slack_server.roots()) == 1
     assert "could not save notifier state" in caplog.text
+
+
+def test_deleted_message_is_posted_anew_and_its_news_follows(slack_server, make_notifier, make_diagnosis) -> None:
+    """Someone deleted the incident's message: the next update posts a new root (the receipt
+    moves to it) and the news reply lands in the new thread, nothing lost."""
+    n = make_notifier()
+    n.notify(make_diagnosis(rank=1, node="node-01"))
+    assert n.flush(5)
+    (old,) = slack_server.roots()
+    del slack_server.messages[old.ts]
+    time.sleep(0.35)  # past group_interval
+    n.notify(make_diagnosis(rank=2, node="node-02"))
+    assert n.flush(5)
+    (new,) = slack_server.roots()
+    assert new.ts != old.ts and "2 findings grouped" in new.all_text
+    assert any("1 more finding" in r.text for r in slack_server.thread(new.ts))
+    (inc,) = n.book.incidents.values()
+    assert inc.receipts["slack"]["ts"] == new.ts and n.stats()["failed"] == 0
