@@ -265,11 +265,15 @@ class Pipeline(Notifier):
                     meta["lines"] = [[line.kind, line.text] for line in step.lines]
                 if step.raised:
                     meta["raised"] = True
-                self.outbox.append(step.kind, step.key, inc.lane, now, text=step.text, meta=meta, receiver=name)
+                self.outbox.append(step.kind, step.key, inc.lane, now, text=step.text, meta=meta, receiver=name,
+                                   sync=False)
+        if steps:
+            self.outbox.sync()  # one fsync per batch: a burst of incidents is not one disk flush per item
 
     def _refresh(self, now: float) -> None:
         """Queue a re-send of each firing incident's state to receivers that want one every
         ``refresh_interval`` (Alertmanager forgets an alert not re-sent within its resolve_timeout)."""
+        queued = False
         for name, lane in self._lanes.items():
             every = lane.receiver.refresh_interval
             if not every:
@@ -278,7 +282,10 @@ class Pipeline(Notifier):
                 last = inc.delivered_at.get(name)
                 if inc.status == "firing" and inc.posted and last is not None and now - last >= every \
                         and not self.outbox.has(inc.key, receiver=name):
-                    self.outbox.append("update", inc.key, inc.lane, now, receiver=name)
+                    self.outbox.append("update", inc.key, inc.lane, now, receiver=name, sync=False)
+                    queued = True
+        if queued:
+            self.outbox.sync()
 
     def _schedule(self) -> None:
         """Thread: turn due steps into outbox items, and save changed incidents.  Separate from

@@ -146,14 +146,21 @@ class Outbox:
 
     def append(self, kind: Kind, key: str, lane: str, created: float, *, text: str = "",
                blocks: list[dict[str, Any]] | None = None, meta: dict[str, Any] | None = None,
-               receiver: str) -> OutboxItem:
-        """Queue a delivery for ``receiver``; durable when this returns."""
+               receiver: str, sync: bool = True) -> OutboxItem:
+        """Queue a delivery for ``receiver``; durable when this returns (with ``sync=False``: once
+        :meth:`sync` returns, so a batch costs one fsync)."""
         item = OutboxItem(seq=self._next_seq, kind=kind, key=key, lane=lane, created=created, text=text,
                           blocks=blocks, meta=dict(meta or {}), receiver=receiver)
         self._next_seq += 1
         self._items[item.seq] = item
-        self._write({"add": item.to_dict()}, sync=True)
+        self._write({"add": item.to_dict()}, sync=sync)
         return item
+
+    def sync(self) -> None:
+        """Make every item appended so far durable (one fsync)."""
+        if self._log is not None and self._fsync:
+            self._log.flush()
+            os.fsync(self._log.fileno())
 
     def done(self, seq: int) -> None:
         """Remove a delivered (or given-up) item."""

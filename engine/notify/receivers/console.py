@@ -1,9 +1,9 @@
 """The console receiver: prints each announcement as the message would read.
 
 The default when no receiver is configured and no Slack token is set (``make demo``
-uses it).  It goes through the same pipeline as the others, so the console shows the same grouping: one block per incident when it is
-first announced, the incident again when it changes (``update``), and the news
-lines (``reply``) indented below it.
+uses it).  It goes through the same pipeline as the others, so the console shows
+the same grouping: one block per incident when it is first announced, the incident
+again when it changes (``update``), and the news lines (``reply``) indented below it.
 """
 
 from __future__ import annotations
