@@ -67,10 +67,14 @@ def run(args: argparse.Namespace) -> int:
     if args.notify_command == "send":
         from engine.notify import make_notifier
 
-        with make_notifier() as notifier:
+        notifier = make_notifier()
+        ok = False
+        try:
             for d in diagnoses:
                 notifier.notify(d)
             ok = notifier.flush(args.timeout)
+        finally:
+            notifier.close(timeout=1.0 if ok else 0.0)  # --timeout was the wait; what is left stays queued
         print("delivered" if ok else f"not all delivered within {args.timeout:.0f}s", file=sys.stderr)
         return 0 if ok else 1
 

@@ -34,8 +34,8 @@ class Notifier(ABC):
         """Deliver everything queued now (ignoring grouping delays); True when nothing is left."""
         return True
 
-    def close(self) -> None:  # noqa: B027 - optional hook
-        """Flush and release resources; the notifier is unusable afterwards."""
+    def close(self, timeout: float = 10.0) -> None:  # noqa: B027 - optional hook
+        """Flush for up to ``timeout`` seconds and release resources; the notifier is unusable afterwards."""
 
     def __enter__(self) -> Notifier:
         return self

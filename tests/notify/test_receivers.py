@@ -237,3 +237,18 @@ def test_each_variable_reaches_its_part(slack_server: Any, tmp_path: Path) -> No
         assert slack.settings.mentions == {"warning": "<!channel>"} and slack.rate == 2.0
         assert slack.settings.default_channel == "#alerts"
         assert slack.settings.dashboard_url_template == "https://g/d?job={job}"
+
+
+def test_items_for_a_receiver_no_longer_configured_are_dropped_and_said(tmp_path: Path, caplog: Any) -> None:
+    """An outbox left by a run with a webhook, restarted without it: its items would wait forever."""
+    from engine.notify.pipeline.outbox import Outbox
+
+    box = Outbox(tmp_path / "o")
+    box.append("post", "k", "#a", 1.0, receiver="webhook")
+    box.append("post", "k", "#a", 1.0, receiver="console")
+    box.close()
+    with Pipeline([ConsoleReceiver(io.StringIO())], dataclasses.replace(FAST, outbox_dir=tmp_path / "o")) as p:
+        assert [i.receiver for i in p.outbox.items()] in (["console"], [])  # (the console's is for a forgotten key)
+        assert p.flush(2)
+    assert any("dropped 1 delivery(ies) for receiver 'webhook', which is no longer configured" in r.getMessage()
+               for r in caplog.records)

@@ -101,6 +101,7 @@ class Pipeline(Notifier):
             self._close_owned_stores()
             raise
         self._lanes = {r.name: _Lane(r, ChannelRateLimiter(r.rate) if r.rate else None) for r in receivers}
+        self._drop_orphans()
         self._ended: list[str] = []  # incidents resolved since the last tick (their silences end)
         self._resolved_unknown = 0
         self._stopping = False
@@ -112,6 +113,17 @@ class Pipeline(Notifier):
                                            daemon=True) for lane in self._lanes.values()]
         for t in self._threads:
             t.start()
+
+    def _drop_orphans(self) -> None:
+        """Items left for a receiver that is no longer configured would wait forever: say so and drop them."""
+        orphans: dict[str, int] = {}
+        for item in self.outbox.items():
+            if item.receiver not in self.receivers:
+                orphans[item.receiver] = orphans.get(item.receiver, 0) + 1
+                self.outbox.done(item.seq)
+        for name, n in orphans.items():
+            log.warning("outbox %s: dropped %d delivery(ies) for receiver %r, which is no longer configured "
+                        "(WHYWAIT_RECEIVERS)", self.outbox.directory, n, name)
 
     def _resume(self) -> None:
         """After a restart (or with a receiver added): queue the first announcement of incidents
@@ -469,8 +481,8 @@ class Pipeline(Notifier):
             lane.retry_at = time.monotonic() + pause
             if lane.down_since is None:
                 lane.down_since = self._clock()
-                log.warning("%s: %s; %d notification(s) wait in the outbox, retrying", lane.receiver.name, exc,
-                            self.outbox.count(lane.receiver.name))
+                log.warning("%s; %d notification(s) wait in the outbox for %s, retrying", exc,
+                            self.outbox.count(lane.receiver.name), lane.receiver.name)
             else:
                 log.debug("%s still failing (%s); next try in %.1fs", lane.receiver.name, exc, pause)
 

@@ -50,7 +50,7 @@ def post_json(url: str, body: bytes, *, headers: Mapping[str, str] | None = None
                             retryable=transient, retry_after=retry_after, rate_limited=exc.code == 429) from None
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", None) or exc
-        raise ReceiverError(f"{who} unreachable at {url} ({reason})", retryable=True) from None
+        raise ReceiverError(f"{who} unreachable ({reason})", retryable=True) from None
     try:
         return status, json.loads(raw) if raw.strip() else None
     except ValueError:
