@@ -299,6 +299,14 @@ class Pipeline(Notifier):
         if queued:
             self.outbox.sync()
 
+    def _next_refresh(self) -> float | None:
+        """The earliest wall time a refresh is due (None: no receiver refreshes, or nothing fires)."""
+        times = [inc.delivered_at[name] + lane.receiver.refresh_interval
+                 for name, lane in self._lanes.items() if lane.receiver.refresh_interval
+                 for inc in self.book.incidents.values()
+                 if inc.status == "firing" and inc.posted and name in inc.delivered_at]
+        return min(times) if times else None
+
     def _schedule(self) -> None:
         """Thread: turn due steps into outbox items, and save changed incidents.  Separate from
         sending, so a receiver that hangs delays no decision and no save."""
@@ -312,7 +320,7 @@ class Pipeline(Notifier):
                     self._refresh(now)
                     self._end_silences()
                     self._cond.notify_all()  # the senders, and flush() waiters
-                    nxt = self.book.next_due()
+                    nxt = min((t for t in (self.book.next_due(), self._next_refresh()) if t is not None), default=None)
                     wait = 1.0 if nxt is None else min(1.0, max(0.0, nxt - now))
                     mono = time.monotonic()
                     unsaved = bool(self.book.changed or self.book.removed)
