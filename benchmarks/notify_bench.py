@@ -33,11 +33,11 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from engine.diagnosis import Diagnosis, Evidence, Owner  # noqa: E402
-from engine.notify.pipeline import Pipeline, PipelineConfig  # noqa: E402
-from engine.notify.pipeline.receiver import Receiver  # noqa: E402
-from engine.notify.receivers.alertmanager import AlertmanagerReceiver  # noqa: E402
-from engine.notify.receivers.webhook import WebhookReceiver  # noqa: E402
+from whywait.engine.diagnosis import Diagnosis, Evidence, Owner  # noqa: E402
+from whywait.engine.notify.pipeline import Pipeline, PipelineConfig  # noqa: E402
+from whywait.engine.notify.pipeline.receiver import Receiver  # noqa: E402
+from whywait.engine.notify.receivers.alertmanager import AlertmanagerReceiver  # noqa: E402
+from whywait.engine.notify.receivers.webhook import WebhookReceiver  # noqa: E402
 
 CFG = PipelineConfig(group_wait=0.0, group_interval=60.0, retry_backoff=(0.05, 0.5))
 

@@ -1,5 +1,5 @@
-"""Notification: the sink-neutral pipeline (``engine.notify.pipeline``) and its receivers
-(``engine.notify.receivers``).  :func:`make_notifier` builds both from the environment.
+"""Notification: the sink-neutral pipeline (``whywait.engine.notify.pipeline``) and its receivers
+(``whywait.engine.notify.receivers``).  :func:`make_notifier` builds both from the environment.
 """
 
 from __future__ import annotations
@@ -8,16 +8,16 @@ import logging
 import os
 from typing import Any, Mapping
 
-from engine.errors import ConfigError
-from engine.notify.base import Notifier
-from engine.notify.secrets import read_secret
+from whywait.engine.errors import ConfigError
+from whywait.engine.notify.base import Notifier
+from whywait.engine.notify.secrets import read_secret
 
 log = logging.getLogger(__name__)
 
 # Loaded on first use, so importing the pipeline (or the console alone) pulls in no sink's client.
-_LAZY = {"RECEIVERS": "engine.notify.receivers", "receiver_class": "engine.notify.receivers",
-         "Pipeline": "engine.notify.pipeline", "PipelineConfig": "engine.notify.pipeline",
-         "ConsoleNotifier": "engine.notify.receivers.console", "SlackNotifier": "engine.notify.receivers.slack"}
+_LAZY = {"RECEIVERS": "whywait.engine.notify.receivers", "receiver_class": "whywait.engine.notify.receivers",
+         "Pipeline": "whywait.engine.notify.pipeline", "PipelineConfig": "whywait.engine.notify.pipeline",
+         "ConsoleNotifier": "whywait.engine.notify.receivers.console", "SlackNotifier": "whywait.engine.notify.receivers.slack"}
 
 
 def __getattr__(name: str) -> Any:
@@ -31,7 +31,7 @@ def __getattr__(name: str) -> Any:
 def receiver_names(env: Mapping[str, str]) -> list[str]:
     """The receivers the environment asks for: ``WHYWAIT_RECEIVERS`` (comma-separated), else
     ``slack`` when ``SLACK_BOT_TOKEN`` (or ``_FILE``) is set, else ``console``."""
-    from engine.notify.receivers import RECEIVERS
+    from whywait.engine.notify.receivers import RECEIVERS
 
     raw = env.get("WHYWAIT_RECEIVERS", "")
     if raw.strip():
@@ -57,8 +57,8 @@ def make_notifier(env: Mapping[str, str] | None = None, *, kafka_bootstrap: str 
     :class:`Pipeline` (``state_store``, ``silence_store``, ``clock``, ``close_stores``).  A bad
     setting raises :class:`ConfigError`; a rejected Slack token ``NotifyError(retryable=False)``.
     """
-    from engine.notify.pipeline import Pipeline, PipelineConfig
-    from engine.notify.receivers import receiver_class
+    from whywait.engine.notify.pipeline import Pipeline, PipelineConfig
+    from whywait.engine.notify.receivers import receiver_class
 
     env = os.environ if env is None else env
     names = receiver_names(env)
@@ -69,8 +69,8 @@ def make_notifier(env: Mapping[str, str] | None = None, *, kafka_bootstrap: str 
         cfg_kw["outbox_dir"], cfg_kw["outbox_shared_ok"] = None, False  # nothing printed is worth a disk queue
     config = PipelineConfig(**cfg_kw)
     if durable and kafka_bootstrap and "state_store" not in kwargs:
-        from engine.notify.silences import KafkaSilenceStore
-        from engine.notify.state import KafkaStateStore
+        from whywait.engine.notify.silences import KafkaSilenceStore
+        from whywait.engine.notify.state import KafkaStateStore
 
         kwargs["state_store"] = KafkaStateStore(kafka_bootstrap)
         kwargs.setdefault("silence_store", KafkaSilenceStore(kafka_bootstrap))

@@ -1,9 +1,9 @@
-"""The notifier interface: where a :class:`~engine.diagnosis.Diagnosis` goes once it is made.
+"""The notifier interface: where a :class:`~whywait.engine.diagnosis.Diagnosis` goes once it is made.
 
 The engine calls :meth:`Notifier.notify` for every diagnosis the evaluator returns
 (firing, updated, resolved) and :meth:`Notifier.close` at shutdown.  The one implementation
-is the pipeline (``engine.notify.pipeline.Pipeline``) with its receivers (registry:
-``engine.notify.receivers.RECEIVERS``); ``make_notifier`` in ``engine/notify/__init__.py``
+is the pipeline (``whywait.engine.notify.pipeline.Pipeline``) with its receivers (registry:
+``whywait.engine.notify.receivers.RECEIVERS``); ``make_notifier`` in ``engine/notify/__init__.py``
 builds it from the environment.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import ClassVar
 
-from engine.diagnosis import Diagnosis
+from whywait.engine.diagnosis import Diagnosis
 
 
 class Notifier(ABC):

@@ -1,9 +1,9 @@
 """One object with every setting of a Slack-only notifier: :class:`SlackConfig`.
 
 The settings are split by owner: the pipeline's (grouping, timing, routing, outbox,
-retry) are :class:`~engine.notify.pipeline.config.PipelineConfig`, the Slack
+retry) are :class:`~whywait.engine.notify.pipeline.config.PipelineConfig`, the Slack
 receiver's (API URL, mentions, pace, timeouts, dashboard link) are
-:class:`~engine.notify.receivers.slack.SlackSettings`.  ``SlackConfig`` holds both, as
+:class:`~whywait.engine.notify.receivers.slack.SlackSettings`.  ``SlackConfig`` holds both, as
 code and tests built it before the split, and hands each its part
 (:meth:`SlackConfig.pipeline`, :meth:`SlackConfig.slack`).
 
@@ -17,13 +17,13 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Mapping
 
-from engine.notify.pipeline.config import (  # noqa: F401 - re-exported for earlier callers
+from whywait.engine.notify.pipeline.config import (  # noqa: F401 - re-exported for earlier callers
     SEVERITIES,
     PipelineConfig,
     default_outbox_dir,
     parse_duration,
 )
-from engine.notify.receivers.slack import SlackSettings, check_dashboard_template, parse_mention  # noqa: F401
+from whywait.engine.notify.receivers.slack import SlackSettings, check_dashboard_template, parse_mention  # noqa: F401
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from dataclasses import replace
 from typing import Any
 from urllib.parse import quote
 
-from engine.diagnosis import Diagnosis
+from whywait.engine.diagnosis import Diagnosis
 
 
 def fmt_number(v: float | None) -> str:

@@ -1,4 +1,4 @@
-"""Render a :class:`~engine.diagnosis.Diagnosis` for Slack (Block Kit) and for a terminal (plain text).
+"""Render a :class:`~whywait.engine.diagnosis.Diagnosis` for Slack (Block Kit) and for a terminal (plain text).
 
 Called by the notifiers each time a message is posted or edited, and by
 ``whywait notify render``.  Pure: no I/O, no slack_sdk.
@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.diagnosis import Diagnosis, Evidence
-from engine.notify.format import dashboard_url, fmt_duration, fmt_number, fmt_ranks, fmt_time, merge  # noqa: F401
-from engine.notify.pipeline.core import (
+from whywait.engine.diagnosis import Diagnosis, Evidence
+from whywait.engine.notify.format import dashboard_url, fmt_duration, fmt_number, fmt_ranks, fmt_time, merge  # noqa: F401
+from whywait.engine.notify.pipeline.core import (
     ACTION_ACK,
     ACTION_SILENCE_1H,
     ACTION_SILENCE_4H,

@@ -1,6 +1,6 @@
 """Where the notification pipeline remembers its incidents: a :class:`StateStore`.
 
-One record per incident key (see ``engine.notify.pipeline.incidents.group_key``): the
+One record per incident key (see ``whywait.engine.notify.pipeline.incidents.group_key``): the
 findings it shows, what was last announced, every receiver's receipt (Slack's: the
 channel and ``ts`` of its message), and its ack and timeline.  A restarted or
 failed-over notifier loads the records and keeps editing the same messages instead of
@@ -68,7 +68,7 @@ class KafkaStateStore(StateStore):
     """Records in the compacted topic :data:`STATE_TOPIC` (created on first use)."""
 
     def __init__(self, bootstrap: str, *, topic: str = STATE_TOPIC, timeout: float = 30.0) -> None:
-        from engine.notify.kafka_kv import CompactedTopic
+        from whywait.engine.notify.kafka_kv import CompactedTopic
 
         self._table = CompactedTopic(bootstrap, topic, follow=False, client_id="whywait-notify-state")
         self._timeout = timeout

@@ -39,8 +39,8 @@ class Run:
 
 @pytest.fixture(scope="module")
 def run(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
-    from agents.simulate.cluster import make_cluster
-    from engine.stream.topics import ensure_topics
+    from whywait.engine.stream.topics import ensure_topics
+    from whywait.simulate.cluster import make_cluster
 
     work = tmp_path_factory.mktemp("receivers")
     ensure_topics(kafka_bootstrap)

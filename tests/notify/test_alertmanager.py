@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
+from whywait.engine.notify.pipeline import Pipeline, PipelineConfig
+from whywait.engine.notify.receivers.alertmanager import AlertmanagerReceiver, label_name
 
-from engine.notify.pipeline import Pipeline, PipelineConfig
-from engine.notify.receivers.alertmanager import AlertmanagerReceiver, label_name
 from tests.notify.conftest import T0
 from tests.support.alertmanager import NO_GO, Alertmanager, NotificationSink, cache_dir, go_available
 

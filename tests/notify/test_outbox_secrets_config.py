@@ -6,11 +6,10 @@ import json
 import logging
 
 import pytest
-
-from engine.errors import ConfigError, NotifyError
-from engine.notify.config import SlackConfig, parse_duration
-from engine.notify.pipeline.outbox import Outbox
-from engine.notify.secrets import Secret, read_secret
+from whywait.engine.errors import ConfigError, NotifyError
+from whywait.engine.notify.config import SlackConfig, parse_duration
+from whywait.engine.notify.pipeline.outbox import Outbox
+from whywait.engine.notify.secrets import Secret, read_secret
 
 
 def test_outbox_survives_reopen_in_order(tmp_path) -> None:
@@ -92,7 +91,8 @@ def test_secret_from_env_or_file_never_shown(tmp_path) -> None:
 
 
 def test_make_notifier_token_from_file(slack_server, tmp_path, make_diagnosis) -> None:
-    from engine.notify import make_notifier
+    from whywait.engine.notify import make_notifier
+
     from tests.notify.conftest import TOKEN
 
     f = tmp_path / "token"
@@ -136,7 +136,7 @@ def test_parse_duration() -> None:
 
 
 def test_unknown_receiver_lists_valid_ones() -> None:
-    from engine.notify import RECEIVERS, make_notifier, receiver_class
+    from whywait.engine.notify import RECEIVERS, make_notifier, receiver_class
 
     assert set(RECEIVERS) == {"alertmanager", "console", "slack", "webhook"}
     valid = r"\(expected one of alertmanager, console, slack, webhook\)"

@@ -17,13 +17,13 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
+from whywait.engine.errors import ConfigError
+from whywait.engine.notify import make_notifier
+from whywait.engine.notify.pipeline import Pipeline, PipelineConfig
+from whywait.engine.notify.receivers.console import ConsoleReceiver
+from whywait.engine.notify.receivers.webhook import WebhookReceiver
+from whywait.engine.notify.state import InMemoryStateStore
 
-from engine.errors import ConfigError
-from engine.notify import make_notifier
-from engine.notify.pipeline import Pipeline, PipelineConfig
-from engine.notify.receivers.console import ConsoleReceiver
-from engine.notify.receivers.webhook import WebhookReceiver
-from engine.notify.state import InMemoryStateStore
 from tests.notify.conftest import T0, TOKEN
 
 FAST = PipelineConfig(group_wait=0.1, group_interval=0.2, retry_backoff=(0.05, 0.2))
@@ -169,10 +169,10 @@ def test_receiver_settings_errors_name_the_variable(env: dict[str, str], message
 def test_pipeline_knows_no_sink() -> None:
     """The pipeline imports no Slack client and no renderer, and its source has no Slack markup."""
     code = ("import sys; import engine.notify.pipeline; "
-            "print(sorted(m for m in sys.modules if m.startswith(('slack_sdk', 'engine.notify.re', 'aiohttp'))))")
+            "print(sorted(m for m in sys.modules if m.startswith(('slack_sdk', 'whywait.engine.notify.re', 'aiohttp'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
-    import engine.notify.pipeline as pkg
+    import whywait.engine.notify.pipeline as pkg
 
     for f in Path(pkg.__file__).parent.glob("*.py"):
         text = f.read_text()
@@ -183,7 +183,7 @@ def test_pipeline_knows_no_sink() -> None:
 def test_state_records_written_before_receivers_keep_their_slack_message() -> None:
     """A record from the Slack-only notifier (top-level ts/channel_id) reads as the Slack receipt,
     and new records still carry them at the top level, where ``whywait report`` looks."""
-    from engine.notify.pipeline.incidents import Incident
+    from whywait.engine.notify.pipeline.incidents import Incident
 
     old = {"key": "k", "rule_id": "r", "lane": "#a", "channel": "#a", "posted": True, "ts": "1.5",
            "channel_id": "C1", "members": {}}
@@ -245,7 +245,7 @@ def test_each_variable_reaches_its_part(slack_server: Any, tmp_path: Path) -> No
 
 def test_items_for_a_receiver_no_longer_configured_are_dropped_and_said(tmp_path: Path, caplog: Any) -> None:
     """An outbox left by a run with a webhook, restarted without it: its items would wait forever."""
-    from engine.notify.pipeline.outbox import Outbox
+    from whywait.engine.notify.pipeline.outbox import Outbox
 
     box = Outbox(tmp_path / "o")
     box.append("post", "k", "#a", 1.0, receiver="webhook")

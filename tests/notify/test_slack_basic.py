@@ -6,10 +6,10 @@ import dataclasses
 import io
 
 import pytest
+from whywait.engine.errors import NotifyError
+from whywait.engine.notify import ConsoleNotifier, make_notifier
+from whywait.engine.notify.pipeline import PipelineConfig
 
-from engine.errors import NotifyError
-from engine.notify import ConsoleNotifier, make_notifier
-from engine.notify.pipeline import PipelineConfig
 from tests.notify.conftest import T0, TOKEN
 
 

@@ -3,10 +3,10 @@
 :meth:`Pipeline.notify` only records the diagnosis (it never blocks the stream on a
 sink); worker threads do the rest:
 
-1. the scheduler asks the :class:`~engine.notify.pipeline.incidents.IncidentBook` what is
+1. the scheduler asks the :class:`~whywait.engine.notify.pipeline.incidents.IncidentBook` what is
    due (first announcement, update, re-announcement, resolution: grouping and timing as in
-   Alertmanager), checking the :class:`~engine.notify.silences.SilenceStore`, and queues one
-   item per receiver in the durable :class:`~engine.notify.pipeline.outbox.Outbox`; it also
+   Alertmanager), checking the :class:`~whywait.engine.notify.silences.SilenceStore`, and queues one
+   item per receiver in the durable :class:`~whywait.engine.notify.pipeline.outbox.Outbox`; it also
    queues a refresh for receivers that want a firing incident re-sent (``refresh_interval``);
 2. one sender thread per receiver sends that receiver's items in order (per incident lane),
    no faster than the receiver's ``rate`` per route; a :class:`ReceiverError` with
@@ -14,10 +14,10 @@ sink); worker threads do the rest:
    drops it (counted as failed); an item older than ``outbox_max_age`` is given up, counted
    and logged.  A receiver that is down or slow holds back only its own items;
 3. each incident's record (its findings, what was announced, every receiver's receipt) is
-   written to the :class:`~engine.notify.state.StateStore`, so a restarted pipeline edits
+   written to the :class:`~whywait.engine.notify.state.StateStore`, so a restarted pipeline edits
    the same messages.
 
-Nothing here knows a sink: the receivers (``engine.notify.receivers``) render and send.
+Nothing here knows a sink: the receivers (``whywait.engine.notify.receivers``) render and send.
 """
 
 from __future__ import annotations
@@ -29,16 +29,16 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from engine.diagnosis import Diagnosis
-from engine.errors import ConfigError, NotifyError
-from engine.notify.base import Notifier
-from engine.notify.pipeline.config import PipelineConfig
-from engine.notify.pipeline.incidents import Incident, IncidentBook, Step
-from engine.notify.pipeline.outbox import Outbox, OutboxItem
-from engine.notify.pipeline.ratelimit import ChannelRateLimiter
-from engine.notify.pipeline.receiver import Announcement, Line, Receiver, ReceiverError
-from engine.notify.silences import InMemorySilenceStore, Silence, SilenceStore
-from engine.notify.state import InMemoryStateStore, StateStore
+from whywait.engine.diagnosis import Diagnosis
+from whywait.engine.errors import ConfigError, NotifyError
+from whywait.engine.notify.base import Notifier
+from whywait.engine.notify.pipeline.config import PipelineConfig
+from whywait.engine.notify.pipeline.incidents import Incident, IncidentBook, Step
+from whywait.engine.notify.pipeline.outbox import Outbox, OutboxItem
+from whywait.engine.notify.pipeline.ratelimit import ChannelRateLimiter
+from whywait.engine.notify.pipeline.receiver import Announcement, Line, Receiver, ReceiverError
+from whywait.engine.notify.silences import InMemorySilenceStore, Silence, SilenceStore
+from whywait.engine.notify.state import InMemoryStateStore, StateStore
 
 log = logging.getLogger(__name__)
 
@@ -228,7 +228,7 @@ class Pipeline(Notifier):
     # ---- actions (Slack's buttons) -----------------------------------------------------------
 
     def handle_action(self, action_id: str, ref: str, user: str) -> str:
-        """Apply a person's action (``engine.notify.interactivity``) to the incident whose id or key
+        """Apply a person's action (``whywait.engine.notify.interactivity``) to the incident whose id or key
         is ``ref``; return a short text for the person."""
         now = self._clock()
         with self._cond:

@@ -35,11 +35,11 @@ import logging
 from dataclasses import InitVar, asdict, dataclass, field
 from typing import Any, Callable, Literal
 
-from engine.diagnosis import Diagnosis
-from engine.notify.format import fmt_duration, fmt_number, fmt_ranks, fmt_time, merge
-from engine.notify.pipeline.config import PipelineConfig
-from engine.notify.pipeline.receiver import Line
-from engine.notify.silences import Silence
+from whywait.engine.diagnosis import Diagnosis
+from whywait.engine.notify.format import fmt_duration, fmt_number, fmt_ranks, fmt_time, merge
+from whywait.engine.notify.pipeline.config import PipelineConfig
+from whywait.engine.notify.pipeline.receiver import Line
+from whywait.engine.notify.silences import Silence
 
 log = logging.getLogger(__name__)
 

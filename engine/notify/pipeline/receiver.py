@@ -4,7 +4,7 @@ The pipeline decides *what* to say and *when* (grouping, silences, timing, outbo
 retry); a :class:`Receiver` only says it: :meth:`Receiver.send` takes one
 :class:`Announcement` and returns a :data:`Receipt`, or raises :class:`ReceiverError`
 saying whether trying again may help.  Receivers are registered by name in
-``engine.notify.receivers.RECEIVERS``.
+``whywait.engine.notify.receivers.RECEIVERS``.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Mapping
 
-from engine.diagnosis import Diagnosis
-from engine.errors import NotifyError
+from whywait.engine.diagnosis import Diagnosis
+from whywait.engine.errors import NotifyError
 
 Kind = Literal["post", "update", "reply"]
 ALL_KINDS: frozenset[str] = frozenset({"post", "update", "reply"})

@@ -1,7 +1,7 @@
 """Receivers: where announcements go.  :data:`RECEIVERS` is the one registry, name → class.
 
 Each receiver is one module here implementing
-:class:`~engine.notify.pipeline.receiver.Receiver` (``send(announcement) -> receipt``,
+:class:`~whywait.engine.notify.pipeline.receiver.Receiver` (``send(announcement) -> receipt``,
 raising ``ReceiverError(retryable=...)``) and a ``from_env`` that reads its settings.
 Adding one: write ``engine/notify/receivers/NAME.py``, add it below, test it
 (``docs/architecture.md``, "Adding a receiver").
@@ -9,12 +9,12 @@ Adding one: write ``engine/notify/receivers/NAME.py``, add it below, test it
 
 from __future__ import annotations
 
-from engine.errors import ConfigError
-from engine.notify.pipeline.receiver import Receiver
-from engine.notify.receivers.alertmanager import AlertmanagerReceiver
-from engine.notify.receivers.console import ConsoleReceiver
-from engine.notify.receivers.slack import SlackReceiver
-from engine.notify.receivers.webhook import WebhookReceiver
+from whywait.engine.errors import ConfigError
+from whywait.engine.notify.pipeline.receiver import Receiver
+from whywait.engine.notify.receivers.alertmanager import AlertmanagerReceiver
+from whywait.engine.notify.receivers.console import ConsoleReceiver
+from whywait.engine.notify.receivers.slack import SlackReceiver
+from whywait.engine.notify.receivers.webhook import WebhookReceiver
 
 RECEIVERS: dict[str, type[Receiver]] = {
     "alertmanager": AlertmanagerReceiver,

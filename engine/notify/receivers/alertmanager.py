@@ -35,12 +35,12 @@ import re
 import time
 from typing import Any, Mapping
 
-from engine.diagnosis import Diagnosis
-from engine.errors import ConfigError
-from engine.notify.format import dashboard_url, fmt_ranks
-from engine.notify.pipeline.config import parse_duration
-from engine.notify.pipeline.receiver import Announcement, Receipt, Receiver, ReceiverError
-from engine.notify.receivers.http import check_url, post_json
+from whywait.engine.diagnosis import Diagnosis
+from whywait.engine.errors import ConfigError
+from whywait.engine.notify.format import dashboard_url, fmt_ranks
+from whywait.engine.notify.pipeline.config import parse_duration
+from whywait.engine.notify.pipeline.receiver import Announcement, Receipt, Receiver, ReceiverError
+from whywait.engine.notify.receivers.http import check_url, post_json
 
 _LABEL_NAME = re.compile(r"[^a-zA-Z0-9_]")
 

@@ -13,11 +13,11 @@ import threading
 import time
 from typing import Any, Callable, Mapping, TextIO
 
-from engine.diagnosis import Diagnosis
-from engine.notify.pipeline.config import PipelineConfig
-from engine.notify.pipeline.core import Pipeline
-from engine.notify.pipeline.receiver import Announcement, Receipt, Receiver
-from engine.notify.render import plain_text
+from whywait.engine.diagnosis import Diagnosis
+from whywait.engine.notify.pipeline.config import PipelineConfig
+from whywait.engine.notify.pipeline.core import Pipeline
+from whywait.engine.notify.pipeline.receiver import Announcement, Receipt, Receiver
+from whywait.engine.notify.render import plain_text
 
 
 class ConsoleReceiver(Receiver):

@@ -11,8 +11,8 @@ import urllib.error
 import urllib.request
 from typing import Any, Mapping
 
-from engine.errors import ConfigError
-from engine.notify.pipeline.receiver import ReceiverError
+from whywait.engine.errors import ConfigError
+from whywait.engine.notify.pipeline.receiver import ReceiverError
 
 
 def check_url(url: str, what: str) -> str:

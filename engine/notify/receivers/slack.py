@@ -1,6 +1,6 @@
 """The Slack receiver: one living message per incident, in the owning team's channel.
 
-A ``post`` is the incident's root message (Block Kit, ``engine.notify.render``), an
+A ``post`` is the incident's root message (Block Kit, ``whywait.engine.notify.render``), an
 ``update`` edits it (``chat.update``), a ``reply`` goes into its thread.  The receipt is
 ``{"channel": name, "channel_id": id, "ts": ts}``, so later edits and replies go to the
 same message, across restarts.  What the pipeline cannot know, the receiver handles
@@ -16,7 +16,7 @@ Errors become :class:`ReceiverError`: rate limits (429, honouring ``Retry-After`
 outbox); anything else is not.  A token Slack rejects at start is fatal, in one line:
 ``NotifyError("Slack rejected the token (invalid_auth)", retryable=False)``.  The
 token is never logged (slack_sdk redacts the header; we hold it in a
-:class:`~engine.notify.secrets.Secret`).
+:class:`~whywait.engine.notify.secrets.Secret`).
 
 :class:`SlackNotifier` is the pipeline with this one receiver, as the engine used
 before receivers were split out.
@@ -40,18 +40,17 @@ from slack_sdk.http_retry.builtin_handlers import (
     ServerErrorRetryHandler,
 )
 from slack_sdk.http_retry.builtin_interval_calculators import BackoffRetryIntervalCalculator
-
-from engine.errors import ConfigError, NotifyError
-from engine.notify.pipeline.core import Pipeline
-from engine.notify.pipeline.receiver import Announcement, Receipt, Receiver, ReceiverError
-from engine.notify.render import MessageContext, escape_mrkdwn, fallback_text, plain_text, render_blocks
-from engine.notify.secrets import Secret, read_secret
-from engine.notify.silences import SilenceStore
-from engine.notify.state import StateStore
+from whywait.engine.errors import ConfigError, NotifyError
+from whywait.engine.notify.pipeline.core import Pipeline
+from whywait.engine.notify.pipeline.receiver import Announcement, Receipt, Receiver, ReceiverError
+from whywait.engine.notify.render import MessageContext, escape_mrkdwn, fallback_text, plain_text, render_blocks
+from whywait.engine.notify.secrets import Secret, read_secret
+from whywait.engine.notify.silences import SilenceStore
+from whywait.engine.notify.state import StateStore
 
 log = logging.getLogger(__name__)
 # slack_sdk logs an ERROR line per failed attempt; during an outage the pipeline says it once.
-_sdk_log = logging.getLogger("engine.notify.slack.sdk")
+_sdk_log = logging.getLogger("whywait.engine.notify.slack.sdk")
 _sdk_log.setLevel(logging.CRITICAL)
 
 AUTH_ERRORS = frozenset({"invalid_auth", "not_authed", "token_revoked", "token_expired", "account_inactive",
@@ -99,7 +98,7 @@ class SlackSettings:
     dashboard_url_template: str | None = None
 
     def __post_init__(self) -> None:
-        from engine.notify.pipeline.config import SEVERITIES
+        from whywait.engine.notify.pipeline.config import SEVERITIES
 
         if self.rate_per_channel <= 0:
             raise ConfigError(f"rate_per_channel must be > 0 (got {self.rate_per_channel})")
@@ -112,7 +111,7 @@ class SlackSettings:
     @classmethod
     def env_kwargs(cls, env: Mapping[str, str]) -> dict[str, Any]:
         """The keyword arguments the variables in the class docstring set (unset: absent)."""
-        from engine.notify.pipeline.config import severity_pairs
+        from whywait.engine.notify.pipeline.config import severity_pairs
 
         kw: dict[str, Any] = {}
         if env.get("WHYWAIT_SLACK_API_URL"):
@@ -136,8 +135,8 @@ class SlackSettings:
 
 def check_dashboard_template(template: str) -> None:
     """Raise a :class:`ConfigError` naming the unknown field when ``template`` cannot be filled."""
-    from engine.diagnosis import Diagnosis
-    from engine.notify.format import dashboard_url
+    from whywait.engine.diagnosis import Diagnosis
+    from whywait.engine.notify.format import dashboard_url
 
     sample = Diagnosis(rule_id="r", fingerprint="f", status="firing", severity="info", title="t", cause="c",
                        job="j", owner=None, starts_at=0.0, detected_at=0.0)
@@ -354,7 +353,7 @@ def _retry_after(exc: SlackApiError) -> float | None:
 
 class SlackNotifier(Pipeline):
     """The pipeline with one :class:`SlackReceiver`, configured by one
-    :class:`~engine.notify.config.SlackConfig` (the shape the engine and tests used before
+    :class:`~whywait.engine.notify.config.SlackConfig` (the shape the engine and tests used before
     receivers were split out)."""
 
     name = "slack"
@@ -362,7 +361,7 @@ class SlackNotifier(Pipeline):
     def __init__(self, token: Secret | str, config: Any = None, *, state_store: StateStore | None = None,
                  silence_store: SilenceStore | None = None, clock: Callable[[], float] = time.time,
                  close_stores: bool = False) -> None:
-        from engine.notify.config import SlackConfig
+        from whywait.engine.notify.config import SlackConfig
 
         cfg = config or SlackConfig()
         self.receiver = SlackReceiver(token, cfg.slack())

@@ -28,12 +28,12 @@ import hmac
 import json
 from typing import Any, Mapping
 
-from engine.errors import ConfigError
-from engine.notify.format import dashboard_url
-from engine.notify.pipeline.config import parse_duration
-from engine.notify.pipeline.receiver import Announcement, Receipt, Receiver
-from engine.notify.receivers.http import check_url, post_json
-from engine.notify.secrets import Secret, read_secret
+from whywait.engine.errors import ConfigError
+from whywait.engine.notify.format import dashboard_url
+from whywait.engine.notify.pipeline.config import parse_duration
+from whywait.engine.notify.pipeline.receiver import Announcement, Receipt, Receiver
+from whywait.engine.notify.receivers.http import check_url, post_json
+from whywait.engine.notify.secrets import Secret, read_secret
 
 SIGNATURE_HEADER = "X-Whywait-Signature"
 TIMESTAMP_HEADER = "X-Whywait-Timestamp"
