@@ -180,8 +180,7 @@ def run(args: argparse.Namespace) -> int:
     import faust
     from whywait.engine.evaluate.evaluator import Evaluator
     from whywait.engine.localkafka.broker import probe, resolve_bootstrap
-    from whywait.engine.notify import make_notifier
-    from whywait.engine.notify.secrets import read_secret
+    from whywait.engine.notify import make_notifier, receiver_names
     from whywait.engine.rules.loader import load_rules
     from whywait.engine.rules.reload import RuleReloader
     from whywait.engine.stream.app import EngineConfig, build_app
@@ -207,7 +206,7 @@ def run(args: argparse.Namespace) -> int:
     # --no-restore starts the notifier's message map empty too (silences, which are people's
     # decisions, are kept); it still writes, so the next restart resumes this run.
     extra: dict[str, Any] = {}
-    if args.no_restore and read_secret("SLACK_BOT_TOKEN", os.environ) is not None:
+    if args.no_restore and receiver_names(os.environ) != ["console"]:
         extra = {"state_store": fresh_state_store(bootstrap), "close_stores": True}
     notifier = make_notifier(kafka_bootstrap=bootstrap, **extra)
     actions = None

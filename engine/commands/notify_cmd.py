@@ -67,25 +67,30 @@ def run(args: argparse.Namespace) -> int:
     if args.notify_command == "send":
         from whywait.engine.notify import make_notifier
 
-        with make_notifier() as notifier:
+        notifier = make_notifier()
+        ok = False
+        try:
             for d in diagnoses:
                 notifier.notify(d)
             ok = notifier.flush(args.timeout)
+        finally:
+            notifier.close(timeout=1.0 if ok else 0.0)  # --timeout was the wait; what is left stays queued
         print("delivered" if ok else f"not all delivered within {args.timeout:.0f}s", file=sys.stderr)
         return 0 if ok else 1
 
-    from whywait.engine.notify.config import SlackConfig, _check_dashboard_template
-    from whywait.engine.notify.lifecycle import group_key, incident_id, routed_channel
+    from whywait.engine.notify.pipeline import PipelineConfig, group_key, incident_id, routed_channel
+    from whywait.engine.notify.receivers.slack import SlackSettings, check_dashboard_template
 
     template = args.dashboard_url or os.environ.get("WHYWAIT_DASHBOARD_URL") or None
     if template:
-        _check_dashboard_template(template)
+        check_dashboard_template(template)
     d = merge(diagnoses)
-    config = SlackConfig()
-    ctx = MessageContext(key=incident_id(group_key(d, config.group_by)), mention=config.mentions.get(d.severity),
+    pipeline, slack = PipelineConfig(), SlackSettings()
+    ctx = MessageContext(key=incident_id(group_key(d, pipeline.group_by)), mention=slack.mentions.get(d.severity),
                          members=len(diagnoses), dashboard_url_template=template)
     if args.format in ("both", "json"):
-        payload = {"channel": routed_channel(d, config), "text": fallback_text(d, ctx), "blocks": render_blocks(d, ctx)}
+        payload = {"channel": routed_channel(d, pipeline), "text": fallback_text(d, ctx),
+                   "blocks": render_blocks(d, ctx)}
         print(json.dumps(payload, indent=2, ensure_ascii=False))
     if args.format == "both":
         print()

@@ -1,4 +1,4 @@
-"""``whywait silence add|list|expire``: manage the silences the Slack notifier applies.
+"""``whywait silence add|list|expire``: manage the silences the notification pipeline applies (to every receiver).
 
 Silences live in the compacted Kafka topic ``whywait.silences.v1``; the engine
 follows it, so a silence added here applies within a second.  The broker is
@@ -53,7 +53,7 @@ def _when(t: float | None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from whywait.engine.notify.config import parse_duration
+    from whywait.engine.notify.pipeline.config import parse_duration
     from whywait.engine.notify.silences import Silence, parse_matchers
 
     silence: Silence | None = None

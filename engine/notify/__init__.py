@@ -1,60 +1,92 @@
-"""Notifiers: where diagnoses go.  ``make_notifier`` picks one from the environment.
-
-:data:`NOTIFIERS` is the explicit registry, name → class.
+"""Notification: the sink-neutral pipeline (``whywait.engine.notify.pipeline``) and its receivers
+(``whywait.engine.notify.receivers``).  :func:`make_notifier` builds both from the environment.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from whywait.engine.errors import ConfigError
 from whywait.engine.notify.base import Notifier
-from whywait.engine.notify.console import ConsoleNotifier
 from whywait.engine.notify.secrets import read_secret
-from whywait.engine.notify.slack import SlackNotifier
+
+if TYPE_CHECKING:  # imported lazily at run time (the pipeline pulls in the receivers' registry)
+    from whywait.engine.notify.pipeline import Pipeline
 
 log = logging.getLogger(__name__)
 
-NOTIFIERS: dict[str, type[Notifier]] = {"console": ConsoleNotifier, "slack": SlackNotifier}
+# Loaded on first use, so importing the pipeline (or the console alone) pulls in no sink's client.
+_LAZY = {"RECEIVERS": "whywait.engine.notify.receivers", "receiver_class": "whywait.engine.notify.receivers",
+         "Pipeline": "whywait.engine.notify.pipeline", "PipelineConfig": "whywait.engine.notify.pipeline",
+         "ConsoleNotifier": "whywait.engine.notify.receivers.console",
+         "SlackNotifier": "whywait.engine.notify.receivers.slack"}
 
 
-def notifier_class(name: str) -> type[Notifier]:
-    """The class registered as ``name``; a :class:`ConfigError` listing the valid names otherwise."""
-    if name not in NOTIFIERS:
-        raise ConfigError(f"unknown notifier {name!r} (expected one of {', '.join(sorted(NOTIFIERS))})")
-    return NOTIFIERS[name]
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def receiver_names(env: Mapping[str, str]) -> list[str]:
+    """The receivers the environment asks for: ``WHYWAIT_RECEIVERS`` (comma-separated), else
+    ``slack`` when ``SLACK_BOT_TOKEN`` (or ``_FILE``) is set, else ``console``."""
+    from whywait.engine.notify.receivers import RECEIVERS
+
+    raw = env.get("WHYWAIT_RECEIVERS", "")
+    if raw.strip():
+        names = [n.strip() for n in raw.split(",") if n.strip()]
+        for n in names:
+            if n not in RECEIVERS:
+                raise ConfigError(f"WHYWAIT_RECEIVERS: unknown receiver {n!r} "
+                                  f"(expected one of {', '.join(sorted(RECEIVERS))})")
+        if len(set(names)) != len(names):
+            raise ConfigError(f"WHYWAIT_RECEIVERS names a receiver twice (got {raw!r})")
+        return names
+    return ["slack"] if read_secret("SLACK_BOT_TOKEN", env) is not None else ["console"]
 
 
 def make_notifier(env: Mapping[str, str] | None = None, *, kafka_bootstrap: str | None = None,
-                  **kwargs: Any) -> Notifier:
-    """Return the notifier the environment asks for.
+                  **kwargs: Any) -> Pipeline:
+    """Return the pipeline with the receivers the environment asks for (:func:`receiver_names`).
 
-    Slack when ``SLACK_BOT_TOKEN`` (or ``SLACK_BOT_TOKEN_FILE``) is set, talking to
-    ``WHYWAIT_SLACK_API_URL`` when that is set and configured by the other
-    ``WHYWAIT_*`` variables (``whywait.engine.notify.config``); otherwise the console.
-    With ``kafka_bootstrap``, the Slack notifier keeps its incident state and the
-    silences in their compacted topics (so a restart edits the same messages);
-    without, in memory.  ``kwargs`` go to the notifier's constructor.  A rejected
-    token raises :class:`~whywait.engine.errors.NotifyError` (``retryable=False``) here.
+    Each receiver reads its own settings (``RECEIVERS[name].from_env``), the pipeline its own
+    (:meth:`PipelineConfig.from_env`).  With ``kafka_bootstrap`` and a receiver that keeps
+    messages (any but the console), the incident state and the silences live in their compacted
+    topics (so a restart edits the same messages); otherwise in memory.  ``kwargs`` go to
+    :class:`Pipeline` (``state_store``, ``silence_store``, ``clock``, ``close_stores``).  A bad
+    setting raises :class:`ConfigError`; a rejected Slack token ``NotifyError(retryable=False)``.
     """
-    env = os.environ if env is None else env
-    token = read_secret("SLACK_BOT_TOKEN", env)
-    if token is None:
-        log.info("no SLACK_BOT_TOKEN set: printing notifications to the console")
-        return ConsoleNotifier(dashboard_url_template=env.get("WHYWAIT_DASHBOARD_URL") or None, **kwargs)
-    from whywait.engine.notify.config import SlackConfig
+    from whywait.engine.notify.pipeline import Pipeline, PipelineConfig
+    from whywait.engine.notify.receivers import receiver_class
 
-    config = SlackConfig.from_env(env)
-    if kafka_bootstrap and "state_store" not in kwargs:
+    env = os.environ if env is None else env
+    names = receiver_names(env)
+    receivers = [receiver_class(n).from_env(env) for n in names]
+    durable = any(r.durable for r in receivers)
+    cfg_kw = PipelineConfig.env_kwargs(env)
+    if not durable and not env.get("WHYWAIT_NOTIFY_OUTBOX"):
+        cfg_kw["outbox_dir"], cfg_kw["outbox_shared_ok"] = None, False  # nothing printed is worth a disk queue
+    config = PipelineConfig(**cfg_kw)
+    if durable and kafka_bootstrap and "state_store" not in kwargs:
         from whywait.engine.notify.silences import KafkaSilenceStore
         from whywait.engine.notify.state import KafkaStateStore
 
         kwargs["state_store"] = KafkaStateStore(kafka_bootstrap)
         kwargs.setdefault("silence_store", KafkaSilenceStore(kafka_bootstrap))
         kwargs.setdefault("close_stores", True)
-    return SlackNotifier(token, config, **kwargs)
+    log.info("notifications go to: %s", ", ".join(names))
+    try:
+        return Pipeline(receivers, config, **kwargs)
+    except BaseException:
+        for r in receivers:
+            r.close()
+        raise
 
 
-__all__ = ["NOTIFIERS", "ConsoleNotifier", "Notifier", "SlackNotifier", "make_notifier", "notifier_class"]
+__all__ = ["RECEIVERS", "ConsoleNotifier", "Notifier", "Pipeline", "SlackNotifier", "make_notifier",
+           "receiver_class", "receiver_names"]

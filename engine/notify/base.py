@@ -1,15 +1,16 @@
 """The notifier interface: where a :class:`~whywait.engine.diagnosis.Diagnosis` goes once it is made.
 
 The engine calls :meth:`Notifier.notify` for every diagnosis the evaluator returns
-(firing, updated, resolved) and :meth:`Notifier.close` at shutdown.  The registry of
-notifier classes (``NOTIFIERS``) and the factory (``make_notifier``) are in
-``engine/notify/__init__.py``.
+(firing, updated, resolved) and :meth:`Notifier.close` at shutdown.  The one implementation
+is the pipeline (``whywait.engine.notify.pipeline.Pipeline``) with its receivers (registry:
+``whywait.engine.notify.receivers.RECEIVERS``); ``make_notifier`` in ``engine/notify/__init__.py``
+builds it from the environment.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import ClassVar
+from typing import ClassVar, Self
 
 from whywait.engine.diagnosis import Diagnosis
 
@@ -33,10 +34,10 @@ class Notifier(ABC):
         """Deliver everything queued now (ignoring grouping delays); True when nothing is left."""
         return True
 
-    def close(self) -> None:  # noqa: B027 - optional hook
-        """Flush and release resources; the notifier is unusable afterwards."""
+    def close(self, timeout: float = 10.0) -> None:  # noqa: B027 - optional hook
+        """Flush for up to ``timeout`` seconds and release resources; the notifier is unusable afterwards."""
 
-    def __enter__(self) -> Notifier:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -15,22 +15,24 @@ notifier's ``handle_action(action_id, incident_key, user)``; the endpoint answer
 200 at once (Slack wants an answer within 3 s) and the notifier's worker edits
 the message or replies in its thread.
 
-Serve it with :class:`InteractivityServer` (stdlib, a thread), or use
-:func:`handle_request` from another HTTP framework.
+Serve it with :class:`InteractivityServer` (aiohttp, installed with faust, on its own
+loop in a thread), or use :func:`handle_request` from another HTTP framework.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
+import sys
 import threading
 import time
 from collections import OrderedDict
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Mapping, Protocol
 from urllib.parse import parse_qs
 
+from aiohttp import web
 from slack_sdk.signature import SignatureVerifier
 from whywait.engine.errors import ConfigError, NotifyError
 from whywait.engine.notify.render import ACTIONS
@@ -184,8 +186,24 @@ def handle_request(handler: ActionHandler, secret: Secret | str, headers: Mappin
     return 200, {"ok": True, "text": " ".join(answers)}
 
 
+class _OneLineLog(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """aiohttp logs each malformed request with a traceback at ERROR; on an endpoint anyone on the
+    network can reach, that is noise anyone can make: one warning line instead."""
+
+    def exception(self, msg: object, *args: object, exc_info: object = True, **kw: Any) -> None:
+        err = sys.exc_info()[1]
+        text = str(msg) % args if args else str(msg)
+        self.logger.warning("%s: %s", text, str(err).replace("\n", " ")[:200] if err else "?")
+
+
 class InteractivityServer:
-    """Serves :func:`handle_request` at ``path`` on ``host:port`` (port 0: a free one) in a thread."""
+    """Serves :func:`handle_request` at ``path`` on ``host:port`` (port 0: a free one).
+
+    An aiohttp application on its own event loop in a daemon thread, so the engine (whose
+    faust loop is its own) and tests start and stop it like a plain object.  aiohttp parses
+    the HTTP; a request without a valid ``Content-Length`` is refused (400), one declaring more
+    than 1 MiB is refused before its body is read (413).
+    """
 
     def __init__(self, handler: ActionHandler, signing_secret: Secret | str, *, host: str = "127.0.0.1",
                  port: int = 0, path: str = "/slack/actions") -> None:
@@ -193,7 +211,8 @@ class InteractivityServer:
         self._secret = signing_secret if isinstance(signing_secret, Secret) else Secret(signing_secret)
         self.host, self.port, self.path = host, port, path
         self.replays = ReplayGuard()
-        self._server: ThreadingHTTPServer | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._runner: web.AppRunner | None = None
         self._thread: threading.Thread | None = None
 
     @classmethod
@@ -215,64 +234,63 @@ class InteractivityServer:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}{self.path}"
 
-    def start(self) -> InteractivityServer:
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - our own logging
-                pass
-
-            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
-                if self.path.split("?")[0] != outer.path:
-                    self._answer(404, {"ok": False, "error": "not_found"})
-                    return
-                length = parse_content_length(self.headers.get("Content-Length"))
-                if length is None:
-                    self.close_connection = True  # the body's end is unknown: never read this connection on
-                    self._answer(400, {"ok": False, "error": "Content-Length must be a non-negative integer"})
-                    return
-                if length > MAX_BODY:
-                    self.close_connection = True
-                    self._answer(413, {"ok": False, "error": "too large"})
-                    return
-                body = self.rfile.read(length)
-                try:
-                    status, answer = handle_request(outer.handler, outer._secret, dict(self.headers.items()), body,
-                                                    replays=outer.replays)
-                except Exception:  # noqa: BLE001 - one bad request never takes the endpoint down
-                    log.exception("Slack interactivity request failed")
-                    status, answer = 500, {"ok": False, "error": "internal error"}
-                self._answer(status, answer)
-
-            def _answer(self, status: int, answer: dict[str, Any]) -> None:
-                data = json.dumps(answer).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
+    async def _actions(self, request: web.Request) -> web.Response:
+        """POST ``path``: read the body (bounded), verify and apply it off the loop."""
+        if request.content_length is None:  # chunked or absent: the body's end is unknown
+            return web.json_response({"ok": False, "error": "Content-Length must be a non-negative integer"},
+                                     status=400, headers={"Connection": "close"})
+        if request.content_length > MAX_BODY:
+            return web.json_response({"ok": False, "error": "too large"}, status=413, headers={"Connection": "close"})
+        body = await request.read()
+        loop = asyncio.get_running_loop()
         try:
-            server = ThreadingHTTPServer((self.host, self.port), Handler)
+            # the handler takes the notifier's lock: never on the loop thread
+            status, answer = await loop.run_in_executor(None, lambda: handle_request(
+                self.handler, self._secret, dict(request.headers), body, replays=self.replays))
+        except Exception:  # noqa: BLE001 - one bad request never takes the endpoint down
+            log.exception("Slack interactivity request failed")
+            status, answer = 500, {"ok": False, "error": "internal error"}
+        return web.json_response(answer, status=status)
+
+    async def _not_found(self, request: web.Request) -> web.Response:
+        return web.json_response({"ok": False, "error": "not_found"}, status=404)
+
+    def start(self) -> InteractivityServer:
+        """Listen and serve in a background thread; a :class:`ConfigError` when the address is unusable."""
+        app = web.Application(client_max_size=MAX_BODY)
+        app.router.add_post(self.path, self._actions)
+        app.router.add_route("*", "/{tail:.*}", self._not_found)
+        loop = asyncio.new_event_loop()
+        runner = web.AppRunner(app, access_log=None, handle_signals=False,
+                               logger=_OneLineLog(logging.getLogger(__name__), {}))
+        try:
+            loop.run_until_complete(runner.setup())
+            site = web.TCPSite(runner, self.host, self.port, reuse_address=True)
+            loop.run_until_complete(site.start())
         except OSError as exc:
+            loop.run_until_complete(runner.cleanup())
+            loop.close()
             raise ConfigError(f"cannot listen for Slack actions on {self.host}:{self.port}: "
                               f"{exc.strerror or exc}") from None
-        server.daemon_threads = True
-        self.port = server.server_address[1]
-        self._server = server
-        self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1},
-                                        name="slack-actions", daemon=True)
+        sockets = getattr(site._server, "sockets", None)  # the bound socket tells the port chosen for port 0
+        if sockets:
+            self.port = sockets[0].getsockname()[1]
+        self._loop, self._runner = loop, runner
+        self._thread = threading.Thread(target=loop.run_forever, name="slack-actions", daemon=True)
         self._thread.start()
         log.info("listening for Slack button presses at %s", self.url)
         return self
 
     def stop(self) -> None:
-        server, self._server = self._server, None
-        if server is not None:
-            server.shutdown()
-            server.server_close()
+        """Stop serving and release the port."""
+        loop, runner, self._loop, self._runner = self._loop, self._runner, None, None
+        if loop is None or runner is None:
+            return
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(timeout=10)
+        loop.call_soon_threadsafe(loop.stop)
         if self._thread is not None:
             self._thread.join(timeout=5)
+        loop.close()
 
     def __enter__(self) -> InteractivityServer:
         return self.start()

@@ -2,8 +2,8 @@
 
 A :class:`Silence` matches incidents by their labels (glob patterns, all must
 match) and holds for a time, or until the incident it was set on resolves.  The
-Slack notifier consults a :class:`SilenceStore` before announcing; a silenced
-incident's root message is still kept accurate (edits notify nobody), and its
+notification pipeline consults a :class:`SilenceStore` before announcing, for every
+receiver; a silenced incident is still kept accurate (updates notify nobody), and its
 resolution is always announced if its firing was.
 
 Stores: :class:`InMemorySilenceStore` (tests, single process) and

@@ -1,9 +1,10 @@
-"""Where the Slack notifier remembers its incidents: a :class:`StateStore`.
+"""Where the notification pipeline remembers its incidents: a :class:`StateStore`.
 
-One record per incident key (see ``whywait.engine.notify.lifecycle.group_key``): the channel
-and ``ts`` of its root message, the findings it shows, what was last announced, and
-its ack and timeline.  A restarted or failed-over notifier loads the records and
-keeps editing the same messages instead of posting duplicates.
+One record per incident key (see ``whywait.engine.notify.pipeline.incidents.group_key``): the
+findings it shows, what was last announced, every receiver's receipt (Slack's: the
+channel and ``ts`` of its message), and its ack and timeline.  A restarted or
+failed-over notifier loads the records and keeps editing the same messages instead of
+posting duplicates.
 
 :class:`InMemoryStateStore` serves tests (share one instance to simulate a
 restart) and single-shot runs; :class:`KafkaStateStore` keeps the records in the

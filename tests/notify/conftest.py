@@ -67,7 +67,7 @@ def make_notifier(slack_server: SlackServer, tmp_path: Any) -> Iterator[Callable
     """Factory: a SlackNotifier on :func:`slack_server` with fast timings (overridable by keyword);
     ``state_store``, ``silence_store``, ``clock`` and ``token`` pass through.  Closed at teardown."""
     from whywait.engine.notify.config import SlackConfig
-    from whywait.engine.notify.slack import SlackNotifier
+    from whywait.engine.notify.receivers.slack import SlackNotifier
 
     made: list[SlackNotifier] = []
 

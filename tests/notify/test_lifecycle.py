@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 
-from whywait.engine.notify.config import SlackConfig
-from whywait.engine.notify.lifecycle import IncidentBook, group_key, routed_channel
+from whywait.engine.notify.pipeline.config import PipelineConfig
+from whywait.engine.notify.pipeline.incidents import IncidentBook, group_key, routed_channel
 from whywait.engine.notify.silences import Silence
 
 from tests.notify.conftest import T0
 
-CFG = SlackConfig(group_wait=30, group_interval=300, repeat_interval=4 * 3600, reopen_within=3600,
+CFG = PipelineConfig(group_wait=30, group_interval=300, repeat_interval=4 * 3600, reopen_within=3600,
                   forget_after=86400)
 
 
@@ -82,17 +82,18 @@ def test_reopen_within_window_reuses_message_later_starts_new(make_diagnosis) ->
     d = make_diagnosis()
     book.observe(d, T0)
     book.due(T0 + 30)
-    book.incidents[book.key_for(d)].ts = "111.222"
+    # the message a receiver posted (its receipt) is what a reopened incident edits
+    book.incidents[book.key_for(d)].receipts["slack"] = {"channel": "#x", "ts": "111.222"}
     book.observe(dataclasses.replace(d, status="resolved"), T0 + 100)
     book.due(T0 + 100)
     book.observe(d, T0 + 200)
     anns = book.due(T0 + 200)
     assert kinds(anns) == ["update", "reply"] and "firing again" in anns[1].text
-    assert book.incidents[book.key_for(d)].ts == "111.222"
+    assert book.incidents[book.key_for(d)].receipts["slack"]["ts"] == "111.222"
     book.observe(dataclasses.replace(d, status="resolved"), T0 + 300)
     book.due(T0 + 300)
     book.observe(d, T0 + 300 + 3601)
-    assert book.incidents[book.key_for(d)].ts is None  # a new incident: a new message
+    assert book.incidents[book.key_for(d)].receipts == {}  # a new incident: a new message
     assert kinds(book.due(T0 + 300 + 3601 + 30)) == ["post"]
 
 
@@ -103,7 +104,7 @@ def test_keys_and_routing(make_diagnosis) -> None:
     assert group_key(d, ("job",)) == "network.straggler-retransmits|#ml-infra|job=llm-70b"
     assert group_key(d, ()) == f"network.straggler-retransmits|#ml-infra|fingerprint={d.fingerprint}"
     assert group_key(d, ("switch", "culprit")).endswith("switch=leaf-3|culprit=node-07")
-    cfg = SlackConfig(default_channel="#default", severity_channels={"info": "#quiet"})
+    cfg = PipelineConfig(default_channel="#default", severity_channels={"info": "#quiet"})
     assert routed_channel(d, cfg) == "#ml-infra"
     assert routed_channel(dataclasses.replace(d, severity="info"), cfg) == "#quiet"
     assert routed_channel(dataclasses.replace(d, owner=Owner("p", "t")), cfg) == "#default"

@@ -2,31 +2,48 @@
 
 from __future__ import annotations
 
+import json
 import logging
 
 import pytest
 from whywait.engine.errors import ConfigError, NotifyError
 from whywait.engine.notify.config import SlackConfig, parse_duration
-from whywait.engine.notify.outbox import Outbox
+from whywait.engine.notify.pipeline.outbox import Outbox
+from whywait.engine.notify.receivers.slack import SlackReceiver
 from whywait.engine.notify.secrets import Secret, read_secret
 
 
 def test_outbox_survives_reopen_in_order(tmp_path) -> None:
     box = Outbox(tmp_path)
-    a = box.append("post", "k1", "#a", 1.0)
-    box.append("reply", "k1", "#a", 2.0, text="hello")
-    box.append("post", "k2", "#b", 3.0)
+    a = box.append("post", "k1", "#a", 1.0, receiver="slack")
+    box.append("reply", "k1", "#a", 2.0, text="hello", receiver="slack")
+    box.append("post", "k2", "#b", 3.0, receiver="slack")
     box.done(a.seq)
     box.close()
     again = Outbox(tmp_path)
     assert [(i.kind, i.key, i.text) for i in again.items()] == [("reply", "k1", "hello"), ("post", "k2", "")]
-    assert again.append("update", "k2", "#b", 4.0).seq == 4  # sequence continues
+    assert again.append("update", "k2", "#b", 4.0, receiver="alertmanager").seq == 4  # sequence continues
     again.close()
+    third = Outbox(tmp_path)
+    assert [i.receiver for i in third.items()] == ["slack", "slack", "alertmanager"]
+    assert third.count("alertmanager") == 1 and third.has("k2", receiver="alertmanager")
+    assert not third.has("k1", receiver="alertmanager")
+    third.close()
+
+
+def test_outbox_written_before_receivers_reads_as_slack(tmp_path) -> None:
+    """An outbox left by a version that had only Slack keeps its items for the Slack receiver."""
+    rec = {"seq": 7, "kind": "post", "key": "k", "lane": "#a", "created": 1.0, "text": "", "blocks": None,
+           "attempts": 0, "meta": {}}
+    (tmp_path / "outbox.jsonl").write_text(json.dumps({"add": rec}) + "\n")
+    box = Outbox(tmp_path)
+    assert [(i.seq, i.receiver) for i in box.items()] == [(7, "slack")]
+    box.close()
 
 
 def test_outbox_skips_a_torn_last_line(tmp_path, caplog) -> None:
     box = Outbox(tmp_path)
-    box.append("post", "k1", "#a", 1.0)
+    box.append("post", "k1", "#a", 1.0, receiver="slack")
     box.close()
     with (tmp_path / "outbox.jsonl").open("a") as f:
         f.write('{"add": {"seq": 2, "ki')
@@ -55,7 +72,7 @@ def test_default_outbox_folder_moves_aside_when_busy(tmp_path) -> None:
 def test_outbox_compacts_when_drained(tmp_path) -> None:
     box = Outbox(tmp_path)
     for i in range(5):
-        box.done(box.append("post", f"k{i}", "#a", 0.0).seq)
+        box.done(box.append("post", f"k{i}", "#a", 0.0, receiver="slack").seq)
     assert (tmp_path / "outbox.jsonl").read_text() == ""
     box.close()
 
@@ -75,7 +92,7 @@ def test_secret_from_env_or_file_never_shown(tmp_path) -> None:
 
 
 def test_make_notifier_token_from_file(slack_server, tmp_path, make_diagnosis) -> None:
-    from whywait.engine.notify import SlackNotifier, make_notifier
+    from whywait.engine.notify import make_notifier
 
     from tests.notify.conftest import TOKEN
 
@@ -83,7 +100,9 @@ def test_make_notifier_token_from_file(slack_server, tmp_path, make_diagnosis) -
     f.write_text(TOKEN)
     n = make_notifier({"SLACK_BOT_TOKEN_FILE": str(f), "WHYWAIT_SLACK_API_URL": slack_server.url,
                        "WHYWAIT_NOTIFY_OUTBOX": str(tmp_path / "o")})
-    assert isinstance(n, SlackNotifier)
+    slack = n.receivers["slack"]
+    assert list(n.receivers) == ["slack"] and isinstance(slack, SlackReceiver)
+    assert slack.identity  # the token read from the file worked
     n.close()
 
 
@@ -119,21 +138,24 @@ def test_parse_duration() -> None:
         [90, 300, 14400, 86400, 0.25, 12, 3]
 
 
-def test_unknown_notifier_lists_valid_ones() -> None:
-    from whywait.engine.notify import NOTIFIERS, notifier_class
+def test_unknown_receiver_lists_valid_ones() -> None:
+    from whywait.engine.notify import RECEIVERS, make_notifier, receiver_class
 
-    assert set(NOTIFIERS) == {"console", "slack"}
-    with pytest.raises(ConfigError, match=r"unknown notifier 'email' \(expected one of console, slack\)"):
-        notifier_class("email")
+    assert set(RECEIVERS) == {"alertmanager", "console", "slack", "webhook"}
+    valid = r"\(expected one of alertmanager, console, slack, webhook\)"
+    with pytest.raises(ConfigError, match=r"unknown receiver 'email' " + valid):
+        receiver_class("email")
+    with pytest.raises(ConfigError, match=r"WHYWAIT_RECEIVERS: unknown receiver 'email' " + valid):
+        make_notifier({"WHYWAIT_RECEIVERS": "console,email"})
 
 
 def test_console_is_default_and_imports_no_kafka() -> None:
     import subprocess
     import sys
 
-    code = ("import sys, io; from whywait.engine.notify import make_notifier; "
-            "n = make_notifier({}, stream=io.StringIO()); "
-            "print(type(n).__name__, 'aiokafka' in sys.modules)")
+    code = ("import sys; from whywait.engine.notify import make_notifier; "
+            "n = make_notifier({}, kafka_bootstrap='127.0.0.1:1'); "
+            "print(','.join(n.receivers), n.outbox.directory, 'aiokafka' in sys.modules); n.close()")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.split() == ["ConsoleNotifier", "False"]
+    assert out.split() == ["console", "None", "False"]  # nothing printed is worth a disk queue or Kafka
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from whywait.engine.notify.ratelimit import ChannelRateLimiter
+from whywait.engine.notify.pipeline.ratelimit import ChannelRateLimiter
 
 from tests.support.slack_server import SlackServer
 

@@ -7,30 +7,53 @@ import io
 
 import pytest
 from whywait.engine.errors import NotifyError
-from whywait.engine.notify import ConsoleNotifier, SlackNotifier, make_notifier
+from whywait.engine.notify import ConsoleNotifier, make_notifier
+from whywait.engine.notify.pipeline import PipelineConfig
 
 from tests.notify.conftest import T0, TOKEN
 
 
 def test_make_notifier_without_token_is_console() -> None:
-    out = io.StringIO()
-    n = make_notifier({}, stream=out)
-    assert isinstance(n, ConsoleNotifier)
+    n = make_notifier({})
+    try:
+        assert list(n.receivers) == ["console"]
+    finally:
+        n.close()
 
 
 def test_console_prints_plain_text(make_diagnosis) -> None:
     out = io.StringIO()
-    ConsoleNotifier(out).notify(make_diagnosis())
+    with ConsoleNotifier(out) as n:
+        n.notify(make_diagnosis())
+        assert n.flush(5)
     text = out.getvalue()
     assert "[FIRING · warning] Rank 12 of llm-70b is the straggler" in text
     assert "node-07" in text and "Next step:" in text
+
+
+def test_console_groups_like_the_other_receivers(make_diagnosis) -> None:
+    """Eight stragglers of one job are one printed incident, not eight; their resolution is one more."""
+    out = io.StringIO()
+    with ConsoleNotifier(out, config=PipelineConfig(group_wait=0.3)) as n:
+        ds = [make_diagnosis(rank=i, node=f"node-{i:02d}") for i in range(8)]
+        for d in ds:
+            n.notify(d)
+        assert n.flush(5)
+        assert out.getvalue().count("[FIRING") == 1 and "(8 findings grouped)" in out.getvalue()
+        for d in ds:
+            n.notify(dataclasses.replace(d, status="resolved", ends_at=T0 + 60))
+        assert n.flush(5)
+    text = out.getvalue()
+    assert text.count("[FIRING") == 1 and text.count("[RESOLVED") == 1, text
+    assert "↳ resolved at 2025-06-15 15:07:40 UTC after 1m" in text
+    assert n.stats()["receivers"]["console"]["posted"] == 1
 
 
 def test_firing_then_resolved_is_one_root_message_edited(slack_server, make_diagnosis, tmp_path) -> None:
     env = {"SLACK_BOT_TOKEN": TOKEN, "WHYWAIT_SLACK_API_URL": slack_server.url,
            "WHYWAIT_NOTIFY_OUTBOX": str(tmp_path / "outbox")}
     n = make_notifier(env)
-    assert isinstance(n, SlackNotifier)
+    assert list(n.receivers) == ["slack"]
     d = make_diagnosis()
     n.notify(d)
     assert n.flush(10)

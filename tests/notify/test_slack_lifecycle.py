@@ -50,7 +50,7 @@ def test_lifecycle_fire_grow_resolve_is_one_message_with_edits_and_replies(slack
     posts = slack_server.posts()
     assert [p.thread_ts for p in posts] == [None, root.ts, root.ts]  # one root, two replies
     assert len(slack_server.calls_to("chat.update")) == 2
-    assert n.stats["posted"] == 1 and n.stats["replied"] == 2
+    assert n.stats()["posted"] == 1 and n.stats()["replied"] == 2
 
 
 def test_same_diagnosis_again_is_not_news(slack_server, make_notifier, make_diagnosis) -> None:
@@ -107,7 +107,7 @@ def test_resolved_before_announced_says_nothing(slack_server, make_notifier, mak
     n.notify(d)
     n.notify(dataclasses.replace(d, status="resolved", ends_at=T0 + 10))
     assert n.flush(5)
-    assert slack_server.posts() == [] and n.stats["dropped_unannounced"] == 1
+    assert slack_server.posts() == [] and n.stats()["dropped_unannounced"] == 1
 
 
 def test_routing_owner_channel_default_and_severity_override(slack_server, make_notifier, make_diagnosis) -> None:
@@ -133,7 +133,7 @@ def test_channel_not_found_falls_back_to_default_and_logs(slack_server, make_not
     n.notify(d)
     assert n.flush(5)
     assert len(slack_server.roots("#whywait")) == 1
-    assert n.stats["fallback_channel"] == 1
+    assert n.stats()["fallback_channel"] == 1
     assert any("#no-such-channel" in r.getMessage() and "channel_not_found" in r.getMessage()
                for r in caplog.records)
     n.notify(dataclasses.replace(d, status="resolved", ends_at=T0 + 60))  # later writes follow it there
@@ -204,7 +204,7 @@ def test_outage_loses_nothing_and_delivers_in_order(slack_server, make_notifier,
             n.notify(make_diagnosis(job=j, labels={"job": j}, title=f"straggler in {j}"))
             time.sleep(0.02)
         assert not n.flush(1.5)
-        assert n.stats["waiting"] == len(jobs) and n.stats.get("retried", 0) >= 1
+        assert n.stats()["waiting"] == len(jobs) and n.stats().get("retried", 0) >= 1
     finally:
         slack_server.outage(None)
     assert n.flush(15)
@@ -240,17 +240,17 @@ def test_outbox_survives_a_restart_during_an_outage(slack_server, make_notifier,
 
 
 def test_gives_up_after_max_age_counted_and_logged(slack_server, make_notifier, make_diagnosis, caplog) -> None:
-    caplog.set_level(logging.ERROR, logger="whywait.engine.notify.slack")
+    caplog.set_level(logging.ERROR, logger="whywait.engine.notify.pipeline")
     n = make_notifier(group_wait=0.0, outbox_max_age=0.5)
     slack_server.outage("503")
     n.notify(make_diagnosis())
     deadline = time.monotonic() + 15
-    while time.monotonic() < deadline and not n.stats.get("given_up"):
+    while time.monotonic() < deadline and not n.stats().get("given_up"):
         time.sleep(0.05)
     slack_server.outage(None)
     assert n.flush(5)
-    assert n.stats["given_up"] == 1 and slack_server.posts() == []
-    assert any("gave up on a Slack post" in r.getMessage() for r in caplog.records)
+    assert n.stats()["given_up"] == 1 and slack_server.posts() == []
+    assert any("gave up on a slack post" in r.getMessage() for r in caplog.records)
 
 
 def test_token_never_appears_in_logs_or_messages(slack_server, make_notifier, make_diagnosis, caplog) -> None:
@@ -297,3 +297,21 @@ def test_a_failing_state_store_does_not_stop_notifications(slack_server, make_no
     assert n.flush(5)
     assert len(slack_server.roots()) == 1
     assert "could not save notifier state" in caplog.text
+
+
+def test_deleted_message_is_posted_anew_and_its_news_follows(slack_server, make_notifier, make_diagnosis) -> None:
+    """Someone deleted the incident's message: the next update posts a new root (the receipt
+    moves to it) and the news reply lands in the new thread, nothing lost."""
+    n = make_notifier()
+    n.notify(make_diagnosis(rank=1, node="node-01"))
+    assert n.flush(5)
+    (old,) = slack_server.roots()
+    del slack_server.messages[old.ts]
+    time.sleep(0.35)  # past group_interval
+    n.notify(make_diagnosis(rank=2, node="node-02"))
+    assert n.flush(5)
+    (new,) = slack_server.roots()
+    assert new.ts != old.ts and "2 findings grouped" in new.all_text
+    assert any("1 more finding" in r.text for r in slack_server.thread(new.ts))
+    (inc,) = n.book.incidents.values()
+    assert inc.receipts["slack"]["ts"] == new.ts and n.stats()["failed"] == 0

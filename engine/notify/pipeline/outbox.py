@@ -1,9 +1,10 @@
-"""The durable outbox: every Slack write waits here, in order, until Slack has taken it.
+"""The durable outbox: every delivery waits here, in order, until its receiver has taken it.
 
-The notifier's worker appends an item for each message to post, edit or reply and
-removes it once Slack answers ``ok``.  While Slack is down or rate-limiting, items
-simply stay; when it returns they go out in the order they were queued (per
-incident, and per channel).  With a folder the outbox is a JSON-lines log
+The pipeline's scheduler appends one item per receiver for each announcement (post,
+edit or reply) and removes it once that receiver's ``send`` returns.  While a
+receiver is down or rate-limiting, its items simply stay (the other receivers'
+items are separate and go on); when it returns they go out in the order they were
+queued (per incident lane).  With a folder the outbox is a JSON-lines log
 (``outbox.jsonl``: ``{"add": item}`` and ``{"done": seq}`` records, each ``add``
 fsync'd), so a restarted notifier resumes where the last one stopped; an exclusive
 lock on ``outbox.lock`` keeps two notifiers from sharing one folder.
@@ -29,8 +30,9 @@ _COMPACT_AFTER = 2000  # done records before the log is rewritten
 
 @dataclass
 class OutboxItem:
-    """One Slack write.  ``post`` and ``update`` render the incident's root message when sent
-    (so a late edit shows the latest state); ``reply`` carries its text, fixed when queued."""
+    """One delivery to one receiver.  ``post`` and ``update`` render the incident's current state
+    when sent (so a late edit shows the latest state); ``reply`` carries its text, fixed when queued
+    (``meta["lines"]`` holds the same as ``[kind, text]`` pairs for receivers that style them)."""
 
     seq: int
     kind: Kind
@@ -41,6 +43,7 @@ class OutboxItem:
     blocks: list[dict[str, Any]] | None = None
     attempts: int = 0
     meta: dict[str, Any] = field(default_factory=dict)
+    receiver: str = "slack"  # records written before there were several receivers were all Slack's
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -54,7 +57,7 @@ class OutboxBusy(NotifyError):
 
 
 class Outbox:
-    """Ordered pending Slack writes; on disk under ``directory``, in memory when it is None."""
+    """Ordered pending deliveries; on disk under ``directory``, in memory when it is None."""
 
     def __init__(self, directory: Path | str | None = None, *, fsync: bool = True) -> None:
         self.directory = Path(directory) if directory is not None else None
@@ -142,14 +145,22 @@ class Outbox:
     # ---- the queue -------------------------------------------------------------------------
 
     def append(self, kind: Kind, key: str, lane: str, created: float, *, text: str = "",
-               blocks: list[dict[str, Any]] | None = None, meta: dict[str, Any] | None = None) -> OutboxItem:
-        """Queue a write; durable when this returns."""
+               blocks: list[dict[str, Any]] | None = None, meta: dict[str, Any] | None = None,
+               receiver: str, sync: bool = True) -> OutboxItem:
+        """Queue a delivery for ``receiver``; durable when this returns (with ``sync=False``: once
+        :meth:`sync` returns, so a batch costs one fsync)."""
         item = OutboxItem(seq=self._next_seq, kind=kind, key=key, lane=lane, created=created, text=text,
-                          blocks=blocks, meta=dict(meta or {}))
+                          blocks=blocks, meta=dict(meta or {}), receiver=receiver)
         self._next_seq += 1
         self._items[item.seq] = item
-        self._write({"add": item.to_dict()}, sync=True)
+        self._write({"add": item.to_dict()}, sync=sync)
         return item
+
+    def sync(self) -> None:
+        """Make every item appended so far durable (one fsync)."""
+        if self._log is not None and self._fsync:
+            self._log.flush()
+            os.fsync(self._log.fileno())
 
     def done(self, seq: int) -> None:
         """Remove a delivered (or given-up) item."""
@@ -176,13 +187,18 @@ class Outbox:
         raise OutboxBusy(f"the outbox {directory} and {tries - 1} folders beside it are in use; "
                          "set WHYWAIT_NOTIFY_OUTBOX")
 
-    def items(self) -> list[OutboxItem]:
-        """Pending items, oldest first."""
-        return list(self._items.values())
+    def items(self, receiver: str | None = None) -> list[OutboxItem]:
+        """Pending items (of ``receiver``, or all), oldest first."""
+        return [i for i in self._items.values() if receiver is None or i.receiver == receiver]
 
-    def has(self, key: str, kind: Kind | None = None) -> bool:
-        """True when an item for incident ``key`` (of ``kind``) is pending."""
-        return any(i.key == key and (kind is None or i.kind == kind) for i in self._items.values())
+    def has(self, key: str, kind: Kind | None = None, receiver: str | None = None) -> bool:
+        """True when an item for incident ``key`` (of ``kind``, for ``receiver``) is pending."""
+        return any(i.key == key and (kind is None or i.kind == kind) and (receiver is None or i.receiver == receiver)
+                   for i in self._items.values())
+
+    def count(self, receiver: str) -> int:
+        """How many items wait for ``receiver``."""
+        return sum(1 for i in self._items.values() if i.receiver == receiver)
 
     def __len__(self) -> int:
         return len(self._items)

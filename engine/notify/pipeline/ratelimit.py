@@ -1,9 +1,10 @@
-"""Client-side pacing: at most ``rate`` Slack writes per second into each channel.
+"""Client-side pacing: at most ``rate`` deliveries per second into each route of a receiver.
 
-Slack allows about one message per second per channel and answers 429 beyond it.
-Keeping under the limit ourselves means a burst of incidents is delivered at the
-allowed pace instead of bouncing off 429s; the 429 retry handler stays as a
-safety net.  Pure (time is passed in), so the notifier's worker can ask when the
+A receiver declares its pace (``Receiver.rate``; Slack allows about one message per
+second per channel and answers 429 beyond it).  Keeping under the limit ourselves
+means a burst of incidents is delivered at the allowed pace instead of bouncing off
+429s; a receiver's ``retryable`` error with a retry-after stays as a safety net.
+Pure (time is passed in), so the pipeline's sender can ask when the
 next write into a channel may go without sleeping.
 """
 
