@@ -119,7 +119,9 @@ class SilenceStore(ABC):
             raise SilenceError(f"no silence with id {silence_id!r}")
         if not current.active(now):
             return current
-        ended = replace(current, ends_at=max(now, current.starts_at + 1e-3), expired_by=by or None)
+        # It ends now.  A silence expired within a millisecond of its start keeps ends_at > starts_at by
+        # moving its start back, never its end forward: an expired silence must not hold a moment longer.
+        ended = replace(current, starts_at=min(current.starts_at, now - 1e-3), ends_at=now, expired_by=by or None)
         self.add(ended)
         return ended
 
