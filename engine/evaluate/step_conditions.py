@@ -44,6 +44,9 @@ from engine.rules.schema import Condition
 Steps = list[tuple[int, dict[int, StepRec]]]
 # How many steps before the window count as a rank's history (bounded: the table keeps ~600).
 _HISTORY_MAX = 60
+# How far past its own usual wander (robust z against its own history) a rank's step must be to count
+# as grown: 3 spreads, i.e. about 1 step in 700 of a steady rank by chance.
+_OWN_Z = 3.0
 
 
 def _coords(ctx: Ctx) -> Any:
@@ -103,15 +106,20 @@ def _step_outlier(c: Condition, ctx: Ctx) -> Result:
     flagged = []
     for j in judged:
         key = (ctx.rule_id, c.line, ctx.job.job, j.rank)
-        base = ctx.state.get(key, j.history_ratio)
+        base, spread = ctx.state.get(key, (j.history_ratio, j.history_spread))
         ok = p["ratio"](j.ratio) and p["zscore"](j.z) and j.slow_share >= p["persist"]
         if ok and j.ratio < p["steady_ratio"]:
             # Modestly slower: a fault only if it grew against its own past.  Without a past (the job,
             # or the rank, just started) it may be a slower GPU model: wait for history.
             ok = base is not None and (p["ratio"](j.ratio / base) if base > 0 else True)
+            if ok and base is not None and spread is not None:
+                # ...and grew past its own step-to-step wander, on most steps: a rank always 2x slower
+                # wanders by +-10% (its 5-step median with it), which is no new fault.
+                bar = max(base * thr, base + _OWN_Z * spread)
+                ok = sum(1 for x in j.ratios if x > bar) >= p["persist"] * len(j.ratios)
         if ok:
             if base is not None:
-                ctx.state[key] = base
+                ctx.state[key] = (base, spread)
             flagged.append((j, base))
         else:
             ctx.state.pop(key, None)
