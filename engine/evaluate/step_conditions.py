@@ -47,6 +47,8 @@ _HISTORY_MAX = 60
 # How far past its own usual wander (robust z against its own history) a rank's step must be to count
 # as grown: 3 spreads, i.e. about 1 step in 700 of a steady rank by chance.
 _OWN_Z = 3.0
+# A straggler of steps longer than its window is judged on this many of the latest steps.
+_LONG_STEPS = 3
 
 
 def _coords(ctx: Ctx) -> Any:
@@ -97,6 +99,12 @@ def _step_outlier(c: Condition, ctx: Ctx) -> Result:
     if got is None:
         return Result(False)
     win, hist = got
+    # Steps each longer than the whole window (8 s, 45 s steps): no hiccup lasts a step that long, so the
+    # latest _LONG_STEPS of them are evidence enough, and waiting for more would cost minutes.
+    if len(win) > _LONG_STEPS and statistics.median(
+            statistics.median(r.duration_s for r in row.values()) for _, row in win) >= p["window"]:
+        hist = (hist + win[:-_LONG_STEPS])[-_HISTORY_MAX:]
+        win = win[-_LONG_STEPS:]
     ranks = [r for r in ctx.job.ranks if any(r in row for _, row in win)]
     groups = groups_of(ranks, _coords(ctx), p["within"])
     thr = p["ratio"].value
@@ -106,7 +114,9 @@ def _step_outlier(c: Condition, ctx: Ctx) -> Result:
     flagged = []
     for j in judged:
         key = (ctx.rule_id, c.line, ctx.job.job, j.rank)
-        base, spread = ctx.state.get(key, (j.history_ratio, j.history_spread))
+        # Frozen while flagged, as two numbers (the engine's snapshot keeps numeric state only).
+        base = ctx.state.get(key, j.history_ratio)
+        spread = ctx.state.get(key + ("spread",), j.history_spread) if key in ctx.state else j.history_spread
         ok = p["ratio"](j.ratio) and p["zscore"](j.z) and j.slow_share >= p["persist"]
         if ok and j.ratio < p["steady_ratio"]:
             # Modestly slower: a fault only if it grew against its own past.  Without a past (the job,
@@ -119,18 +129,30 @@ def _step_outlier(c: Condition, ctx: Ctx) -> Result:
                 ok = sum(1 for x in j.ratios if x > bar) >= p["persist"] * len(j.ratios)
         if ok:
             if base is not None:
-                ctx.state[key] = (base, spread)
+                ctx.state[key] = base
+                if spread is not None:
+                    ctx.state[key + ("spread",)] = spread
             flagged.append((j, base))
         else:
             ctx.state.pop(key, None)
+            ctx.state.pop(key + ("spread",), None)
     if flagged:
         # On the steps a flagged rank was not slow, was another rank slow instead?  Then the job's
         # slow rank rotates (uneven batches) and a rank slow on most steps by chance is no
         # straggler; only a rank slow on every step still is.
+        # A rank slower than the fast ones on every step since its history began (an older GPU) is
+        # not "another rank slow instead": only a rank slow against its own past is.
         mine = {j.rank for j, _ in flagged}
+
+        def newly_slow(j: Any, i: int) -> bool:
+            if i not in j.slow_at:
+                return False
+            x = (j.ratio_at or {}).get(i)
+            return j.history_ratio is None or x is None or x > j.history_ratio * thr
+
         foreign = sum(1 for i in range(len(win))
                       if not any(i in j.slow_at for j, _ in flagged)
-                      and any(i in j.slow_at for j in judged if j.rank not in mine))
+                      and any(newly_slow(j, i) for j in judged if j.rank not in mine))
         if foreign >= 0.25 * len(win):
             flagged = [(j, b) for j, b in flagged if j.slow_share >= 1.0]
     if not flagged or len(flagged) > p["max_share"] * len(judged):
