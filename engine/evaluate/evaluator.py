@@ -513,7 +513,9 @@ class Evaluator:
         """
         losses = facts.get("step_losses")
         if losses is None:
-            return None
+            if inc.cost_until == -math.inf:
+                return None
+            losses = []  # no complete step this tick (a checkpoint, a late rank): the cost so far stands
         floor = self.counted_until.get(inc.fingerprint, -math.inf)
         for t, _, lost in sorted(losses):
             # Steps before the rule fired count too: the leaves walk back to where the waiting began,

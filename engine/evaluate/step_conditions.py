@@ -468,7 +468,7 @@ def _what_if(c: Condition, ctx: Ctx) -> Result:
 
             def peers(row: dict[int, StepRec]) -> tuple[float, float] | None:
                 dur, lost = step_loss(row, culprits, groups, p["measure"])
-                return (dur, lost) if lost > 0.02 * dur else None
+                return (dur, lost) if lost > 0.02 * _training_s(row) else None
             fn = peers
             # Is it the culprits' own work that holds the step back (a slow GPU, a starved loader)?
             # If not, the waiting is in what every rank shares (a lossy NIC slows every all-reduce,
@@ -507,8 +507,7 @@ def _against_own_past(ctx: Ctx, done: Steps) -> Any:
     base = ctx.state.get(key)
     if base is None or ctx.facts.get("cost_until", -math.inf) == -math.inf:
         # the history: steps that ended well before the incident began
-        before = [statistics.median(r.duration_s for r in row.values()) for _, row in done
-                  if max(r.t for r in row.values()) < since - 10.0][-60:]
+        before = [_training_s(row) for _, row in done if max(r.t for r in row.values()) < since - 10.0][-60:]
         if len(before) < 5:
             return None
         base = statistics.median(before)
@@ -520,8 +519,14 @@ def _against_own_past(ctx: Ctx, done: Steps) -> Any:
 
     def fn(row: dict[int, StepRec]) -> tuple[float, float] | None:
         dur = statistics.median(r.duration_s for r in row.values())
-        return (dur, dur - base) if dur > gate else None
+        train = _training_s(row)  # a checkpoint save in the step is the save's time, not this incident's
+        return (dur, train - base) if train > gate else None
     return fn
+
+
+def _training_s(row: dict[int, StepRec]) -> float:
+    """The step's time less any checkpoint save in it (median over the ranks)."""
+    return statistics.median(r.duration_s - (r.checkpoint_s or 0.0) for r in row.values())
 
 
 def _losses(done: Steps, fn: Any, counted: float, recent: int, max_miss: int = 4) -> list[tuple[float, float, float]]:
