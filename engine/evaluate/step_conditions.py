@@ -49,6 +49,8 @@ _HISTORY_MAX = 60
 _OWN_Z = 3.0
 # A straggler of steps longer than its window is judged on this many of the latest steps.
 _LONG_STEPS = 3
+# The fewest slow points (seconds, or steps when steps are longer) a periodic slowdown's burst holds.
+_BURST_POINTS = 3
 
 
 def _coords(ctx: Ctx) -> Any:
@@ -421,7 +423,16 @@ def _periodic(c: Condition, ctx: Ctx) -> Result:
             bursts[-1].extend(b)
         else:
             bursts.append(list(b))
-    bursts = [b for b in bursts if len(b) >= 2]
+    # A slowdown is sustained: at least 3 slow points, and slow on most of its span.  Random hiccups
+    # (a GC pause here, a slow step there) make 2-point "bursts" that can line up by chance.
+    # When a point stands for several seconds of training (long steps), a sub-second hiccup cannot
+    # slow it by the ratio: two such points are a slowdown.
+    need = _BURST_POINTS if gap < 2.0 else 2
+
+    def sustained(b: list[tuple[float, float]]) -> bool:
+        span = sum(1 for t, _ in pts if b[0][0] <= t <= b[-1][0])
+        return len(b) >= need and len(b) >= 0.6 * span
+    bursts = [b for b in bursts if sustained(b)]
     if len(bursts) < int(p["min_bursts"]):
         return Result(False)
     lengths = [b[-1][0] - b[0][0] + gap for b in bursts]
