@@ -389,10 +389,12 @@ def _periodic(c: Condition, ctx: Ctx) -> Result:
     times, values = ctx.store.window("job.duration_s", job, ctx.now - p["window"], ctx.now)
     if len(values) < 20:
         return Result(False)
-    _, ck = ctx.store.window("job.checkpoint_s", job, ctx.now - p["window"], ctx.now)
-    ck_times = set(ctx.store.window("job.checkpoint_s", job, ctx.now - p["window"], ctx.now)[0][i]
-                   for i, v in enumerate(ck) if v > 0)
-    pts = [(t, v) for t, v in zip(times, values, strict=True) if t not in ck_times]
+    # A checkpoint save is periodic by design and has its own rules: its time comes off the step (the
+    # step itself still counts: a slowdown that overlaps a save is still a slowdown).
+    ck_t, ck = ctx.store.window("job.checkpoint_s", job, ctx.now - p["window"], ctx.now)
+    saving = {t: v for t, v in zip(ck_t, ck, strict=True) if v > 0}
+    pts = [(t, v - saving.get(t, 0.0)) for t, v in zip(times, values, strict=True)]
+    pts = [(t, v) for t, v in pts if v > 0]
     if len(pts) < 20:
         return Result(False)
     # The normal step time is the lower quartile: a job slow for a long stretch (a fault, a rotation)
