@@ -69,6 +69,11 @@ def _window(c: Condition, ctx: Ctx) -> tuple[Steps, Steps] | None:
     return win, hist[-_HISTORY_MAX:]
 
 
+def _long_steps(win: Steps, window_s: float) -> bool:
+    """Whether the window's steps are each (median) at least as long as the window itself."""
+    return statistics.median(statistics.median(r.duration_s for r in row.values()) for _, row in win) >= window_s
+
+
 def _ent(ctx: Ctx, rank: int) -> str:
     return f"{ctx.job.job}:{rank}"
 
@@ -103,8 +108,7 @@ def _step_outlier(c: Condition, ctx: Ctx) -> Result:
     win, hist = got
     # Steps each longer than the whole window (8 s, 45 s steps): no hiccup lasts a step that long, so the
     # latest _LONG_STEPS of them are evidence enough, and waiting for more would cost minutes.
-    if len(win) > _LONG_STEPS and statistics.median(
-            statistics.median(r.duration_s for r in row.values()) for _, row in win) >= p["window"]:
+    if len(win) > _LONG_STEPS and _long_steps(win, p["window"]):
         hist = (hist + win[:-_LONG_STEPS])[-_HISTORY_MAX:]
         win = win[-_LONG_STEPS:]
     ranks = [r for r in ctx.job.ranks if any(r in row for _, row in win)]
@@ -304,7 +308,7 @@ def _rotation(c: Condition, ctx: Ctx) -> Result:
     got = _window(c, ctx)
     if got is None:
         return Result(False)
-    win, _ = got
+    win, hist = got
     ranks = sorted(ctx.job.ranks)
     groups = groups_of(ranks, _coords(ctx), p["within"])
     slow: list[tuple[int, int, float]] = []  # (step index, rank, ratio)
@@ -316,11 +320,13 @@ def _rotation(c: Condition, ctx: Ctx) -> Result:
         xs = [v for _, row in win if r in row and (v := row[r].get(p["measure"])) is not None]
         if xs:
             usual[r] = statistics.median(xs)
-    for i, (_, row) in enumerate(win):
-        best: tuple[float, int, float] | None = None
+
+    def turn(row: dict[int, StepRec]) -> tuple[float, int] | None:
+        """This step's slow rank and its ratio, when one rank stands out; else None."""
+        best: tuple[float, int] | None = None
         for members in groups.values():
-            raw = {r: v for r in members if r in row and (v := row[r].get(p["measure"])) is not None}
-            known = {r: v / usual[r] for r, v in raw.items() if usual.get(r)}
+            known = {r: v / usual[r] for r in members
+                     if r in row and (v := row[r].get(p["measure"])) is not None and usual.get(r)}
             if len(known) < 4:
                 continue
             vals = sorted(known.values())
@@ -332,18 +338,30 @@ def _rotation(c: Condition, ctx: Ctx) -> Result:
             top = max(known, key=lambda r: known[r])
             q, z = known[top] / ref if ref > 0 else 0.0, (known[top] - fmed) / scale
             if p["ratio"](q) and p["zscore"](z) and (best is None or q > best[0]):
-                best = (q, top, sorted(raw.values())[-2])
-        if best is None:
+                best = (q, top)
+        return best
+
+    for i, (_, row) in enumerate(win):
+        got_turn = turn(row)
+        if got_turn is None:
             continue
-        q, top, second = best
+        q, top = got_turn
         slow.append((i, top, q))
         for f in excess:
             mine = row[top].get(f)
             peers = [v for r, rec in row.items() if r != top and (v := rec.get(f)) is not None]
             if mine is not None and peers:
                 excess[f] += mine - statistics.median(peers)
-    if len(slow) < p["persist"] * len(win):
+    share = len(slow) / len(win)
+    if share < p["persist"]:
         return Result(False)
+    # Against the job's own past: a large job has a slow turn on some steps anyway (GC pauses, hiccups
+    # on random ranks).  The window's share must stand well above the share before it (3 binomial
+    # standard errors), so a busy stretch of hiccups is not a rotation.
+    if len(hist) >= 10:
+        p0 = sum(1 for _, row in hist if turn(row) is not None) / len(hist)
+        if share - p0 < 3.0 * math.sqrt(max(p0 * (1 - p0), 0.01) / len(win)):
+            return Result(False)
     who = Counter(r for _, r, _ in slow)
     if who.most_common(1)[0][1] > p["max_share"] * len(slow) or len(who) < int(p["min_distinct"]):
         return Result(False)
