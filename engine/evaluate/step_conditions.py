@@ -356,11 +356,11 @@ def _rotation(c: Condition, ctx: Ctx) -> Result:
     if share < p["persist"]:
         return Result(False)
     # Against the job's own past: a large job has a slow turn on some steps anyway (GC pauses, hiccups
-    # on random ranks).  The window's share must stand well above the share before it (3 binomial
+    # on random ranks).  The window's share must stand well above the share before it (4 binomial
     # standard errors), so a busy stretch of hiccups is not a rotation.
     if len(hist) >= 10:
         p0 = sum(1 for _, row in hist if turn(row) is not None) / len(hist)
-        if share - p0 < 3.0 * math.sqrt(max(p0 * (1 - p0), 0.01) / len(win)):
+        if share - p0 < 4.0 * math.sqrt(max(p0 * (1 - p0), 0.01) / len(win)):
             return Result(False)
     who = Counter(r for _, r, _ in slow)
     if who.most_common(1)[0][1] > p["max_share"] * len(slow) or len(who) < int(p["min_distinct"]):
