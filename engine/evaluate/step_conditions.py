@@ -407,12 +407,12 @@ def _periodic(c: Condition, ctx: Ctx) -> Result:
     times, values = ctx.store.window("job.duration_s", job, ctx.now - p["window"], ctx.now)
     if len(values) < 20:
         return Result(False)
-    # A checkpoint save is periodic by design and has its own rules: its time comes off the step (the
-    # step itself still counts: a slowdown that overlaps a save is still a slowdown).
+    # A checkpoint save is periodic by design and has its own rules: seconds with save time are left
+    # out.  (Taking the save's time off the step instead kept a 40 s-step job's slow spell that
+    # overlapped a save, but the seconds around saves then made periods of their own.)
     ck_t, ck = ctx.store.window("job.checkpoint_s", job, ctx.now - p["window"], ctx.now)
-    saving = {t: v for t, v in zip(ck_t, ck, strict=True) if v > 0}
-    pts = [(t, v - saving.get(t, 0.0)) for t, v in zip(times, values, strict=True)]
-    pts = [(t, v) for t, v in pts if v > 0]
+    saving = {t for t, v in zip(ck_t, ck, strict=True) if v > 0}
+    pts = [(t, v) for t, v in zip(times, values, strict=True) if t not in saving]
     if len(pts) < 20:
         return Result(False)
     # The normal step time is the lower quartile: a job slow for a long stretch (a fault, a rotation)
@@ -458,6 +458,18 @@ def _periodic(c: Condition, ctx: Ctx) -> Result:
     lengths = [b[-1][0] - b[0][0] + gap for b in bursts]
     if max(lengths) > 3 * min(lengths):  # the same thing recurring lasts about as long each time
         return Result(False)
+    # On, then off: between two bursts the job runs at its normal pace for at least as long as a burst
+    # lasts.  One long slowdown with dips in it is split into bursts with short gaps, not a period.
+    quiet = [b[0][0] - a[-1][0] - gap for a, b in zip(bursts, bursts[1:], strict=False)]
+    if min(quiet) < statistics.median(lengths):
+        return Result(False)
+    # ...and normal means normal: a long slowdown that hovers about the threshold dips under it now and
+    # then, but its dips are still slow (half the ratio's excess or more).
+    normal_bar = base * (1.0 + 0.5 * (p["ratio"].value - 1.0))
+    for a, b in zip(bursts, bursts[1:], strict=False):
+        between = [v for t, v in pts if a[-1][0] < t < b[0][0]]
+        if between and statistics.median(between) > normal_bar:
+            return Result(False)
     starts = [b[0][0] for b in bursts]
     gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
     # The span over the count, not one interval: each burst's start is jittered by a step or two.
