@@ -25,7 +25,7 @@ test: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check agents engine topology tests
-	$(BIN)/mypy agents/events.py engine/rules engine/evaluate engine/diagnosis.py engine/stream engine/replay.py engine/ruletest.py engine/commands topology
+	$(BIN)/mypy agents/events.py engine/rules engine/evaluate engine/diagnosis.py engine/stream engine/replay.py simulate/ruletest.py engine/commands topology
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

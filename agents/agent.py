@@ -12,7 +12,7 @@ Per interval (default 1 s) the agent
 4. publishes its own health (``agent_health``).
 
 The training socket is a Unix datagram socket (``/run/whywait/agent.sock`` or
-``$WHYWAIT_AGENT_SOCKET``); see :mod:`agents.training` for the datagrams.  Its
+``$WHYWAIT_AGENT_SOCKET``); see :mod:`whywait.agents.training` for the datagrams.  Its
 trust model (``docs/security.md``):
 
 * the socket is mode 0660, owned by a configurable group (``--socket-group``,
@@ -41,11 +41,11 @@ import struct
 import time
 from typing import Any, Callable, Iterable
 
-from agents.collectors.base import AgentConfigError, Collector
-from agents.collectors.bmc import SlowdownWatch
-from agents.collectors.host import HostCollector
-from agents.events import TOPIC_AGENT_HEALTH, TOPIC_CHECKPOINTS, TOPIC_STEPS, envelope, topic_for_kind
-from agents.publisher import Publisher
+from whywait.agents.collectors.base import AgentConfigError, Collector
+from whywait.agents.collectors.bmc import SlowdownWatch
+from whywait.agents.collectors.host import HostCollector
+from whywait.agents.events import TOPIC_AGENT_HEALTH, TOPIC_CHECKPOINTS, TOPIC_STEPS, envelope, topic_for_kind
+from whywait.agents.publisher import Publisher
 
 log = logging.getLogger("whywait.agent")
 
@@ -362,7 +362,7 @@ class Agent:
             self.inbox.pids = set()
 
     async def publish(self, topic: str, msg: dict[str, Any]) -> None:
-        from agents.events import message_key  # noqa: PLC0415
+        from whywait.agents.events import message_key  # noqa: PLC0415
 
         await self.publisher.send(topic, message_key(msg).decode(), msg)
 

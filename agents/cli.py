@@ -23,11 +23,11 @@ import sys
 import time
 from typing import Any
 
-from agents.collectors import COLLECTORS, AgentConfigError, AgentError, Collector, collector_class
-from agents.collectors.dcgm import DcgmCollector
-from agents.collectors.gpu import NvmlCollector
-from agents.collectors.hardware import HardwareCollector
-from agents.training import DEFAULT_SOCKET, SOCKET_ENV
+from whywait.agents.collectors import COLLECTORS, AgentConfigError, AgentError, Collector, collector_class
+from whywait.agents.collectors.dcgm import DcgmCollector
+from whywait.agents.collectors.gpu import NvmlCollector
+from whywait.agents.collectors.hardware import HardwareCollector
+from whywait.agents.training import DEFAULT_SOCKET, SOCKET_ENV
 
 BOOTSTRAP_ENV = "WHYWAIT_KAFKA_BOOTSTRAP"
 DEFAULT_COLLECTORS = "gpu,network,storage,host,hw"
@@ -119,14 +119,14 @@ def _spool_dir(arg: str | None) -> str:
 def make_publisher(args: argparse.Namespace) -> Any:
     """``--print`` → JSON lines on stdout; otherwise Kafka (bootstrap required)."""
     if args.print_:
-        from agents.publisher import PrintPublisher  # noqa: PLC0415
+        from whywait.agents.publisher import PrintPublisher  # noqa: PLC0415
 
         return PrintPublisher()
     bootstrap = args.bootstrap or os.environ.get(BOOTSTRAP_ENV)
     if not bootstrap:
         raise AgentConfigError(f"no Kafka to publish to: pass --bootstrap HOST:PORT or set {BOOTSTRAP_ENV} "
                                "(or use --print)")
-    from agents.publisher import KafkaPublisher  # noqa: PLC0415 - aiokafka only when publishing
+    from whywait.agents.publisher import KafkaPublisher  # noqa: PLC0415 - aiokafka only when publishing
 
     return KafkaPublisher(bootstrap, _spool_dir(args.spool_dir), int(args.spool_max_mb * (1 << 20)))
 
@@ -141,12 +141,12 @@ def _socket_path(args: argparse.Namespace) -> str | None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the agent; returns the exit status (2 for a configuration error, said in one line)."""
-    from agents.agent import Agent  # noqa: PLC0415
+    from whywait.agents.agent import Agent  # noqa: PLC0415
 
     try:
         names = _names(args)
         if args.once and args.print_:
-            from agents.publisher import MemoryPublisher  # noqa: PLC0415
+            from whywait.agents.publisher import MemoryPublisher  # noqa: PLC0415
 
             collectors = build_collectors(names, args.root, args.dcgm_url, args.pid, args.node)
             return _once_print(Agent(args.node, collectors, MemoryPublisher(), args.interval))
@@ -166,7 +166,7 @@ def _once_print(agent: Any) -> int:
     time.sleep(agent.interval)
     msgs = [m for _, m in agent.collect()]
     msgs.append(agent.health(agent.clock()))
-    from agents.events import ContractError, validate  # noqa: PLC0415
+    from whywait.agents.events import ContractError, validate  # noqa: PLC0415
 
     for m in msgs:
         try:

@@ -6,7 +6,7 @@
     ├── CollectorOff        a collector cannot run on this host (no driver, no file, no permission)
     └── AgentConfigError    a flag or environment variable of ``whywait agent`` is missing or wrong
 
-``agents.events.ContractError`` (a message breaks the event contract) is a ``ValueError``
+``whywait.agents.events.ContractError`` (a message breaks the event contract) is a ``ValueError``
 of its own: producers outside the agent raise it too.
 """
 

@@ -38,7 +38,7 @@ from abc import ABC, abstractmethod
 from collections import deque
 from typing import IO, Any
 
-from agents.events import ContractError, encode, validate
+from whywait.agents.events import ContractError, encode, validate
 
 log = logging.getLogger("whywait.agent")
 

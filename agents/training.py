@@ -3,7 +3,7 @@
 A training script imports this module (standard library only: no torch, no
 Kafka client) and wraps its loop::
 
-    from agents.training import Reporter
+    from whywait.agents.training import Reporter
     rep = Reporter(job="llama-70b-run7", rank=int(os.environ["RANK"]))
     batches = iter(loader)
     for n in range(steps):
@@ -34,7 +34,7 @@ Datagram shapes (``v`` is this module's datagram version)::
      "phase": "start"|"end"|"failed", "bytes"?, "duration_s"?, "path"?, "error"?}
 
 Adapters for PyTorch Lightning and Hugging Face ``transformers`` live in
-:mod:`agents.integrations` and import those libraries only when asked for.
+:mod:`whywait.agents.integrations` and import those libraries only when asked for.
 """
 
 from __future__ import annotations

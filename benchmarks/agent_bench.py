@@ -90,7 +90,7 @@ def serve_redfish() -> tuple[http.server.ThreadingHTTPServer, str]:
 
 def ranks(sock: str, n_ranks: int, steps_per_s: float, stop: threading.Event) -> None:
     sys.path.insert(0, ROOT)
-    from agents.training import Reporter
+    from whywait.agents.training import Reporter
 
     reps = [Reporter("bench-job", r, sock=sock) for r in range(n_ranks)]
     n = 0
@@ -117,7 +117,7 @@ def main() -> int:
     tmp = tempfile.mkdtemp(prefix="whywait-bench-")
     env = {**os.environ, "WHYWAIT_BMC_URL": bmc_url, "WHYWAIT_STATE_DIR": tmp}
     sock = os.path.join(tmp, "agent.sock")
-    cmd = [sys.executable, "-m", "agents.cli", "--node", "bench-node", "--interval", "1",
+    cmd = [sys.executable, "-m", "whywait.agents.cli", "--node", "bench-node", "--interval", "1",
            "--collectors", "gpu,dcgm,network,storage,host,hw", "--dcgm-url", url, "--socket", sock]
     cmd += ["--bootstrap", args.bootstrap, "--spool-dir", os.path.join(tmp, "spool")] if args.bootstrap \
         else ["--print"]

@@ -31,10 +31,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from agents.events import INPUT_TOPICS, decode, encode, message_key  # noqa: E402
-from agents.simulate.cluster import make_cluster, make_job  # noqa: E402
-from agents.simulate.faults import make_fault  # noqa: E402
-from agents.simulate.sim import Simulation  # noqa: E402
+from whywait.agents.events import INPUT_TOPICS, decode, encode, message_key  # noqa: E402
+from whywait.simulate.cluster import make_cluster, make_job  # noqa: E402
+from whywait.simulate.faults import make_fault  # noqa: E402
+from whywait.simulate.sim import Simulation  # noqa: E402
 
 
 def records(msg: dict) -> int:
@@ -101,11 +101,11 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=900.0, help="simulated seconds of telemetry")
     args = ap.parse_args()
 
-    from engine.evaluate.evaluator import Evaluator
-    from engine.localkafka.broker import LocalBroker
-    from engine.rules.loader import load_rules
-    from engine.stream.topics import ensure_topics
-    from topology.model import Topology
+    from whywait.engine.evaluate.evaluator import Evaluator
+    from whywait.engine.localkafka.broker import LocalBroker
+    from whywait.engine.rules.loader import load_rules
+    from whywait.engine.stream.topics import ensure_topics
+    from whywait.topology.model import Topology
 
     broker = None
     bootstrap = os.environ.get("WHYWAIT_KAFKA_BOOTSTRAP")
@@ -142,7 +142,7 @@ def main() -> int:
         env = {**os.environ, "WHYWAIT_KAFKA_BOOTSTRAP": bootstrap, "WHYWAIT_NOTIFY_OUTBOX": str(work / "outbox")}
         env.pop("SLACK_BOT_TOKEN", None)
         t = time.perf_counter()
-        proc = subprocess.Popen([sys.executable, "-m", "engine.cli", "engine", "--topology", str(topo_file),
+        proc = subprocess.Popen([sys.executable, "-m", "whywait", "engine", "--topology", str(topo_file),
                                  "--group", group, "--not-before", str(start), "--no-restore",
                                  "--max-clock-skew", "off"],  # its event time is a year ahead
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=REPO)

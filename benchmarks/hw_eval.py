@@ -4,10 +4,10 @@
     .venv/bin/python benchmarks/hw_eval.py --quick    # one shape, one seed
     .venv/bin/python benchmarks/hw_eval.py -v         # list every miss and false diagnosis
 
-Each scenario is a Simulation of ``engine.eval``'s cluster shapes with one fault of
-``agents.simulate.hardware.HW_FAULTS`` and the ``hw`` messages the agent would send (the
+Each scenario is a Simulation of ``whywait.simulate.eval``'s cluster shapes with one fault of
+``whywait.simulate.hardware.HW_FAULTS`` and the ``hw`` messages the agent would send (the
 simulator emits them), fed to the production evaluator with every shipped rule.
-Scoring follows ``engine/eval.py``: a diagnosis detects a fault when it is for the fault's job, fires
+Scoring follows ``simulate/eval.py``: a diagnosis detects a fault when it is for the fault's job, fires
 between its start and 30 s after its end and names its cause; precision counts every first
 announcement of an incident of the class's cause; root-cause accuracy asks that the first diagnosis
 about the job during the fault has the right cause and culprit.  Fault-free time (the lead-in of
@@ -28,12 +28,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from agents.simulate.hardware import HW_FAULTS  # noqa: E402
-from agents.simulate.scenario import parse_scenario  # noqa: E402
-from agents.simulate.sim import Simulation  # noqa: E402
-from engine.eval import GRACE_S, SHAPES, START, _incidents, culprit_matches  # noqa: E402
-from engine.evaluate.evaluator import Evaluator  # noqa: E402
-from engine.rules.loader import load_rules  # noqa: E402
+from whywait.simulate.hardware import HW_FAULTS  # noqa: E402
+from whywait.simulate.scenario import parse_scenario  # noqa: E402
+from whywait.simulate.sim import Simulation  # noqa: E402
+from whywait.simulate.eval import GRACE_S, SHAPES, START, _incidents, culprit_matches  # noqa: E402
+from whywait.engine.evaluate.evaluator import Evaluator  # noqa: E402
+from whywait.engine.rules.loader import load_rules  # noqa: E402
 
 GPU_CLASSES = {"pcie-downgrade", "gpu-nvml-hang"}
 # Severity drawn per scenario, milder and harsher than the defaults, so thresholds are judged on both.
@@ -57,10 +57,10 @@ def run(rules: Any, shape_name: str, cls: str | None, seed: int, duration: float
         other: str | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any], float, int]:
     """One scenario: (truths, diagnoses, placements, fault start or end of run, messages).
 
-    ``other`` adds a fault of the simulator's own library (``agents.simulate.faults.FAULTS``) on another
+    ``other`` adds a fault of the simulator's own library (``whywait.simulate.faults.FAULTS``) on another
     of the job's nodes, starting 5 s later.
     """
-    from agents.simulate.faults import FAULTS
+    from whywait.simulate.faults import FAULTS
 
     rng = random.Random(f"{cls}:{shape_name}:{seed}")
     shape = SHAPES[shape_name]

@@ -80,11 +80,11 @@ def main() -> int:
     ap.add_argument("--nodes", type=int, default=1250)
     args = ap.parse_args()
 
-    from engine.evaluate.evaluator import Evaluator
-    from engine.rules.loader import load_rules
-    from topology.model import Topology
-    from topology.reconcile import findings, load_node_types, merge, startup_warnings
-    from topology.sources import read_source
+    from whywait.engine.evaluate.evaluator import Evaluator
+    from whywait.engine.rules.loader import load_rules
+    from whywait.topology.model import Topology
+    from whywait.topology.reconcile import findings, load_node_types, merge, startup_warnings
+    from whywait.topology.sources import read_source
 
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)

@@ -22,7 +22,7 @@ from typing import Sequence
 # name -> (module, one-line help).  Order is the order `whywait --help` lists them.
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("engine.commands.demo", "start a local Kafka, simulate a 16-node job with a fault, print the alert"),
-    "simulate": ("agents.simulate.cli", "simulate a cluster and its jobs, publishing telemetry to Kafka"),
+    "simulate": ("simulate.cli", "simulate a cluster and its jobs, publishing telemetry to Kafka"),
     "engine": ("engine.commands.engine_cmd", "consume telemetry, evaluate the rules, publish and notify"),
     "kafka": ("engine.localkafka.cli", "fetch, start, stop or inspect the local Kafka broker"),
     "rules": ("engine.commands.rules_cmd", "check rule files, run rule tests, list metrics"),
@@ -58,7 +58,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``whywait`` console script; returns the exit status."""
-    from engine.errors import WhywaitError
+    from whywait.engine.errors import WhywaitError
 
     argv = list(sys.argv[1:] if argv is None else argv)
     command = next((a for a in argv if not a.startswith("-")), None)

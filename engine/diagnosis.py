@@ -1,6 +1,6 @@
 """What the evaluator concludes: a :class:`Diagnosis`, which knows nothing about Slack.
 
-A diagnosis is produced by ``engine.evaluate`` when a rule fires (``status ==
+A diagnosis is produced by ``whywait.engine.evaluate`` when a rule fires (``status ==
 "firing"``) and again when it clears (``status == "resolved"``).  It is published
 to the diagnoses topic as JSON (:meth:`Diagnosis.to_dict`) and handed to the
 notifiers, which render it however their sink wants.

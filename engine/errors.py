@@ -9,7 +9,7 @@
     ├── TopologyError            a topology file is malformed or names an unknown entity
     └── NotifyError              a notifier failed; ``retryable`` says whether to try again
 
-``agents.events.ContractError`` is separate on purpose: the agents package must
+``whywait.agents.events.ContractError`` is separate on purpose: the agents package must
 not import the engine.
 """
 

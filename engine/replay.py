@@ -1,8 +1,8 @@
 """Replaying recorded telemetry for a postmortem: the live engine's evaluator, offline, in bounded memory.
 
 Called by ``whywait replay`` (from Kafka or from a bundle) and ``whywait export``.
-Nothing here imports aiokafka: the Kafka reader in ``engine.commands.replay_cmd``
-and the bundle reader in ``engine.importers.bundle`` both hand raw records to an
+Nothing here imports aiokafka: the Kafka reader in ``whywait.engine.commands.replay_cmd``
+and the bundle reader in ``whywait.engine.importers.bundle`` both hand raw records to an
 :class:`EventTimeMerge`, which decodes them, drops what is outside the window or
 the ``--job``/``--project`` filter, counts what breaks the contract, and yields
 the messages in one total event-time order.
@@ -13,7 +13,7 @@ message is released in ``(time, kind, topic, canonical bytes)`` order once every
 open stream has moved more than ``slack_s`` past it.  Memory is bounded by the
 slack (a few seconds of telemetry per stream), not by the length of the range.
 
-:func:`replay` drives one or two :class:`~engine.evaluate.evaluator.Evaluator`
+:func:`replay` drives one or two :class:`~whywait.engine.evaluate.evaluator.Evaluator`
 (two for a rule backtest: both see the same messages in one pass) and returns
 their diagnoses with the counts of what was skipped and why.
 """
@@ -26,10 +26,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator
 
-from agents.events import TOPIC_PLACEMENT, ContractError, decode
-from engine.diagnosis import Diagnosis
-from engine.evaluate.evaluator import Evaluator
-from engine.rules.loader import RuleSet
+from whywait.agents.events import TOPIC_PLACEMENT, ContractError, decode
+from whywait.engine.diagnosis import Diagnosis
+from whywait.engine.evaluate.evaluator import Evaluator
+from whywait.engine.rules.loader import RuleSet
 
 # Placements sort before the telemetry of the same second, so a job is known when its first steps arrive.
 _KIND_ORDER = {"placement": 0, "checkpoint": 1, "steps": 2}
@@ -197,7 +197,7 @@ def replay(messages: Iterable[dict[str, Any]], rules: RuleSet, topology: Any, *,
     engine dead-letters it; Ctrl-C stops early and keeps what was concluded so far
     (``interrupted``).  ``on_message`` is called per message (progress bars).
     """
-    from topology.errors import TopologyError
+    from whywait.topology.errors import TopologyError
 
     evs = [Evaluator(rules, topology)] + ([Evaluator(against[0], against[1])] if against else [])
     results = [ReplayResult([], 0, None, None) for _ in evs]

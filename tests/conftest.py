@@ -1,7 +1,7 @@
 """Session-wide fixtures: one real Kafka broker for the whole test run.
 
 ``kafka_bootstrap`` is ``$WHYWAIT_KAFKA_BOOTSTRAP`` when set; otherwise a
-:class:`~engine.localkafka.broker.LocalBroker` (KRaft, 127.0.0.1, free ports, data in a
+:class:`~whywait.engine.localkafka.broker.LocalBroker` (KRaft, 127.0.0.1, free ports, data in a
 tmp dir) is started for the session and stopped at its end.  While it runs,
 ``WHYWAIT_KAFKA_BOOTSTRAP`` points at it, so code under test that calls
 ``resolve_bootstrap()`` finds it.  Every test marked ``integration`` gets the
@@ -20,7 +20,7 @@ import pytest
 
 @pytest.fixture(scope="session")
 def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    from engine.localkafka import broker as lb
+    from whywait.engine.localkafka import broker as lb
 
     env = os.environ.get(lb.BOOTSTRAP_ENV, "").strip()
     if env:

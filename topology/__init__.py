@@ -6,7 +6,7 @@ tests can use it without Kafka, Slack or NVML (a test asserts that).
 
 from __future__ import annotations
 
-from topology.errors import TopologyError, UnknownEntityError
-from topology.model import JobInfo, Mount, Nic, Topology
+from whywait.topology.errors import TopologyError, UnknownEntityError
+from whywait.topology.model import JobInfo, Mount, Nic, Topology
 
 __all__ = ["JobInfo", "Mount", "Nic", "Topology", "TopologyError", "UnknownEntityError"]

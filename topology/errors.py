@@ -7,7 +7,7 @@
                                  the topology does not hold
 
 ``topology`` must not import ``engine``; the engine catches :class:`TopologyError`
-and wraps it in ``engine.errors.TopologyError`` so the CLI prints it as one line.
+and wraps it in ``whywait.engine.errors.TopologyError`` so the CLI prints it as one line.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Loaders of real fabric-topology formats into :class:`~topology.model.Topology`.
+"""Loaders of real fabric-topology formats into :class:`~whywait.topology.model.Topology`.
 
 * :func:`load_ibnetdiscover` — the text dump of ``ibnetdiscover`` (InfiniBand
   fabric discovery; what NVIDIA topograph consumes): switches with their ports,
@@ -12,7 +12,7 @@
   for its GPU ↔ NIC PCIe locality, which a fabric dump lacks; :func:`add_nccl_node`
   adds a host built from it.
 
-Every loader raises :class:`~topology.errors.TopologyError` naming the file and
+Every loader raises :class:`~whywait.topology.errors.TopologyError` naming the file and
 line of anything it cannot read.  Pure: stdlib and networkx only.
 """
 
@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
-from topology.errors import TopologyError
-from topology.model import Nic, Topology, natural_key
+from whywait.topology.errors import TopologyError
+from whywait.topology.model import Nic, Topology, natural_key
 
 # ---------------------------------------------------------------------------------------------- ibnetdiscover
 

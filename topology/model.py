@@ -35,8 +35,7 @@ from types import MappingProxyType
 from typing import Any, Iterable, Mapping, Sequence
 
 import networkx as nx
-
-from topology.errors import TopologyError, UnknownEntityError
+from whywait.topology.errors import TopologyError, UnknownEntityError
 
 KINDS: tuple[str, ...] = ("rack", "switch", "node", "gpu", "nic", "pool")
 TIERS: tuple[str, ...] = ("leaf", "spine", "core")
@@ -161,7 +160,7 @@ class Topology:
     """A cluster's physical topology plus the jobs currently placed on it.
 
     Build one with :meth:`from_yaml` / :meth:`from_dict`, a real-format loader
-    (:mod:`topology.loaders`), or the ``add_*`` methods.  Queries raise
+    (:mod:`whywait.topology.loaders`), or the ``add_*`` methods.  Queries raise
     :class:`UnknownEntityError` for ids the topology does not hold.
     """
 
@@ -329,7 +328,7 @@ class Topology:
         return info
 
     def apply_placement(self, msg: Mapping[str, Any]) -> JobInfo | None:
-        """Apply one decoded ``placement`` message (see ``agents.events``): place or remove its job.
+        """Apply one decoded ``placement`` message (see ``whywait.agents.events``): place or remove its job.
 
         Returns the placed job, or None when the message finished one.
         """
@@ -792,13 +791,13 @@ class Topology:
         raised together as one :class:`TopologyError` naming ``source``, the line
         (when ``lines`` maps key paths to lines) and the key path.
         """
-        from topology.schema import parse_topology
+        from whywait.topology.schema import parse_topology
         return parse_topology(data, source, lines or {})
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> Topology:
         """Load a topology YAML file; raises :class:`TopologyError` naming the file, line and key path."""
-        from topology.schema import load_yaml
+        from whywait.topology.schema import load_yaml
         return load_yaml(path)
 
     def to_dict(self, include_jobs: bool = True) -> dict[str, Any]:
@@ -845,7 +844,7 @@ class Topology:
 
     def to_yaml(self, path: str | Path, include_jobs: bool = True) -> None:
         """Write :meth:`to_dict` as YAML to ``path``."""
-        from topology.schema import dump_yaml
+        from whywait.topology.schema import dump_yaml
         Path(path).write_text(dump_yaml(self.to_dict(include_jobs)))
 
     def __repr__(self) -> str:

@@ -5,7 +5,7 @@ a PCI address in NCCL's XML.  :func:`merge` gives each adapter one identity by w
 sources share, most trusted first: a GUID (node or port), then the PCI bus id, then a
 name or alias.  The first name a source cabled to a switch stays the NIC's name; the
 others become aliases, so the engine can match an agent's ``mlx5_0/1`` to ``HCA-1``
-(:meth:`~topology.model.Topology.resolve_nic`).
+(:meth:`~whywait.topology.model.Topology.resolve_nic`).
 
 A host gets GPUs only from a source that says it has them (NCCL XML, ``nvidia-smi
 topo -m``, Kubernetes capacity, the agent) or from a node type declared for it
@@ -29,11 +29,10 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import yaml
-
-from topology.errors import TopologyError
-from topology.loaders import NcclLocality, load_nccl_topology
-from topology.model import TIERS, Nic, Topology, natural_key, normalise_pci
-from topology.sources import SourceFacts
+from whywait.topology.errors import TopologyError
+from whywait.topology.loaders import NcclLocality, load_nccl_topology
+from whywait.topology.model import TIERS, Nic, Topology, natural_key, normalise_pci
+from whywait.topology.sources import SourceFacts
 
 # Host names that a misconfigured node description gives many machines at once.
 GENERIC_HOSTNAMES = frozenset({"localhost", "localhost.localdomain", "ubuntu", "debian", "rhel", "centos",
@@ -73,7 +72,7 @@ def load_node_types(path: str | Path) -> list[NodeType]:
     Every problem is reported together, each with ``file:line`` and its key path;
     an ``nccl:`` path is relative to the types file.
     """
-    from topology.schema import line_map
+    from whywait.topology.schema import line_map
 
     source = str(path)
     try:

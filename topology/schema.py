@@ -1,6 +1,6 @@
 """The topology YAML format (``docs/topology.md``): strict parsing with every problem reported at once.
 
-Called through :meth:`topology.model.Topology.from_yaml` / ``from_dict``.  Each
+Called through :meth:`whywait.topology.model.Topology.from_yaml` / ``from_dict``.  Each
 problem names the file, the line (for YAML files), the key path, and what was
 expected against what was found::
 
@@ -13,9 +13,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import yaml
-
-from topology.errors import TopologyError
-from topology.model import TIERS, Nic, Topology, normalise_guid, normalise_pci
+from whywait.topology.errors import TopologyError
+from whywait.topology.model import TIERS, Nic, Topology, normalise_guid, normalise_pci
 
 FORMAT = 1
 

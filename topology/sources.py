@@ -1,6 +1,6 @@
-"""Readers of what a cluster already has, each turned into *facts* for :mod:`topology.reconcile` to merge.
+"""Readers of what a cluster already has, each turned into *facts* for :mod:`whywait.topology.reconcile` to merge.
 
-A reader does not build a :class:`~topology.model.Topology`: it says what one source
+A reader does not build a :class:`~whywait.topology.model.Topology`: it says what one source
 knows (a fabric dump knows cables and GUIDs but not GPUs; an NCCL XML knows PCIe
 locality but not host names; the agent knows sysfs names, GUIDs and PCI addresses),
 and where in the file it said it, so that a conflict between two sources can name
@@ -24,9 +24,8 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 import yaml
-
-from topology.errors import TopologyError
-from topology.loaders import (
+from whywait.topology.errors import TopologyError
+from whywait.topology.loaders import (
     _HOST_DESC,
     _IB_NODE,
     _IB_SWITCH_PORT,
@@ -35,7 +34,7 @@ from topology.loaders import (
     load_nccl_topology,
     switch_name,
 )
-from topology.model import TIERS, natural_key, normalise_guid, normalise_pci
+from whywait.topology.model import TIERS, natural_key, normalise_guid, normalise_pci
 
 
 @dataclass
@@ -285,7 +284,7 @@ def read_slurm_yaml(path: str | Path) -> SourceFacts:
     ``tree: {switches: [{switch, children | nodes}]}``, ``block: {blocks: [{block, nodes}]}``
     or ``flat: true``.
     """
-    from topology.schema import line_map
+    from whywait.topology.schema import line_map
 
     source = str(path)
     text = _read_text(path)
@@ -350,7 +349,7 @@ def read_nccl(arg: str) -> SourceFacts:
     """``HOST=topo.xml``: one host's GPU ↔ NIC locality from an NCCL topology XML.
 
     For many hosts of one machine type, declare a node type with ``nccl:`` instead
-    (see :mod:`topology.reconcile`).
+    (see :mod:`whywait.topology.reconcile`).
     """
     host, path = split_host_arg(arg)
     if host is None:

@@ -1,6 +1,6 @@
 """The root of every error whywait raises on purpose: :class:`WhywaitError`.
 
-Each package derives its own tree from it (``agents.errors``, ``topology.errors``, ``engine.errors``).  The CLI
+Each package derives its own tree from it (``whywait.agents.errors``, ``whywait.topology.errors``, ``whywait.engine.errors``).  The CLI
 catches ``WhywaitError`` and prints ``str(exc)`` as one line, exiting with the class's :attr:`exit_code`;
 anything else is a bug and keeps its traceback.
 """

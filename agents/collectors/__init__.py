@@ -8,13 +8,13 @@ a ``root`` path prefix for ``/proc`` and ``/sys`` so tests run it on fixtures.
 
 from __future__ import annotations
 
-from agents.collectors.base import AgentConfigError, AgentError, Collector, CollectorOff
-from agents.collectors.dcgm import DcgmCollector
-from agents.collectors.gpu import NvmlCollector
-from agents.collectors.hardware import HardwareCollector
-from agents.collectors.host import HostCollector
-from agents.collectors.network import NetworkCollector
-from agents.collectors.storage import StorageCollector
+from whywait.agents.collectors.base import AgentConfigError, AgentError, Collector, CollectorOff
+from whywait.agents.collectors.dcgm import DcgmCollector
+from whywait.agents.collectors.gpu import NvmlCollector
+from whywait.agents.collectors.hardware import HardwareCollector
+from whywait.agents.collectors.host import HostCollector
+from whywait.agents.collectors.network import NetworkCollector
+from whywait.agents.collectors.storage import StorageCollector
 
 COLLECTORS: dict[str, type[Collector]] = {
     "gpu": NvmlCollector,

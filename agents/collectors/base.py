@@ -21,7 +21,7 @@ import time
 from abc import ABC, abstractmethod
 from typing import Any
 
-from agents.errors import AgentConfigError, AgentError, CollectorOff  # noqa: F401  (re-exported)
+from whywait.agents.errors import AgentConfigError, AgentError, CollectorOff  # noqa: F401  (re-exported)
 
 log = logging.getLogger("whywait.agent")
 

@@ -35,9 +35,9 @@ import urllib.error
 import urllib.request
 from typing import Any, Iterator
 
-from agents.collectors.base import Collector, CollectorOff
-from agents.collectors.gpu import decode_throttle
-from agents.rates import RateTracker
+from whywait.agents.collectors.base import Collector, CollectorOff
+from whywait.agents.collectors.gpu import decode_throttle
+from whywait.agents.rates import RateTracker
 
 _MIB = 1 << 20
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)(\s+\S+)?\s*$")

@@ -33,8 +33,8 @@ import threading
 import time
 from typing import Any
 
-from agents.collectors.base import Collector, CollectorOff, log
-from agents.rates import RateTracker
+from whywait.agents.collectors.base import Collector, CollectorOff, log
+from whywait.agents.rates import RateTracker
 
 # Clock-event (throttle) reason bits, as in nvml.h, and the names events.py documents.
 THROTTLE_REASONS: tuple[tuple[int, str], ...] = (

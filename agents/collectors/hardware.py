@@ -5,10 +5,10 @@ One ``hw`` message per interval carries what its sources found:
 ========  ==========================================  =================================
 list      source                                      cadence
 ========  ==========================================  =================================
-pcie      :class:`~agents.collectors.pcie.PcieSource`  every 10 s
-ports     :class:`~agents.collectors.ports.PortSource` every 10 s
-kernel    :class:`~agents.collectors.kmsg.KmsgSource`  every interval (new records only)
-bmc       :class:`~agents.collectors.bmc.BmcSource`    when a background poll finished
+pcie      :class:`~whywait.agents.collectors.pcie.PcieSource`  every 10 s
+ports     :class:`~whywait.agents.collectors.ports.PortSource` every 10 s
+kernel    :class:`~whywait.agents.collectors.kmsg.KmsgSource`  every interval (new records only)
+bmc       :class:`~whywait.agents.collectors.bmc.BmcSource`    when a background poll finished
 nvml      the GPU collector's per-GPU NVML health      every interval
 ========  ==========================================  =================================
 
@@ -28,12 +28,12 @@ from __future__ import annotations
 import os
 from typing import Any, Protocol, Sequence
 
-from agents.collectors.base import Collector, CollectorOff, log
-from agents.collectors.bmc import BmcSource
-from agents.collectors.kmsg import KmsgSource
-from agents.collectors.pcie import PcieSource
-from agents.collectors.pcie import _norm as _norm_pci
-from agents.collectors.ports import PortSource
+from whywait.agents.collectors.base import Collector, CollectorOff, log
+from whywait.agents.collectors.bmc import BmcSource
+from whywait.agents.collectors.kmsg import KmsgSource
+from whywait.agents.collectors.pcie import PcieSource
+from whywait.agents.collectors.pcie import _norm as _norm_pci
+from whywait.agents.collectors.ports import PortSource
 
 STATE_ENV = "WHYWAIT_STATE_DIR"
 DEFAULT_STATE = "/var/lib/whywait"

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from typing import Any, Iterable
 
-from agents.collectors.base import Collector, CollectorOff, parse_psi
+from whywait.agents.collectors.base import Collector, CollectorOff, parse_psi
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 

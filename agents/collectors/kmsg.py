@@ -38,7 +38,7 @@ import re
 import stat
 from typing import Any
 
-from agents.collectors.base import read_text as _read
+from whywait.agents.collectors.base import read_text as _read
 
 log = logging.getLogger("whywait.agent")
 

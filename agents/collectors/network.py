@@ -14,7 +14,7 @@ Sources:
 * Identity: each HCA's ``node_guid``, each port's GUID (the low 64 bits of
   ``ports/<n>/gids/0``) and each adapter's PCI address (its ``device`` link), so
   the engine can match the agent's ``mlx5_0/1`` to the fabric dump's ``HCA-1`` and
-  to the PCI ids of an NCCL topology (``topology.reconcile``).
+  to the PCI ids of an NCCL topology (``whywait.topology.reconcile``).
 * Locality: each adapter's PCI ancestry (the resolved ``/sys/class/...``
   path) against each GPU's; a GPU is served by the adapter(s) sharing its
   deepest PCI bridge, or failing that its NUMA node.  GPU PCI addresses come
@@ -27,9 +27,9 @@ import os
 import re
 from typing import Any, Sequence
 
-from agents.collectors.base import Collector, CollectorOff, parse_int
-from agents.collectors.base import read_text as _read
-from agents.rates import RateTracker
+from whywait.agents.collectors.base import Collector, CollectorOff, parse_int
+from whywait.agents.collectors.base import read_text as _read
+from whywait.agents.rates import RateTracker
 
 _PCI_ADDR = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 

@@ -29,9 +29,9 @@ import os
 import re
 from typing import Any, Sequence
 
-from agents.collectors.base import parse_int
-from agents.collectors.base import read_text as _read
-from agents.rates import RateTracker
+from whywait.agents.collectors.base import parse_int
+from whywait.agents.collectors.base import read_text as _read
+from whywait.agents.rates import RateTracker
 
 _PCI_ADDR = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 # Transfer rate (GT/s) -> PCIe generation.

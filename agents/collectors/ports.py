@@ -31,7 +31,7 @@ import socket
 import struct
 from typing import Any
 
-from agents.collectors.base import read_text as _read
+from whywait.agents.collectors.base import read_text as _read
 
 SIOCETHTOOL = 0x8946
 ETHTOOL_GLINKSETTINGS = 0x4C

@@ -20,8 +20,8 @@ import os
 import re
 from typing import Any
 
-from agents.collectors.base import Collector, CollectorOff, parse_psi
-from agents.rates import RateTracker
+from whywait.agents.collectors.base import Collector, CollectorOff, parse_psi
+from whywait.agents.rates import RateTracker
 
 _SKIP_DEV = re.compile(r"^(loop|ram|zram|fd|sr)\d+$")
 _PARTITION = re.compile(r"^((sd|hd|vd|xvd)[a-z]+\d+|(nvme\d+n\d+|mmcblk\d+|md\d+)p\d+)$")

@@ -1,9 +1,9 @@
-"""Thin adapters from training frameworks to :class:`agents.training.Reporter`.
+"""Thin adapters from training frameworks to :class:`whywait.agents.training.Reporter`.
 
 Each adapter imports its framework only when called, so importing this package
 costs nothing on a node without PyTorch Lightning or ``transformers``::
 
-    from agents.integrations import lightning_callback, hf_callback
+    from whywait.agents.integrations import lightning_callback, hf_callback
     trainer = lightning.Trainer(callbacks=[lightning_callback(reporter)])
     trainer = transformers.Trainer(..., callbacks=[hf_callback(reporter)])
 
@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from agents.training import PHASES, Reporter
+from whywait.agents.training import PHASES, Reporter
 
 
 class StepClock:

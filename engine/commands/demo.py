@@ -41,15 +41,14 @@ def register(p: argparse.ArgumentParser) -> None:
 
 
 def _whywait(*args: str) -> list[str]:
-    return [sys.executable, "-m", "engine.cli", *args]
+    return [sys.executable, "-m", "whywait", *args]
 
 
 async def _read_diagnoses(bootstrap: str, not_before: float, job: str, deadline: float,
                           want_resolved: bool) -> list[dict[str, Any]]:
     """Consume the diagnoses topic until a firing (and, if asked, its resolved) diagnosis for ``job``."""
     from aiokafka import AIOKafkaConsumer
-
-    from agents.events import TOPIC_DIAGNOSES
+    from whywait.agents.events import TOPIC_DIAGNOSES
 
     c = AIOKafkaConsumer(TOPIC_DIAGNOSES, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
                          enable_auto_commit=False, group_id=None)
@@ -79,8 +78,7 @@ async def _newest_event_time(bootstrap: str) -> float:
     event time after it keeps the two runs' samples from mixing in one window.
     """
     from aiokafka import AIOKafkaConsumer, TopicPartition
-
-    from agents.events import INPUT_TOPICS
+    from whywait.agents.events import INPUT_TOPICS
 
     c = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None)
     await c.start()
@@ -107,8 +105,8 @@ async def _newest_event_time(bootstrap: str) -> float:
 def _timeline(bootstrap: str, topo_file: Path, since: float, until: float, out: Path) -> Path | None:
     """Replay the demo's window from Kafka and draw its timeline; None (and a line) if that fails."""
     try:
-        from engine.commands.engine_cmd import default_rules_dir
-        from engine.commands.replay_cmd import plot_window
+        from whywait.engine.commands.engine_cmd import default_rules_dir
+        from whywait.engine.commands.replay_cmd import plot_window
 
         return plot_window(bootstrap, topo_file, [default_rules_dir()], since, until, out)
     except Exception as exc:  # the plot is a bonus: the demo's figures stand without it
@@ -117,9 +115,9 @@ def _timeline(bootstrap: str, topo_file: Path, since: float, until: float, out: 
 
 
 def run(args: argparse.Namespace) -> int:
-    from agents.simulate.cluster import make_cluster
-    from engine.localkafka.broker import ensure_broker
-    from engine.stream.topics import ensure_topics
+    from whywait.engine.localkafka.broker import ensure_broker
+    from whywait.engine.stream.topics import ensure_topics
+    from whywait.simulate.cluster import make_cluster
 
     print("whywait demo: a 16-node training job, one NIC dropping packets, and the alert it raises\n")
     bootstrap = ensure_broker()

@@ -1,7 +1,7 @@
 """``whywait digest``: per project and job, GPU-hours used and lost to waiting by cause, over a period.
 
 Reads the placements, step timings and diagnoses of the period from Kafka
-(``engine.report.digest`` does the sums), prints a table, and writes Block Kit
+(``whywait.engine.report.digest`` does the sums), prints a table, and writes Block Kit
 (``--blocks``), JSON (``--json``) and a PNG bar chart (``--plot``).  ``--post`` sends
 each team its own projects' digest in its channel (the placement's ``slack_channel``),
 with the chart, e.g. weekly from cron: ``whywait digest --since 7d --post``.
@@ -19,7 +19,7 @@ from typing import Any
 
 
 def register(p: argparse.ArgumentParser) -> None:
-    from engine.commands.replay_cmd import allow_relative_times
+    from whywait.engine.commands.replay_cmd import allow_relative_times
 
     allow_relative_times(p)
     p.add_argument("--since", default="7d", help="start of the period: 7d, -7d, ISO 8601 or Unix s (default 7d)")
@@ -36,10 +36,9 @@ async def read_period(bootstrap: str, since: float, until: float, digest: Any) -
     """Feed ``digest`` the placements, steps and diagnoses with event time in ``[since, until]``."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
     from aiokafka.errors import KafkaError
-
-    from agents.events import TOPIC_DIAGNOSES, TOPIC_PLACEMENT, TOPIC_STEPS, ContractError, decode
-    from engine.errors import BrokerUnavailable, ConfigError
-    from engine.localkafka.broker import probe
+    from whywait.agents.events import TOPIC_DIAGNOSES, TOPIC_PLACEMENT, TOPIC_STEPS, ContractError, decode
+    from whywait.engine.errors import BrokerUnavailable, ConfigError
+    from whywait.engine.localkafka.broker import probe
 
     if not probe(bootstrap, timeout=3.0):
         raise BrokerUnavailable(bootstrap, "no answer within 3s")
@@ -89,10 +88,10 @@ async def read_period(bootstrap: str, since: float, until: float, digest: Any) -
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.commands.replay_cmd import _fmt, parse_time
-    from engine.errors import ConfigError
-    from engine.localkafka.broker import resolve_bootstrap
-    from engine.report.digest import Digest
+    from whywait.engine.commands.replay_cmd import _fmt, parse_time
+    from whywait.engine.errors import ConfigError
+    from whywait.engine.localkafka.broker import resolve_bootstrap
+    from whywait.engine.report.digest import Digest
 
     now = time.time()
     # "7d" means the last seven days, as "-7d" does
@@ -132,9 +131,8 @@ def post(digest: Any, rows: list[dict[str, Any]]) -> None:
 
     from slack_sdk import WebClient
     from slack_sdk.errors import SlackApiError
-
-    from engine.errors import ConfigError, NotifyError
-    from engine.notify.secrets import read_secret
+    from whywait.engine.errors import ConfigError, NotifyError
+    from whywait.engine.notify.secrets import read_secret
 
     token = read_secret("SLACK_BOT_TOKEN")
     if token is None:

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from engine.errors import ConfigError, TopologyError
+from whywait.engine.errors import ConfigError, TopologyError
 
 log = logging.getLogger("whywait.engine")
 
@@ -80,8 +80,8 @@ def instance_id(raw: str | None, group: str) -> str | None:
 
 def load_topology(path: Path | None) -> Any:
     """Load the topology file, wrapping its errors as one-line engine errors."""
-    from topology.errors import TopologyError as TopoErr
-    from topology.model import Topology
+    from whywait.topology.errors import TopologyError as TopoErr
+    from whywait.topology.model import Topology
 
     if path is None:
         raise ConfigError("no topology: pass --topology FILE or set WHYWAIT_TOPOLOGY "
@@ -97,8 +97,7 @@ def load_topology(path: Path | None) -> Any:
 async def read_snapshot(bootstrap: str, group: str) -> dict[str, Any] | None:
     """Return the newest checkpointed evaluator snapshot for ``group``, or None."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
-
-    from engine.stream.topics import TOPIC_ENGINE_STATE
+    from whywait.engine.stream.topics import TOPIC_ENGINE_STATE
 
     c = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
     await c.start()
@@ -126,8 +125,7 @@ async def read_placements(bootstrap: str) -> list[dict[str, Any]]:
     (and go unwatched) until its placement changed.
     """
     from aiokafka import AIOKafkaConsumer, TopicPartition
-
-    from agents.events import TOPIC_PLACEMENT, ContractError, decode
+    from whywait.agents.events import TOPIC_PLACEMENT, ContractError, decode
 
     c = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
     await c.start()
@@ -153,7 +151,7 @@ async def read_placements(bootstrap: str) -> list[dict[str, Any]]:
 
 def fresh_state_store(bootstrap: str, topic: str | None = None) -> Any:
     """The notifier's Kafka state store, starting empty: ``--no-restore`` must not reopen the last run's messages."""
-    from engine.notify.state import STATE_TOPIC, KafkaStateStore
+    from whywait.engine.notify.state import STATE_TOPIC, KafkaStateStore
 
     class FreshStateStore(KafkaStateStore):
         def load(self) -> dict[str, dict[str, Any]]:
@@ -165,27 +163,26 @@ def fresh_state_store(bootstrap: str, topic: str | None = None) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     import faust
-
-    from engine.evaluate.evaluator import Evaluator
-    from engine.localkafka.broker import probe, resolve_bootstrap
-    from engine.notify import make_notifier
-    from engine.notify.secrets import read_secret
-    from engine.rules.loader import load_rules
-    from engine.rules.reload import RuleReloader
-    from engine.stream.app import EngineConfig, build_app
-    from engine.stream.processor import Processor
-    from engine.stream.topics import ensure_topics
+    from whywait.engine.evaluate.evaluator import Evaluator
+    from whywait.engine.localkafka.broker import probe, resolve_bootstrap
+    from whywait.engine.notify import make_notifier
+    from whywait.engine.notify.secrets import read_secret
+    from whywait.engine.rules.loader import load_rules
+    from whywait.engine.rules.reload import RuleReloader
+    from whywait.engine.stream.app import EngineConfig, build_app
+    from whywait.engine.stream.processor import Processor
+    from whywait.engine.stream.topics import ensure_topics
 
     rule_paths = args.rules or [default_rules_dir()]
     rules = load_rules(rule_paths)
     topology = load_topology(args.topology)
-    from topology.reconcile import startup_warnings
+    from whywait.topology.reconcile import startup_warnings
 
     for line in startup_warnings(topology):  # gaps in the cluster file are said once, at start
         log.warning("topology: %s", line)
     bootstrap = args.bootstrap or resolve_bootstrap()
     if not probe(bootstrap, timeout=5.0):
-        from engine.errors import BrokerUnavailable
+        from whywait.engine.errors import BrokerUnavailable
 
         raise BrokerUnavailable(bootstrap, "no answer to ApiVersions")
     skew = parse_skew(args.max_clock_skew)
@@ -200,7 +197,7 @@ def run(args: argparse.Namespace) -> int:
     notifier = make_notifier(kafka_bootstrap=bootstrap, **extra)
     actions = None
     if hasattr(notifier, "handle_action"):
-        from engine.notify.interactivity import InteractivityServer
+        from whywait.engine.notify.interactivity import InteractivityServer
 
         actions = InteractivityServer.from_env(notifier)  # None unless SLACK_SIGNING_SECRET is set
         if actions is not None:

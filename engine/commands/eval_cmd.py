@@ -4,7 +4,7 @@ Runs every fault class on several cluster shapes and seeds, two faults at once,
 faults on a job that shares a switch and a pool with another project's job, and
 fault-free time, through the same evaluator as production (no Kafka), and
 prints per fault class: precision, recall, F1, root-cause accuracy and
-detection latency (median, p90).  See :mod:`engine.eval` for the definitions.
+detection latency (median, p90).  See :mod:`whywait.simulate.eval` for the definitions.
 
 Exit status 0 when every target holds (precision, recall and root-cause
 accuracy per class; detection latency over the older classes not bound to
@@ -42,10 +42,9 @@ def register(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
-
-    from engine import eval as ev
-    from engine.commands.engine_cmd import default_rules_dir
-    from engine.rules.loader import RuleLoadError, load_rules
+    from whywait.engine.commands.engine_cmd import default_rules_dir
+    from whywait.engine.rules.loader import RuleLoadError, load_rules
+    from whywait.simulate import eval as ev
 
     rule_paths = args.rules or [default_rules_dir()]
     try:

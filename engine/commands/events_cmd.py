@@ -20,7 +20,7 @@ def register(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from agents.events import ContractError, decode, render_markdown
+    from whywait.agents.events import ContractError, decode, render_markdown
 
     if args.action in (None, "doc"):
         print(render_markdown())

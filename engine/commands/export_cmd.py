@@ -1,6 +1,6 @@
 """``whywait export``: cut an incident's events, placements, topology and rules into one bundle file.
 
-The bundle (``engine.importers.bundle``) replays with no broker (``whywait replay --input``)
+The bundle (``whywait.engine.importers.bundle``) replays with no broker (``whywait replay --input``)
 and can be written back into topics elsewhere (``whywait import``), so a postmortem no
 longer depends on the topics' retention.  Reading is streamed in event-time order.
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 
 
 def register(p: argparse.ArgumentParser) -> None:
-    from engine.commands.replay_cmd import allow_relative_times
+    from whywait.engine.commands.replay_cmd import allow_relative_times
 
     allow_relative_times(p)
     p.add_argument("--since", required=True, help="start of the window: Unix s, ISO 8601, or relative (-10m)")
@@ -30,7 +30,7 @@ def register(p: argparse.ArgumentParser) -> None:
 
 def rule_files(paths: list[Path]) -> list[tuple[str, Path]]:
     """``(name inside the bundle, file)`` for every rule YAML under ``paths``."""
-    from engine.errors import ConfigError
+    from whywait.engine.errors import ConfigError
 
     out: list[tuple[str, Path]] = []
     for p in paths:
@@ -44,13 +44,13 @@ def rule_files(paths: list[Path]) -> list[tuple[str, Path]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.commands.engine_cmd import default_rules_dir, load_topology
-    from engine.commands.replay_cmd import _fmt, kafka_batches, parse_duration, parse_time
-    from engine.errors import ConfigError
-    from engine.importers.bundle import BundleWriter
-    from engine.localkafka.broker import resolve_bootstrap
-    from engine.replay import EventTimeMerge, Window
-    from engine.rules.loader import load_rules
+    from whywait.engine.commands.engine_cmd import default_rules_dir, load_topology
+    from whywait.engine.commands.replay_cmd import _fmt, kafka_batches, parse_duration, parse_time
+    from whywait.engine.errors import ConfigError
+    from whywait.engine.importers.bundle import BundleWriter
+    from whywait.engine.localkafka.broker import resolve_bootstrap
+    from whywait.engine.replay import EventTimeMerge, Window
+    from whywait.engine.rules.loader import load_rules
 
     now = time.time()
     since = parse_time(args.since, now, "--since")

@@ -4,8 +4,8 @@ Formats (``--format``, detected from the content when left out):
 
 ``bundle``  an ``incident.whywait`` from ``whywait export``: every message back into its topic
             (e.g. on a staging cluster), byte for byte;
-``kineto``  PyTorch profiler traces, one file per rank (``engine.importers.kineto``);
-``steps``   a per-rank step table, CSV or JSON lines (``engine.importers.steps_table``).
+``kineto``  PyTorch profiler traces, one file per rank (``whywait.engine.importers.kineto``);
+``steps``   a per-rank step table, CSV or JSON lines (``whywait.engine.importers.steps_table``).
 
 Timing imports become ``steps`` messages (one per rank per step, at the step's end); with
 ``--project`` and ``--team`` a placement is published too, so the engine evaluates the job.
@@ -40,8 +40,8 @@ def register(p: argparse.ArgumentParser) -> None:
 
 def detect(path: Path) -> str:
     """The format of ``path`` from its content."""
-    from engine.importers.bundle import is_bundle
-    from engine.importers.kineto import is_kineto
+    from whywait.engine.importers.bundle import is_bundle
+    from whywait.engine.importers.kineto import is_kineto
 
     if is_bundle(path):
         return "bundle"
@@ -56,10 +56,10 @@ def timing_messages(args: argparse.Namespace, files: list[tuple[Path, str]],
 
     ``notes`` counts what the importers could not attribute (printed by ``run``).
     """
-    from agents.events import ContractError, envelope, validate
-    from engine.importers import ImportFormatError
-    from engine.importers.kineto import steps_from_trace
-    from engine.importers.steps_table import read_steps
+    from whywait.agents.events import ContractError, envelope, validate
+    from whywait.engine.importers import ImportFormatError
+    from whywait.engine.importers.kineto import steps_from_trace
+    from whywait.engine.importers.steps_table import read_steps
 
     rows: list[tuple[str, str, dict[str, Any]]] = []
     for path, fmt in files:
@@ -100,8 +100,8 @@ def timing_messages(args: argparse.Namespace, files: list[tuple[Path, str]],
 
 
 def run(args: argparse.Namespace) -> int:
-    from agents.events import encode, topic_for_kind
-    from engine.errors import ConfigError
+    from whywait.agents.events import encode, topic_for_kind
+    from whywait.engine.errors import ConfigError
 
     files = [(f, args.format if args.format != "auto" else detect(f)) for f in args.files]
     for f, _ in files:
@@ -112,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("import one bundle at a time, without other files")
     items: Iterator[tuple[str, bytes]]
     if bundles:
-        from engine.importers.bundle import Bundle
+        from whywait.engine.importers.bundle import Bundle
 
         b = Bundle(bundles[0])
         b.verify()
@@ -133,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
                 n += 1
         print(f"wrote {n} messages from {what} to {args.output}")
         return 0
-    from engine.localkafka.broker import resolve_bootstrap
+    from whywait.engine.localkafka.broker import resolve_bootstrap
 
     bootstrap = args.bootstrap or resolve_bootstrap()
     n = asyncio.run(publish(bootstrap, items))
@@ -145,10 +145,9 @@ async def publish(bootstrap: str, items: Iterator[tuple[str, bytes]]) -> int:
     """Send ``(topic, raw value)`` pairs with their contract keys; return how many; one line if unreachable."""
     from aiokafka import AIOKafkaProducer
     from aiokafka.errors import KafkaError
-
-    from agents.events import message_key
-    from engine.errors import BrokerUnavailable
-    from engine.localkafka.broker import probe
+    from whywait.agents.events import message_key
+    from whywait.engine.errors import BrokerUnavailable
+    from whywait.engine.localkafka.broker import probe
 
     if not probe(bootstrap, timeout=3.0):
         raise BrokerUnavailable(bootstrap, "no answer within 3s")

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from engine.errors import ConfigError
+from whywait.engine.errors import ConfigError
 
 
 def register(p: argparse.ArgumentParser) -> None:
@@ -33,7 +33,7 @@ def register(p: argparse.ArgumentParser) -> None:
 
 def load_diagnoses(path: str) -> list[Any]:
     """Diagnoses from a JSON file holding one ``Diagnosis.to_dict`` object or a list of them."""
-    from engine.diagnosis import Diagnosis
+    from whywait.engine.diagnosis import Diagnosis
 
     try:
         raw = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
@@ -61,11 +61,11 @@ def load_diagnoses(path: str) -> list[Any]:
 def run(args: argparse.Namespace) -> int:
     import os
 
-    from engine.notify.render import MessageContext, fallback_text, merge, plain_text, render_blocks
+    from whywait.engine.notify.render import MessageContext, fallback_text, merge, plain_text, render_blocks
 
     diagnoses = load_diagnoses(args.file)
     if args.notify_command == "send":
-        from engine.notify import make_notifier
+        from whywait.engine.notify import make_notifier
 
         with make_notifier() as notifier:
             for d in diagnoses:
@@ -74,8 +74,8 @@ def run(args: argparse.Namespace) -> int:
         print("delivered" if ok else f"not all delivered within {args.timeout:.0f}s", file=sys.stderr)
         return 0 if ok else 1
 
-    from engine.notify.config import SlackConfig, _check_dashboard_template
-    from engine.notify.lifecycle import group_key, incident_id, routed_channel
+    from whywait.engine.notify.config import SlackConfig, _check_dashboard_template
+    from whywait.engine.notify.lifecycle import group_key, incident_id, routed_channel
 
     template = args.dashboard_url or os.environ.get("WHYWAIT_DASHBOARD_URL") or None
     if template:

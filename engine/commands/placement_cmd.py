@@ -29,8 +29,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agents.events import TOPIC_PLACEMENT
-from engine.errors import ConfigError, WhywaitError
+from whywait.agents.events import TOPIC_PLACEMENT
+from whywait.engine.errors import ConfigError, WhywaitError
 
 log = logging.getLogger("whywait.placement")
 
@@ -76,7 +76,7 @@ def register(p: argparse.ArgumentParser) -> None:
 
 
 def _ownership(args: argparse.Namespace) -> Any:
-    from engine.placement.ownership import OwnershipFile
+    from whywait.engine.placement.ownership import OwnershipFile
 
     if args.ownership is not None and not args.ownership.exists():
         raise ConfigError(f"ownership file {args.ownership} does not exist")
@@ -84,7 +84,7 @@ def _ownership(args: argparse.Namespace) -> Any:
 
 
 def _publisher(args: argparse.Namespace) -> Any:
-    from agents.publisher import KafkaPublisher, PrintPublisher
+    from whywait.agents.publisher import KafkaPublisher, PrintPublisher
 
     class PlacementPublisher(KafkaPublisher):
         """Checks every message against the placement contract, whatever the topic is called (--topic)."""
@@ -94,7 +94,7 @@ def _publisher(args: argparse.Namespace) -> Any:
 
     if args.print:
         return PrintPublisher()
-    from engine.localkafka.broker import resolve_bootstrap
+    from whywait.engine.localkafka.broker import resolve_bootstrap
 
     args.spool.mkdir(parents=True, exist_ok=True)
     return PlacementPublisher(args.bootstrap or resolve_bootstrap(), str(args.spool))
@@ -114,7 +114,7 @@ async def _send_all(args: argparse.Namespace, msgs: list[dict[str, Any]], timeou
 
 
 def _say(msgs: list[dict[str, Any]], spooled: int, args: argparse.Namespace) -> None:
-    from engine.placement.filesource import owner_summary
+    from whywait.engine.placement.filesource import owner_summary
 
     for m in msgs:
         nodes = {r["node"] for r in m["ranks"]}
@@ -126,7 +126,7 @@ def _say(msgs: list[dict[str, Any]], spooled: int, args: argparse.Namespace) -> 
 
 
 def _slurm(args: argparse.Namespace) -> int:
-    from engine.placement.slurm import facts_from_env, facts_from_scontrol
+    from whywait.engine.placement.slurm import facts_from_env, facts_from_scontrol
 
     env = dict(os.environ)
     job_id = args.job_id or env.get("SLURM_JOB_ID")
@@ -151,7 +151,7 @@ def _slurm(args: argparse.Namespace) -> int:
             raise ConfigError(f"{' '.join(cmd)} failed ({done.returncode}): {done.stderr.strip()[:200]}")
         facts = facts_from_scontrol(done.stdout, job_id, env, "scontrol", finished)
     owner = _ownership(args).resolve(account=facts.account, user=facts.user)
-    from engine.placement.model import placement_message
+    from whywait.engine.placement.model import placement_message
 
     msg = placement_message(facts, owner, time.time(), socket.gethostname())
     spooled = asyncio.run(_send_all(args, [msg]))
@@ -161,8 +161,7 @@ def _slurm(args: argparse.Namespace) -> int:
 
 def _k8s(args: argparse.Namespace) -> int:
     from kubernetes import client, config
-
-    from engine.placement.k8s import PodTracker
+    from whywait.engine.placement.k8s import PodTracker
 
     if args.api_server:
         conf = client.Configuration()
@@ -185,7 +184,7 @@ def _k8s(args: argparse.Namespace) -> int:
 
 
 async def _k8s_loop(args: argparse.Namespace, api: Any, tracker: Any) -> int:
-    from engine.placement.k8s import watch_pods
+    from whywait.engine.placement.k8s import watch_pods
 
     pub = _publisher(args)
     await pub.start()
@@ -236,7 +235,7 @@ async def _k8s_loop(args: argparse.Namespace, api: Any, tracker: Any) -> int:
 
 
 def _publish(args: argparse.Namespace) -> int:
-    from engine.placement.filesource import placements_from_text
+    from whywait.engine.placement.filesource import placements_from_text
 
     if args.file == "-":
         text, source = sys.stdin.read(), "<stdin>"

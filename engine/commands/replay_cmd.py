@@ -2,7 +2,7 @@
 
 Reads the input topics (or ``--input incident.whywait``, no broker needed) between two
 event times (``--since``/``--until``: Unix seconds, ISO 8601, or relative like
-``-10m``), merges them in event-time order in bounded memory (``engine.replay``),
+``-10m``), merges them in event-time order in bounded memory (``whywait.engine.replay``),
 evaluates them with the current rules (or ``--rules`` from the incident's time), and
 prints the incidents.  ``--report DIR`` writes the postmortem (HTML, Markdown, PNGs);
 ``--against OLD`` backtests two rule sets in the same pass.  Nothing is published and
@@ -26,8 +26,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, AsyncGenerator, Callable, Iterator
 
-from engine.errors import BrokerUnavailable, ConfigError
-from engine.replay import EventTimeMerge, Window
+from whywait.engine.errors import BrokerUnavailable, ConfigError
+from whywait.engine.replay import EventTimeMerge, Window
 
 _REL = re.compile(r"^-(\d+(?:\.\d+)?)\s*([smhdw])$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -120,9 +120,8 @@ async def _kafka_agen(bootstrap: str, window: Window, merge: EventTimeMerge,
                       batch: int) -> AsyncGenerator[list[Any], None]:
     from aiokafka import AIOKafkaConsumer, TopicPartition
     from aiokafka.errors import KafkaError
-
-    from agents.events import INPUT_TOPICS, TOPIC_PLACEMENT
-    from engine.localkafka.broker import probe
+    from whywait.agents.events import INPUT_TOPICS, TOPIC_PLACEMENT
+    from whywait.engine.localkafka.broker import probe
 
     if not probe(bootstrap, timeout=3.0):
         raise BrokerUnavailable(bootstrap, "no answer within 3s")
@@ -215,7 +214,7 @@ class Plan:
     def __init__(self, args: argparse.Namespace, tmp: Path) -> None:
         import os
 
-        from engine.commands.engine_cmd import default_rules_dir
+        from whywait.engine.commands.engine_cmd import default_rules_dir
 
         now = time.time()
         self.bundle = None
@@ -223,7 +222,7 @@ class Plan:
         topo_path = args.topology
         rules_paths = args.rules
         if args.input is not None:
-            from engine.importers.bundle import Bundle
+            from whywait.engine.importers.bundle import Bundle
 
             self.bundle = Bundle(args.input)
             self.bundle.verify()
@@ -251,7 +250,7 @@ class Plan:
         """A fresh pass over the window's messages (the report reads them twice)."""
         if self.bundle is not None:
             return bundle_batches(self.bundle, merge)
-        from engine.localkafka.broker import resolve_bootstrap
+        from whywait.engine.localkafka.broker import resolve_bootstrap
 
         return kafka_batches(self.bootstrap or resolve_bootstrap(), self.window, merge)
 
@@ -263,8 +262,7 @@ async def notify_records(bootstrap: str) -> list[dict[str, Any]]:
     """
     from aiokafka import AIOKafkaConsumer, TopicPartition
     from aiokafka.errors import KafkaError
-
-    from engine.notify.state import STATE_TOPIC
+    from whywait.engine.notify.state import STATE_TOPIC
 
     c = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None)
     out: list[dict[str, Any]] = []
@@ -301,9 +299,9 @@ def run(args: argparse.Namespace) -> int:
     import os
     import tempfile
 
-    from engine.commands.engine_cmd import load_topology
-    from engine.replay import backtest, diagnoses_jsonl, incidents, replay
-    from engine.rules.loader import load_rules
+    from whywait.engine.commands.engine_cmd import load_topology
+    from whywait.engine.replay import backtest, diagnoses_jsonl, incidents, replay
+    from whywait.engine.rules.loader import load_rules
 
     with tempfile.TemporaryDirectory(prefix="whywait-replay-") as tmpd:
         plan = Plan(args, Path(tmpd))
@@ -341,11 +339,11 @@ def run(args: argparse.Namespace) -> int:
             if args.backtest_json:
                 args.backtest_json.write_text(json.dumps(cmp, indent=2, sort_keys=True) + "\n")
         if args.plot or args.report or args.slack_thread:
-            from engine.report import build_report, slack_threads
+            from whywait.engine.report import build_report, slack_threads
 
             threads: dict[str, str] = {}
             if plan.bundle is None and args.report:
-                from engine.localkafka.broker import resolve_bootstrap
+                from whywait.engine.localkafka.broker import resolve_bootstrap
 
                 records = asyncio.run(notify_records(plan.bootstrap or resolve_bootstrap()))
                 threads = slack_threads(records, os.environ.get("WHYWAIT_SLACK_WORKSPACE_URL") or "https://slack.com")
@@ -358,7 +356,7 @@ def run(args: argparse.Namespace) -> int:
                 paths = rep.write(args.report)
                 print(f"report: {paths['html']} (and {paths['md'].name}, {len(paths['pngs'])} PNG)")
             if args.slack_thread:
-                from engine.report.slack import post_to_thread
+                from whywait.engine.report.slack import post_to_thread
 
                 post_to_thread(rep, args.slack_thread, Path(tmpd))
                 print(f"posted the summary and timeline to {args.slack_thread}")
@@ -367,10 +365,10 @@ def run(args: argparse.Namespace) -> int:
 
 def plot_window(bootstrap: str, topology: Path, rules: list[Path], since: float, until: float, out: Path) -> Path:
     """Replay ``[since, until]`` from Kafka and draw its timeline PNG (``whywait demo`` calls this)."""
-    from engine.commands.engine_cmd import load_topology
-    from engine.replay import incidents, replay
-    from engine.report import build_report
-    from engine.rules.loader import load_rules
+    from whywait.engine.commands.engine_cmd import load_topology
+    from whywait.engine.replay import incidents, replay
+    from whywait.engine.report import build_report
+    from whywait.engine.rules.loader import load_rules
 
     w = Window(since, until)
     res, _ = replay(kafka_batches(bootstrap, w, EventTimeMerge([], w)), load_rules(rules), load_topology(topology))

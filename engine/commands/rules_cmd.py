@@ -27,17 +27,17 @@ def register(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.commands.engine_cmd import default_rules_dir
-    from engine.rules.loader import RuleLoadError, load_rules
+    from whywait.engine.commands.engine_cmd import default_rules_dir
+    from whywait.engine.rules.loader import RuleLoadError, load_rules
 
     if args.action == "metrics":
-        from engine.rules.metrics import METRICS
+        from whywait.engine.rules.metrics import METRICS
 
         for m in METRICS.values():
             print(f"{m.name:32} {m.level:5} {m.unit:12} {m.doc}")
         return 0
     if args.action == "check":
-        from engine.ruletest import RuleTestError, find_test_files, load_cases
+        from whywait.simulate.ruletest import RuleTestError, find_test_files, load_cases
 
         paths = args.paths or [default_rules_dir()]
         try:
@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
                 bad += 1
         print(f"{len(rs)} rule(s) OK" if not bad else f"{bad} test file(s) malformed", file=sys.stderr)
         return 1 if bad else 0
-    from engine.ruletest import run_files, untested_rules
+    from whywait.simulate.ruletest import run_files, untested_rules
 
     rules = load_rules(args.rules or [default_rules_dir()])
     paths = args.paths or [default_rules_dir()]

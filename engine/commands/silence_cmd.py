@@ -16,10 +16,10 @@ import getpass
 import time
 from typing import TYPE_CHECKING, Callable
 
-from engine.errors import ConfigError
+from whywait.engine.errors import ConfigError
 
 if TYPE_CHECKING:
-    from engine.notify.silences import SilenceStore
+    from whywait.engine.notify.silences import SilenceStore
 
 
 def register(p: argparse.ArgumentParser) -> None:
@@ -38,8 +38,8 @@ def register(p: argparse.ArgumentParser) -> None:
 
 
 def _open_kafka_store(bootstrap: str | None) -> SilenceStore:
-    from engine.localkafka.broker import resolve_bootstrap
-    from engine.notify.silences import KafkaSilenceStore
+    from whywait.engine.localkafka.broker import resolve_bootstrap
+    from whywait.engine.notify.silences import KafkaSilenceStore
 
     return KafkaSilenceStore(bootstrap or resolve_bootstrap(), follow=False)
 
@@ -53,8 +53,8 @@ def _when(t: float | None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.notify.config import parse_duration
-    from engine.notify.silences import Silence, parse_matchers
+    from whywait.engine.notify.config import parse_duration
+    from whywait.engine.notify.silences import Silence, parse_matchers
 
     silence: Silence | None = None
     if args.silence_command == "add":

@@ -1,8 +1,8 @@
 """``whywait topology``: build the cluster file from what the cluster already has, and inspect it.
 
 - ``import FORMAT FILE... [FORMAT FILE...] -o cluster.yaml [--types node-types.yaml]``: read
-  every source (:data:`topology.sources.FORMATS`), merge them by GUID, PCI id and name
-  (:mod:`topology.reconcile`), write one cluster YAML.  Lines a reader could not use are
+  every source (:data:`whywait.topology.sources.FORMATS`), merge them by GUID, PCI id and name
+  (:mod:`whywait.topology.reconcile`), write one cluster YAML.  Lines a reader could not use are
   printed with their file and line; conflicts between sources (a node under two switches)
   are printed naming both, and nothing is written.  Exit 2 on conflicts.
 - ``check FILE...``: load each cluster file (every schema error with its file:line), then list
@@ -22,11 +22,11 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from engine.errors import ConfigError, TopologyError
+from whywait.engine.errors import ConfigError, TopologyError
 
 
 def register(p: argparse.ArgumentParser) -> None:
-    from topology.sources import FORMATS
+    from whywait.topology.sources import FORMATS
 
     sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
     formats = "\n".join(f"  {name:14} {help_}" for name, (_, help_) in FORMATS.items())
@@ -56,8 +56,8 @@ def register(p: argparse.ArgumentParser) -> None:
 
 
 def _load(path: Path | None) -> Any:
-    from topology.errors import TopologyError as TopoErr
-    from topology.model import Topology
+    from whywait.topology.errors import TopologyError as TopoErr
+    from whywait.topology.model import Topology
 
     if path is None:
         raise ConfigError("no cluster file: pass FILE (or --topology FILE), or set WHYWAIT_TOPOLOGY")
@@ -74,7 +74,7 @@ def parse_source_args(tokens: list[str]) -> list[tuple[str, list[str]]]:
 
     A token naming a format starts a group (write ``./agent`` for a file called ``agent``).
     """
-    from topology.sources import FORMATS
+    from whywait.topology.sources import FORMATS
 
     groups: list[tuple[str, list[str]]] = []
     for tok in tokens:
@@ -97,10 +97,10 @@ def _listing(items: list[str], everything: bool, limit: int = 8) -> str:
 
 
 def _import(args: argparse.Namespace) -> int:
-    from topology.errors import TopologyError as TopoErr
-    from topology.reconcile import findings, load_node_types, merge
-    from topology.schema import dump_yaml
-    from topology.sources import read_source
+    from whywait.topology.errors import TopologyError as TopoErr
+    from whywait.topology.reconcile import findings, load_node_types, merge
+    from whywait.topology.schema import dump_yaml
+    from whywait.topology.sources import read_source
 
     groups = parse_source_args(args.sources)
     try:
@@ -138,7 +138,7 @@ def _import(args: argparse.Namespace) -> int:
 
 def _gap_lines(topo: Any, lines: dict[str, int], source: str) -> list[str]:
     """Each gap of ``topo`` as ``file:line: what``, the line being its host's in the cluster file."""
-    from topology.reconcile import Findings, findings
+    from whywait.topology.reconcile import Findings, findings
 
     index = {d["id"]: i for i, d in enumerate(topo.to_dict(include_jobs=False)["nodes"])}
     f = findings(topo)
@@ -164,9 +164,9 @@ def _gap_lines(topo: Any, lines: dict[str, int], source: str) -> list[str]:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from topology.errors import TopologyError as TopoErr
-    from topology.model import Topology
-    from topology.schema import line_map
+    from whywait.topology.errors import TopologyError as TopoErr
+    from whywait.topology.model import Topology
+    from whywait.topology.schema import line_map
 
     errors = gaps = 0
     for path in args.files:
@@ -187,7 +187,7 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _show(args: argparse.Namespace) -> int:
-    from topology.reconcile import Findings, findings
+    from whywait.topology.reconcile import Findings, findings
 
     topo = _load(args.file)
     kinds = Counter(a["kind"] for _, a in topo.graph.nodes(data=True))
@@ -212,7 +212,7 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _path(args: argparse.Namespace) -> int:
-    from topology.errors import TopologyError as TopoErr
+    from whywait.topology.errors import TopologyError as TopoErr
 
     topo = _load(args.topology)
     try:
@@ -224,7 +224,7 @@ def _path(args: argparse.Namespace) -> int:
 
 
 def _diff(args: argparse.Namespace) -> int:
-    from topology.reconcile import diff
+    from whywait.topology.reconcile import diff
 
     lines = diff(_load(args.old), _load(args.new))
     for line in lines:

@@ -1,7 +1,7 @@
 """Evaluating condition trees against the store, for one job at one event time.
 
 Called by the evaluator on every tick, once per (rule, running job).  Each leaf
-type of :data:`engine.rules.schema.CONDITION_TYPES` has an evaluation function in
+type of :data:`whywait.engine.rules.schema.CONDITION_TYPES` has an evaluation function in
 :data:`EVALUATORS`; a leaf returns a :class:`Result` naming the entities that
 matched and the evidence for each.  Leaves marked ``culprit: true`` set the
 culprit entities that later leaves with ``on: culprit``, clean checks, topology
@@ -15,14 +15,14 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Sequence
 
-from engine.diagnosis import Evidence
-from engine.evaluate.store import MetricStore
-from engine.rules.metrics import METRICS
-from engine.rules.schema import AllOf, AnyOf, Condition, Node, Not
+from whywait.engine.diagnosis import Evidence
+from whywait.engine.evaluate.store import MetricStore
+from whywait.engine.rules.metrics import METRICS
+from whywait.engine.rules.schema import AllOf, AnyOf, Condition, Node, Not
 
 
 class JobView(Protocol):
-    """What the evaluator needs of a placed job (``topology.model.JobInfo`` provides it)."""
+    """What the evaluator needs of a placed job (``whywait.topology.model.JobInfo`` provides it)."""
 
     job: str
     project: str
@@ -473,7 +473,7 @@ EVALUATORS: dict[str, Callable[[Condition, Ctx], Result]] = {
 
 # The step-aligned conditions live in their own module; it imports this one, so it registers here,
 # after Ctx and Result exist.
-from engine.evaluate.step_conditions import STEP_EVALUATORS  # noqa: E402
+from whywait.engine.evaluate.step_conditions import STEP_EVALUATORS  # noqa: E402
 
 EVALUATORS.update(STEP_EVALUATORS)
 

@@ -21,12 +21,12 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable
 
-from engine.diagnosis import Diagnosis, Evidence, Owner
-from engine.evaluate.conditions import Ctx, Result, evaluate
-from engine.evaluate.store import MetricStore
-from engine.rules.loader import RuleSet
-from engine.rules.schema import Condition, Rule
-from engine.rules.templating import render as _render
+from whywait.engine.diagnosis import Diagnosis, Evidence, Owner
+from whywait.engine.evaluate.conditions import Ctx, Result, evaluate
+from whywait.engine.evaluate.store import MetricStore
+from whywait.engine.rules.loader import RuleSet
+from whywait.engine.rules.schema import Condition, Rule
+from whywait.engine.rules.templating import render as _render
 
 log = logging.getLogger(__name__)
 

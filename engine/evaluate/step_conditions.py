@@ -1,7 +1,7 @@
 """Condition types that read the job's own step timings, aligned by step number.
 
-Registered in :data:`engine.evaluate.conditions.EVALUATORS` (their parameters in
-:data:`engine.rules.schema.CONDITION_TYPES`).  Each is called once per tick per
+Registered in :data:`whywait.engine.evaluate.conditions.EVALUATORS` (their parameters in
+:data:`whywait.engine.rules.schema.CONDITION_TYPES`).  Each is called once per tick per
 (rule, job), like every leaf, and returns a :class:`Result`.  They fill
 ``ctx.facts`` for the rule's templates and for the cost figure:
 
@@ -16,7 +16,7 @@ Registered in :data:`engine.evaluate.conditions.EVALUATORS` (their parameters in
   seconds lost per step since the incident began (the evaluator turns those into
   GPU-hours).
 
-See :mod:`engine.evaluate.steps` for why the split, not the step time, and for the
+See :mod:`whywait.engine.evaluate.steps` for why the split, not the step time, and for the
 robust statistics.
 """
 
@@ -27,9 +27,9 @@ import statistics
 from collections import Counter
 from typing import Any
 
-from engine.diagnosis import Evidence
-from engine.evaluate.conditions import Ctx, Result
-from engine.evaluate.steps import (
+from whywait.engine.diagnosis import Evidence
+from whywait.engine.evaluate.conditions import Ctx, Result
+from whywait.engine.evaluate.steps import (
     PHASE_NAMES,
     StepRec,
     groups_of,
@@ -39,7 +39,7 @@ from engine.evaluate.steps import (
     select,
     step_loss,
 )
-from engine.rules.schema import Condition
+from whywait.engine.rules.schema import Condition
 
 Steps = list[tuple[int, dict[int, StepRec]]]
 # How many steps before the window count as a rank's history (bounded: the table keeps ~600).
@@ -493,7 +493,7 @@ def _what_if(c: Condition, ctx: Ctx) -> Result:
     """What the waiting costs: the step time were the culprits as fast as their peers.
 
     Uses the per-step losses a pattern leaf left in the facts (stage, rotation, periodic), or
-    computes them for the culprit ranks (:func:`engine.evaluate.steps.step_loss`) over the complete
+    computes them for the culprit ranks (:func:`whywait.engine.evaluate.steps.step_loss`) over the complete
     steps since the incident began (``incident_since``, set by the evaluator).  Sets ``step_s``,
     ``whatif_step_s``, ``slowdown_pct`` and ``step_losses`` (which the evaluator sums into
     GPU-hours).  Never gates a rule: put it under ``evidence:``.

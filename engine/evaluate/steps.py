@@ -5,7 +5,7 @@ tick in nine, and a 300 s baseline holds a handful of points.  Ranks of a
 synchronous job also finish a step at slightly different times, so buckets by
 second pair step 812 of one rank with step 811 of another.  This module keeps,
 per job, the last few hundred steps as a table ``step -> rank -> StepRec``.  The
-step-aligned conditions (:mod:`engine.evaluate.conditions`) read it.
+step-aligned conditions (:mod:`whywait.engine.evaluate.conditions`) read it.
 
 Why compare the *split* and not the step time: in a synchronous job every rank
 leaves the collective together, so every rank's step time is the same.  The
@@ -23,7 +23,7 @@ Statistics are robust by construction, not by tuning:
 - A rank's own history (the steps before the window) tells steady heterogeneity
   (a slower GPU model since the start) from a new fault.
 
-Pure: no Kafka, no faust.  Fed by :class:`engine.evaluate.store.MetricStore`.
+Pure: no Kafka, no faust.  Fed by :class:`whywait.engine.evaluate.store.MetricStore`.
 """
 
 from __future__ import annotations

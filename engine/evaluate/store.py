@@ -18,7 +18,7 @@ import statistics
 from collections import defaultdict
 from typing import Any, Iterable, Sequence
 
-from engine.evaluate.steps import StepRec, StepTable
+from whywait.engine.evaluate.steps import StepRec, StepTable
 
 THERMAL = {"hw_thermal_slowdown", "sw_thermal_slowdown"}
 POWER = {"sw_power_cap", "hw_power_brake_slowdown"}
@@ -95,7 +95,7 @@ def aggregate(agg: str, times: Sequence[float], values: Sequence[float]) -> floa
 
 
 class MetricStore:
-    """Every metric of :mod:`engine.rules.metrics`, per entity, over the last ``retention_s``."""
+    """Every metric of :mod:`whywait.engine.rules.metrics`, per entity, over the last ``retention_s``."""
 
     def __init__(self, retention_s: float = 900.0) -> None:
         self.retention_s = retention_s

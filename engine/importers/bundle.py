@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-from agents.events import SCHEMA_VERSION
-from engine.importers import ImportFormatError
+from whywait.agents.events import SCHEMA_VERSION
+from whywait.engine.importers import ImportFormatError
 
 FORMAT = "whywait-bundle"
 VERSION = 1

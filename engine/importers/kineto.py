@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.importers import ImportFormatError
+from whywait.engine.importers import ImportFormatError
 
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
 _LOADER = re.compile(r"dataloader|data_load|data loading", re.IGNORECASE)

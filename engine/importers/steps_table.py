@@ -22,7 +22,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator
 
-from engine.importers import ImportFormatError
+from whywait.engine.importers import ImportFormatError
 
 PHASES = ("data_wait_s", "compute_s", "comm_s", "collective_s", "pipeline_wait_s", "checkpoint_s")
 KNOWN = {"time", "ended_at", "job", "rank", "step", "duration_s", "node", *PHASES}

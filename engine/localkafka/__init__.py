@@ -1,10 +1,10 @@
 """The local Apache Kafka broker (jars from Maven Central) and how whywait finds a broker.
 
 ``resolve_bootstrap()`` and ``ensure_broker()`` are what the other commands use; see
-:mod:`engine.localkafka.broker`.  Pure stdlib: importing this starts nothing.
+:mod:`whywait.engine.localkafka.broker`.  Pure stdlib: importing this starts nothing.
 """
 
-from engine.localkafka.broker import (
+from whywait.engine.localkafka.broker import (
     BOOTSTRAP_ENV,
     KAFKA_VERSION,
     BrokerStartError,

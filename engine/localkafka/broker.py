@@ -33,7 +33,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Iterator
 
-from engine.errors import BrokerUnavailable, ConfigError, WhywaitError
+from whywait.engine.errors import BrokerUnavailable, ConfigError, WhywaitError
 
 KAFKA_VERSION = "4.1.1"
 BOOTSTRAP_ENV = "WHYWAIT_KAFKA_BOOTSTRAP"

@@ -12,8 +12,8 @@ import argparse
 import os
 import sys
 
-from engine.errors import ConfigError
-from engine.localkafka import broker as lb
+from whywait.engine.errors import ConfigError
+from whywait.engine.localkafka import broker as lb
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -36,7 +36,7 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run one ``whywait kafka`` action; errors are :class:`engine.errors.WhywaitError` one-liners."""
+    """Run one ``whywait kafka`` action; errors are :class:`whywait.engine.errors.WhywaitError` one-liners."""
     cache = args.cache_dir
     action = args.kafka_command
     if action == "fetch":

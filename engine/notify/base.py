@@ -1,4 +1,4 @@
-"""The notifier interface: where a :class:`~engine.diagnosis.Diagnosis` goes once it is made.
+"""The notifier interface: where a :class:`~whywait.engine.diagnosis.Diagnosis` goes once it is made.
 
 The engine calls :meth:`Notifier.notify` for every diagnosis the evaluator returns
 (firing, updated, resolved) and :meth:`Notifier.close` at shutdown.  The registry of
@@ -11,7 +11,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import ClassVar
 
-from engine.diagnosis import Diagnosis
+from whywait.engine.diagnosis import Diagnosis
 
 
 class Notifier(ABC):

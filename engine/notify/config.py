@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
-from engine.errors import ConfigError
+from whywait.engine.errors import ConfigError
 
 SEVERITIES = ("info", "warning", "critical")
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
@@ -84,7 +84,7 @@ def default_outbox_dir(env: Mapping[str, str]) -> Path:
 
 @dataclass(frozen=True)
 class SlackConfig:
-    """Routing, grouping, pacing and delivery settings of :class:`~engine.notify.slack.SlackNotifier`."""
+    """Routing, grouping, pacing and delivery settings of :class:`~whywait.engine.notify.slack.SlackNotifier`."""
 
     api_url: str | None = None  # None: Slack's own (https://slack.com/api/)
     default_channel: str = "#whywait"
@@ -157,8 +157,8 @@ class SlackConfig:
 
 
 def _check_dashboard_template(template: str) -> None:
-    from engine.diagnosis import Diagnosis
-    from engine.notify.render import dashboard_url
+    from whywait.engine.diagnosis import Diagnosis
+    from whywait.engine.notify.render import dashboard_url
 
     sample = Diagnosis(rule_id="r", fingerprint="f", status="firing", severity="info", title="t", cause="c",
                        job="j", owner=None, starts_at=0.0, detected_at=0.0)

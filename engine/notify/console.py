@@ -10,9 +10,9 @@ import sys
 import threading
 from typing import TextIO
 
-from engine.diagnosis import Diagnosis
-from engine.notify.base import Notifier
-from engine.notify.render import plain_text
+from whywait.engine.diagnosis import Diagnosis
+from whywait.engine.notify.base import Notifier
+from whywait.engine.notify.render import plain_text
 
 
 class ConsoleNotifier(Notifier):

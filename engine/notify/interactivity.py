@@ -9,7 +9,7 @@ request cannot be replayed later; :class:`ReplayGuard` refuses the same request
 minutes.  Anything else is answered 401 and logged without its body; a missing,
 malformed or negative ``Content-Length`` is answered 400, one over 1 MiB 413.
 
-The buttons (action ids in ``engine.notify.render``): Acknowledge, Silence 1h,
+The buttons (action ids in ``whywait.engine.notify.render``): Acknowledge, Silence 1h,
 Silence 4h, Silence until resolved, Show timeline.  Each is handed to the
 notifier's ``handle_action(action_id, incident_key, user)``; the endpoint answers
 200 at once (Slack wants an answer within 3 s) and the notifier's worker edits
@@ -32,10 +32,9 @@ from typing import Any, Mapping, Protocol
 from urllib.parse import parse_qs
 
 from slack_sdk.signature import SignatureVerifier
-
-from engine.errors import ConfigError, NotifyError
-from engine.notify.render import ACTIONS
-from engine.notify.secrets import Secret, read_secret
+from whywait.engine.errors import ConfigError, NotifyError
+from whywait.engine.notify.render import ACTIONS
+from whywait.engine.notify.secrets import Secret, read_secret
 
 log = logging.getLogger(__name__)
 

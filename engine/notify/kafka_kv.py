@@ -20,7 +20,7 @@ import logging
 import threading
 from typing import Any, Coroutine, TypeVar
 
-from engine.errors import BrokerUnavailable, NotifyError
+from whywait.engine.errors import BrokerUnavailable, NotifyError
 
 log = logging.getLogger(__name__)
 

@@ -34,9 +34,9 @@ import logging
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Literal
 
-from engine.diagnosis import Diagnosis
-from engine.notify.config import SlackConfig
-from engine.notify.render import (
+from whywait.engine.diagnosis import Diagnosis
+from whywait.engine.notify.config import SlackConfig
+from whywait.engine.notify.render import (
     escape_mrkdwn,
     fmt_duration,
     fmt_number,
@@ -44,7 +44,7 @@ from engine.notify.render import (
     fmt_time,
     merge,
 )
-from engine.notify.silences import Silence
+from whywait.engine.notify.silences import Silence
 
 log = logging.getLogger(__name__)
 

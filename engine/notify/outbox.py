@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from engine.errors import NotifyError
+from whywait.engine.errors import NotifyError
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""Render a :class:`~engine.diagnosis.Diagnosis` for Slack (Block Kit) and for a terminal (plain text).
+"""Render a :class:`~whywait.engine.diagnosis.Diagnosis` for Slack (Block Kit) and for a terminal (plain text).
 
 Called by the notifiers each time a message is posted or edited, and by
 ``whywait notify render``.  Pure: no I/O, no slack_sdk.
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from engine.diagnosis import Diagnosis, Evidence
+from whywait.engine.diagnosis import Diagnosis, Evidence
 
 STATUS_EMOJI = {"firing": ":red_circle:", "resolved": ":large_green_circle:"}
 SEVERITY_EMOJI = {"critical": ":rotating_light:", "warning": ":warning:", "info": ":information_source:"}

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Mapping
 
-from engine.errors import ConfigError
+from whywait.engine.errors import ConfigError
 
 
 class Secret:

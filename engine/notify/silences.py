@@ -23,7 +23,7 @@ from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Mapping
 
-from engine.errors import NotifyError
+from whywait.engine.errors import NotifyError
 
 log = logging.getLogger(__name__)
 
@@ -161,7 +161,7 @@ class KafkaSilenceStore(SilenceStore):
 
     def __init__(self, bootstrap: str, *, topic: str = SILENCES_TOPIC, follow: bool = True,
                  timeout: float = 30.0) -> None:
-        from engine.notify.kafka_kv import CompactedTopic
+        from whywait.engine.notify.kafka_kv import CompactedTopic
 
         self._table = CompactedTopic(bootstrap, topic, follow=follow, client_id="whywait-silences")
         self._table.start(timeout=timeout)

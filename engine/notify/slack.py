@@ -3,23 +3,23 @@
 :meth:`SlackNotifier.notify` only records the diagnosis (it never blocks the
 stream on Slack); a worker thread does the rest:
 
-1. asks the :class:`~engine.notify.lifecycle.IncidentBook` what is due (first
+1. asks the :class:`~whywait.engine.notify.lifecycle.IncidentBook` what is due (first
    message, update, re-announcement, resolution: grouping and timing as in
-   Alertmanager), checking the :class:`~engine.notify.silences.SilenceStore`;
-2. queues each write in the durable :class:`~engine.notify.outbox.Outbox`;
+   Alertmanager), checking the :class:`~whywait.engine.notify.silences.SilenceStore`;
+2. queues each write in the durable :class:`~whywait.engine.notify.outbox.Outbox`;
 3. sends the queue in order, per channel, no faster than ``rate_per_channel``
    (client-side limiter), with slack_sdk's retry handlers for 429 (honouring
    ``Retry-After``), connection errors and 5xx; a write that still fails stays
    queued and is retried with backoff until it goes through, or until it is older
    than ``outbox_max_age``, when it is given up, counted and logged;
 4. writes each incident's record (channel, ``ts``, what was announced) to the
-   :class:`~engine.notify.state.StateStore`, so a restarted notifier edits the
+   :class:`~whywait.engine.notify.state.StateStore`, so a restarted notifier edits the
    same messages.
 
 A token Slack rejects is reported once, at start, as
 ``NotifyError("Slack rejected the token (invalid_auth)", retryable=False)``.
 The token itself is never logged (slack_sdk redacts the header; we hold it in a
-:class:`~engine.notify.secrets.Secret`).
+:class:`~whywait.engine.notify.secrets.Secret`).
 """
 
 from __future__ import annotations
@@ -39,15 +39,14 @@ from slack_sdk.http_retry.builtin_handlers import (
     ServerErrorRetryHandler,
 )
 from slack_sdk.http_retry.builtin_interval_calculators import BackoffRetryIntervalCalculator
-
-from engine.diagnosis import Diagnosis
-from engine.errors import NotifyError
-from engine.notify.base import Notifier
-from engine.notify.config import SlackConfig
-from engine.notify.lifecycle import Announcement, Incident, IncidentBook
-from engine.notify.outbox import Outbox, OutboxItem
-from engine.notify.ratelimit import ChannelRateLimiter
-from engine.notify.render import (
+from whywait.engine.diagnosis import Diagnosis
+from whywait.engine.errors import NotifyError
+from whywait.engine.notify.base import Notifier
+from whywait.engine.notify.config import SlackConfig
+from whywait.engine.notify.lifecycle import Announcement, Incident, IncidentBook
+from whywait.engine.notify.outbox import Outbox, OutboxItem
+from whywait.engine.notify.ratelimit import ChannelRateLimiter
+from whywait.engine.notify.render import (
     ACTION_ACK,
     ACTION_SILENCE_1H,
     ACTION_SILENCE_4H,
@@ -59,13 +58,13 @@ from engine.notify.render import (
     plain_text,
     render_blocks,
 )
-from engine.notify.secrets import Secret
-from engine.notify.silences import InMemorySilenceStore, Silence, SilenceStore
-from engine.notify.state import InMemoryStateStore, StateStore
+from whywait.engine.notify.secrets import Secret
+from whywait.engine.notify.silences import InMemorySilenceStore, Silence, SilenceStore
+from whywait.engine.notify.state import InMemoryStateStore, StateStore
 
 log = logging.getLogger(__name__)
 # slack_sdk logs an ERROR line per failed attempt; during an outage we say it once ourselves.
-_sdk_log = logging.getLogger("engine.notify.slack.sdk")
+_sdk_log = logging.getLogger("whywait.engine.notify.slack.sdk")
 _sdk_log.setLevel(logging.CRITICAL)
 
 AUTH_ERRORS = frozenset({"invalid_auth", "not_authed", "token_revoked", "token_expired", "account_inactive",
@@ -239,7 +238,7 @@ class SlackNotifier(Notifier):
     # ---- buttons -----------------------------------------------------------------------------
 
     def handle_action(self, action_id: str, ref: str, user: str) -> str:
-        """Apply a button press from Slack (see ``engine.notify.interactivity``) to the incident
+        """Apply a button press from Slack (see ``whywait.engine.notify.interactivity``) to the incident
         whose id (the button's value) or key is ``ref``; return a short text for the person."""
         now = self._clock()
         with self._cond:

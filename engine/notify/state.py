@@ -1,6 +1,6 @@
 """Where the Slack notifier remembers its incidents: a :class:`StateStore`.
 
-One record per incident key (see ``engine.notify.lifecycle.group_key``): the channel
+One record per incident key (see ``whywait.engine.notify.lifecycle.group_key``): the channel
 and ``ts`` of its root message, the findings it shows, what was last announced, and
 its ack and timeline.  A restarted or failed-over notifier loads the records and
 keeps editing the same messages instead of posting duplicates.
@@ -67,7 +67,7 @@ class KafkaStateStore(StateStore):
     """Records in the compacted topic :data:`STATE_TOPIC` (created on first use)."""
 
     def __init__(self, bootstrap: str, *, topic: str = STATE_TOPIC, timeout: float = 30.0) -> None:
-        from engine.notify.kafka_kv import CompactedTopic
+        from whywait.engine.notify.kafka_kv import CompactedTopic
 
         self._table = CompactedTopic(bootstrap, topic, follow=False, client_id="whywait-notify-state")
         self._timeout = timeout

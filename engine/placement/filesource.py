@@ -24,16 +24,15 @@ import time
 from typing import Any, Mapping
 
 import yaml
-
-from agents.events import ContractError, validate
-from engine.placement.model import JobFacts, Owner, PlacementError, placement_message
-from engine.placement.ownership import OwnershipFile
+from whywait.agents.events import ContractError, validate
+from whywait.engine.placement.model import JobFacts, Owner, PlacementError, placement_message
+from whywait.engine.placement.ownership import OwnershipFile
 
 _SHORT = {"job", "user", "account", "project", "team", "channel", "state", "nodes", "ranks"}
 
 
 def _load(text: str, source: str) -> tuple[Any, dict[str, int]]:
-    from topology.schema import line_map
+    from whywait.topology.schema import line_map
 
     stripped = text.lstrip()
     if stripped.startswith(("{", "[")):

@@ -28,8 +28,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping
 
-from engine.placement.model import JobFacts, PlacementError, placement_message
-from engine.placement.ownership import OwnershipFile
+from whywait.engine.placement.model import JobFacts, PlacementError, placement_message
+from whywait.engine.placement.ownership import OwnershipFile
 
 log = logging.getLogger("whywait.placement.k8s")
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from agents.events import ContractError, envelope, validate
-from engine.errors import WhywaitError
+from whywait.agents.events import ContractError, envelope, validate
+from whywait.engine.errors import WhywaitError
 
 
 class PlacementError(WhywaitError):

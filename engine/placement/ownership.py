@@ -36,8 +36,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import yaml
-
-from engine.placement.model import Owner, PlacementError
+from whywait.engine.placement.model import Owner, PlacementError
 
 log = logging.getLogger("whywait.placement")
 
@@ -94,7 +93,7 @@ def _globs(v: Any) -> tuple[str, ...] | None:
 
 def parse_ownership(text: str, source: str) -> Ownership:
     """Parse an ownership YAML; every problem is reported together with its ``file:line``."""
-    from topology.schema import line_map
+    from whywait.topology.schema import line_map
 
     try:
         data = yaml.safe_load(text)

@@ -18,8 +18,8 @@ import json
 import re
 from typing import Any, Mapping
 
-from engine.placement.model import JobFacts, PlacementError
-from topology.loaders import expand_hostlist
+from whywait.engine.placement.model import JobFacts, PlacementError
+from whywait.topology.loaders import expand_hostlist
 
 _GRES_IDX = re.compile(r"(?:^|,)gpu(?::[^:(,]+)?:\d+\(IDX:([^)]*)\)")
 

@@ -2,7 +2,7 @@
 
 Called by ``whywait replay --report DIR`` (and ``--plot``, ``--slack-thread``) after the
 replay: :func:`build_report` makes a second pass over the window's messages to gather
-the series to plot (:mod:`engine.report.sampler`, bounded memory), then
+the series to plot (:mod:`whywait.engine.report.sampler`, bounded memory), then
 :class:`Report` writes a self-contained HTML file (images inlined, opens offline), a
 Markdown file that pastes into a postmortem document, and the PNGs.
 
@@ -20,8 +20,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable
 
-from engine.replay import ReplayResult, Span, Window
-from engine.report.sampler import Grid, Sampler
+from whywait.engine.replay import ReplayResult, Span, Window
+from whywait.engine.report.sampler import Grid, Sampler
 
 # Evidence metrics that are not a per-entity time series worth plotting.
 _NOT_PLOTTED = ("job.", "topology", "check", "step.")
@@ -95,7 +95,7 @@ def _median(vals: Iterable[float]) -> float:
 def slack_threads(records: Iterable[dict[str, Any]], workspace_url: str = "https://slack.com") -> dict[str, str]:
     """Fingerprint -> link to the Slack message the live notifier posted for it.
 
-    ``records`` are the notifier's incident records (``engine.notify.lifecycle.Incident.to_dict``,
+    ``records`` are the notifier's incident records (``whywait.engine.notify.lifecycle.Incident.to_dict``,
     as kept in its state topic); each lists the fingerprints it showed and its root message.
     """
     out: dict[str, str] = {}
@@ -187,7 +187,7 @@ def _neighbours(d: Any, sampler: Sampler, topology: Any) -> list[str]:
 
 def _estimate_costs(data: ReportData) -> None:
     """Fill in the cost of incidents whose rule gave none, from the job's step times (see ``cost``)."""
-    from engine.report.cost import shared_gpu_hours
+    from whywait.engine.report.cost import shared_gpu_hours
 
     times = data.grid.times()
     by_job: dict[str, list[tuple[IncidentView, float, float, float]]] = {}
@@ -229,8 +229,7 @@ class Report:
     def timeline_png(self, path: Path) -> Path:
         """Draw the main timeline to ``path`` (PNG) and return it."""
         import matplotlib.pyplot as plt
-
-        from engine.report.plots import timeline_figure
+        from whywait.engine.report.plots import timeline_figure
 
         fig, _ = timeline_figure(self.data)
         fig.savefig(path, dpi=100)
@@ -239,13 +238,13 @@ class Report:
 
     def summary_lines(self) -> list[str]:
         """The summary for someone who was not on call, one fact per line (Markdown)."""
-        from engine.report.render import summary
+        from whywait.engine.report.render import summary
 
         return summary(self.data)
 
     def write(self, folder: Path) -> dict[str, Any]:
         """Write ``report.html``, ``report.md`` and ``timeline.png`` into ``folder``; return their paths."""
-        from engine.report.render import html, markdown
+        from whywait.engine.report.render import html, markdown
 
         folder.mkdir(parents=True, exist_ok=True)
         png = self.timeline_png(folder / "timeline.png")

@@ -101,9 +101,9 @@ class Digest:
         """Attribute each incident's loss to its job and cause; called once, after every add.
 
         Estimated losses of overlapping incidents of one job are shared, not added
-        (``engine.report.cost``): the job was slowed once.
+        (``whywait.engine.report.cost``): the job was slowed once.
         """
-        from engine.report.cost import shared_gpu_hours
+        from whywait.engine.report.cost import shared_gpu_hours
 
         estimated: dict[str, list[tuple[dict[str, Any], float]]] = defaultdict(list)
         for d in sorted(self.last_diag.values(), key=lambda d: (d["starts_at"], d["fingerprint"])):

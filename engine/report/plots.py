@@ -1,6 +1,6 @@
 """The postmortem's figures: matplotlib, real UTC timestamps, incident labels that never overlap.
 
-Called by :class:`engine.report.Report`.  :func:`timeline_figure` draws, on one shared UTC
+Called by :class:`whywait.engine.report.Report`.  :func:`timeline_figure` draws, on one shared UTC
 axis: each job's step time per rank with the straggler ranks highlighted, the job's
 data/compute/communication split, and for every incident its culprit's evidence against
 the median of its peers, with the incidents shaded and labelled.  Labels are placed by
@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from engine.report import ReportData
+    from whywait.engine.report import ReportData
 
 COLORS = ["tab:orange", "tab:purple", "tab:green", "tab:brown", "tab:pink", "tab:olive", "tab:cyan"]
 

@@ -1,6 +1,6 @@
 """The report as text: the summary, the Markdown file and the self-contained HTML file.
 
-Called by :class:`engine.report.Report`.  Both files tell the same story in the same order:
+Called by :class:`whywait.engine.report.Report`.  Both files tell the same story in the same order:
 summary, timeline, each incident (when it fired, changed and resolved; evidence; path;
 other jobs on the same switch or pool; what was checked and found clean), and what the
 replay skipped.  The HTML inlines its PNG and CSS, so it opens offline and can be mailed.
@@ -13,11 +13,11 @@ import html as _html
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from engine.report import IncidentView, ReportData
+    from whywait.engine.report import IncidentView, ReportData
 
 
 def _utc(t: float) -> str:
-    from engine.report import utc
+    from whywait.engine.report import utc
 
     return utc(t)
 

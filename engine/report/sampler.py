@@ -1,6 +1,6 @@
 """The report's second pass over the window: the series the postmortem plots, downsampled, in bounded memory.
 
-Called by :func:`engine.report.build_report` with the replayed messages once the
+Called by :func:`whywait.engine.report.build_report` with the replayed messages once the
 incidents are known, so it records only what the report shows: every rank's step time
 and split for the jobs concerned, and each incident's evidence metrics for every entity
 (the culprit and its peers).  Each series is a fixed number of buckets over the window
@@ -15,7 +15,7 @@ from array import array
 from dataclasses import dataclass
 from typing import Any
 
-from engine.evaluate.store import MetricStore
+from whywait.engine.evaluate.store import MetricStore
 
 STEP_FIELDS = ("step.duration_s", "step.data_wait_s", "step.compute_s", "step.comm_s")
 

@@ -4,7 +4,7 @@ Called after the report is built: the summary goes into the thread as a message,
 the main timeline PNG with ``files_upload_v2`` (Slack's current upload flow:
 ``files.getUploadURLExternal``, the upload, ``files.completeUploadExternal``).  The
 token is ``SLACK_BOT_TOKEN`` (or ``_FILE``), the API ``WHYWAIT_SLACK_API_URL`` when set,
-as for the engine's notifier.  Failures are one line (:class:`~engine.errors.NotifyError`).
+as for the engine's notifier.  Failures are one line (:class:`~whywait.engine.errors.NotifyError`).
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from engine.errors import ConfigError, NotifyError
+from whywait.engine.errors import ConfigError, NotifyError
 
 if TYPE_CHECKING:
-    from engine.report import Report
+    from whywait.engine.report import Report
 
 
 def parse_thread(target: str) -> tuple[str, str]:
@@ -32,8 +32,7 @@ def post_to_thread(report: Report, target: str, tmp: Path) -> None:
     """Post the report's summary and timeline PNG as replies in the thread ``target``."""
     from slack_sdk import WebClient
     from slack_sdk.errors import SlackApiError, SlackClientError
-
-    from engine.notify.secrets import read_secret
+    from whywait.engine.notify.secrets import read_secret
 
     channel, ts = parse_thread(target)
     token = read_secret("SLACK_BOT_TOKEN")

@@ -13,12 +13,11 @@ from pathlib import Path
 from typing import Any, Iterable  # noqa: UP035
 
 import jinja2
-
-from engine.errors import RuleError
-from engine.rules.schema import Rule, RuleSchemaError, parse_rule
-from engine.rules.templating import TEMPLATE_VARS, undeclared
-from engine.rules.templating import env as _env
-from engine.rules.yamlsrc import YamlSyntaxError, load_with_lines
+from whywait.engine.errors import RuleError
+from whywait.engine.rules.schema import Rule, RuleSchemaError, parse_rule
+from whywait.engine.rules.templating import TEMPLATE_VARS, undeclared
+from whywait.engine.rules.templating import env as _env
+from whywait.engine.rules.yamlsrc import YamlSyntaxError, load_with_lines
 
 MACROS_FILE = "macros.yaml"
 TEST_SUFFIX = ".test.yaml"

@@ -1,6 +1,6 @@
 """The metrics a rule may name, the level each lives at, and its unit.
 
-The evaluator's store (``engine.evaluate.store``) derives every one of these from
+The evaluator's store (``whywait.engine.evaluate.store``) derives every one of these from
 contract messages; the rule schema refuses any other name, listing the valid
 ones.  A metric's *level* decides which entities a condition compares: a job's
 ranks, its GPUs, its nodes, the NICs of its nodes, or the job as a whole.

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from engine.rules.loader import RuleLoadError, RuleSet, load_rules
+from whywait.engine.rules.loader import RuleLoadError, RuleSet, load_rules
 
 
 @dataclass(frozen=True)

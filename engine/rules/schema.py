@@ -1,6 +1,6 @@
 """The rule model: typed, frozen rules parsed strictly from YAML.
 
-Called by :mod:`engine.rules.loader` for each rule file.  Every problem in a file
+Called by :mod:`whywait.engine.rules.loader` for each rule file.  Every problem in a file
 is collected and reported together, each naming the file, the line, the rule id,
 the key path, and what was expected against what was found::
 
@@ -10,7 +10,7 @@ the key path, and what was expected against what was found::
 A condition node is either a combinator (``all``, ``any``, ``not``, ``macro``)
 or a leaf with a ``type:`` from :data:`CONDITION_TYPES`, the explicit registry of
 leaf kinds and their fields.  Evaluation lives elsewhere
-(``engine.evaluate.conditions``) so this module stays a plain data model.
+(``whywait.engine.evaluate.conditions``) so this module stays a plain data model.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from engine.rules.metrics import METRICS
-from engine.rules.yamlsrc import Path_, line_of
+from whywait.engine.rules.metrics import METRICS
+from whywait.engine.rules.yamlsrc import Path_, line_of
 
 API_VERSION = "whywait/v1"
 SEVERITIES = ("info", "warning", "critical")

@@ -5,7 +5,7 @@ here "agent" means the node daemon) subscribes to every input topic and takes
 records in batches (``stream.take_events``), because faust's per-event
 windowed tables write a changelog message per update (measured at ~3,700
 events/s, against ~160,000 for a plain consume-and-decode).  Windowed state is
-kept in memory by the pure :class:`~engine.evaluate.evaluator.Evaluator`; the
+kept in memory by the pure :class:`~whywait.engine.evaluate.evaluator.Evaluator`; the
 incident lifecycle is checkpointed compactly to ``whywait.engine-state.v1`` so a
 restarted engine neither re-announces nor forgets to resolve an incident.
 
@@ -27,12 +27,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import faust
-
-from agents.events import INPUT_TOPICS, TOPIC_DEADLETTER, TOPIC_DIAGNOSES, kind_for_topic
-from engine.diagnosis import Diagnosis
-from engine.notify.base import Notifier
-from engine.stream.processor import Processor, Record
-from engine.stream.topics import TOPIC_ENGINE_STATE
+from whywait.agents.events import INPUT_TOPICS, TOPIC_DEADLETTER, TOPIC_DIAGNOSES, kind_for_topic
+from whywait.engine.diagnosis import Diagnosis
+from whywait.engine.notify.base import Notifier
+from whywait.engine.stream.processor import Processor, Record
+from whywait.engine.stream.topics import TOPIC_ENGINE_STATE
 
 log = logging.getLogger(__name__)
 

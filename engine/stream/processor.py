@@ -20,10 +20,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
-from agents.events import ContractError, decode
-from engine.diagnosis import Diagnosis
-from engine.evaluate.evaluator import Evaluator
-from topology.errors import TopologyError
+from whywait.agents.events import ContractError, decode
+from whywait.engine.diagnosis import Diagnosis
+from whywait.engine.evaluate.evaluator import Evaluator
+from whywait.topology.errors import TopologyError
 
 log = logging.getLogger(__name__)
 

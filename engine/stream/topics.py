@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import asyncio
 
-from agents.events import INPUT_TOPICS, TOPIC_DEADLETTER, TOPIC_DIAGNOSES, TOPIC_PLACEMENT
-from engine.errors import BrokerUnavailable
+from whywait.agents.events import INPUT_TOPICS, TOPIC_DEADLETTER, TOPIC_DIAGNOSES, TOPIC_PLACEMENT
+from whywait.engine.errors import BrokerUnavailable
 
 TOPIC_ENGINE_STATE = "whywait.engine-state.v1"
 COMPACTED = {TOPIC_PLACEMENT, TOPIC_ENGINE_STATE}

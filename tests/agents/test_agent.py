@@ -8,12 +8,11 @@ import subprocess
 import sys
 
 import pytest
-
-from agents.agent import Agent, TrainingInbox, bind_training_socket
-from agents.collectors import AgentConfigError, HostCollector, NetworkCollector, StorageCollector
-from agents.events import validate
-from agents.publisher import MemoryPublisher
-from agents.training import Reporter
+from whywait.agents.agent import Agent, TrainingInbox, bind_training_socket
+from whywait.agents.collectors import AgentConfigError, HostCollector, NetworkCollector, StorageCollector
+from whywait.agents.events import validate
+from whywait.agents.publisher import MemoryPublisher
+from whywait.agents.training import Reporter
 
 T0 = 1_764_442_800.0
 
@@ -96,7 +95,7 @@ async def test_agent_rounds_publish_every_kind_and_the_training_steps(tmp_path: 
 
 
 def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "agents.cli", *args], capture_output=True, text=True, timeout=60,
+    return subprocess.run([sys.executable, "-m", "whywait.agents.cli", *args], capture_output=True, text=True, timeout=60,
                           env={**os.environ, **(env or {})})
 
 
@@ -133,7 +132,7 @@ def test_cli_dcgm_needs_a_url() -> None:
 def test_cli_registers_into_a_parent_parser() -> None:
     import argparse
 
-    from agents import cli
+    from whywait.agents import cli
 
     parser = argparse.ArgumentParser()
     cli.register(parser)
@@ -145,7 +144,7 @@ def test_cli_registers_into_a_parent_parser() -> None:
 def test_agents_package_stays_small() -> None:
     """The node agent imports only the stdlib, aiokafka and pynvml: never the engine, faust or slack_sdk."""
     code = ("import sys, agents.agent, agents.cli, agents.publisher, agents.training, agents.collectors, "
-            "agents.integrations, agents.rates\n"
+            "whywait.agents.integrations, agents.rates\n"
             "bad = sorted({m.split('.')[0] for m in sys.modules} & {'engine', 'faust', 'slack_sdk', 'topology', "
             "'jinja2', 'networkx', 'yaml', 'mode'})\nprint(bad)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

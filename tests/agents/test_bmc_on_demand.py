@@ -11,10 +11,10 @@ import threading
 import time
 from typing import Any
 
-from agents.agent import Agent
-from agents.collectors.bmc import BmcSource, SlowdownWatch
-from agents.events import envelope
-from agents.publisher import MemoryPublisher
+from whywait.agents.agent import Agent
+from whywait.agents.collectors.bmc import BmcSource, SlowdownWatch
+from whywait.agents.events import envelope
+from whywait.agents.publisher import MemoryPublisher
 
 
 def _gpu(clock: float, reasons: list[str] | None = None) -> dict[str, Any]:

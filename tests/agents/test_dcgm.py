@@ -6,9 +6,9 @@ import threading
 from typing import Iterator
 
 import pytest
+from whywait.agents.collectors.dcgm import DcgmCollector, parse_prometheus
+from whywait.agents.events import TOPIC_GPU, envelope, validate
 
-from agents.collectors.dcgm import DcgmCollector, parse_prometheus
-from agents.events import TOPIC_GPU, envelope, validate
 from tests.agents.conftest import fixture_path
 
 

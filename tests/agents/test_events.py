@@ -6,8 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-
-from agents.events import (
+from whywait.agents.events import (
     TOPIC_NET,
     TOPIC_STEPS,
     ContractError,
@@ -78,8 +77,8 @@ def test_kind_must_match_topic() -> None:
 
 
 def test_simulator_messages_all_validate() -> None:
-    from agents.simulate.cluster import make_cluster, make_job
-    from agents.simulate.sim import Simulation
+    from whywait.simulate.cluster import make_cluster, make_job
+    from whywait.simulate.sim import Simulation
 
     topo = make_cluster(nodes=4)
     sim = Simulation(topo, [make_job(topo)], duration_s=20)

@@ -5,9 +5,9 @@ import subprocess
 import sys
 
 import pytest
+from whywait.agents.collectors.gpu import NvmlCollector, decode_throttle
+from whywait.agents.events import TOPIC_GPU, envelope, validate
 
-from agents.collectors.gpu import NvmlCollector, decode_throttle
-from agents.events import TOPIC_GPU, envelope, validate
 from tests.agents.conftest import fixture_path
 from tests.agents.fake_nvml import FakeNvml, NVMLError_LibraryNotFound, load_capture
 
@@ -135,7 +135,7 @@ def test_real_pynvml_on_this_gpu_less_machine_raises_library_not_found() -> None
 
 
 def test_agent_without_driver_runs_the_other_collectors() -> None:
-    proc = subprocess.run([sys.executable, "-m", "agents.cli", "--once", "--print", "--interval", "0.2",
+    proc = subprocess.run([sys.executable, "-m", "whywait.agents.cli", "--once", "--print", "--interval", "0.2",
                            "--node", "n1"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     if "GPU collector off" not in proc.stderr:  # pragma: no cover - a machine with a driver

@@ -12,13 +12,13 @@ import threading
 from typing import Any, Iterator
 
 import pytest
+from whywait.agents.collectors import COLLECTORS, HardwareCollector
+from whywait.agents.collectors.bmc import BmcSource, RedfishClient, parse_power, parse_sdr, parse_thermal
+from whywait.agents.collectors.kmsg import KmsgSource, classify, parse_record
+from whywait.agents.collectors.pcie import PcieSource, device_class, generation, parse_aer, parse_speed
+from whywait.agents.collectors.ports import PortSource
+from whywait.agents.events import TOPIC_HW, envelope, validate
 
-from agents.collectors import COLLECTORS, HardwareCollector
-from agents.collectors.bmc import BmcSource, RedfishClient, parse_power, parse_sdr, parse_thermal
-from agents.collectors.kmsg import KmsgSource, classify, parse_record
-from agents.collectors.pcie import PcieSource, device_class, generation, parse_aer, parse_speed
-from agents.collectors.ports import PortSource
-from agents.events import TOPIC_HW, envelope, validate
 from tests.agents.conftest import fixture_path
 from tests.agents.fake_nvml import FakeNvml, load_capture
 
@@ -125,7 +125,7 @@ def test_ethernet_ports_of_a_real_sys_tree(node_exporter_root: str) -> None:
 
 
 def test_link_mode_masks_decode_to_speeds() -> None:
-    from agents.collectors.ports import fastest_mode
+    from whywait.agents.collectors.ports import fastest_mode
 
     assert fastest_mode([1 << 5, 0, 0, 0]) == 1000                      # 1000baseT_Full
     assert fastest_mode([0, 1 << (38 - 32), 0, 0]) == 100_000           # 100000baseCR4_Full
@@ -135,7 +135,7 @@ def test_link_mode_masks_decode_to_speeds() -> None:
 
 
 def test_the_driver_query_on_this_host_never_raises() -> None:
-    from agents.collectors.ports import link_modes
+    from whywait.agents.collectors.ports import link_modes
 
     assert link_modes("no-such-if0") is None
     for name in os.listdir("/sys/class/net"):
@@ -247,7 +247,7 @@ def test_kmsg_after_a_reboot_reports_the_new_boot_from_its_start(tmp_path: Any) 
 
 
 def test_kmsg_reads_are_bounded(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    import agents.collectors.kmsg as kmsg
+    import whywait.agents.collectors.kmsg as kmsg
 
     monkeypatch.setattr(kmsg, "MAX_EVENTS", 3)
     root = _kmsg_root(tmp_path)
@@ -436,7 +436,7 @@ def test_collector_with_nothing_to_read_turns_off_in_one_line(tmp_path: Any) -> 
 
 
 def test_collector_publishes_nvml_health_and_gpu_throughput(node_exporter_root: str) -> None:
-    from agents.collectors.gpu import NvmlCollector
+    from whywait.agents.collectors.gpu import NvmlCollector
 
     fake = FakeNvml([load_capture(fixture_path("nvidia-smi", "linux-x86_64__nvidia-h100-80gb-hbm3__590.48.01.txt"))])
     fake.row = 1

@@ -7,9 +7,8 @@ import sys
 import time
 
 import pytest
-
-from agents.collectors.host import _CLK_TCK, HostCollector
-from agents.events import TOPIC_HOST, envelope, validate
+from whywait.agents.collectors.host import _CLK_TCK, HostCollector
+from whywait.agents.events import TOPIC_HOST, envelope, validate
 
 T0 = 1_764_442_800.0
 

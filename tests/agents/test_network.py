@@ -5,9 +5,8 @@ import os
 import shutil
 
 import pytest
-
-from agents.collectors.network import NetworkCollector, normalise_pci
-from agents.events import TOPIC_NET, envelope, validate
+from whywait.agents.collectors.network import NetworkCollector, normalise_pci
+from whywait.agents.events import TOPIC_NET, envelope, validate
 
 T0 = 1_764_442_800.0
 
@@ -217,7 +216,7 @@ def test_h100_adapters_report_guids_and_pci_addresses(tmp_path: "os.PathLike[str
 
 
 def test_unset_gid_is_not_a_guid() -> None:
-    from agents.collectors.network import format_guid
+    from whywait.agents.collectors.network import format_guid
 
     assert format_guid("0000:0000:0000:0000") is None and format_guid("") is None
     assert format_guid("e09d:7303:0085:94c4\n") == "0xe09d7303008594c4"

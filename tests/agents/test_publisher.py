@@ -6,9 +6,8 @@ import os
 from typing import Any
 
 import pytest
-
-from agents.events import TOPIC_HOST, envelope
-from agents.publisher import KafkaPublisher, MemoryPublisher, PrintPublisher, Spool
+from whywait.agents.events import TOPIC_HOST, envelope
+from whywait.agents.publisher import KafkaPublisher, MemoryPublisher, PrintPublisher, Spool
 
 T0 = 1_764_442_800.0
 

@@ -1,8 +1,7 @@
 from __future__ import annotations
 
 import pytest
-
-from agents.rates import ABSURD, FIRST, RESET, SATURATED, WRAP, RateTracker, counter_delta
+from whywait.agents.rates import ABSURD, FIRST, RESET, SATURATED, WRAP, RateTracker, counter_delta
 
 
 @pytest.mark.parametrize("prev,cur,width,sat,expected", [

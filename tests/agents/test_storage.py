@@ -5,9 +5,9 @@ import shutil
 import time
 
 import pytest
+from whywait.agents.collectors.storage import StorageCollector
+from whywait.agents.events import TOPIC_STORAGE, envelope, validate
 
-from agents.collectors.storage import StorageCollector
-from agents.events import TOPIC_STORAGE, envelope, validate
 from tests.agents.conftest import fixture_path
 
 T0 = 1_764_442_800.0

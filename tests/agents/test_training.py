@@ -8,9 +8,8 @@ import time
 from typing import Iterator
 
 import pytest
-
-from agents.integrations import StepClock, hf_callback, lightning_callback
-from agents.training import DEFAULT_SOCKET, SOCKET_ENV, Reporter, socket_path
+from whywait.agents.integrations import StepClock, hf_callback, lightning_callback
+from whywait.agents.training import DEFAULT_SOCKET, SOCKET_ENV, Reporter, socket_path
 
 
 @pytest.fixture()

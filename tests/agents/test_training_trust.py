@@ -7,7 +7,7 @@ import os
 import socket
 import stat
 
-from agents.agent import TrainingInbox, bind_training_socket, read_datagrams
+from whywait.agents.agent import TrainingInbox, bind_training_socket, read_datagrams
 
 T0 = 1764442800.0
 

@@ -1,4 +1,4 @@
-"""The accuracy benchmark's scorer and suite (engine.eval) and the `whywait eval` command."""
+"""The accuracy benchmark's scorer and suite (simulate.eval) and the `whywait eval` command."""
 
 from __future__ import annotations
 
@@ -8,9 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from engine import eval as ev
-from engine.commands import eval_cmd
+from whywait.engine.commands import eval_cmd
+from whywait.simulate import eval as ev
 
 RULES = Path(__file__).resolve().parents[2] / "rules"
 S = ev.START
@@ -169,7 +168,7 @@ def test_adding_the_hardware_classes_left_the_older_scenarios_as_they_were(monke
 
 
 def test_a_hardware_fault_is_found_through_the_simulated_hw_reports() -> None:
-    from engine.rules.loader import load_rules
+    from whywait.engine.rules.loader import load_rules
 
     sc = next(s for s in ev.build_suite(quick=True) if s.classes == ("pcie-downgrade",))
     run = ev.run_scenario(load_rules([RULES]), sc)
@@ -178,7 +177,7 @@ def test_a_hardware_fault_is_found_through_the_simulated_hw_reports() -> None:
 
 
 def test_run_scenario_through_the_shipped_rules() -> None:
-    from engine.rules.loader import load_rules
+    from whywait.engine.rules.loader import load_rules
 
     sc = next(s for s in ev.build_suite(quick=True) if s.classes == ("gpu-ecc-xid",))
     run = ev.run_scenario(load_rules([RULES]), sc)

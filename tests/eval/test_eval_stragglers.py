@@ -6,8 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-
-from engine import eval as ev
+from whywait.simulate import eval as ev
 
 S = ev.START
 CAUSE = "straggler.unknown-cause"

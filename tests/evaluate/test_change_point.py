@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from engine.evaluate.conditions import change_point
+from whywait.engine.evaluate.conditions import change_point
 
 
 def series(shift_at: int, n: int = 180, before: float = 0.8, after: float = 1.15, seed: int = 1) -> list[float]:

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from types import SimpleNamespace
 
-from agents.simulate.cluster import make_cluster
-from engine.evaluate.evaluator import Evaluator, Incident
-from engine.rules.loader import load_rules
+from whywait.engine.evaluate.evaluator import Evaluator, Incident
+from whywait.engine.rules.loader import load_rules
+from whywait.simulate.cluster import make_cluster
 
 RULES = Path(__file__).resolve().parents[2] / "rules"
 JOB = SimpleNamespace(job="train", ranks={r: ("node-01", r) for r in range(8)}, coords={})

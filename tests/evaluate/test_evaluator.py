@@ -8,11 +8,10 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
-
-from agents.events import envelope
-from agents.simulate.cluster import make_cluster
-from engine.evaluate.evaluator import Evaluator
-from engine.rules.loader import load_rules
+from whywait.agents.events import envelope
+from whywait.engine.evaluate.evaluator import Evaluator
+from whywait.engine.rules.loader import load_rules
+from whywait.simulate.cluster import make_cluster
 
 T0 = 1_800_000_000.0
 NODES = ["node-01", "node-02", "node-03", "node-04"]
@@ -180,7 +179,7 @@ def test_pure_core_imports_no_io_libraries() -> None:
 
 
 def test_store_forgets_entities_gone_for_the_whole_retention() -> None:
-    from engine.evaluate.store import MetricStore
+    from whywait.engine.evaluate.store import MetricStore
 
     st = MetricStore(retention_s=60)
     st.put("step.duration_s", "old-job:0", 100.0, 1.0)

@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Iterator
 
-from agents.events import envelope
-from agents.simulate.cluster import make_cluster
-from engine.evaluate.evaluator import Evaluator
-from engine.rules.loader import load_rules
+from whywait.agents.events import envelope
+from whywait.engine.evaluate.evaluator import Evaluator
+from whywait.engine.rules.loader import load_rules
+from whywait.simulate.cluster import make_cluster
 
 T0 = 1_800_000_000.0
 LEAF = """\

@@ -11,15 +11,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from agents.events import envelope
-from agents.simulate.cluster import make_cluster, make_job
-from agents.simulate.faults import make_fault
-from agents.simulate.sim import Simulation
-from engine.diagnosis import Diagnosis
-from engine.evaluate.evaluator import Evaluator
-from engine.rules.loader import load_rules
-from topology.model import Topology
+from whywait.agents.events import envelope
+from whywait.engine.diagnosis import Diagnosis
+from whywait.engine.evaluate.evaluator import Evaluator
+from whywait.engine.rules.loader import load_rules
+from whywait.simulate.cluster import make_cluster, make_job
+from whywait.simulate.faults import make_fault
+from whywait.simulate.sim import Simulation
+from whywait.topology.model import Topology
 
 RULES = Path(__file__).resolve().parents[2] / "rules"
 START = 1_700_000_000.0

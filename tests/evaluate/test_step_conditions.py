@@ -15,11 +15,11 @@ import random
 from pathlib import Path
 from typing import Any, Callable
 
-from agents.events import envelope, validate
-from agents.simulate.cluster import make_cluster
-from engine.evaluate.evaluator import Evaluator
-from engine.evaluate.steps import StepRec, StepTable, judge_ranks, lower_quartile, select, work
-from engine.rules.loader import load_rules
+from whywait.agents.events import envelope, validate
+from whywait.engine.evaluate.evaluator import Evaluator
+from whywait.engine.evaluate.steps import StepRec, StepTable, judge_ranks, lower_quartile, select, work
+from whywait.engine.rules.loader import load_rules
+from whywait.simulate.cluster import make_cluster
 
 RULES = Path(__file__).resolve().parents[2] / "rules"
 T0 = 1_764_442_800.0

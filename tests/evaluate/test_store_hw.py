@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
-from agents.events import envelope, validate
-from engine.evaluate.store import MetricStore
+from whywait.agents.events import envelope, validate
+from whywait.engine.evaluate.store import MetricStore
 
 T = 1_764_442_800.0
 

@@ -12,10 +12,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from agents.events import validate
-from engine.importers import ImportFormatError
-from engine.importers.kineto import steps_from_trace
+from whywait.agents.events import validate
+from whywait.engine.importers import ImportFormatError
+from whywait.engine.importers.kineto import steps_from_trace
 
 REPO = Path(__file__).resolve().parents[2]
 HTA = REPO / "tests" / "fixtures" / "importers" / "hta"
@@ -80,7 +79,7 @@ def test_relative_timestamps_use_base_time_and_missing_loader_is_unknown() -> No
 
 def test_whywait_import_writes_valid_steps_with_event_time(tmp_path: Path) -> None:
     out = tmp_path / "steps.jsonl"
-    r = subprocess.run([sys.executable, "-m", "engine.cli", "import", str(HTA / "sampled_rank-0.json.gz"),
+    r = subprocess.run([sys.executable, "-m", "whywait", "import", str(HTA / "sampled_rank-0.json.gz"),
                         str(HTA / "sampled_rank-1.json.gz"), "--job", "hta-128", "--node", "host-a",
                         "--project", "ads", "--team", "ranking", "-o", str(out)],
                        capture_output=True, text=True, cwd=REPO, timeout=120)

@@ -5,9 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from engine.importers import ImportFormatError
-from engine.importers.steps_table import read_steps
+from whywait.engine.importers import ImportFormatError
+from whywait.engine.importers.steps_table import read_steps
 
 
 def test_csv_rows_keep_event_time_and_leave_unknown_phases_out(tmp_path: Path) -> None:

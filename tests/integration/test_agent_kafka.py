@@ -11,10 +11,9 @@ import uuid
 from typing import Any
 
 import pytest
-
-from agents.agent import Agent
-from agents.collectors import HostCollector, NetworkCollector, StorageCollector
-from agents.events import (
+from whywait.agents.agent import Agent
+from whywait.agents.collectors import HostCollector, NetworkCollector, StorageCollector
+from whywait.agents.events import (
     TOPIC_AGENT_HEALTH,
     TOPIC_CHECKPOINTS,
     TOPIC_HOST,
@@ -25,8 +24,8 @@ from agents.events import (
     decode,
     envelope,
 )
-from agents.publisher import KafkaPublisher
-from agents.training import Reporter
+from whywait.agents.publisher import KafkaPublisher
+from whywait.agents.training import Reporter
 
 pytestmark = pytest.mark.integration
 
@@ -129,7 +128,7 @@ async def test_spooled_while_no_broker_then_everything_arrives_in_order(kafka_bo
 def test_whywait_agent_command_publishes(kafka_bootstrap: str, tmp_path: Any) -> None:
     node = f"it-cli-{uuid.uuid4().hex[:8]}"
     proc = subprocess.run(
-        [sys.executable, "-m", "agents.cli", "--node", node, "--interval", "0.5", "--rounds", "2",
+        [sys.executable, "-m", "whywait.agents.cli", "--node", node, "--interval", "0.5", "--rounds", "2",
          "--collectors", "host,storage", "--socket", "none", "--spool-dir", os.path.join(str(tmp_path), "spool")],
         capture_output=True, text=True, timeout=120, env={**os.environ, "WHYWAIT_KAFKA_BOOTSTRAP": kafka_bootstrap})
     assert proc.returncode == 0, proc.stderr

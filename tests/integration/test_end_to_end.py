@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from whywait.agents.events import TOPIC_DEADLETTER, TOPIC_DIAGNOSES, TOPIC_NET, TOPIC_STEPS
 
-from agents.events import TOPIC_DEADLETTER, TOPIC_DIAGNOSES, TOPIC_NET, TOPIC_STEPS
 from tests.support.slack_server import SlackServer
 
 pytestmark = pytest.mark.integration
@@ -31,7 +31,7 @@ FAULT_START, FAULT_END, DURATION = 120, 260, 300
 
 
 def whywait(*args: str) -> list[str]:
-    return [sys.executable, "-m", "engine.cli", *args]
+    return [sys.executable, "-m", "whywait", *args]
 
 
 async def consume(bootstrap: str, topic: str, until: float, want: int = 1,
@@ -76,8 +76,8 @@ class Run:
 
 @pytest.fixture(scope="module")
 def run(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
-    from agents.simulate.cluster import make_cluster
-    from engine.stream.topics import ensure_topics
+    from whywait.engine.stream.topics import ensure_topics
+    from whywait.simulate.cluster import make_cluster
 
     work = tmp_path_factory.mktemp("e2e")
     ensure_topics(kafka_bootstrap)
@@ -166,7 +166,7 @@ def test_malformed_messages_are_dead_lettered_with_reasons(run: Run) -> None:
 
 
 def test_unreachable_broker_is_one_line(tmp_path: Path) -> None:
-    from agents.simulate.cluster import make_cluster
+    from whywait.simulate.cluster import make_cluster
 
     topo = tmp_path / "t.yaml"
     make_cluster(nodes=4).to_yaml(topo)

@@ -28,14 +28,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from whywait.agents.events import TOPIC_DEADLETTER, TOPIC_DIAGNOSES, encode, message_key
+from whywait.simulate.cluster import make_cluster, make_job
+from whywait.simulate.faults import make_fault
+from whywait.simulate.sim import Simulation
+from whywait.topology.model import Topology
 
-from agents.events import TOPIC_DEADLETTER, TOPIC_DIAGNOSES, encode, message_key
-from agents.simulate.cluster import make_cluster, make_job
-from agents.simulate.faults import make_fault
-from agents.simulate.sim import Simulation
 from tests.support.hostile import bad_messages, families
 from tests.support.kafka import wait_for
-from topology.model import Topology
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
@@ -108,7 +108,7 @@ def run_engine(bootstrap: str, tmp: Path, name: str, topo_file: Path, start: flo
     log = tmp / f"{name}.log"
     diag_from = asyncio.run(end_offset(bootstrap, TOPIC_DIAGNOSES))
     dlq_from = asyncio.run(end_offset(bootstrap, TOPIC_DEADLETTER))
-    eng = subprocess.Popen([sys.executable, "-m", "engine.cli", "engine", "--topology", str(topo_file),
+    eng = subprocess.Popen([sys.executable, "-m", "whywait", "engine", "--topology", str(topo_file),
                             "--group", f"fuzz-{name}-{start:.0f}", "--latest", "--no-restore"],
                            stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=REPO, env=env)
     try:
@@ -143,7 +143,7 @@ def simulation(start: float, job: str) -> tuple[Any, list[tuple[str, bytes, byte
 
 
 def test_ten_thousand_bad_messages_cost_nothing(kafka_bootstrap: str, tmp_path: Path) -> None:
-    from engine.stream.topics import ensure_topics
+    from whywait.engine.stream.topics import ensure_topics
 
     ensure_topics(kafka_bootstrap)
     now = time.time()

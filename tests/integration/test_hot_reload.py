@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_bad_edit_is_refused_and_announced(kafka_bootstrap: str, tmp_path: Path) -> None:
-    from agents.simulate.cluster import make_cluster
+    from whywait.simulate.cluster import make_cluster
 
     rules = tmp_path / "rules"
     rules.mkdir()
@@ -32,7 +32,7 @@ def test_bad_edit_is_refused_and_announced(kafka_bootstrap: str, tmp_path: Path)
         env = {**os.environ, "SLACK_BOT_TOKEN": "xoxb-reload", "WHYWAIT_SLACK_API_URL": slack.url,
                "WHYWAIT_NOTIFY_OUTBOX": str(tmp_path / "outbox"), "PYTHONUNBUFFERED": "1"}
         engine = subprocess.Popen(
-            [sys.executable, "-m", "engine.cli", "engine", "--bootstrap", kafka_bootstrap, "--rules", str(rules),
+            [sys.executable, "-m", "whywait", "engine", "--bootstrap", kafka_bootstrap, "--rules", str(rules),
              "--topology", str(topo), "--group", f"reload-{time.time():.0f}", "--latest", "--no-restore"],
             stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
         try:

@@ -17,22 +17,22 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from whywait.agents.agent import Agent
+from whywait.agents.collectors.gpu import NvmlCollector
+from whywait.agents.collectors.hardware import HardwareCollector
+from whywait.agents.collectors.kmsg import KmsgSource
+from whywait.agents.collectors.pcie import PcieSource
+from whywait.agents.collectors.ports import PortSource
+from whywait.agents.events import TOPIC_GPU, TOPIC_HW, envelope
+from whywait.agents.publisher import KafkaPublisher
+from whywait.engine.evaluate.evaluator import Evaluator
+from whywait.engine.rules.loader import load_rules
+from whywait.topology.model import Topology
 
-from agents.agent import Agent
-from agents.collectors.gpu import NvmlCollector
-from agents.collectors.hardware import HardwareCollector
-from agents.collectors.kmsg import KmsgSource
-from agents.collectors.pcie import PcieSource
-from agents.collectors.ports import PortSource
-from agents.events import TOPIC_GPU, TOPIC_HW, envelope
-from agents.publisher import KafkaPublisher
-from engine.evaluate.evaluator import Evaluator
-from engine.rules.loader import load_rules
 from tests.agents.conftest import fixture_path
 from tests.agents.conftest import node_exporter_root as _node_exporter_root
 from tests.agents.fake_nvml import FakeNvml, load_capture
 from tests.integration.test_agent_kafka import consume
-from topology.model import Topology
 
 pytestmark = pytest.mark.integration
 
@@ -46,7 +46,7 @@ node_exporter_root = _node_exporter_root
 
 async def test_a_gpu_that_hangs_nvml_is_diagnosed_through_kafka(kafka_bootstrap: str, tmp_path: Any,
                                                                 node_exporter_root: str) -> None:
-    from engine.stream.topics import ensure_topics_async
+    from whywait.engine.stream.topics import ensure_topics_async
 
     await ensure_topics_async(kafka_bootstrap)  # as the engine does at start: the broker creates no topics
     node = f"it-hw-{uuid.uuid4().hex[:8]}"

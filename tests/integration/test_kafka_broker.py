@@ -10,9 +10,8 @@ import uuid
 from pathlib import Path
 
 import pytest
-
-from engine.errors import BrokerUnavailable
-from engine.localkafka import broker as lb
+from whywait.engine.errors import BrokerUnavailable
+from whywait.engine.localkafka import broker as lb
 
 pytestmark = pytest.mark.integration
 
@@ -189,7 +188,7 @@ def test_cli_start_status_stop_detached(kafka_bootstrap, tmp_path):
     env = {k: v for k, v in os.environ.items() if k != lb.BOOTSTRAP_ENV} | {lb.CACHE_ENV: str(cache)}
 
     def whywait(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "engine.cli", "kafka", *args], env=env,
+        return subprocess.run([sys.executable, "-m", "whywait", "kafka", *args], env=env,
                               capture_output=True, text=True, timeout=120)
 
     started = whywait("start")

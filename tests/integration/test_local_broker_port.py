@@ -6,8 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
-
-from engine.localkafka import broker as lb
+from whywait.engine.localkafka import broker as lb
 
 pytestmark = pytest.mark.integration
 

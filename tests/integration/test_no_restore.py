@@ -5,9 +5,8 @@ from __future__ import annotations
 import uuid
 
 import pytest
-
-from engine.commands.engine_cmd import fresh_state_store
-from engine.notify.state import KafkaStateStore
+from whywait.engine.commands.engine_cmd import fresh_state_store
+from whywait.engine.notify.state import KafkaStateStore
 
 pytestmark = pytest.mark.integration
 

@@ -21,15 +21,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from whywait.engine.evaluate.evaluator import Evaluator
+from whywait.engine.rules.loader import load_rules
+from whywait.engine.stream.processor import Processor, Record
+from whywait.topology.model import Topology
+from whywait.topology.reconcile import load_node_types, merge
+from whywait.topology.sources import read_ibnetdiscover
 
-from engine.evaluate.evaluator import Evaluator
-from engine.rules.loader import load_rules
-from engine.stream.processor import Processor, Record
 from tests.support.k8s_server import K8sReplayServer
 from tests.support.kafka import create_topic
-from topology.model import Topology
-from topology.reconcile import load_node_types, merge
-from topology.sources import read_ibnetdiscover
 
 pytestmark = pytest.mark.integration
 
@@ -39,7 +39,7 @@ TFIX = REPO / "tests" / "fixtures" / "topology"
 
 
 def whywait(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "engine.cli", *args], capture_output=True, text=True, timeout=120,
+    return subprocess.run([sys.executable, "-m", "whywait", *args], capture_output=True, text=True, timeout=120,
                           cwd=REPO, env={**os.environ, **(env or {})}, check=False)
 
 

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from whywait.agents.events import TOPIC_DIAGNOSES, TOPIC_PLACEMENT, envelope
 
-from agents.events import TOPIC_DIAGNOSES, TOPIC_PLACEMENT, envelope
 from tests.integration.test_end_to_end import consume
 
 pytestmark = pytest.mark.integration
@@ -26,7 +26,7 @@ DURATION = 260
 
 
 def whywait(*args: str, env: dict[str, str] | None = None, timeout: float = 240) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "engine.cli", *args], capture_output=True, text=True, cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "whywait", *args], capture_output=True, text=True, cwd=REPO,
                           timeout=timeout, env=env)
 
 
@@ -41,8 +41,9 @@ class Live:
 
 @pytest.fixture(scope="module")
 def live(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
-    from agents.simulate.cluster import make_cluster
-    from engine.stream.topics import ensure_topics
+    from whywait.engine.stream.topics import ensure_topics
+    from whywait.simulate.cluster import make_cluster
+
     from tests.support.kafka import publish_messages
 
     work = tmp_path_factory.mktemp("replay-kafka")
@@ -57,12 +58,12 @@ def live(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iter
                      state="running", ranks=[{"rank": 0, "node": "node-99", "gpu": 0}])
     asyncio.run(publish_messages(kafka_bootstrap, [(TOPIC_PLACEMENT, stale)]))
     with (work / "engine.log").open("w") as log:
-        engine = subprocess.Popen([sys.executable, "-m", "engine.cli", "engine", "--topology", str(topo), "--group",
+        engine = subprocess.Popen([sys.executable, "-m", "whywait", "engine", "--topology", str(topo), "--group",
                                    f"replay-{start:.0f}", "--not-before", str(start), "--no-restore",
                                    "--max-clock-skew", "off"],  # its event time runs 45 days ahead
                                   stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
         try:
-            subprocess.run([sys.executable, "-m", "engine.cli", "simulate", "--nodes", "8", "--duration",
+            subprocess.run([sys.executable, "-m", "whywait", "simulate", "--nodes", "8", "--duration",
                             str(DURATION), "--speed", "0", "--fault", "nic-packet-loss:node-05@120-200",
                             "--start-time", str(start)], env=env, cwd=REPO, check=True, timeout=180,
                            capture_output=True)
@@ -125,7 +126,7 @@ def test_export_bundle_replays_without_kafka_identically_and_imports_back(live: 
 
 
 def test_broker_outage_is_one_line(live: Live, tmp_path: Path) -> None:
-    from engine.localkafka.broker import free_port
+    from whywait.engine.localkafka.broker import free_port
 
     r = whywait("replay", "--bootstrap", f"127.0.0.1:{free_port()}", "--topology", str(live.topo),
                 "--since", "-10m", timeout=60)
@@ -151,7 +152,7 @@ def test_digest_counts_the_incidents_gpu_hours(live: Live) -> None:
 
 
 def test_demo_timeline_draws_from_kafka(live: Live) -> None:
-    from engine.commands.replay_cmd import plot_window
+    from whywait.engine.commands.replay_cmd import plot_window
 
     png = plot_window(live.bootstrap, live.topo, [REPO / "rules"], live.start, live.start + DURATION,
                       live.work / "demo.png")
@@ -159,10 +160,10 @@ def test_demo_timeline_draws_from_kafka(live: Live) -> None:
 
 
 def test_missing_topics_are_one_clear_error(live: Live, monkeypatch: pytest.MonkeyPatch) -> None:
-    import agents.events
-    from engine.commands.replay_cmd import kafka_batches
-    from engine.errors import ConfigError
-    from engine.replay import EventTimeMerge, Window
+    import whywait.agents.events
+    from whywait.engine.commands.replay_cmd import kafka_batches
+    from whywait.engine.errors import ConfigError
+    from whywait.engine.replay import EventTimeMerge, Window
 
     # A cluster where one input topic was never created (as if the engine had never run against it).
     monkeypatch.setattr(agents.events, "INPUT_TOPICS", (*agents.events.INPUT_TOPICS, "whywait.never-created.v1"))

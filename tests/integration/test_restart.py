@@ -28,16 +28,16 @@ import time
 from pathlib import Path
 
 import pytest
+from whywait.agents.events import TOPIC_DIAGNOSES
+from whywait.engine.rules.loader import load_rules
+from whywait.simulate.cluster import make_cluster, make_job
+from whywait.simulate.faults import make_fault
+from whywait.simulate.sim import Simulation
+from whywait.topology.model import Topology
 
-from agents.events import TOPIC_DIAGNOSES
-from agents.simulate.cluster import make_cluster, make_job
-from agents.simulate.faults import make_fault
-from agents.simulate.sim import Simulation
-from engine.rules.loader import load_rules
 from tests.support.kafka import publish_messages as publish
 from tests.support.kafka import wait_for
 from tests.support.slack_server import SlackServer
-from topology.model import Topology
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
@@ -77,7 +77,7 @@ def _consuming_at(log: Path) -> float | None:
 @pytest.mark.parametrize("stop", ["kill", "term"])
 def test_restart_mid_incident_keeps_it_open_and_stays_watching(kafka_bootstrap: str, tmp_path: Path,
                                                                  stop: str) -> None:
-    from engine.stream.topics import ensure_topics
+    from whywait.engine.stream.topics import ensure_topics
 
     ensure_topics(kafka_bootstrap)
     rule = load_rules([REPO / "rules"]).rules[RULE]
@@ -102,7 +102,7 @@ def test_restart_mid_incident_keeps_it_open_and_stays_watching(kafka_bootstrap: 
 
         def engine(name: str) -> subprocess.Popen:  # type: ignore[type-arg]
             return subprocess.Popen(
-                [sys.executable, "-m", "engine.cli", "engine", "--topology", str(topo_file), "--group", group,
+                [sys.executable, "-m", "whywait", "engine", "--topology", str(topo_file), "--group", group,
                  "--not-before", str(start), "--latest"],
                 stdout=(tmp_path / f"{name}.log").open("w"), stderr=subprocess.STDOUT, cwd=REPO,
                 env={**env, "WHYWAIT_NOTIFY_OUTBOX": str(tmp_path / f"outbox-{name}")})

@@ -35,7 +35,7 @@ def alive(pid: int) -> bool:
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["term", "kill"])
 def test_stopping_simulate_stops_its_generator(kafka_bootstrap: str, sig: int) -> None:
-    proc = subprocess.Popen([sys.executable, "-m", "engine.cli", "simulate", "--bootstrap", kafka_bootstrap,
+    proc = subprocess.Popen([sys.executable, "-m", "whywait", "simulate", "--bootstrap", kafka_bootstrap,
                              "--nodes", "4", "--duration", "3600", "--speed", "1"],
                             cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})

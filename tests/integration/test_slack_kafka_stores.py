@@ -8,12 +8,12 @@ import dataclasses
 import time
 
 import pytest
+from whywait.engine.diagnosis import Diagnosis, Evidence, Owner
+from whywait.engine.notify.config import SlackConfig
+from whywait.engine.notify.silences import KafkaSilenceStore, Silence
+from whywait.engine.notify.slack import SlackNotifier
+from whywait.engine.notify.state import STATE_TOPIC, KafkaStateStore
 
-from engine.diagnosis import Diagnosis, Evidence, Owner
-from engine.notify.config import SlackConfig
-from engine.notify.silences import KafkaSilenceStore, Silence
-from engine.notify.slack import SlackNotifier
-from engine.notify.state import STATE_TOPIC, KafkaStateStore
 from tests.support.kafka import unique_topic
 from tests.support.slack_server import SlackServer
 
@@ -114,7 +114,7 @@ def test_silence_added_elsewhere_applies_to_a_following_store(kafka_bootstrap: s
 
 
 def test_silence_command_against_kafka(kafka_bootstrap: str, capsys, monkeypatch) -> None:
-    from engine.commands import silence_cmd
+    from whywait.engine.commands import silence_cmd
 
     topic = unique_topic("silences")
     monkeypatch.setattr(silence_cmd, "open_store",

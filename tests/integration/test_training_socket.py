@@ -22,12 +22,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from agents.agent import Agent
-from agents.collectors import HostCollector
-from agents.events import TOPIC_AGENT_HEALTH, TOPIC_PLACEMENT, TOPIC_STEPS, ContractError, decode, encode, envelope
-from agents.publisher import KafkaPublisher
-from agents.training import Reporter
+from whywait.agents.agent import Agent
+from whywait.agents.collectors import HostCollector
+from whywait.agents.events import (
+    TOPIC_AGENT_HEALTH,
+    TOPIC_PLACEMENT,
+    TOPIC_STEPS,
+    ContractError,
+    decode,
+    encode,
+    envelope,
+)
+from whywait.agents.publisher import KafkaPublisher
+from whywait.agents.training import Reporter
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs root")]
@@ -132,10 +139,10 @@ async def test_only_the_jobs_owner_reports_and_the_node_is_the_agents(kafka_boot
     assert max(h["training_rejected"] for h in got[TOPIC_AGENT_HEALTH]) == 3
 
     # The engine checks the sender against the placement: job_b runs as alice, nobody sent its timings.
-    from agents.simulate.cluster import make_cluster
-    from engine.evaluate.evaluator import Evaluator
-    from engine.rules.loader import load_rules
-    from engine.stream.processor import Processor, Record
+    from whywait.engine.evaluate.evaluator import Evaluator
+    from whywait.engine.rules.loader import load_rules
+    from whywait.engine.stream.processor import Processor, Record
+    from whywait.simulate.cluster import make_cluster
 
     p = Processor(Evaluator(load_rules([REPO / "rules"]), make_cluster(nodes=2, gpus_per_node=1)))
     placement = envelope("placement", "slurm", steps[job_b]["time"] - 1, job=job_b, project="p", team="t",

@@ -1,4 +1,4 @@
-"""engine.localkafka without a broker: properties, cluster ids, the state file, fetch and start errors."""
+"""whywait.engine.localkafka without a broker: properties, cluster ids, the state file, fetch and start errors."""
 
 from __future__ import annotations
 
@@ -10,10 +10,9 @@ import uuid
 from pathlib import Path
 
 import pytest
-
-from engine.cli import main
-from engine.errors import BrokerUnavailable, ConfigError
-from engine.localkafka import broker as lb
+from whywait.engine.cli import main
+from whywait.engine.errors import BrokerUnavailable, ConfigError
+from whywait.engine.localkafka import broker as lb
 
 
 @pytest.fixture

@@ -6,8 +6,8 @@ import dataclasses
 from typing import Any, Callable, Iterator
 
 import pytest
+from whywait.engine.diagnosis import Diagnosis, Evidence, Owner
 
-from engine.diagnosis import Diagnosis, Evidence, Owner
 from tests.support.slack_server import SlackServer
 
 TOKEN = "xoxb-test-0000"
@@ -66,8 +66,8 @@ FAST = dict(group_wait=0.2, group_interval=0.3, repeat_interval=3600.0, rate_per
 def make_notifier(slack_server: SlackServer, tmp_path: Any) -> Iterator[Callable[..., Any]]:
     """Factory: a SlackNotifier on :func:`slack_server` with fast timings (overridable by keyword);
     ``state_store``, ``silence_store``, ``clock`` and ``token`` pass through.  Closed at teardown."""
-    from engine.notify.config import SlackConfig
-    from engine.notify.slack import SlackNotifier
+    from whywait.engine.notify.config import SlackConfig
+    from whywait.engine.notify.slack import SlackNotifier
 
     made: list[SlackNotifier] = []
 

@@ -7,10 +7,9 @@ import json
 import re
 
 import pytest
-
-from engine.commands import notify_cmd, silence_cmd
-from engine.errors import ConfigError
-from engine.notify.silences import InMemorySilenceStore, Silence, SilenceError, parse_matchers
+from whywait.engine.commands import notify_cmd, silence_cmd
+from whywait.engine.errors import ConfigError
+from whywait.engine.notify.silences import InMemorySilenceStore, Silence, SilenceError, parse_matchers
 
 
 def _run(module, argv: list[str]) -> int:

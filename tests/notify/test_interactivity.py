@@ -10,10 +10,9 @@ from typing import Any
 from urllib.parse import urlencode
 
 import pytest
-
-from engine.notify.interactivity import InteractivityServer, InvalidSignature, sign, verify_signature
-from engine.notify.render import ACTION_ACK, ACTION_SILENCE_1H, ACTION_SILENCE_RESOLVED, ACTION_TIMELINE
-from engine.notify.silences import InMemorySilenceStore
+from whywait.engine.notify.interactivity import InteractivityServer, InvalidSignature, sign, verify_signature
+from whywait.engine.notify.render import ACTION_ACK, ACTION_SILENCE_1H, ACTION_SILENCE_RESOLVED, ACTION_TIMELINE
+from whywait.engine.notify.silences import InMemorySilenceStore
 
 SECRET = "8f742231b10e8888abcd99yyyzzz85a5"
 

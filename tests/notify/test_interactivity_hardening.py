@@ -9,9 +9,9 @@ from typing import Any
 from urllib.parse import urlencode
 
 import pytest
+from whywait.engine.notify.interactivity import InteractivityServer, ReplayGuard, parse_content_length, sign
+from whywait.engine.notify.render import ACTION_TIMELINE
 
-from engine.notify.interactivity import InteractivityServer, ReplayGuard, parse_content_length, sign
-from engine.notify.render import ACTION_TIMELINE
 from tests.notify.test_interactivity import SECRET, _post, _signed
 
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from engine.notify.config import SlackConfig
-from engine.notify.lifecycle import IncidentBook, group_key, routed_channel
-from engine.notify.silences import Silence
+from whywait.engine.notify.config import SlackConfig
+from whywait.engine.notify.lifecycle import IncidentBook, group_key, routed_channel
+from whywait.engine.notify.silences import Silence
+
 from tests.notify.conftest import T0
 
 CFG = SlackConfig(group_wait=30, group_interval=300, repeat_interval=4 * 3600, reopen_within=3600,
@@ -96,7 +97,7 @@ def test_reopen_within_window_reuses_message_later_starts_new(make_diagnosis) ->
 
 
 def test_keys_and_routing(make_diagnosis) -> None:
-    from engine.diagnosis import Owner
+    from whywait.engine.diagnosis import Owner
 
     d = make_diagnosis()
     assert group_key(d, ("job",)) == "network.straggler-retransmits|#ml-infra|job=llm-70b"

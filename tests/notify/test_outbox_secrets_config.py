@@ -5,11 +5,10 @@ from __future__ import annotations
 import logging
 
 import pytest
-
-from engine.errors import ConfigError, NotifyError
-from engine.notify.config import SlackConfig, parse_duration
-from engine.notify.outbox import Outbox
-from engine.notify.secrets import Secret, read_secret
+from whywait.engine.errors import ConfigError, NotifyError
+from whywait.engine.notify.config import SlackConfig, parse_duration
+from whywait.engine.notify.outbox import Outbox
+from whywait.engine.notify.secrets import Secret, read_secret
 
 
 def test_outbox_survives_reopen_in_order(tmp_path) -> None:
@@ -76,7 +75,8 @@ def test_secret_from_env_or_file_never_shown(tmp_path) -> None:
 
 
 def test_make_notifier_token_from_file(slack_server, tmp_path, make_diagnosis) -> None:
-    from engine.notify import SlackNotifier, make_notifier
+    from whywait.engine.notify import SlackNotifier, make_notifier
+
     from tests.notify.conftest import TOKEN
 
     f = tmp_path / "token"
@@ -120,7 +120,7 @@ def test_parse_duration() -> None:
 
 
 def test_unknown_notifier_lists_valid_ones() -> None:
-    from engine.notify import NOTIFIERS, notifier_class
+    from whywait.engine.notify import NOTIFIERS, notifier_class
 
     assert set(NOTIFIERS) == {"console", "slack"}
     with pytest.raises(ConfigError, match=r"unknown notifier 'email' \(expected one of console, slack\)"):

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import time
 
-from engine.notify.ratelimit import ChannelRateLimiter
+from whywait.engine.notify.ratelimit import ChannelRateLimiter
+
 from tests.support.slack_server import SlackServer
 
 
@@ -19,7 +20,7 @@ def test_limiter_spaces_writes_per_channel() -> None:
 
 def _burst(slack_server, make_notifier, make_diagnosis, count: int, rate: float | None):
     slack_server.rate_limit(1.0 if rate is None else rate, channel="#ml-infra")  # Slack's own limit, enforced
-    from engine.notify.config import SlackConfig
+    from whywait.engine.notify.config import SlackConfig
 
     n = make_notifier(group_wait=0.0, rate_per_channel=rate or SlackConfig().rate_per_channel)
     t0 = time.monotonic()
@@ -32,7 +33,7 @@ def _burst(slack_server, make_notifier, make_diagnosis, count: int, rate: float 
 
 
 def test_burst_of_50_at_the_default_1_per_second(slack_server, make_notifier, make_diagnosis) -> None:
-    from engine.notify.config import SlackConfig
+    from whywait.engine.notify.config import SlackConfig
 
     assert SlackConfig().rate_per_channel == 1.0
     n, posts, wall = _burst(slack_server, make_notifier, make_diagnosis, 50, None)
@@ -58,7 +59,7 @@ def test_configurable_rate_is_honoured(slack_server, make_notifier, make_diagnos
 
 
 def test_other_channels_are_not_held_back_by_a_busy_one(slack_server, make_notifier, make_diagnosis) -> None:
-    from engine.diagnosis import Owner
+    from whywait.engine.diagnosis import Owner
 
     n = make_notifier(group_wait=0.0, rate_per_channel=1.0)
     for i in range(4):

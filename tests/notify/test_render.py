@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from engine.diagnosis import Evidence
-from engine.notify.render import (
+from whywait.engine.diagnosis import Evidence
+from whywait.engine.notify.render import (
     MessageContext,
     dashboard_url,
     escape_mrkdwn,

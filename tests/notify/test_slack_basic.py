@@ -6,9 +6,9 @@ import dataclasses
 import io
 
 import pytest
+from whywait.engine.errors import NotifyError
+from whywait.engine.notify import ConsoleNotifier, SlackNotifier, make_notifier
 
-from engine.errors import NotifyError
-from engine.notify import ConsoleNotifier, SlackNotifier, make_notifier
 from tests.notify.conftest import T0, TOKEN
 
 

@@ -6,7 +6,8 @@ import dataclasses
 import logging
 import time
 
-from engine.notify.state import InMemoryStateStore
+from whywait.engine.notify.state import InMemoryStateStore
+
 from tests.notify.conftest import T0
 
 
@@ -110,7 +111,7 @@ def test_resolved_before_announced_says_nothing(slack_server, make_notifier, mak
 
 
 def test_routing_owner_channel_default_and_severity_override(slack_server, make_notifier, make_diagnosis) -> None:
-    from engine.diagnosis import Owner
+    from whywait.engine.diagnosis import Owner
 
     n = make_notifier(severity_channels={"critical": "#incidents"})
     n.notify(make_diagnosis(job="a", labels={"job": "a"}))
@@ -124,10 +125,10 @@ def test_routing_owner_channel_default_and_severity_override(slack_server, make_
 
 def test_channel_not_found_falls_back_to_default_and_logs(slack_server, make_notifier, make_diagnosis,
                                                           caplog) -> None:
-    from engine.diagnosis import Owner
+    from whywait.engine.diagnosis import Owner
 
     n = make_notifier()
-    caplog.set_level(logging.WARNING, logger="engine.notify.slack")
+    caplog.set_level(logging.WARNING, logger="whywait.engine.notify.slack")
     d = make_diagnosis(owner=Owner("ghost", "ghost-team", "#no-such-channel"))
     n.notify(d)
     assert n.flush(5)
@@ -239,7 +240,7 @@ def test_outbox_survives_a_restart_during_an_outage(slack_server, make_notifier,
 
 
 def test_gives_up_after_max_age_counted_and_logged(slack_server, make_notifier, make_diagnosis, caplog) -> None:
-    caplog.set_level(logging.ERROR, logger="engine.notify.slack")
+    caplog.set_level(logging.ERROR, logger="whywait.engine.notify.slack")
     n = make_notifier(group_wait=0.0, outbox_max_age=0.5)
     slack_server.outage("503")
     n.notify(make_diagnosis())
@@ -290,7 +291,7 @@ def test_a_failing_state_store_does_not_stop_notifications(slack_server, make_no
         def put(self, key, record):
             raise OSError("disk on fire")
 
-    caplog.set_level(logging.WARNING, logger="engine.notify.slack")
+    caplog.set_level(logging.WARNING, logger="whywait.engine.notify.slack")
     n = make_notifier(state_store=Broken())
     n.notify(make_diagnosis())
     assert n.flush(5)

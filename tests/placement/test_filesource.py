@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from whywait.engine.placement.filesource import placements_from_text
+from whywait.engine.placement.model import PlacementError
+from whywait.engine.placement.ownership import OwnershipFile
 
-from engine.placement.filesource import placements_from_text
-from engine.placement.model import PlacementError
-from engine.placement.ownership import OwnershipFile
 from tests.placement.conftest import FIX
 
 OWN = OwnershipFile(FIX / "ownership.yaml")

@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from kubernetes import client
+from whywait.engine.placement.k8s import PodTracker, pod_gpu_count, watch_pods
+from whywait.engine.placement.ownership import OwnershipFile
 
-from engine.placement.k8s import PodTracker, pod_gpu_count, watch_pods
-from engine.placement.ownership import OwnershipFile
 from tests.placement.conftest import FIX
 from tests.support.k8s_server import K8sReplayServer
 

@@ -6,9 +6,9 @@ import os
 from pathlib import Path
 
 import pytest
+from whywait.engine.placement.model import PlacementError
+from whywait.engine.placement.ownership import NO_OWNER_TEAM, OwnershipFile, parse_ownership
 
-from engine.placement.model import PlacementError
-from engine.placement.ownership import NO_OWNER_TEAM, OwnershipFile, parse_ownership
 from tests.placement.conftest import FIX
 
 

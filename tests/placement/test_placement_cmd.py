@@ -7,8 +7,8 @@ import json
 import sys
 
 import pytest
+from whywait.engine.cli import main
 
-from engine.cli import main
 from tests.placement.conftest import FIX
 
 

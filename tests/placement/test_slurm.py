@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from whywait.engine.placement.model import Owner, PlacementError, placement_message
+from whywait.engine.placement.slurm import facts_from_env, facts_from_scontrol, gpu_indexes
 
-from engine.placement.model import Owner, PlacementError, placement_message
-from engine.placement.slurm import facts_from_env, facts_from_scontrol, gpu_indexes
 from tests.placement.conftest import FIX
 
 

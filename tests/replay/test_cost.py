@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import pytest
-
-from engine.report.cost import shared_gpu_hours
+from whywait.engine.report.cost import shared_gpu_hours
 
 
 def test_overlaps_are_shared_not_added() -> None:

@@ -6,9 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from agents.events import envelope
-from engine.report.digest import Digest, cause_of
+from whywait.agents.events import envelope
+from whywait.engine.report.digest import Digest, cause_of
 
 T0 = 1_764_442_800.0
 

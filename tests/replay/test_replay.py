@@ -13,15 +13,14 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from agents.events import encode, envelope
-from agents.simulate.cluster import make_cluster, make_job
-from agents.simulate.faults import make_fault
-from agents.simulate.sim import Simulation
-from engine.commands.replay_cmd import allow_relative_times, parse_time
-from engine.replay import EventTimeMerge, Window, backtest, diagnoses_jsonl, incidents, replay
-from engine.rules.loader import load_rules
-from topology.model import Topology
+from whywait.agents.events import encode, envelope
+from whywait.engine.commands.replay_cmd import allow_relative_times, parse_time
+from whywait.engine.replay import EventTimeMerge, Window, backtest, diagnoses_jsonl, incidents, replay
+from whywait.engine.rules.loader import load_rules
+from whywait.simulate.cluster import make_cluster, make_job
+from whywait.simulate.faults import make_fault
+from whywait.simulate.sim import Simulation
+from whywait.topology.model import Topology
 
 REPO = Path(__file__).resolve().parents[2]
 RULES = REPO / "rules"
@@ -147,7 +146,7 @@ def test_relative_iso_and_unix_times() -> None:
 
 
 def report_for(faults: list[tuple[str, str, float, float]], tmp_path: Path) -> tuple[object, dict]:
-    from engine.report import build_report
+    from whywait.engine.report import build_report
 
     infra, msgs = sim(faults, duration=300)
     w = Window(START, START + 300)
@@ -173,8 +172,7 @@ def test_report_tells_the_whole_story(tmp_path: Path) -> None:
 
 def test_every_incident_is_labelled_without_overlap(tmp_path: Path) -> None:
     import matplotlib.pyplot as plt
-
-    from engine.report.plots import timeline_figure
+    from whywait.engine.report.plots import timeline_figure
 
     rep, paths = report_for([("nic-packet-loss", "node-05", 100, 180), ("gpu-thermal", "node-02", 104, 190),
                              ("nic-packet-loss", "node-07", 108, 200)], tmp_path)
@@ -203,8 +201,8 @@ def test_every_incident_is_labelled_without_overlap(tmp_path: Path) -> None:
 
 def test_bundle_replays_without_kafka_to_the_identical_result(one_fault: tuple[Topology, list],
                                                                tmp_path: Path) -> None:
-    from engine.commands.export_cmd import rule_files
-    from engine.importers.bundle import BundleWriter
+    from whywait.engine.commands.export_cmd import rule_files
+    from whywait.engine.importers.bundle import BundleWriter
 
     infra, msgs = one_fault
     w = Window(START, START + 260)
@@ -221,7 +219,7 @@ def test_bundle_replays_without_kafka_to_the_identical_result(one_fault: tuple[T
         bw.close(topo, rule_files([RULES]))
     want, _ = replay(merged(msgs, w), load_rules([RULES]), infra)
     out = tmp_path / "d.jsonl"
-    r = subprocess.run([sys.executable, "-m", "engine.cli", "replay", "--input", str(bundle), "--json", str(out),
+    r = subprocess.run([sys.executable, "-m", "whywait", "replay", "--input", str(bundle), "--json", str(out),
                         "--bootstrap", "127.0.0.1:1"], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert r.returncode == 0, r.stderr
     assert out.read_text() == diagnoses_jsonl(want.diagnoses)
@@ -231,7 +229,7 @@ def test_bundle_replays_without_kafka_to_the_identical_result(one_fault: tuple[T
     data[200:220] = b"x" * 20
     bad = tmp_path / "bad.whywait"
     bad.write_bytes(bytes(data))
-    r = subprocess.run([sys.executable, "-m", "engine.cli", "replay", "--input", str(bad)],
+    r = subprocess.run([sys.executable, "-m", "whywait", "replay", "--input", str(bad)],
                        capture_output=True, text=True, cwd=REPO, timeout=60)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "bad.whywait" in r.stderr
 
@@ -244,7 +242,7 @@ def test_bundle_replays_without_kafka_to_the_identical_result(one_fault: tuple[T
 def test_bad_ranges_and_unreachable_broker_are_one_line(args: list[str], says: str, tmp_path: Path) -> None:
     topo = tmp_path / "t.yaml"
     make_cluster(nodes=2).to_yaml(topo)
-    r = subprocess.run([sys.executable, "-m", "engine.cli", "replay", "--topology", str(topo), *args],
+    r = subprocess.run([sys.executable, "-m", "whywait", "replay", "--topology", str(topo), *args],
                        capture_output=True, text=True, cwd=REPO, timeout=60)
     assert r.returncode == 2, r.stderr
     assert says in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
@@ -253,8 +251,8 @@ def test_bad_ranges_and_unreachable_broker_are_one_line(args: list[str], says: s
 
 def test_slack_thread_gets_the_summary_and_the_png(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from slack_sdk import WebClient
+    from whywait.engine.report.slack import post_to_thread
 
-    from engine.report.slack import post_to_thread
     from tests.support.slack_server import SlackServer
 
     rep, _ = report_for([("nic-packet-loss", "node-05", 120, 200)], tmp_path)
@@ -274,8 +272,8 @@ def test_slack_thread_gets_the_summary_and_the_png(tmp_path: Path, monkeypatch: 
 
 
 def test_report_links_each_incident_to_its_live_slack_thread(tmp_path: Path) -> None:
-    from engine.notify.lifecycle import Incident
-    from engine.report import build_report, slack_threads
+    from whywait.engine.notify.lifecycle import Incident
+    from whywait.engine.report import build_report, slack_threads
 
     infra, msgs = sim([("nic-packet-loss", "node-05", 120, 200)])
     w = Window(START, START + 260)
@@ -321,7 +319,7 @@ def test_job_and_project_filters(one_fault: tuple[Topology, list]) -> None:
 
 
 def test_report_names_other_projects_on_the_same_switch(tmp_path: Path) -> None:
-    from engine.report import build_report
+    from whywait.engine.report import build_report
 
     topo = make_cluster(nodes=8)
     leaf = topo.leaf_of("node-05")

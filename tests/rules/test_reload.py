@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from engine.rules.reload import RuleReloader
+from whywait.engine.rules.reload import RuleReloader
+
 from tests.rules.test_schema import GOOD
 
 

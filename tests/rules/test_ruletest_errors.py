@@ -5,9 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from engine.rules.loader import load_rules
-from engine.ruletest import RuleTestError, load_cases, run_case
+from whywait.engine.rules.loader import load_rules
+from whywait.simulate.ruletest import RuleTestError, load_cases, run_case
 
 RULES = Path(__file__).resolve().parents[2] / "rules"
 
@@ -35,14 +34,14 @@ def test_an_event_that_breaks_the_contract_names_its_case(tmp_path: Path) -> Non
 
 
 def test_a_missing_test_path_is_one_line(tmp_path: Path) -> None:
-    from engine.ruletest import find_test_files
+    from whywait.simulate.ruletest import find_test_files
 
     with pytest.raises(RuleTestError, match=r"nope: no such file or folder"):
         find_test_files([tmp_path / "nope"])
 
 
 def test_eval_refuses_an_unknown_class_rather_than_running_nothing(capsys: pytest.CaptureFixture[str]) -> None:
-    from engine.cli import main
+    from whywait.engine.cli import main
 
     assert main(["eval", "--only", "nosuch"]) == 2
     assert "unknown fault class(es) nosuch" in capsys.readouterr().err

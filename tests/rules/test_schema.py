@@ -5,8 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from engine.rules.loader import RuleLoadError, load_rules
+from whywait.engine.rules.loader import RuleLoadError, load_rules
 
 GOOD = """\
 apiVersion: whywait/v1

@@ -1,7 +1,7 @@
 """The shipped rule library: it loads, every rule has test cases, and every case passes.
 
 Each case of each ``rules/**/<id>.test.yaml`` is its own test (``test_case[<file>::<name>]``),
-run through :func:`engine.ruletest.run_case`, the same evaluator as production.
+run through :func:`whywait.simulate.ruletest.run_case`, the same evaluator as production.
 """
 
 from __future__ import annotations
@@ -10,9 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from engine.rules.loader import RuleSet, load_rules
-from engine.ruletest import find_test_files, load_cases, run_case, untested_rules
+from whywait.engine.rules.loader import RuleSet, load_rules
+from whywait.simulate.ruletest import find_test_files, load_cases, run_case, untested_rules
 
 RULES_DIR = Path(__file__).resolve().parents[2] / "rules"
 

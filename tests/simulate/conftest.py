@@ -5,10 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-
-from agents.simulate.cluster import make_cluster, make_job
-from agents.simulate.faults import Fault, make_fault
-from agents.simulate.sim import Simulation
+from whywait.simulate.cluster import make_cluster, make_job
+from whywait.simulate.faults import Fault, make_fault
+from whywait.simulate.sim import Simulation
 
 START = 1_764_442_800.0
 

@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 
 import yaml
-
-from agents.events import validate
-from engine.cli import main
-from topology import Topology
+from whywait.agents.events import validate
+from whywait.engine.cli import main
+from whywait.topology import Topology
 
 
 def test_dry_run_prints_valid_json_lines_and_writes_truth_and_topology(tmp_path, capsys):

@@ -10,11 +10,11 @@ import statistics
 from typing import Any
 
 import pytest
+from whywait.agents.events import validate
+from whywait.simulate.cluster import make_job
+from whywait.simulate.errors import SimulationError
+from whywait.simulate.faults import FAULTS, make_fault, parse_fault_spec
 
-from agents.events import validate
-from agents.simulate.cluster import make_job
-from agents.simulate.errors import SimulationError
-from agents.simulate.faults import FAULTS, make_fault, parse_fault_spec
 from tests.simulate.conftest import run_sim
 from tests.simulate.support import START, by_rank, gpu_samples, mean, of_kind, steps
 

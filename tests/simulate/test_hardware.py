@@ -1,15 +1,14 @@
-"""Simulated hw reports and fail-slow faults (agents/simulate/hardware.py)."""
+"""Simulated hw reports and fail-slow faults (simulate/hardware.py)."""
 
 from __future__ import annotations
 
 import pytest
-
-from agents.events import validate
-from agents.simulate.errors import SimulationError
-from agents.simulate.faults import FAULTS, register
-from agents.simulate.hardware import HW_FAULTS, GpuNvmlHang, PcieDowngrade
-from agents.simulate.scenario import parse_scenario
-from agents.simulate.sim import Simulation
+from whywait.agents.events import validate
+from whywait.simulate.errors import SimulationError
+from whywait.simulate.faults import FAULTS, register
+from whywait.simulate.hardware import HW_FAULTS, GpuNvmlHang, PcieDowngrade
+from whywait.simulate.scenario import parse_scenario
+from whywait.simulate.sim import Simulation
 
 
 def _sim(faults: list) -> Simulation:

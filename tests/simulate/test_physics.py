@@ -8,11 +8,11 @@ import statistics
 from typing import Any
 
 import pytest
+from whywait.agents.events import validate
+from whywait.simulate.cluster import make_job
+from whywait.simulate.errors import SimulationError
+from whywait.simulate.faults import make_fault
 
-from agents.events import validate
-from agents.simulate.cluster import make_job
-from agents.simulate.errors import SimulationError
-from agents.simulate.faults import make_fault
 from tests.simulate.conftest import run_sim
 from tests.simulate.support import START, by_rank, gpu_samples, of_kind, steps
 

@@ -6,13 +6,12 @@ import itertools
 from pathlib import Path
 
 import pytest
+from whywait.agents.events import validate
+from whywait.simulate.errors import SimulationError
+from whywait.simulate.scenario import expand_nodes, load_scenario, parse_scenario
+from whywait.simulate.sim import Simulation
 
-from agents.events import validate
-from agents.simulate.errors import SimulationError
-from agents.simulate.scenario import expand_nodes, load_scenario, parse_scenario
-from agents.simulate.sim import Simulation
-
-SCENARIOS = Path(__file__).resolve().parents[2] / "agents" / "simulate" / "scenarios"
+SCENARIOS = Path(__file__).resolve().parents[2] / "simulate" / "scenarios"
 
 
 def test_shipped_scenarios_load_and_validate():

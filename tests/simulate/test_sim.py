@@ -5,10 +5,11 @@ from __future__ import annotations
 import statistics
 import time
 
-from agents.events import TOPIC_PLACEMENT, validate
-from agents.simulate.cluster import make_cluster, make_job
-from agents.simulate.faults import make_fault
-from agents.simulate.sim import Simulation
+from whywait.agents.events import TOPIC_PLACEMENT, validate
+from whywait.simulate.cluster import make_cluster, make_job
+from whywait.simulate.faults import make_fault
+from whywait.simulate.sim import Simulation
+
 from tests.simulate.conftest import run_sim
 from tests.simulate.support import START, by_rank, mean, net_field, of_kind, steps
 
@@ -153,8 +154,8 @@ def test_simulator_core_imports_no_engine_kafka_or_slack():
     import subprocess
     import sys
 
-    code = ("import sys, agents.simulate.sim, agents.simulate.faults, agents.simulate.scenario, "
-            "agents.simulate.cli; "
+    code = ("import sys, simulate.sim, simulate.faults, simulate.scenario, "
+            "whywait.simulate.cli; "
             "print(sorted({'faust', 'aiokafka', 'slack_sdk', 'pynvml', 'engine'} & set(sys.modules)))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
@@ -162,8 +163,7 @@ def test_simulator_core_imports_no_engine_kafka_or_slack():
 
 def test_two_jobs_on_one_gpu_and_faults_after_the_end_are_refused():
     import pytest
-
-    from agents.simulate.errors import SimulationError
+    from whywait.simulate.errors import SimulationError
 
     topo = make_cluster(nodes=2)
     a = make_job(topo, job="a", nodes=["node-01"])

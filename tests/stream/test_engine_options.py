@@ -5,9 +5,8 @@ from __future__ import annotations
 import socket
 
 import pytest
-
-from engine.commands.engine_cmd import instance_id, parse_skew
-from engine.errors import ConfigError
+from whywait.engine.commands.engine_cmd import instance_id, parse_skew
+from whywait.engine.errors import ConfigError
 
 
 def test_clock_skew_option() -> None:

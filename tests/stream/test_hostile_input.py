@@ -15,8 +15,7 @@ from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from agents.events import (
+from whywait.agents.events import (
     _RECORDS,
     GENERIC_BOUND,
     LIST_MAX,
@@ -31,11 +30,12 @@ from agents.events import (
     topic_for_kind,
     validate,
 )
-from agents.simulate.cluster import make_cluster
-from engine.evaluate.evaluator import Evaluator
-from engine.evaluate.store import MetricStore
-from engine.rules.loader import load_rules
-from engine.stream.processor import DLQ_ORIGINAL_MAX, Processor, Record
+from whywait.engine.evaluate.evaluator import Evaluator
+from whywait.engine.evaluate.store import MetricStore
+from whywait.engine.rules.loader import load_rules
+from whywait.engine.stream.processor import DLQ_ORIGINAL_MAX, Processor, Record
+from whywait.simulate.cluster import make_cluster
+
 from tests.support.hostile import bad_messages, families
 
 RULES = Path(__file__).resolve().parents[2] / "rules"

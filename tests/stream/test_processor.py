@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from agents.events import TOPIC_HOST, TOPIC_PLACEMENT, encode, envelope
-from agents.simulate.cluster import make_cluster
-from engine.evaluate.evaluator import Evaluator
-from engine.rules.loader import load_rules
-from engine.stream.processor import Processor, Record
+from whywait.agents.events import TOPIC_HOST, TOPIC_PLACEMENT, encode, envelope
+from whywait.engine.evaluate.evaluator import Evaluator
+from whywait.engine.rules.loader import load_rules
+from whywait.engine.stream.processor import Processor, Record
+from whywait.simulate.cluster import make_cluster
 
 RULES = Path(__file__).resolve().parents[2] / "rules"
 

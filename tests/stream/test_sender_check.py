@@ -7,11 +7,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agents.events import TOPIC_HOST, TOPIC_PLACEMENT, TOPIC_STEPS, encode, envelope
-from agents.simulate.cluster import make_cluster
-from engine.evaluate.evaluator import Evaluator
-from engine.rules.loader import load_rules
-from engine.stream.processor import Processor, Record, _unix_user
+from whywait.agents.events import TOPIC_HOST, TOPIC_PLACEMENT, TOPIC_STEPS, encode, envelope
+from whywait.engine.evaluate.evaluator import Evaluator
+from whywait.engine.rules.loader import load_rules
+from whywait.engine.stream.processor import Processor, Record, _unix_user
+from whywait.simulate.cluster import make_cluster
 
 RULES = Path(__file__).resolve().parents[2] / "rules"
 T = 1_700_000_000.0

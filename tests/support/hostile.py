@@ -14,7 +14,7 @@ import json
 import random
 from typing import Any, Callable
 
-from agents.events import TOPIC_GPU, TOPIC_HOST, TOPIC_NET, TOPIC_PLACEMENT, TOPIC_STEPS, TOPIC_STORAGE
+from whywait.agents.events import TOPIC_GPU, TOPIC_HOST, TOPIC_NET, TOPIC_PLACEMENT, TOPIC_STEPS, TOPIC_STORAGE
 
 HOSTILE = ["<!here>", "<!channel> *bold* `code`", "\u202eevil\u202c", "\x00\x01\x1b[31m", "${jndi:ldap://x}",
            "'; DROP TABLE jobs; --", "{{ 7*7 }}", "\ud7ff\ue000" * 3, "../../etc/passwd", "<script>x</script>"]

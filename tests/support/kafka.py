@@ -49,8 +49,7 @@ async def create_topic(
 async def publish_messages(bootstrap: str, msgs: list[tuple[str, dict]]) -> None:
     """Publish contract messages ``(topic, message)`` with their contract keys, in order, and wait."""
     from aiokafka import AIOKafkaProducer
-
-    from agents.events import encode, message_key
+    from whywait.agents.events import encode, message_key
 
     p = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=20)
     await p.start()

@@ -5,9 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from topology import Topology, TopologyError
-from topology.loaders import (
+from whywait.topology import Topology, TopologyError
+from whywait.topology.loaders import (
     LoadReport,
     add_nccl_node,
     expand_hostlist,

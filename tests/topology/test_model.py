@@ -6,9 +6,8 @@ import subprocess
 import sys
 
 import pytest
-
-from agents.simulate.cluster import make_cluster
-from topology import Topology, UnknownEntityError
+from whywait.simulate.cluster import make_cluster
+from whywait.topology import Topology, UnknownEntityError
 
 
 @pytest.fixture
@@ -94,7 +93,7 @@ def test_unknown_entities_are_named(topo):
 
 def test_topology_imports_no_kafka_slack_or_nvml():
     code = ("import sys, topology, topology.model, topology.schema, topology.loaders, topology.sources, "
-            "topology.reconcile; "
+            "whywait.topology.reconcile; "
             "bad = {'faust', 'aiokafka', 'slack_sdk', 'pynvml', 'kafka', 'engine'} & set(sys.modules); "
             "print(sorted(bad))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

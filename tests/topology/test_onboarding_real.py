@@ -15,16 +15,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from whywait.agents.collectors.network import NetworkCollector
+from whywait.agents.events import envelope, validate
+from whywait.engine.cli import main
+from whywait.engine.evaluate.evaluator import Evaluator
+from whywait.engine.rules.loader import load_rules
+from whywait.topology.model import Topology
+from whywait.topology.reconcile import findings, load_node_types, merge, startup_warnings
+from whywait.topology.sources import read_agent, read_ibnetdiscover
 
-from agents.collectors.network import NetworkCollector
-from agents.events import envelope, validate
-from engine.cli import main
-from engine.evaluate.evaluator import Evaluator
-from engine.rules.loader import load_rules
 from tests.support.real_h100 import DUMP_HOST, h100_root
-from topology.model import Topology
-from topology.reconcile import findings, load_node_types, merge, startup_warnings
-from topology.sources import read_agent, read_ibnetdiscover
 
 REPO = Path(__file__).resolve().parents[2]
 FIX = REPO / "tests" / "fixtures" / "topology"

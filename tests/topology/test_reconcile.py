@@ -5,12 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from engine.cli import main
-from topology.errors import TopologyError
-from topology.model import Topology
-from topology.reconcile import diff, findings, load_node_types, merge
-from topology.sources import HostFacts, NicFacts, SourceFacts, SwitchFacts, read_slurm_conf
+from whywait.engine.cli import main
+from whywait.topology.errors import TopologyError
+from whywait.topology.model import Topology
+from whywait.topology.reconcile import diff, findings, load_node_types, merge
+from whywait.topology.sources import HostFacts, NicFacts, SourceFacts, SwitchFacts, read_slurm_conf
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "topology"
 

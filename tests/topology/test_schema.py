@@ -5,9 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from agents.simulate.cluster import make_cluster
-from topology import Topology, TopologyError
+from whywait.simulate.cluster import make_cluster
+from whywait.topology import Topology, TopologyError
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "topology"
 

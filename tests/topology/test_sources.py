@@ -6,9 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-
-from topology.errors import TopologyError
-from topology.sources import (
+from whywait.topology.errors import TopologyError
+from whywait.topology.sources import (
     FORMATS,
     read_agent,
     read_ibnetdiscover,
@@ -145,7 +144,7 @@ def test_ibnetdiscover_unknown_line_is_reported_and_skipped(tmp_path: Path) -> N
 
 
 def test_nccl_xml_is_one_hosts_locality() -> None:
-    from topology.sources import read_nccl
+    from whywait.topology.sources import read_nccl
 
     xml = FIX / "topology" / "ndv5-topo.xml"
     h = read_nccl(f"nd-1={xml}").hosts["nd-1"]

@@ -9,13 +9,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from agents.events import encode
-from agents.simulate.cluster import make_cluster, make_job
-from agents.simulate.faults import make_fault
-from agents.simulate.sim import Simulation
-from engine.commands.export_cmd import rule_files
-from engine.importers.bundle import BundleWriter
-from engine.replay import EventTimeMerge, Window
+from whywait.agents.events import encode
+from whywait.engine.commands.export_cmd import rule_files
+from whywait.engine.importers.bundle import BundleWriter
+from whywait.engine.replay import EventTimeMerge, Window
+from whywait.simulate.cluster import make_cluster, make_job
+from whywait.simulate.faults import make_fault
+from whywait.simulate.sim import Simulation
 
 START = 1_764_442_800.0
 

@@ -9,8 +9,8 @@ import sys
 import time
 from pathlib import Path
 
-from agents.events import decode
-from engine.importers.bundle import Bundle
+from whywait.agents.events import decode
+from whywait.engine.importers.bundle import Bundle
 
 
 def main(path: Path) -> int:

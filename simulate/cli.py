@@ -1,8 +1,8 @@
 """``whywait simulate``: run the cluster simulator and publish its telemetry to Kafka (or print it).
 
 ``register(parser)`` adds the flags, ``run(args)`` does the work and returns the
-exit status; ``engine.cli`` calls them.  The generator is pure
-(:class:`~agents.simulate.sim.Simulation`); this module only paces it, writes the
+exit status; ``whywait.engine.cli`` calls them.  The generator is pure
+(:class:`~whywait.simulate.sim.Simulation`); this module only paces it, writes the
 topology and ground-truth files, and publishes.  Kafka (aiokafka) and the broker
 lookup are imported only when publishing, so ``--dry-run`` needs neither.
 """
@@ -18,8 +18,8 @@ import sys
 import time
 from typing import Any, Iterable, Iterator, TextIO
 
-from agents.events import encode, message_key
-from agents.simulate.errors import SimulationError
+from whywait.agents.events import encode, message_key
+from whywait.simulate.errors import SimulationError
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -49,10 +49,10 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 def build_simulation(args: argparse.Namespace) -> Any:
     """Build the :class:`Simulation` the flags (and scenario file) describe; pure, used by ``run`` and tests."""
-    from agents.simulate.cluster import make_cluster, make_job
-    from agents.simulate.faults import parse_fault_spec
-    from agents.simulate.scenario import load_scenario
-    from agents.simulate.sim import Simulation
+    from whywait.simulate.cluster import make_cluster, make_job
+    from whywait.simulate.faults import parse_fault_spec
+    from whywait.simulate.scenario import load_scenario
+    from whywait.simulate.sim import Simulation
 
     start = args.start_time if args.start_time is not None else time.time()
     if args.scenario:
@@ -78,10 +78,10 @@ def build_simulation(args: argparse.Namespace) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``whywait simulate``; returns the exit status.  Raises WhywaitError subclasses for one-line errors."""
-    from engine.errors import ConfigError
+    from whywait.engine.errors import ConfigError
 
     if args.list_faults:
-        from agents.simulate.faults import FAULTS
+        from whywait.simulate.faults import FAULTS
         for name, cls in FAULTS.items():
             params = ", ".join(f"{k}={v:g}" for k, v in cls.PARAMS.items()) or "-"
             print(f"{name:24} target={cls.target_kind:18} culprit={cls.culprit_kind:7} cause={cls.cause}  "
@@ -103,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
                     sys.stdout)
         truth = [g.to_dict() for g in sim.ground_truth()]
     else:
-        from engine.localkafka.broker import resolve_bootstrap  # lazy: the broker helper is engine-side
+        from whywait.engine.localkafka.broker import resolve_bootstrap  # lazy: the broker helper is engine-side
 
         bootstrap = args.bootstrap or resolve_bootstrap()
         source = _GeneratorProcess(sim) if _can_fork() else _InlineSource(sim)
@@ -365,8 +365,7 @@ async def _publish(source: Any, bootstrap: str, sim: Any, speed: float = 0.0) ->
     """
     from aiokafka import AIOKafkaProducer
     from aiokafka.errors import KafkaConnectionError, KafkaError
-
-    from engine.errors import BrokerUnavailable
+    from whywait.engine.errors import BrokerUnavailable
 
     _fast_gzip()
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True,

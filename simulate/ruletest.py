@@ -9,7 +9,7 @@ the diagnoses expected::
     rule: network.straggler-retransmits     # optional: the rule under test (for the coverage check)
     cases:
       - name: packet loss on one node
-        scenario:                           # agents.simulate.scenario format
+        scenario:                           # simulate.scenario format
           cluster: {nodes: 8}
           duration_s: 240
           faults:
@@ -40,12 +40,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from agents.events import ContractError, envelope, validate
-from engine.diagnosis import Diagnosis
-from engine.errors import RuleError
-from engine.evaluate.evaluator import Evaluator
-from engine.rules.loader import RuleSet
-from engine.rules.yamlsrc import YamlSyntaxError, load_with_lines
+from whywait.agents.events import ContractError, envelope, validate
+from whywait.engine.diagnosis import Diagnosis
+from whywait.engine.errors import RuleError
+from whywait.engine.evaluate.evaluator import Evaluator
+from whywait.engine.rules.loader import RuleSet
+from whywait.engine.rules.yamlsrc import YamlSyntaxError, load_with_lines
 
 START = 1_764_442_800.0
 _DUR = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m)?\s*$")
@@ -105,8 +105,8 @@ def load_cases(path: Path) -> tuple[str | None, list[dict[str, Any]]]:
 
 def _messages(case: dict[str, Any], start: float) -> tuple[Any, Iterable[tuple[str | None, dict[str, Any]]]]:
     """Build (engine topology, messages) for a case."""
-    from agents.simulate.scenario import parse_scenario
-    from agents.simulate.sim import Simulation
+    from whywait.simulate.scenario import parse_scenario
+    from whywait.simulate.sim import Simulation
 
     if "scenario" in case:
         sc = parse_scenario(copy.deepcopy(case["scenario"]), source=case["_where"])

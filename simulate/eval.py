@@ -1,10 +1,10 @@
 """Measured accuracy: run a labelled suite of simulated scenarios through the evaluator and score it.
 
-Called by ``whywait eval`` (``engine.commands.eval_cmd``).  Pure: no Kafka, no
+Called by ``whywait eval`` (``whywait.engine.commands.eval_cmd``).  Pure: no Kafka, no
 Slack.  Each :class:`EvalScenario` is a simulator scenario (the
-``agents.simulate.scenario`` format) whose faults carry ground truth
-(:class:`agents.simulate.faults.GroundTruth`); :func:`run_scenario` feeds its
-messages to a fresh :class:`~engine.evaluate.evaluator.Evaluator`, exactly as
+``whywait.simulate.scenario`` format) whose faults carry ground truth
+(:class:`whywait.simulate.faults.GroundTruth`); :func:`run_scenario` feeds its
+messages to a fresh :class:`~whywait.engine.evaluate.evaluator.Evaluator`, exactly as
 the live engine would, and :func:`score` matches the diagnoses to the truth.
 
 Matching.  A rule says which fault cause it explains with its ``labels.cause``
@@ -61,7 +61,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-from engine.diagnosis import Diagnosis
+from whywait.engine.diagnosis import Diagnosis
 
 GRACE_S = 30.0  # a diagnosis this long after a fault's end still belongs to it (keep_firing_for, lag)
 WARMUP_S = 0.0  # the evaluator needs no warm-up to be judged: a diagnosis at any time counts
@@ -72,7 +72,7 @@ START = 1_764_442_800.0
 # signature, only the step split and which ranks, stages or times are slow.
 STRAGGLER_CLASSES = ("straggler-compute", "straggler-input", "multi-straggler", "transient-straggler",
                      "stage-imbalance", "rotating-straggler", "periodic-slowdown")
-# The fail-slow hardware classes (issue 14, agents/simulate/hardware.py): a node or one GPU slowed without
+# The fail-slow hardware classes (issue 14, simulate/hardware.py): a node or one GPU slowed without
 # stopping, which only its ``hw`` report (PCIe links, ports, BMC sensors, kernel log, NVML health) explains.
 HW_CLASSES = ("pcie-downgrade", "nic-speed-low", "cooling-degraded", "psu-failed", "kernel-mce", "gpu-nvml-hang",
               "rdma-gid-missing")
@@ -447,9 +447,9 @@ def run_scenario(rules: Any, sc: EvalScenario) -> ScenarioRun:
     """Simulate ``sc`` and feed every message to a fresh evaluator; return the truths and diagnoses."""
     import time
 
-    from agents.simulate.scenario import parse_scenario
-    from agents.simulate.sim import Simulation
-    from engine.evaluate.evaluator import Evaluator
+    from whywait.engine.evaluate.evaluator import Evaluator
+    from whywait.simulate.scenario import parse_scenario
+    from whywait.simulate.sim import Simulation
 
     t0 = time.perf_counter()
     parsed = parse_scenario(copy.deepcopy(sc.spec), source=sc.name)
@@ -484,7 +484,7 @@ def run_scenario(rules: Any, sc: EvalScenario) -> ScenarioRun:
 
 def _classes_of_cause() -> dict[str, tuple[str, ...]]:
     """Each cause a rule may name -> the fault classes whose truth carries it (several may share one)."""
-    from agents.simulate.faults import FAULTS
+    from whywait.simulate.faults import FAULTS
 
     out: dict[str, list[str]] = {}
     for name, cls in FAULTS.items():
@@ -923,7 +923,7 @@ _RULES: dict[tuple[str, ...], Any] = {}
 
 
 def _run_in_worker(rule_paths: tuple[str, ...], sc: EvalScenario) -> ScenarioRun:
-    from engine.rules.loader import load_rules
+    from whywait.engine.rules.loader import load_rules
 
     rules = _RULES.get(rule_paths)
     if rules is None:

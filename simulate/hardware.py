@@ -2,14 +2,14 @@
 
 :class:`HwReporter` builds, per node, what the agent's ``hw`` collector sends: NVML health and the
 kernel log every interval, PCIe links and ports every 10 s, BMC sensors every 30 s, all healthy.  The
-:class:`~agents.simulate.sim.Simulation` emits one such ``hw`` message per node per interval, after the
+:class:`~whywait.simulate.sim.Simulation` emits one such ``hw`` message per node per interval, after the
 node's ``host`` report, and lets every active fault change it through its ``on_hw`` hook.
 
-The faults of :data:`HW_FAULTS` are ordinary :class:`~agents.simulate.faults.Fault` subclasses: the
+The faults of :data:`HW_FAULTS` are ordinary :class:`~whywait.simulate.faults.Fault` subclasses: the
 Simulation calls their ``on_step``/``on_gpu`` hooks as for any fault (the rank they slow) and their
-``on_hw`` hook on the node's report.  This module imports :mod:`agents.simulate.faults`, so they join
-its registry :data:`~agents.simulate.faults.FAULTS` from here (:func:`~agents.simulate.faults.register`,
-at import; ``agents.simulate`` imports this module, so scenario files, ``--fault`` and ``whywait eval``
+``on_hw`` hook on the node's report.  This module imports :mod:`whywait.simulate.faults`, so they join
+its registry :data:`~whywait.simulate.faults.FAULTS` from here (:func:`~whywait.simulate.faults.register`,
+at import; ``simulate`` imports this module, so scenario files, ``--fault`` and ``whywait eval``
 see them whatever is imported first).
 """
 
@@ -17,11 +17,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from agents.collectors.bmc import ON_DEMAND_GAP_S, SlowdownWatch
-from agents.simulate.faults import Fault, _GpuFault, register
+from whywait.agents.collectors.bmc import ON_DEMAND_GAP_S, SlowdownWatch
+from whywait.simulate.faults import Fault, _GpuFault, register
 
 if TYPE_CHECKING:
-    from agents.simulate.sim import JobState, Simulation, StepEffects
+    from whywait.simulate.sim import JobState, Simulation, StepEffects
 
 _NIC_MODEL = "15b3:1021"  # ConnectX-7
 
@@ -187,7 +187,7 @@ register(*HW_FAULTS.values())
 class HwReporter:
     """Builds each node's healthy ``hw`` body the way the agent's ``hw`` collector sends it.
 
-    One per :class:`~agents.simulate.sim.Simulation`; the cadences are in seconds of event time and
+    One per :class:`~whywait.simulate.sim.Simulation`; the cadences are in seconds of event time and
     round to whole intervals (at least one).
     """
 
@@ -206,7 +206,7 @@ class HwReporter:
     def observe(self, node: str, t: float, gpus: list[dict[str, Any]] | None = None, job: str = "",
                 steps: list[dict[str, Any]] | None = None) -> None:
         """What the node's agent saw this interval (its GPU records, a job's new steps): ask for a BMC
-        read now when it shows the node slowing down (:class:`~agents.collectors.bmc.SlowdownWatch`)."""
+        read now when it shows the node slowing down (:class:`~whywait.agents.collectors.bmc.SlowdownWatch`)."""
         w = self._watch.setdefault(node, SlowdownWatch())
         why = w.gpus(gpus) if gpus else None
         if steps:

@@ -4,7 +4,7 @@
 emits, per node, one ``gpu``, ``net``, ``storage``, ``host`` and ``hw`` report (the ``hw`` one
 carries what the agent's hardware collector sends that interval: NVML health and the kernel log
 always, PCIe links and ports every 10 s, BMC sensors every 30 s; see
-:class:`~agents.simulate.hardware.HwReporter`), and per job
+:class:`~whywait.simulate.hardware.HwReporter`), and per job
 one ``steps`` batch per node holding the steps its ranks completed during the
 interval; ``checkpoint`` events are emitted at their own times.  One ``placement``
 message per job comes first.  Messages come out in event-time order.
@@ -31,9 +31,9 @@ slower from the start).  Each step draws its noise once and is laid out with
 the active faults and, for the ground truth's cost, without each of them: the
 difference is the time that fault cost (``GroundTruth.gpu_hours_lost``).
 
-Faults (:mod:`agents.simulate.faults`) perturb the step model through
+Faults (:mod:`whywait.simulate.faults`) perturb the step model through
 :class:`StepEffects` and the reports through hooks; each records its
-:class:`~agents.simulate.faults.GroundTruth`.
+:class:`~whywait.simulate.faults.GroundTruth`.
 
 Everything is deterministic for a given seed: each node, job and fault draws
 from its own random stream, so adding a fault leaves the other streams' noise
@@ -47,7 +47,7 @@ import random
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
-from agents.events import (
+from whywait.agents.events import (
     TOPIC_CHECKPOINTS,
     TOPIC_GPU,
     TOPIC_HOST,
@@ -58,13 +58,13 @@ from agents.events import (
     TOPIC_STORAGE,
     envelope,
 )
-from agents.simulate.cluster import JobSpec
-from agents.simulate.errors import SimulationError
-from agents.simulate.hardware import HwReporter
-from topology import Topology, TopologyError
+from whywait.simulate.cluster import JobSpec
+from whywait.simulate.errors import SimulationError
+from whywait.simulate.hardware import HwReporter
+from whywait.topology import Topology, TopologyError
 
 if TYPE_CHECKING:
-    from agents.simulate.faults import Fault, GroundTruth
+    from whywait.simulate.faults import Fault, GroundTruth
 
 DEFAULT_START_TIME = 1_764_442_800.0  # 2025-11-29T19:00:00Z: a fixed origin keeps default runs reproducible
 PRODUCER = "simulator"  # the envelope ``node`` of placement messages (the scheduler hook's role)

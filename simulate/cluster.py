@@ -12,8 +12,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from agents.simulate.errors import SimulationError
-from topology import Nic, Topology
+from whywait.simulate.errors import SimulationError
+from whywait.topology import Nic, Topology
 
 
 def _name(prefix: str, i: int, width: int) -> str:
@@ -211,7 +211,7 @@ def make_job(topology: Topology, job: str = "train-llm", project: str = "llm", t
 
     ``gpus_per_node`` limits the GPUs used per node (the first ones); keyword
     ``behaviour`` overrides :class:`JobSpec` fields (``compute_s=0.9``...).  The
-    job is not placed yet: :class:`~agents.simulate.sim.Simulation` places it.
+    job is not placed yet: :class:`~whywait.simulate.sim.Simulation` places it.
     """
     chosen = list(nodes) if nodes is not None else list(topology.nodes())
     ranks: dict[int, tuple[str, int]] = {}

@@ -6,7 +6,7 @@
                                    (the message names the file or flag, the key path, expected vs got)
 
 ``agents`` must not import ``engine``; ``whywait simulate`` turns this into
-``engine.errors.ConfigError`` so it prints as one line.
+``whywait.engine.errors.ConfigError`` so it prints as one line.
 """
 
 from __future__ import annotations

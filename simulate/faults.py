@@ -11,13 +11,13 @@ or a job, depending on the fault (``target_kind``).  The straggler classes
 patterns (``stage-imbalance``, ``rotating-straggler``, ``periodic-slowdown``)
 leave no hardware signature: only the step split shows them.
 
-Each fault perturbs the generator through hooks the :class:`~agents.simulate.sim.Simulation`
+Each fault perturbs the generator through hooks the :class:`~whywait.simulate.sim.Simulation`
 calls while the fault is active: ``on_step`` (the step model, through
-:class:`~agents.simulate.sim.StepEffects`), ``on_checkpoint``, and
+:class:`~whywait.simulate.sim.StepEffects`), ``on_checkpoint``, and
 ``on_gpu``/``on_net``/``on_storage``/``on_host`` (one node's reports for one
 interval; ``frac`` is the share of the interval the fault covered, since the
 reports carry per-interval rates), and for the fail-slow hardware faults of
-:mod:`agents.simulate.hardware` (registered here by :func:`register`) ``on_hw``
+:mod:`whywait.simulate.hardware` (registered here by :func:`register`) ``on_hw``
 (the node's ``hw`` report).  :meth:`Fault.truth` says what was injected,
 which job it hurt, and where the culprit is: the answer the engine should give.
 """
@@ -30,10 +30,10 @@ import statistics
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any, ClassVar, Mapping
 
-from agents.simulate.errors import SimulationError
+from whywait.simulate.errors import SimulationError
 
 if TYPE_CHECKING:
-    from agents.simulate.sim import CheckpointPlan, JobState, Simulation, StepEffects
+    from whywait.simulate.sim import CheckpointPlan, JobState, Simulation, StepEffects
 
 
 @dataclass(frozen=True)
@@ -1240,7 +1240,7 @@ class PeriodicSlowdown(_PatternFault):
 
 
 # name -> class.  The explicit registry: scenario files and --fault name these keys.  The fail-slow
-# hardware faults (agents/simulate/hardware.py) join it through register() below.
+# hardware faults (simulate/hardware.py) join it through register() below.
 FAULTS: dict[str, type[Fault]] = {
     NicPacketLoss.name: NicPacketLoss,
     NicLinkFlap.name: NicLinkFlap,
@@ -1270,8 +1270,8 @@ FAULTS: dict[str, type[Fault]] = {
 
 def register(*classes: type[Fault]) -> None:
     """Add fault classes defined outside this module (the fail-slow hardware faults of
-    :mod:`agents.simulate.hardware`, which import this module and so cannot be listed above) to
-    :data:`FAULTS`.  Called once, when that module is imported (``agents.simulate`` imports it, so
+    :mod:`whywait.simulate.hardware`, which import this module and so cannot be listed above) to
+    :data:`FAULTS`.  Called once, when that module is imported (``simulate`` imports it, so
     the registry is complete whatever a caller imports first).  A name already taken by another
     class is a :class:`SimulationError`: two faults must never answer to one scenario name.
     """

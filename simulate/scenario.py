@@ -42,11 +42,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-
-from agents.simulate.cluster import JobSpec, make_cluster, make_job
-from agents.simulate.errors import SimulationError
-from agents.simulate.faults import Fault, make_fault
-from topology import Topology, TopologyError
+from whywait.simulate.cluster import JobSpec, make_cluster, make_job
+from whywait.simulate.errors import SimulationError
+from whywait.simulate.faults import Fault, make_fault
+from whywait.topology import Topology, TopologyError
 
 _TOP = {"seed", "duration_s", "interval_s", "cluster", "topology", "jobs", "faults"}
 _CLUSTER = {"nodes", "gpus_per_node", "nodes_per_leaf", "spines", "nics_per_node", "nodes_per_rack", "pools",
