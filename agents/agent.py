@@ -42,6 +42,7 @@ import time
 from typing import Any, Callable, Iterable
 
 from whywait.agents.collectors.base import AgentConfigError, Collector
+from whywait.agents.collectors.bmc import SlowdownWatch
 from whywait.agents.collectors.host import HostCollector
 from whywait.agents.events import TOPIC_AGENT_HEALTH, TOPIC_CHECKPOINTS, TOPIC_STEPS, envelope, topic_for_kind
 from whywait.agents.publisher import Publisher
@@ -295,6 +296,10 @@ class Agent:
         self.rounds = 0
         self._sock: socket.socket | None = None
         self._ckpt_wake = asyncio.Event()
+        # The BMC source, if the hw collector runs one: read at once when the node slows down (issue 14).
+        self._bmc = next((s for c in self.collectors for s in getattr(c, "sources", ())
+                          if callable(getattr(s, "request", None))), None)
+        self._watch = SlowdownWatch()
 
     # --- one round ---------------------------------------------------------
     def prime(self) -> None:
@@ -330,6 +335,25 @@ class Agent:
         )
         return msg
 
+    def watch_bmc(self, msgs: list[tuple[str, dict[str, Any]]], steps: list[dict[str, Any]]) -> str | None:
+        """Ask the BMC source for a read now when this round shows the node slowing down.
+
+        Called once per round with the round's messages and ``steps`` messages; returns the reason
+        when a read was asked for.  The engine would otherwise see the node's ranks straggle up to a
+        poll interval (30 s) before the BMC's failed fan or power supply that explains them.
+        """
+        if self._bmc is None:
+            return None
+        why = None
+        for _, msg in msgs:
+            if msg.get("kind") == "gpu":
+                why = why or self._watch.gpus(msg.get("gpus") or ())
+        for msg in steps:
+            why = self._watch.steps(str(msg.get("job")), msg.get("steps") or ()) or why
+        if why and self._bmc.request(time.monotonic(), why):
+            return why
+        return None
+
     def _sync_pids(self) -> None:
         if self.inbox.pids:
             for c in self.collectors:
@@ -347,9 +371,11 @@ class Agent:
         self._sync_pids()
         msgs = await asyncio.to_thread(self.collect)
         now = self.clock()
+        steps = self.inbox.take_steps(now)
+        self.watch_bmc(msgs, steps)
         for topic, msg in msgs:
             await self.publish(topic, msg)
-        for msg in self.inbox.take_steps(now):
+        for msg in steps:
             await self.publish(TOPIC_STEPS, msg)
         await self._publish_checkpoints()
         await self.publish(TOPIC_AGENT_HEALTH, self.health(now))

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from whywait.agents.collectors.bmc import ON_DEMAND_GAP_S, SlowdownWatch
 from whywait.simulate.faults import Fault, _GpuFault, register
 
 if TYPE_CHECKING:
@@ -190,10 +191,29 @@ class HwReporter:
     round to whole intervals (at least one).
     """
 
-    def __init__(self, sim: Simulation, pcie_every_s: float = 10.0, bmc_every_s: float = 30.0) -> None:
+    def __init__(self, sim: Simulation, pcie_every_s: float = 10.0, bmc_every_s: float = 30.0,
+                 on_demand_gap_s: float = ON_DEMAND_GAP_S) -> None:
         self.sim = sim
         self.pcie_every_s = pcie_every_s
         self.bmc_every_s = bmc_every_s
+        # Like the agent (agents.agent.Agent.watch_bmc): a node that slows down reads its BMC at once, at
+        # most once per gap; the read lands in the node's next hw report (a BMC answers in about a second).
+        self.on_demand_gap_s = on_demand_gap_s
+        self._watch: dict[str, SlowdownWatch] = {}
+        self._asked: dict[str, float] = {}  # node -> when its last on-demand read was asked for
+        self._due: set[str] = set()  # nodes whose on-demand read goes in their next report
+
+    def observe(self, node: str, t: float, gpus: list[dict[str, Any]] | None = None, job: str = "",
+                steps: list[dict[str, Any]] | None = None) -> None:
+        """What the node's agent saw this interval (its GPU records, a job's new steps): ask for a BMC
+        read now when it shows the node slowing down (:class:`~whywait.agents.collectors.bmc.SlowdownWatch`)."""
+        w = self._watch.setdefault(node, SlowdownWatch())
+        why = w.gpus(gpus) if gpus else None
+        if steps:
+            why = w.steps(job, steps) or why
+        if why and t - self._asked.get(node, float("-inf")) >= self.on_demand_gap_s:
+            self._asked[node] = t
+            self._due.add(node)
 
     def body(self, node: str, t: float) -> dict[str, Any]:
         """The hw body of ``node`` for the interval ending at offset ``t`` (seconds from the start)."""
@@ -209,7 +229,9 @@ class HwReporter:
             body["ports"] = [{"nic": n.name, "speed_mbps": 400_000.0, "link_layer": "InfiniBand",
                               "model": _NIC_MODEL, "rdma": True, "link_up": True, "gids": 2}
                              for n in topo.nics_of(node)]
-        if (k - 1) % max(1, round(self.bmc_every_s / self.sim.interval_s)) == 0:
+        demanded = node in self._due
+        self._due.discard(node)
+        if demanded or (k - 1) % max(1, round(self.bmc_every_s / self.sim.interval_s)) == 0:
             body["bmc"] = [
                 {"name": "Fan 1", "type": "fan", "health": "ok", "reading": 9000.0, "unit": "RPM"},
                 {"name": "Fan 2", "type": "fan", "health": "ok", "reading": 9100.0, "unit": "RPM"},

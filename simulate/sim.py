@@ -307,6 +307,7 @@ class Simulation:
                 f.on_storage(t1, frac, node, storage)
                 f.on_host(t1, frac, node, host)
                 f.on_hw(t1, node, hw)
+            self._hw.observe(node, t1, gpus=gpus)
             yield TOPIC_GPU, envelope("gpu", node, ts, gpus=gpus)
             yield TOPIC_NET, envelope("net", node, ts, **net)
             yield TOPIC_STORAGE, envelope("storage", node, ts, **storage)
@@ -326,6 +327,7 @@ class Simulation:
                     if not rec.pop("_silent", False):
                         steps.append(rec)
                 if steps:
+                    self._hw.observe(node, t1, job=js.spec.job, steps=steps)
                     yield TOPIC_STEPS, envelope("steps", node, ts, job=js.spec.job, steps=steps)
 
     # ------------------------------------------------------------------ the step model

@@ -16,7 +16,15 @@ Two ways in, chosen by the environment:
 
 A BMC answers in seconds, not milliseconds, so polling runs in a background
 thread every 30 s (``WHYWAIT_BMC_POLL_S``; BMCs are small computers, be kind), each request with a timeout;
-the agent's round only picks up the last finished poll.  Only the standard
+the agent's round only picks up the last finished poll.
+
+Thirty seconds is too late for the moment that matters: a fan fails, the node's GPUs clock down, its
+ranks straggle, and the engine would name an unknown-cause straggler before the BMC says why.  So the
+agent also asks for a read *at once* (:meth:`BmcSource.request`) when :class:`SlowdownWatch` sees its
+own node slow down: a GPU's SM clock below 95% of its maximum or a clock-event reason such as a thermal
+or power-brake slowdown, or its local ranks' own work per step 5% above their recent past (the median over the ranks).
+Those reads are rate-limited (one a minute by default, ``WHYWAIT_BMC_ON_DEMAND_GAP_S``), so a node that
+stays slow does not hammer its BMC.  Only the standard
 library is used (the agent stays small): ``urllib`` speaks Redfish's JSON.
 """
 
@@ -29,12 +37,13 @@ import os
 import re
 import shutil
 import ssl
+import statistics
 import subprocess
 import threading
 import time
 import urllib.error
 import urllib.request
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from whywait.agents.errors import AgentError
 
@@ -46,6 +55,8 @@ PASSWORD_FILE_ENV = "WHYWAIT_BMC_PASSWORD_FILE"
 CA_ENV = "WHYWAIT_BMC_CA_FILE"
 INSECURE_ENV = "WHYWAIT_BMC_INSECURE"
 POLL_ENV = "WHYWAIT_BMC_POLL_S"
+GAP_ENV = "WHYWAIT_BMC_ON_DEMAND_GAP_S"
+ON_DEMAND_GAP_S = 60.0
 TIMEOUT_S = 10.0
 MAX_CHASSIS = 16
 
@@ -325,12 +336,23 @@ class BmcSource:
                     raise ValueError
             except ValueError:
                 self._bad_poll = f"{POLL_ENV} must be seconds between 1 and 3600 (got {self.env[POLL_ENV]!r})"
+        self.gap_s = ON_DEMAND_GAP_S
+        if self.env.get(GAP_ENV) and not self._bad_poll:
+            try:
+                self.gap_s = float(self.env[GAP_ENV])
+                if not 1.0 <= self.gap_s <= 3600.0:
+                    raise ValueError
+            except ValueError:
+                self._bad_poll = f"{GAP_ENV} must be seconds between 1 and 3600 (got {self.env[GAP_ENV]!r})"
         self.errors = 0
+        self.on_demand = 0  # reads asked for by request(), for the tests and the agent's log
         self.last_error: str | None = None
         self.via = ""
         self._result: list[dict[str, Any]] | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._wake = threading.Event()  # set by request() or close(): the thread polls (or ends) at once
+        self._last_demand = float("-inf")
         self._thread: threading.Thread | None = None
 
     def available(self) -> str | None:
@@ -387,11 +409,27 @@ class BmcSource:
         with self._lock:
             self._result = sensors
 
+    def request(self, mono: float, why: str = "") -> bool:
+        """Ask the polling thread to read the BMC now, not at its next turn.
+
+        Called by the agent's round when :class:`SlowdownWatch` sees the node slow down.  Returns
+        whether a read was asked for: False while the source is off or within ``gap_s`` of the last
+        asked-for read (the regular polls go on regardless).
+        """
+        if self._thread is None or mono - self._last_demand < self.gap_s:
+            return False
+        self._last_demand = mono
+        self.on_demand += 1
+        log.info("bmc: reading now (%s)", why or "asked")
+        self._wake.set()
+        return True
+
     def _loop(self) -> None:
         while not self._stop.is_set():
             started = time.monotonic()
             self.poll()
-            self._stop.wait(max(1.0, self.poll_s - (time.monotonic() - started)))
+            self._wake.wait(max(1.0, self.poll_s - (time.monotonic() - started)))
+            self._wake.clear()
 
     def read(self, mono: float) -> list[dict[str, Any]] | None:
         """The sensors of the last poll that finished since the previous call, or None."""
@@ -401,3 +439,85 @@ class BmcSource:
 
     def close(self) -> None:
         self._stop.set()
+        self._wake.set()
+
+
+# --- when to read the BMC at once ----------------------------------------------------------------------
+
+# Not sw_power_cap: a busy GPU sits at its power limit all day, and that is no news from the BMC.
+_SLOW_REASONS = frozenset({"hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown", "sw_thermal_slowdown"})
+
+
+class SlowdownWatch:
+    """Tells the agent, from what it already has, that its own node just slowed down.
+
+    Two signs, both local and cheap: a GPU record whose SM clock is below ``clock_ratio`` of its
+    maximum or that carries a slowdown clock-event reason; or the node's ranks of a job whose own work
+    per step (compute plus input wait, else the step time) over their last ``recent`` steps has a
+    median ``growth`` times that of their previous ``history`` steps (the median over the ranks).
+    Nothing here compares with other nodes: the engine does that.  A false alarm costs one BMC read,
+    so the bar is low.  Pure and bounded (``max_ranks`` ranks, ``history + recent`` steps each);
+    shared by the agent and the simulator.
+    """
+
+    def __init__(self, clock_ratio: float = 0.95, growth: float = 1.05, recent: int = 3, history: int = 30,
+                 min_history: int = 10, max_ranks: int = 256) -> None:
+        self.clock_ratio = clock_ratio
+        self.growth = growth
+        self.recent = recent
+        self.history = history
+        self.min_history = min_history
+        self.max_ranks = max_ranks
+        self._work: dict[tuple[str, int], list[float]] = {}
+
+    def gpus(self, records: Iterable[Mapping[str, Any]]) -> str | None:
+        """The reason to read the BMC now from one interval's GPU records, or None."""
+        for g in records:
+            reasons = _SLOW_REASONS.intersection(g.get("throttle_reasons") or ())
+            if reasons:
+                return f"GPU {g.get('gpu')}: {', '.join(sorted(reasons))}"
+            clk, top = g.get("sm_clock_mhz"), g.get("sm_clock_max_mhz")
+            busy = "gpu_idle" not in (g.get("throttle_reasons") or ())
+            if busy and isinstance(clk, (int, float)) and isinstance(top, (int, float)) and top > 0 \
+                    and clk < self.clock_ratio * top:
+                return f"GPU {g.get('gpu')}: SM clock {clk:.0f} of {top:.0f} MHz"
+        return None
+
+    def steps(self, job: str, records: Iterable[Mapping[str, Any]]) -> str | None:
+        """Add one job's new step records (``rank``, ``duration_s``, optional split); the reason to read
+        the BMC now, or None.
+
+        The sign is the node's, not one rank's: the median over the job's local ranks of (their last
+        ``recent`` steps' median work against their own earlier steps').  Cooling and power slow every
+        GPU of a node at once; one rank's noise or a one-GPU fault (whose cause the GPU's own report
+        shows) is no reason to bother the BMC.
+        """
+        touched = False
+        for rec in records:
+            rank = rec.get("rank")
+            if not isinstance(rank, int):
+                continue
+            c, d = rec.get("compute_s"), rec.get("duration_s")
+            w = (c + (rec.get("data_wait_s") or 0.0)) if isinstance(c, (int, float)) else d
+            if not isinstance(w, (int, float)) or w <= 0:
+                continue
+            key = (job, rank)
+            buf = self._work.get(key)
+            if buf is None:
+                if len(self._work) >= self.max_ranks:
+                    del self._work[next(iter(self._work))]  # the oldest rank seen: a finished job's
+                buf = self._work[key] = []
+            buf.append(float(w))
+            del buf[:-(self.history + self.recent)]
+            touched = True
+        if not touched:
+            return None
+        growth = []
+        for (j, _), buf in self._work.items():
+            if j == job and len(buf) >= self.min_history + self.recent:
+                past = statistics.median(buf[:-self.recent])
+                if past > 0:
+                    growth.append(statistics.median(buf[-self.recent:]) / past)
+        if growth and statistics.median(growth) > self.growth:
+            return f"{job}: the node's ranks work {statistics.median(growth):.2f}x longer per step than before"
+        return None

@@ -126,6 +126,10 @@ class Evaluator:
     warmup_max_s: float = 900.0
     restored_at: float | None = None
     _restoring: bool = False
+    # Per incident fingerprint, the end of the last step an incident of it counted as lost: a fault
+    # that flaps (resolves, fires again) opens a new incident with the same fingerprint whose cost
+    # walks back over steps the previous one already counted; they are not counted twice.
+    counted_until: dict[str, float] = field(default_factory=dict)
 
     # ---- feeding ---------------------------------------------------------------------------------
 
@@ -511,12 +515,21 @@ class Evaluator:
         """
         losses = facts.get("step_losses")
         if losses is None:
-            return None
+            if inc.cost_until == -math.inf:
+                return None
+            losses = []  # no complete step this tick (a checkpoint, a late rank): the cost so far stands
+        floor = self.counted_until.get(inc.fingerprint, -math.inf)
         for t, _, lost in sorted(losses):
-            # Steps before the rule fired count too: the leaves walk back to where the waiting began.
-            if t > inc.cost_until:
+            # Steps before the rule fired count too: the leaves walk back to where the waiting began,
+            # but not over steps an earlier incident of the same fingerprint counted (a flapping fault).
+            if t > inc.cost_until and t > floor:
                 inc.cost_lost_s += lost
                 inc.cost_until = t
+        if inc.cost_until > floor:
+            self.counted_until[inc.fingerprint] = inc.cost_until
+            if len(self.counted_until) > 4096:  # bounded: forget the oldest fingerprints
+                for fp in sorted(self.counted_until, key=self.counted_until.__getitem__)[:1024]:
+                    del self.counted_until[fp]
         coords = getattr(job, "coords", None) or {}
         gpus = sum(float((coords.get(r) or {}).get("gpu_share", 1.0)) for r in job.ranks)
         out = {"gpus": round(gpus, 3), "gpu_hours_lost": round(inc.cost_lost_s * gpus / 3600.0, 4),
@@ -573,7 +586,8 @@ class Evaluator:
              "pending_since": i.pending_since, "last_true": i.last_true, "firing": i.firing,
              "announced": i.announced, "last": i.last.to_dict() if i.last else None,
              "cost_lost_s": i.cost_lost_s, "cost_until": i.cost_until if math.isfinite(i.cost_until) else None}
-            for i in self.incidents.values()]}
+            for i in self.incidents.values()],
+                "counted_until": self.counted_until}
 
     def restore(self, snap: dict[str, Any]) -> None:
         """Reload :meth:`snapshot` output, so a restarted engine neither re-fires nor forgets to resolve.
@@ -594,6 +608,7 @@ class Evaluator:
             if last is not None:
                 inc.signature = _signature(last)
             self.incidents[inc.fingerprint] = inc
+        self.counted_until.update({str(k): float(v) for k, v in (snap.get("counted_until") or {}).items()})
         self._restoring = bool(self.incidents)
         self.restored_at = None
 

@@ -59,6 +59,13 @@ _MEASURE_DOC = "`work` (compute plus input wait), or one field of the step: `dur
 _WITHIN_DOC = "`stage`: compare with the same pipeline stage on the other replicas; `job`: with every rank"
 # How many steps before the window count as a rank's history (bounded: the table keeps ~600).
 _HISTORY_MAX = 60
+# How far past its own usual wander (robust z against its own history) a rank's step must be to count
+# as grown: 3 spreads, i.e. about 1 step in 700 of a steady rank by chance.
+_OWN_Z = 3.0
+# A straggler of steps longer than its window is judged on this many of the latest steps.
+_LONG_STEPS = 3
+# The fewest slow points (seconds, or steps when steps are longer) a periodic slowdown's burst holds.
+_BURST_POINTS = 3
 
 
 def _coords(ctx: Ctx) -> Any:
@@ -75,6 +82,11 @@ def _window(c: Condition, ctx: Ctx) -> tuple[Steps, Steps] | None:
     if len(win) < int(p["steps"]):
         return None
     return win, hist[-_HISTORY_MAX:]
+
+
+def _long_steps(win: Steps, window_s: float) -> bool:
+    """Whether the window's steps are each (median) at least as long as the window itself."""
+    return statistics.median(statistics.median(r.duration_s for r in row.values()) for _, row in win) >= window_s
 
 
 def _ent(ctx: Ctx, rank: int) -> str:
@@ -129,6 +141,11 @@ def _step_outlier(c: Condition, ctx: Ctx) -> Result:
     if got is None:
         return Result(False)
     win, hist = got
+    # Steps each longer than the whole window (8 s, 45 s steps): no hiccup lasts a step that long, so the
+    # latest _LONG_STEPS of them are evidence enough, and waiting for more would cost minutes.
+    if len(win) > _LONG_STEPS and _long_steps(win, p["window"]):
+        hist = (hist + win[:-_LONG_STEPS])[-_HISTORY_MAX:]
+        win = win[-_LONG_STEPS:]
     ranks = [r for r in ctx.job.ranks if any(r in row for _, row in win)]
     groups = groups_of(ranks, _coords(ctx), p["within"])
     thr = p["ratio"].value
@@ -138,26 +155,45 @@ def _step_outlier(c: Condition, ctx: Ctx) -> Result:
     flagged = []
     for j in judged:
         key = (ctx.rule_id, c.line, ctx.job.job, j.rank)
+        # Frozen while flagged, as two numbers (the engine's snapshot keeps numeric state only).
         base = ctx.state.get(key, j.history_ratio)
+        spread = ctx.state.get(key + ("spread",), j.history_spread) if key in ctx.state else j.history_spread
         ok = p["ratio"](j.ratio) and p["zscore"](j.z) and j.slow_share >= p["persist"]
         if ok and j.ratio < p["steady_ratio"]:
             # Modestly slower: a fault only if it grew against its own past.  Without a past (the job,
             # or the rank, just started) it may be a slower GPU model: wait for history.
             ok = base is not None and (p["ratio"](j.ratio / base) if base > 0 else True)
+            if ok and base is not None and spread is not None:
+                # ...and grew past its own step-to-step wander, on most steps: a rank always 2x slower
+                # wanders by +-10% (its 5-step median with it), which is no new fault.
+                bar = max(base * thr, base + _OWN_Z * spread)
+                ok = sum(1 for x in j.ratios if x > bar) >= p["persist"] * len(j.ratios)
         if ok:
             if base is not None:
                 ctx.state[key] = base
+                if spread is not None:
+                    ctx.state[key + ("spread",)] = spread
             flagged.append((j, base))
         else:
             ctx.state.pop(key, None)
+            ctx.state.pop(key + ("spread",), None)
     if flagged:
         # On the steps a flagged rank was not slow, was another rank slow instead?  Then the job's
         # slow rank rotates (uneven batches) and a rank slow on most steps by chance is no
         # straggler; only a rank slow on every step still is.
+        # A rank slower than the fast ones on every step since its history began (an older GPU) is
+        # not "another rank slow instead": only a rank slow against its own past is.
         mine = {j.rank for j, _ in flagged}
+
+        def newly_slow(j: Any, i: int) -> bool:
+            if i not in j.slow_at:
+                return False
+            x = (j.ratio_at or {}).get(i)
+            return j.history_ratio is None or x is None or x > j.history_ratio * thr
+
         foreign = sum(1 for i in range(len(win))
                       if not any(i in j.slow_at for j, _ in flagged)
-                      and any(i in j.slow_at for j in judged if j.rank not in mine))
+                      and any(newly_slow(j, i) for j in judged if j.rank not in mine))
         if foreign >= 0.25 * len(win):
             flagged = [(j, b) for j, b in flagged if j.slow_share >= 1.0]
     if not flagged or len(flagged) > p["max_share"] * len(judged):
@@ -348,7 +384,7 @@ def _rotation(c: Condition, ctx: Ctx) -> Result:
     got = _window(c, ctx)
     if got is None:
         return Result(False)
-    win, _ = got
+    win, hist = got
     ranks = sorted(ctx.job.ranks)
     groups = groups_of(ranks, _coords(ctx), p["within"])
     slow: list[tuple[int, int, float]] = []  # (step index, rank, ratio)
@@ -360,11 +396,13 @@ def _rotation(c: Condition, ctx: Ctx) -> Result:
         xs = [v for _, row in win if r in row and (v := row[r].get(p["measure"])) is not None]
         if xs:
             usual[r] = statistics.median(xs)
-    for i, (_, row) in enumerate(win):
-        best: tuple[float, int, float] | None = None
+
+    def turn(row: dict[int, StepRec]) -> tuple[float, int] | None:
+        """This step's slow rank and its ratio, when one rank stands out; else None."""
+        best: tuple[float, int] | None = None
         for members in groups.values():
-            raw = {r: v for r in members if r in row and (v := row[r].get(p["measure"])) is not None}
-            known = {r: v / usual[r] for r, v in raw.items() if usual.get(r)}
+            known = {r: v / usual[r] for r in members
+                     if r in row and (v := row[r].get(p["measure"])) is not None and usual.get(r)}
             if len(known) < 4:
                 continue
             vals = sorted(known.values())
@@ -376,18 +414,30 @@ def _rotation(c: Condition, ctx: Ctx) -> Result:
             top = max(known, key=lambda r: known[r])
             q, z = known[top] / ref if ref > 0 else 0.0, (known[top] - fmed) / scale
             if p["ratio"](q) and p["zscore"](z) and (best is None or q > best[0]):
-                best = (q, top, sorted(raw.values())[-2])
-        if best is None:
+                best = (q, top)
+        return best
+
+    for i, (_, row) in enumerate(win):
+        got_turn = turn(row)
+        if got_turn is None:
             continue
-        q, top, second = best
+        q, top = got_turn
         slow.append((i, top, q))
         for f in excess:
             mine = row[top].get(f)
             peers = [v for r, rec in row.items() if r != top and (v := rec.get(f)) is not None]
             if mine is not None and peers:
                 excess[f] += mine - statistics.median(peers)
-    if len(slow) < p["persist"] * len(win):
+    share = len(slow) / len(win)
+    if share < p["persist"]:
         return Result(False)
+    # Against the job's own past: a large job has a slow turn on some steps anyway (GC pauses, hiccups
+    # on random ranks).  The window's share must stand well above the share before it (4 binomial
+    # standard errors), so a busy stretch of hiccups is not a rotation.
+    if len(hist) >= 10:
+        p0 = sum(1 for _, row in hist if turn(row) is not None) / len(hist)
+        if share - p0 < 4.0 * math.sqrt(max(p0 * (1 - p0), 0.01) / len(win)):
+            return Result(False)
     who = Counter(r for _, r, _ in slow)
     if who.most_common(1)[0][1] > p["max_share"] * len(slow) or len(who) < int(p["min_distinct"]):
         return Result(False)
@@ -446,10 +496,12 @@ def _periodic(c: Condition, ctx: Ctx) -> Result:
     times, values = ctx.store.window("job.duration_s", job, ctx.now - p["window"], ctx.now)
     if len(values) < 20:
         return Result(False)
-    _, ck = ctx.store.window("job.checkpoint_s", job, ctx.now - p["window"], ctx.now)
-    ck_times = set(ctx.store.window("job.checkpoint_s", job, ctx.now - p["window"], ctx.now)[0][i]
-                   for i, v in enumerate(ck) if v > 0)
-    pts = [(t, v) for t, v in zip(times, values, strict=True) if t not in ck_times]
+    # A checkpoint save is periodic by design and has its own rules: seconds with save time are left
+    # out.  (Taking the save's time off the step instead kept a 40 s-step job's slow spell that
+    # overlapped a save, but the seconds around saves then made periods of their own.)
+    ck_t, ck = ctx.store.window("job.checkpoint_s", job, ctx.now - p["window"], ctx.now)
+    saving = {t for t, v in zip(ck_t, ck, strict=True) if v > 0}
+    pts = [(t, v) for t, v in zip(times, values, strict=True) if t not in saving]
     if len(pts) < 20:
         return Result(False)
     # The normal step time is the lower quartile: a job slow for a long stretch (a fault, a rotation)
@@ -480,12 +532,33 @@ def _periodic(c: Condition, ctx: Ctx) -> Result:
             bursts[-1].extend(b)
         else:
             bursts.append(list(b))
-    bursts = [b for b in bursts if len(b) >= 2]
+    # A slowdown is sustained: at least 3 slow points, and slow on most of its span.  Random hiccups
+    # (a GC pause here, a slow step there) make 2-point "bursts" that can line up by chance.
+    # When a point stands for several seconds of training (long steps), a sub-second hiccup cannot
+    # slow it by the ratio: two such points are a slowdown.
+    need = _BURST_POINTS if gap < 2.0 else 2
+
+    def sustained(b: list[tuple[float, float]]) -> bool:
+        span = sum(1 for t, _ in pts if b[0][0] <= t <= b[-1][0])
+        return len(b) >= need and len(b) >= 0.6 * span
+    bursts = [b for b in bursts if sustained(b)]
     if len(bursts) < int(p["min_bursts"]):
         return Result(False)
     lengths = [b[-1][0] - b[0][0] + gap for b in bursts]
     if max(lengths) > 3 * min(lengths):  # the same thing recurring lasts about as long each time
         return Result(False)
+    # On, then off: between two bursts the job runs at its normal pace for at least as long as a burst
+    # lasts.  One long slowdown with dips in it is split into bursts with short gaps, not a period.
+    quiet = [b[0][0] - a[-1][0] - gap for a, b in zip(bursts, bursts[1:], strict=False)]
+    if min(quiet) < statistics.median(lengths):
+        return Result(False)
+    # ...and normal means normal: a long slowdown that hovers about the threshold dips under it now and
+    # then, but its dips are still slow (half the ratio's excess or more).
+    normal_bar = base * (1.0 + 0.5 * (p["ratio"].value - 1.0))
+    for a, b in zip(bursts, bursts[1:], strict=False):
+        between = [v for t, v in pts if a[-1][0] < t < b[0][0]]
+        if between and statistics.median(between) > normal_bar:
+            return Result(False)
     starts = [b[0][0] for b in bursts]
     gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
     # The span over the count, not one interval: each burst's start is jittered by a step or two.
@@ -538,7 +611,7 @@ def _what_if(c: Condition, ctx: Ctx) -> Result:
 
             def peers(row: dict[int, StepRec]) -> tuple[float, float] | None:
                 dur, lost = step_loss(row, culprits, groups, p["measure"])
-                return (dur, lost) if lost > 0.02 * dur else None
+                return (dur, lost) if lost > 0.02 * _training_s(row) else None
             fn = peers
             # Is it the culprits' own work that holds the step back (a slow GPU, a starved loader)?
             # If not, the waiting is in what every rank shares (a lossy NIC slows every all-reduce,
@@ -577,8 +650,7 @@ def _against_own_past(ctx: Ctx, done: Steps) -> Any:
     base = ctx.state.get(key)
     if base is None or ctx.facts.get("cost_until", -math.inf) == -math.inf:
         # the history: steps that ended well before the incident began
-        before = [statistics.median(r.duration_s for r in row.values()) for _, row in done
-                  if max(r.t for r in row.values()) < since - 10.0][-60:]
+        before = [_training_s(row) for _, row in done if max(r.t for r in row.values()) < since - 10.0][-60:]
         if len(before) < 5:
             return None
         base = statistics.median(before)
@@ -590,8 +662,14 @@ def _against_own_past(ctx: Ctx, done: Steps) -> Any:
 
     def fn(row: dict[int, StepRec]) -> tuple[float, float] | None:
         dur = statistics.median(r.duration_s for r in row.values())
-        return (dur, dur - base) if dur > gate else None
+        train = _training_s(row)  # a checkpoint save in the step is the save's time, not this incident's
+        return (dur, train - base) if train > gate else None
     return fn
+
+
+def _training_s(row: dict[int, StepRec]) -> float:
+    """The step's time less any checkpoint save in it (median over the ranks)."""
+    return statistics.median(r.duration_s - (r.checkpoint_s or 0.0) for r in row.values())
 
 
 def _losses(done: Steps, fn: Any, counted: float, recent: int, max_miss: int = 4) -> list[tuple[float, float, float]]:

@@ -177,6 +177,11 @@ class RankJudgement:
     value: float  # its median measure over the window
     reference: float  # the group's median lower quartile over the window
     slow_at: frozenset[int] = frozenset()  # indexes (into the window) of the steps it was slow on
+    # The rank's own step-to-step spread of that ratio over the history (1.4826 x MAD), when there is one:
+    # a rank that is always 2x slower wanders by more than a fast one, so its growth is judged in its units.
+    history_spread: float | None = None
+    ratios: tuple[float, ...] = ()  # its ratio on each step of the window it reported (window order)
+    ratio_at: Mapping[int, float] | None = None  # the same, by index into the window
 
 
 def judge_ranks(window: Sequence[tuple[int, dict[int, StepRec]]], history: Sequence[tuple[int, dict[int, StepRec]]],
@@ -193,6 +198,7 @@ def judge_ranks(window: Sequence[tuple[int, dict[int, StepRec]]], history: Seque
         if len(members) < min_group:
             continue
         per_rank: dict[int, list[float]] = {r: [] for r in members}
+        at: dict[int, dict[int, float]] = {r: {} for r in members}
         zs: dict[int, list[float]] = {r: [] for r in members}
         slow_steps: dict[int, list[int]] = {r: [] for r in members}
         refs: list[float] = []
@@ -215,6 +221,7 @@ def judge_ranks(window: Sequence[tuple[int, dict[int, StepRec]]], history: Seque
             scale = max(1.4826 * statistics.median(abs(x - fmed) for x in fast), 0.02)
             for r, x in ratios.items():
                 per_rank[r].append(x)
+                at[r][i] = x
                 values[r].append(known[r])
                 z = (x - fmed) / scale
                 zs[r].append(z)
@@ -235,10 +242,13 @@ def judge_ranks(window: Sequence[tuple[int, dict[int, StepRec]]], history: Seque
         ref_med = statistics.median(refs) if refs else 0.0
         for r, m in meds.items():
             h = hist[r]
+            h_med = statistics.median(h) if len(h) >= min_history else None
+            h_spread = 1.4826 * statistics.median(abs(x - h_med) for x in h) if h_med is not None else None
             out.append(RankJudgement(
                 rank=r, group=g, ratio=m, slow_share=len(slow_steps[r]) / len(per_rank[r]),
-                z=statistics.median(zs[r]), history_ratio=statistics.median(h) if len(h) >= min_history else None,
-                value=statistics.median(values[r]), reference=ref_med, slow_at=frozenset(slow_steps[r])))
+                z=statistics.median(zs[r]), history_ratio=h_med,
+                value=statistics.median(values[r]), reference=ref_med, slow_at=frozenset(slow_steps[r]),
+                history_spread=h_spread, ratios=tuple(per_rank[r]), ratio_at=at[r]))
     return out
 
 

@@ -73,3 +73,16 @@ def test_a_name_taken_by_another_fault_cannot_be_registered_twice() -> None:
         register(Impostor)
     register(PcieDowngrade)  # the same class again is harmless (a module imported twice)
     assert FAULTS["pcie-downgrade"] is PcieDowngrade
+
+
+def test_a_node_whose_gpus_clock_down_reads_its_bmc_at_once_like_the_agent() -> None:
+    sc = parse_scenario({"seed": 3, "duration_s": 90, "cluster": {"nodes": 4},
+                         "faults": [{"fault": "cooling-degraded", "target": "node-02", "start": 40, "end": 80}]})
+    sim = Simulation(sc.topology, sc.jobs, sc.faults, start_time=1_764_442_800.0, duration_s=90, seed=3)
+    n2 = [m for _, m in sim.messages() if m["kind"] == "hw" and m["node"] == "node-02"]
+    at = [i + 1 for i, m in enumerate(n2) if "bmc" in m]  # seconds from the start
+    # the regular polls at 1, 31, 61; the fault's clocks drop at 41, the read lands in the next report, and
+    # the next asked-for read waits a minute (rate-limited)
+    assert at == [1, 31, 42, 61]
+    fan = next(s for s in n2[41]["bmc"] if s["name"] == "Fan 1")
+    assert fan["health"] == "critical"
