@@ -1,6 +1,6 @@
 """Benchmark: the node agent's CPU share and peak memory with every collector at 1 s.
 
-Runs ``python -m agents.cli`` in a subprocess for ``--seconds`` (default 70;
+Runs ``python -m whywait.agents.cli`` in a subprocess for ``--seconds`` (default 70;
 the first ``--warmup`` seconds, imports and NVML start-up, are reported apart),
 with the gpu, dcgm (a local HTTP server serving a real dcgm-exporter scrape),
 network, storage, host and hw collectors (hw with its BMC source polling DMTF's
