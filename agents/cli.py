@@ -145,8 +145,10 @@ def _socket_path(args: argparse.Namespace) -> str | None:
 def run(args: argparse.Namespace) -> int:
     """Run the agent; returns the exit status (2 for a configuration error, said in one line)."""
     from whywait.agents.agent import Agent  # noqa: PLC0415
+    from whywait.agents.observe import metrics_addr  # noqa: PLC0415
 
     try:
+        addr = metrics_addr(getattr(args, "metrics_addr", None))  # a bad address is said before collectors start
         names = _names(args)
         if args.once and args.print_:
             from whywait.agents.publisher import MemoryPublisher  # noqa: PLC0415
@@ -157,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
         collectors = build_collectors(names, args.root, args.dcgm_url, args.pid, args.node)
         agent = Agent(args.node, collectors, publisher, args.interval, _socket_path(args),
                       socket_group=args.socket_group)
-        server = _metrics_server(agent, getattr(args, "metrics_addr", None))
+        server = _metrics_server(agent, addr)
         try:
             return asyncio.run(_run(agent, 1 if args.once else args.rounds))
         finally:
@@ -168,11 +170,10 @@ def run(args: argparse.Namespace) -> int:
         return exc.exit_code  # whywait.errors.EXIT_CODES: 2 for a wrong flag, 3 for a missing service
 
 
-def _metrics_server(agent: Any, flag: str | None) -> Any:
-    """Start the /metrics server when ``--metrics-addr`` or ``$WHYWAIT_METRICS_ADDR`` asks for one; else None."""
-    from whywait.agents.observe import ObserveServer, agent_registry, metrics_addr  # noqa: PLC0415
+def _metrics_server(agent: Any, addr: tuple[str, int] | None) -> Any:
+    """Start the /metrics, /healthz and /readyz server on ``addr`` (``--metrics-addr``); None when off."""
+    from whywait.agents.observe import ObserveServer, agent_registry  # noqa: PLC0415
 
-    addr = metrics_addr(flag)
     if addr is None:
         return None
 

@@ -111,7 +111,8 @@ class ObserveServer:
 
     def stop(self) -> None:
         """Stop serving and close the socket (called when the command ends)."""
-        self._httpd.shutdown()
+        if self._thread.is_alive():  # shutdown() waits for serve_forever: never call it on a server not started
+            self._httpd.shutdown()
         self._httpd.server_close()
 
 

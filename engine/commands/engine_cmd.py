@@ -181,6 +181,7 @@ def fresh_state_store(bootstrap: str, topic: str | None = None) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     import faust
+    from whywait.agents.observe import metrics_addr
     from whywait.engine.evaluate.evaluator import Evaluator
     from whywait.engine.localkafka.broker import probe, resolve_bootstrap
     from whywait.engine.notify import make_notifier
@@ -191,6 +192,7 @@ def run(args: argparse.Namespace) -> int:
     from whywait.engine.stream.processor import Processor
     from whywait.engine.stream.topics import ensure_topics
 
+    addr = metrics_addr(getattr(args, "metrics_addr", None))  # a bad address is said before anything starts
     rule_paths = args.rules or default_rule_paths()
     rules = load_rules(rule_paths)
     topology = load_topology(args.topology)
@@ -204,9 +206,6 @@ def run(args: argparse.Namespace) -> int:
 
         raise BrokerUnavailable(bootstrap, "no answer to ApiVersions")
     skew = parse_skew(args.max_clock_skew)
-    from whywait.agents.observe import metrics_addr
-
-    addr = metrics_addr(getattr(args, "metrics_addr", None))  # a bad address is said before anything starts
     if args.warmup is not None and not (args.warmup >= 0 and args.warmup < float("inf")):
         raise ConfigError(f"--warmup must be a number of seconds >= 0 (got {args.warmup})")
     # Notifier state and silences live in compacted topics, so a restarted engine edits its messages.
