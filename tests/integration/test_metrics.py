@@ -18,7 +18,6 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -108,7 +107,8 @@ def scrape(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> It
                 m = samples(text) if code == 200 else {}
                 fired = sum(m.get("whywait_engine_diagnoses_fired_total", {}).values())
                 sent = sum(v for k, v in m.get("whywait_notifications_total", {}).items() if ("outcome", "sent") in k)
-                if fired and sent:
+                net = m.get("whywait_engine_events_total", {}).get((("topic", "whywait.net.v1"),), 0)
+                if fired and sent and net >= NODES * DURATION:  # the whole simulation consumed
                     break
                 time.sleep(1.0)
             consuming = get(url + "/readyz")
