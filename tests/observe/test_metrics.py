@@ -169,8 +169,8 @@ def test_readyz_says_why_in_one_line(engine: tuple[Processor, EngineMetrics, str
     p, _m, url = engine
     assert get(url + "/healthz") == (200, "ok\n")
     assert get(url + "/readyz") == (503, "not ready: not consuming yet\n")
-    ready: Readiness = Readiness(p, stale_after_s=30.0, clock=lambda: now[0])
     now = [100.0]
+    ready = Readiness(p, stale_after_s=30.0, clock=lambda: now[0])
     ready.sampled("KafkaConnectionError: no broker")
     assert ready() == "broker not answered yet (KafkaConnectionError: no broker)"
     ready.sampled()
