@@ -73,7 +73,11 @@ class ObserveServer:
                 path = self.path.split("?", 1)[0]
                 if path == "/metrics":
                     encoder, ctype = exposition.choose_encoder(self.headers.get("Accept", ""))
-                    body, status = encoder(outer.registry), 200
+                    try:
+                        body, status = encoder(outer.registry), 200
+                    except Exception as exc:  # noqa: BLE001 - a collector's bug: a 500 naming it, not a traceback
+                        body, status = f"metrics failed: {type(exc).__name__}: {exc}\n".encode(), 500
+                        ctype = "text/plain; charset=utf-8"
                 elif path == "/healthz":
                     body, ctype, status = b"ok\n", "text/plain; charset=utf-8", 200
                 elif path == "/readyz":

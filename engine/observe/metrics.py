@@ -11,7 +11,7 @@ sampled every few seconds, a silenced diagnosis) are prometheus_client objects b
 from __future__ import annotations
 
 import time
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -131,6 +131,16 @@ def _by_prefix(counts: dict[str, int], prefix: str) -> list[tuple[str, int]]:
     return sorted((k[len(prefix):], v) for k, v in counts.items() if k.startswith(prefix))
 
 
+def _retry(read: Callable[[], int], tries: int = 3) -> int:
+    """``read()``, tried again if the stream thread changed a dict under it (scrapes run on their own thread)."""
+    for _ in range(tries - 1):
+        try:
+            return read()
+        except RuntimeError:  # "dictionary changed size during iteration"
+            continue
+    return read()
+
+
 class EngineCollector(Collector):
     """Reads the processor's counters, the evaluator's incidents and the store's size when scraped."""
 
@@ -167,7 +177,7 @@ class EngineCollector(Collector):
         yield gauge("whywait_engine_series", len(keys))
         yield gauge("whywait_engine_entities", len({e for _, e in keys}))
         yield gauge("whywait_engine_nodes_reporting", len(ev.store.node_last))
-        yield gauge("whywait_engine_jobs", len(ev.topology.jobs()))
+        yield gauge("whywait_engine_jobs", _retry(lambda: len(ev.topology.jobs())))
         incidents = list(ev.incidents.values())
         inc = GaugeMetricFamily("whywait_engine_incidents", METRIC_NAMES["whywait_engine_incidents"],
                                 labels=["state"])

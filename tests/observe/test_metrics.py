@@ -249,3 +249,19 @@ def test_env_address_and_a_busy_port(monkeypatch: pytest.MonkeyPatch) -> None:
             ObserveServer(("127.0.0.1", first.port), EngineMetrics().registry)
     finally:
         first.stop()
+
+
+def test_a_broken_collector_is_a_500_in_one_line_not_a_dead_server() -> None:
+    class Broken:
+        def collect(self) -> Any:
+            raise KeyError("gone")
+
+    reg = EngineMetrics().registry
+    reg.register(Broken())  # type: ignore[arg-type]
+    server = ObserveServer(("127.0.0.1", 0), reg).start()
+    try:
+        url = f"http://127.0.0.1:{server.port}"
+        assert get(url + "/metrics") == (500, "metrics failed: KeyError: 'gone'\n")
+        assert get(url + "/healthz") == (200, "ok\n")  # still serving
+    finally:
+        server.stop()
