@@ -9,6 +9,7 @@ The shipped dashboard's and alert rules' metric names are checked against this v
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -74,6 +75,8 @@ def scrape(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> It
     topo = work / "topology.yaml"
     make_cluster(nodes=NODES).to_yaml(topo)
     start = float(int(time.time()) + 86_400 * 45)  # its own stretch of event time: no other test's events count
+    rules = work / "rules"
+    shutil.copytree(REPO / "rules", rules)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     with SlackServer(channels=["#ml-platform", "#whywait"], token="xoxb-metrics") as slack:
@@ -84,7 +87,7 @@ def scrape(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> It
         engine = subprocess.Popen(
             [sys.executable, "-m", "whywait", "--log-format", "json", "engine", "--topology", str(topo),
              "--group", f"metrics-{start:.0f}", "--not-before", str(start), "--no-restore", "--latest",
-             "--max-clock-skew", "off", "--metrics-addr", f"127.0.0.1:{port}"],
+             "--max-clock-skew", "off", "--metrics-addr", f"127.0.0.1:{port}", "--rules", str(rules)],
             stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
         try:
             before: list[tuple[int, str]] = []
@@ -96,6 +99,10 @@ def scrape(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> It
                 time.sleep(0.5)
                 ready = get(url + "/readyz")
             assert ready[0] == 200, (ready, (work / "engine.log").read_text()[-3000:])
+            # an edit the reloader must refuse (the last good rules keep running): counted
+            (rules / "network.bad.yaml").write_text(
+                "apiVersion: whywait/v1\nid: network.bad\ntitle: t\ncause: c\nnext_step: n\n"
+                "when:\n  type: threshold\n  metric: net.tcp_retrans_segs_per_s\n  value: 5\n")
             subprocess.run([sys.executable, "-m", "whywait", "simulate", "--nodes", str(NODES), "--duration",
                             str(DURATION), "--speed", "0", "--fault",
                             f"nic-packet-loss:node-03@{FAULT[0]}-{FAULT[1]}", "--start-time", str(start)],
@@ -108,7 +115,8 @@ def scrape(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> It
                 fired = sum(m.get("whywait_engine_diagnoses_fired_total", {}).values())
                 sent = sum(v for k, v in m.get("whywait_notifications_total", {}).items() if ("outcome", "sent") in k)
                 net = m.get("whywait_engine_events_total", {}).get((("topic", "whywait.net.v1"),), 0)
-                if fired and sent and net >= NODES * DURATION:  # the whole simulation consumed
+                refused = m.get("whywait_engine_rule_reload_failures_total", {}).get((), 0)
+                if fired and sent and refused and net >= NODES * DURATION:  # the whole simulation consumed
                     break
                 time.sleep(1.0)
             consuming = get(url + "/readyz")
@@ -141,6 +149,7 @@ def test_events_lag_ticks_and_diagnoses_are_scraped(scrape: Scrape) -> None:
     assert fired.get((("rule", "network.straggler-retransmits"),), 0) >= 1, fired
     assert m["whywait_engine_jobs"][()] >= 1 and m["whywait_engine_nodes_reporting"][()] == NODES
     assert m["whywait_engine_rules_loaded"][()] > 20
+    assert m["whywait_engine_rule_reload_failures_total"][()] == 1  # one refused edit, not one per poll
     sent = m["whywait_notifications_total"]
     assert sum(v for k, v in sent.items() if ("outcome", "sent") in k) >= 1, sent
 
