@@ -85,3 +85,37 @@ def test_bad_metrics_addr_and_log_format_are_one_line() -> None:
         "whywait agent: $WHYWAIT_METRICS_ADDR must be HOST:PORT like 127.0.0.1:9464 or :9464 (got 'x:y')"], r.stderr
     r = run("rules", "metrics", env={"WHYWAIT_LOG_FORMAT": "xml"})
     assert r.returncode == 2 and "WHYWAIT_LOG_FORMAT must be one of text, json (got 'xml')" in r.stderr
+
+
+def test_agent_cli_serves_metrics_while_it_runs() -> None:
+    import os
+    import socket
+    import time
+    import urllib.error
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "whywait", "agent", "--print", "--rounds", "20", "--interval",
+                             "0.2", "--collectors", "host", "--socket", "none", "--metrics-addr", f"127.0.0.1:{port}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=REPO, env=os.environ)
+    text, ready = "", ""
+    try:
+        deadline = time.time() + 30
+        while time.time() < deadline and proc.poll() is None:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+                    text = r.read().decode()
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as r:
+                    ready = r.read().decode()
+                if "whywait_agent_messages_published_total 0.0" not in text:
+                    break
+            except (urllib.error.URLError, ConnectionError):
+                pass
+            time.sleep(0.2)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    fams = {f.name: f for f in text_string_to_metric_families(text)}
+    assert fams["whywait_agent_messages_published"].samples[0].value >= 1, (text, proc.stderr and proc.stderr.read())
+    assert ready == "ready\n"  # printing: no broker to wait for
