@@ -28,6 +28,7 @@ from whywait.engine.observe.metrics import METRIC_NAMES
 REPO = Path(__file__).resolve().parents[2]
 DASHBOARD = REPO / "deploy" / "grafana" / "whywait.json"
 ALERTS = REPO / "deploy" / "prometheus" / "whywait-alerts.yaml"
+ALERT_TESTS = REPO / "deploy" / "prometheus" / "whywait-alerts.test.yaml"
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 ALERT_KEYS = {"alert", "expr", "for", "keep_firing_for", "labels", "annotations"}
 
@@ -105,8 +106,11 @@ def test_alert_rules_parse_and_cover_whywaits_own_health() -> None:
 
 @pytest.mark.skipif(shutil.which("promtool") is None and not (Path.home() / "go" / "bin" / "promtool").exists(),
                     reason="promtool not installed (go install github.com/prometheus/prometheus/cmd/promtool@latest)")
-def test_promtool_checks_the_alert_rules() -> None:
+def test_promtool_checks_and_unit_tests_the_alert_rules() -> None:
     promtool = shutil.which("promtool") or str(Path.home() / "go" / "bin" / "promtool")
     r = subprocess.run([promtool, "check", "rules", str(ALERTS)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "SUCCESS: 14 rules found" in r.stdout, r.stdout
+    # and the alerts fire on the series they are written for (and not on healthy ones): promtool's unit tests
+    r = subprocess.run([promtool, "test", "rules", str(ALERT_TESTS)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "SUCCESS" in r.stdout, r.stdout + r.stderr
