@@ -294,6 +294,8 @@ class Agent:
         self.inbox = TrainingInbox(node)
         self.samples = 0
         self.rounds = 0
+        # collector name -> (samples taken, seconds spent): read by agents.observe for /metrics
+        self.collector_time: dict[str, tuple[int, float]] = {}
         self._sock: socket.socket | None = None
         self._ckpt_wake = asyncio.Event()
         # The BMC source, if the hw collector runs one: read at once when the node slows down (issue 14).
@@ -313,7 +315,10 @@ class Agent:
         now, mono = self.clock(), time.monotonic()
         out = []
         for c in self.collectors:
+            t0 = time.perf_counter()
             body = c.collect(now, mono)
+            n, s = self.collector_time.get(c.name, (0, 0.0))
+            self.collector_time[c.name] = (n + 1, s + time.perf_counter() - t0)
             if body is None:
                 continue
             self.samples += 1

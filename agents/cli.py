@@ -59,6 +59,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--print", dest="print_", action="store_true",
                         help="print messages as JSON instead of publishing to Kafka")
     parser.add_argument("--rounds", type=int, default=None, help="stop after this many intervals")
+    parser.add_argument("--metrics-addr", default=None, metavar="HOST:PORT",
+                        help="serve Prometheus /metrics, /healthz and /readyz here "
+                             "(default: $WHYWAIT_METRICS_ADDR, else off)")
 
 
 def build_collectors(names: list[str], root: str = "/", dcgm_url: str | None = None,
@@ -142,8 +145,10 @@ def _socket_path(args: argparse.Namespace) -> str | None:
 def run(args: argparse.Namespace) -> int:
     """Run the agent; returns the exit status (2 for a configuration error, said in one line)."""
     from whywait.agents.agent import Agent  # noqa: PLC0415
+    from whywait.agents.observe import metrics_addr  # noqa: PLC0415
 
     try:
+        addr = metrics_addr(getattr(args, "metrics_addr", None))  # a bad address is said before collectors start
         names = _names(args)
         if args.once and args.print_:
             from whywait.agents.publisher import MemoryPublisher  # noqa: PLC0415
@@ -154,10 +159,31 @@ def run(args: argparse.Namespace) -> int:
         collectors = build_collectors(names, args.root, args.dcgm_url, args.pid, args.node)
         agent = Agent(args.node, collectors, publisher, args.interval, _socket_path(args),
                       socket_group=args.socket_group)
-        return asyncio.run(_run(agent, 1 if args.once else args.rounds))
+        server = _metrics_server(agent, addr)
+        try:
+            return asyncio.run(_run(agent, 1 if args.once else args.rounds))
+        finally:
+            if server is not None:
+                server.stop()
     except AgentError as exc:
         print(f"whywait agent: {exc}", file=sys.stderr)
         return exc.exit_code  # whywait.errors.EXIT_CODES: 2 for a wrong flag, 3 for a missing service
+
+
+def _metrics_server(agent: Any, addr: tuple[str, int] | None) -> Any:
+    """Start the /metrics, /healthz and /readyz server on ``addr`` (``--metrics-addr``); None when off."""
+    from whywait.agents.observe import ObserveServer, agent_registry  # noqa: PLC0415
+
+    if addr is None:
+        return None
+
+    def ready() -> str | None:
+        # Ready while the publisher reaches Kafka; a print publisher has no broker to wait for.
+        if getattr(agent.publisher, "_connected", True):
+            return None
+        return f"Kafka unreachable; {agent.publisher.spooled} message(s) spooled"
+
+    return ObserveServer(addr, agent_registry(agent), ready).start()
 
 
 def _once_print(agent: Any) -> int:
@@ -196,10 +222,13 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m whywait.agents.cli``: the agent without the ``whywait`` entry point."""
     parser = argparse.ArgumentParser(prog="whywait agent")
     parser.add_argument("-v", "--verbose", action="store_true")
+    parser.add_argument("--log-format", choices=("text", "json"), default="text",
+                        help="log lines as text (default) or JSON objects")
     register(parser)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from whywait.agents.observe import configure_logging  # noqa: PLC0415
+
+    configure_logging(logging.DEBUG if args.verbose else logging.INFO, args.log_format)
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL if not args.verbose else logging.DEBUG)
     return run(args)
 

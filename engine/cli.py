@@ -68,6 +68,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                                      epilog=_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"whywait {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging, and tracebacks of internal errors")
+    parser.add_argument("--log-format", choices=("text", "json"), default=os.environ.get("WHYWAIT_LOG_FORMAT", "text"),
+                        help="log lines as text, or as one JSON object each: time, level, logger, message and the "
+                             "call's extra fields (default: $WHYWAIT_LOG_FORMAT, else text)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module, help_) in COMMANDS.items():
         p = sub.add_parser(name, help=help_, description=help_)
@@ -105,17 +108,23 @@ def _stdout_closed() -> int:
 
 
 def _main(argv: list[str]) -> int:
-    command = next((a for a in argv if not a.startswith("-")), None)
+    # The first word that is neither an option nor the value of ``--log-format VALUE`` names the command.
+    command = next((a for i, a in enumerate(argv) if not a.startswith("-")
+                    and (i == 0 or argv[i - 1] != "--log-format")), None)
     try:
         parser = build_parser(command)
     except WhywaitError as exc:  # a command module that cannot even register (a bad environment)
         print(f"whywait {command}: {exc}", file=sys.stderr)
         return exc.exit_code
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    from whywait.agents.observe import LOG_FORMATS, configure_logging
+
+    if args.log_format not in LOG_FORMATS:  # from $WHYWAIT_LOG_FORMAT: argparse checks only the flag
+        print(f"whywait: $WHYWAIT_LOG_FORMAT must be one of {', '.join(LOG_FORMATS)} (got {args.log_format!r})",
+              file=sys.stderr)
+        return EXIT_USAGE
+
+    configure_logging(logging.DEBUG if args.verbose else logging.INFO, args.log_format)
     # aiokafka and faust log a traceback per retry when a broker is down; we say it once ourselves.
     for noisy in ("aiokafka", "kafka"):
         logging.getLogger(noisy).setLevel(logging.CRITICAL if not args.verbose else logging.DEBUG)

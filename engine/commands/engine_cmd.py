@@ -67,6 +67,9 @@ def register(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup", type=float, default=None, metavar="SECONDS",
                    help="after a restart, hold restored incidents open this much event time before they may "
                         "resolve (default: each rule's longest window + baseline + for)")
+    p.add_argument("--metrics-addr", default=None, metavar="HOST:PORT",
+                   help="serve Prometheus /metrics, /healthz and /readyz here, e.g. 0.0.0.0:9464 "
+                        "(default: $WHYWAIT_METRICS_ADDR, else off)")
     p.add_argument("--instance-id", default=os.environ.get("WHYWAIT_ENGINE_INSTANCE"),
                    help="static consumer-group member id, so a restarted engine takes its partitions back at "
                         "once (default: WHYWAIT_ENGINE_INSTANCE, else GROUP@HOSTNAME; 'none' for a dynamic member)")
@@ -178,6 +181,7 @@ def fresh_state_store(bootstrap: str, topic: str | None = None) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     import faust
+    from whywait.agents.observe import metrics_addr
     from whywait.engine.evaluate.evaluator import Evaluator
     from whywait.engine.localkafka.broker import probe, resolve_bootstrap
     from whywait.engine.notify import make_notifier, receiver_names
@@ -187,6 +191,7 @@ def run(args: argparse.Namespace) -> int:
     from whywait.engine.stream.processor import Processor
     from whywait.engine.stream.topics import ensure_topics
 
+    addr = metrics_addr(getattr(args, "metrics_addr", None))  # a bad address is said before anything starts
     rule_paths = args.rules or default_rule_paths()
     rules = load_rules(rule_paths)
     topology = load_topology(args.topology)
@@ -244,14 +249,33 @@ def run(args: argparse.Namespace) -> int:
              bootstrap, type(notifier).__name__)
     cfg = EngineConfig(bootstrap=bootstrap, group_id=args.group, from_beginning=not args.latest,
                        instance_id=instance_id(args.instance_id, args.group))
-    app = build_app(cfg, Processor(evaluator, not_before=args.not_before), notifier, RuleReloader(rule_paths))
-    # Keep whywait's own logging (one line per event worth saying) and no terminal spinner.
-    worker = faust.Worker(app, quiet=True, redirect_stdouts=False, override_logging=False)
-    worker.spinner = None
+    processor = Processor(evaluator, not_before=args.not_before)
+    server = None
     try:
+        server, metrics, readiness = observe(processor, notifier, addr)  # a port already taken: one line
+        app = build_app(cfg, processor, notifier, RuleReloader(rule_paths), metrics, readiness)
+        # Keep whywait's own logging (one line per event worth saying) and no terminal spinner.
+        worker = faust.Worker(app, quiet=True, redirect_stdouts=False, override_logging=False)
+        worker.spinner = None
         worker.execute_from_commandline()  # returns (or exits) when the worker stops: SIGTERM, SIGINT
     finally:
         if actions is not None:
             actions.stop()
+        if server is not None:
+            server.stop()
         notifier.close()
     return 0
+
+
+def observe(processor: Any, notifier: Any, addr: tuple[str, int] | None) -> tuple[Any, Any, Any]:
+    """Start the /metrics, /healthz and /readyz server on ``addr`` (from ``--metrics-addr`` or
+    ``$WHYWAIT_METRICS_ADDR``); return ``(server, metrics, readiness)``, all None when ``addr`` is None.
+    A port already taken is one line (exit 2)."""
+    from whywait.agents.observe import ObserveServer
+    from whywait.engine.observe.metrics import EngineMetrics, Readiness
+
+    if addr is None:
+        return None, None, None
+    metrics = EngineMetrics().bind(processor, notifier)
+    readiness = Readiness(processor)
+    return ObserveServer(addr, metrics.registry, readiness).start(), metrics, readiness

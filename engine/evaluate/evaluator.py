@@ -18,6 +18,8 @@ import bisect
 import hashlib
 import logging
 import math
+import time
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable
 
@@ -130,6 +132,12 @@ class Evaluator:
     # that flaps (resolves, fires again) opens a new incident with the same fingerprint whose cost
     # walks back over steps the previous one already counted; they are not counted twice.
     counted_until: dict[str, float] = field(default_factory=dict)
+    # ---- counters for whywait's own metrics (engine.observe reads them when scraped) ----
+    # rule id -> incidents muted by a firing root cause (counted once per incident, when first muted)
+    inhibited: Counter[str] = field(default_factory=Counter)
+    _inhibited_fps: set[str] = field(default_factory=set)
+    # Called with each tick's duration in seconds (the live engine's histogram); None: not timed.
+    tick_observer: Callable[[float], None] | None = None
 
     # ---- feeding ---------------------------------------------------------------------------------
 
@@ -237,12 +245,15 @@ class Evaluator:
             now = self.next_tick
             self.next_tick += self.step_s  # first: a tick that fails is skipped, never retried forever
             self.store.close_buckets(now)
+            t0 = time.perf_counter()
             try:
                 out += self.tick(now)
             except Exception:  # noqa: BLE001 - one bad tick (a rule meeting data it did not expect)
                 self.tick_errors += 1  # costs that second of evaluation, not the engine
                 if self.tick_errors <= 10 or self.tick_errors % 1000 == 0:
                     log.exception("tick at %.0f failed (%d so far)", now, self.tick_errors)
+            if self.tick_observer is not None:
+                self.tick_observer(time.perf_counter() - t0)
             self.ticks += 1
             if self.ticks % 60 == 0:
                 self.store.trim(now)
@@ -366,12 +377,16 @@ class Evaluator:
                 inc.restored = False
                 if rule is None or not inc.firing or now - inc.last_true >= rule.keep_firing_for_s:
                     del self.incidents[fp]
+                    self._inhibited_fps.discard(fp)
                     if inc.announced and inc.last is not None:
                         out.append(replace(inc.last, status="resolved", ends_at=now))
                 continue
             if not inc.firing or inc.last is None:
                 continue
             if self._inhibited(inc, firing):
+                if fp not in self._inhibited_fps:
+                    self._inhibited_fps.add(fp)
+                    self.inhibited[inc.rule_id] += 1
                 continue
             sig = _signature(inc.last)
             if not inc.announced or sig != inc.signature:

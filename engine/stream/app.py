@@ -47,6 +47,7 @@ class EngineConfig:
     checkpoint_every_s: float = 10.0
     from_beginning: bool = True
     reload_every_s: float = 3.0
+    lag_every_s: float = 5.0  # how often the consumer lag is read from the broker (metrics and /readyz)
     # Consumer-group liveness.  faust's default 60 s session meant a killed engine's partitions
     # stayed with the dead member for ~50 s after a restart.  A static member id (KIP-345) lets the
     # restarted engine take its partitions back at once, without waiting for the session to end;
@@ -113,8 +114,12 @@ async def _pending_kinds(app: faust.App, done: dict[tuple[str, int], int]) -> se
 
 
 def build_app(cfg: EngineConfig, processor: Processor, notifier: Notifier,
-              reloader: Any = None) -> faust.App:
-    """Return the faust app wired to ``processor`` and ``notifier``; the caller runs it with a Worker."""
+              reloader: Any = None, metrics: Any = None, readiness: Any = None) -> faust.App:
+    """Return the faust app wired to ``processor`` and ``notifier``; the caller runs it with a Worker.
+
+    ``metrics`` (:class:`~whywait.engine.observe.metrics.EngineMetrics`) and ``readiness`` (its ``Readiness``), when
+    given, are fed the consumer lag every ``cfg.lag_every_s``, rebalances and refused rule reloads.
+    """
     os.makedirs(os.path.dirname(cfg.datadir), exist_ok=True)  # faust creates only the last level
     app = faust.App(
         cfg.group_id,
@@ -162,6 +167,8 @@ def build_app(cfg: EngineConfig, processor: Processor, notifier: Notifier,
                         ", ".join(f"{n[:60]!r}={c}" for c, n in late) or "none")
 
     def _notify(d: Diagnosis, trigger_ms: int | None) -> None:
+        if metrics is not None:
+            metrics.note_notified(d, notifier)
         try:
             notifier.notify(d)
         except Exception as exc:  # a notifier failure is logged, never fatal to the stream
@@ -225,8 +232,27 @@ def build_app(cfg: EngineConfig, processor: Processor, notifier: Notifier,
                     loop.run_in_executor(pool, _notify, reload_notice(None, time.time()), None)
                 return
             refused[0] = True
+            if metrics is not None:
+                metrics.reload_failures.inc()
             log.error("rule reload refused, keeping the last good rules:\n  %s", "\n  ".join(res.errors))
             loop.run_in_executor(pool, _notify, reload_notice(res.errors, time.time()), None)
+
+    if metrics is not None or readiness is not None:
+        from whywait.engine.observe.metrics import read_lag
+
+        @app.timer(cfg.lag_every_s)
+        async def sample_lag() -> None:
+            try:
+                lags = await read_lag(app.consumer, INPUT_TOPICS)
+            except Exception as exc:  # noqa: BLE001 - the broker gone: /readyz says so; the stream retries itself
+                if readiness is not None:
+                    readiness.sampled(f"{type(exc).__name__}: {exc}"[:200])
+                return
+            if metrics is not None:
+                metrics.set_lag(lags)
+            if readiness is not None:
+                readiness.sampled()
+                readiness.assigned(len(lags))
 
     @app.on_partitions_assigned.connect  # type: ignore[misc,arg-type]
     async def _assigned(app: faust.App, assigned: Any, **kwargs: Any) -> None:

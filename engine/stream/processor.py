@@ -116,6 +116,7 @@ class Processor:
         # possible: the start of the wall-clock latency (event produced -> Slack post).
         self.trigger_ms: dict[str, int] = {}
         self.owners: dict[str, str] = {}  # job -> the user its placement says it runs as
+        self.firing: set[str] = set()  # fingerprints announced firing and not yet resolved (counted once)
 
     def process(self, records: Iterable[Record]) -> Output:
         """Decode and evaluate one batch; return diagnoses and dead letters, in order.
@@ -129,6 +130,7 @@ class Processor:
         wall = self.wall_clock()
         for rec in records:
             self.counts["records"] += 1
+            self.counts[f"topic.{rec.topic}"] += 1
             if rec.value is None:  # a tombstone on a compacted topic: nothing to evaluate
                 self.counts["tombstones"] += 1
                 continue
@@ -144,6 +146,13 @@ class Processor:
             log.exception("evaluation after the batch failed")
             self.counts["errors.batch_end"] += 1
         self.counts["diagnoses"] += len(out.diagnoses)
+        for d in out.diagnoses:  # per rule, for /metrics: an incident counts once when it fires and once resolved
+            if d.status == "firing" and d.fingerprint not in self.firing:
+                self.firing.add(d.fingerprint)
+                self.counts[f"fired.{d.rule_id}"] += 1
+            elif d.status == "resolved":
+                self.firing.discard(d.fingerprint)
+                self.counts[f"resolved.{d.rule_id}"] += 1
         return out
 
     def _one(self, rec: Record, wall: float, out: Output) -> None:
