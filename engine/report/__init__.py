@@ -95,7 +95,7 @@ def _median(vals: Iterable[float]) -> float:
 def slack_threads(records: Iterable[dict[str, Any]], workspace_url: str = "https://slack.com") -> dict[str, str]:
     """Fingerprint -> link to the Slack message the live notifier posted for it.
 
-    ``records`` are the notifier's incident records (``whywait.engine.notify.lifecycle.Incident.to_dict``,
+    ``records`` are the notifier's incident records (``whywait.engine.notify.pipeline.incidents.Incident.to_dict``,
     as kept in its state topic); each lists the fingerprints it showed and its root message.
     """
     out: dict[str, str] = {}

@@ -10,8 +10,8 @@ import time
 import pytest
 from whywait.engine.diagnosis import Diagnosis, Evidence, Owner
 from whywait.engine.notify.config import SlackConfig
+from whywait.engine.notify.receivers.slack import SlackNotifier
 from whywait.engine.notify.silences import KafkaSilenceStore, Silence
-from whywait.engine.notify.slack import SlackNotifier
 from whywait.engine.notify.state import STATE_TOPIC, KafkaStateStore
 
 from tests.support.kafka import unique_topic

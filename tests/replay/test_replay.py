@@ -272,7 +272,7 @@ def test_slack_thread_gets_the_summary_and_the_png(tmp_path: Path, monkeypatch: 
 
 
 def test_report_links_each_incident_to_its_live_slack_thread(tmp_path: Path) -> None:
-    from whywait.engine.notify.lifecycle import Incident
+    from whywait.engine.notify.pipeline.incidents import Incident
     from whywait.engine.report import build_report, slack_threads
 
     infra, msgs = sim([("nic-packet-loss", "node-05", 120, 200)])
