@@ -34,6 +34,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Callable, Hashable, Iterable, Mapping, Sequence, TypeVar
 
+import natsort
 import networkx as nx
 from whywait.topology.errors import TopologyError, UnknownEntityError
 
@@ -44,12 +45,14 @@ TIERS: tuple[str, ...] = ("leaf", "spine", "core")
 LINKS: tuple[str, ...] = ("nic-leaf", "switch-uplink", "node-rack", "switch-rack", "gpu-node", "nic-node",
                           "mount")
 
-_NUM_RE = re.compile(r"(\d+)")
+# natsort's key, not a hand-rolled regex split: it also orders names that mix digits and signs, dots or
+# unicode digits consistently, and it is maintained.  ``node-2`` sorts before ``node-10``.
+_NATURAL = natsort.natsort_keygen()
 
 
 def natural_key(name: str) -> tuple[Any, ...]:
     """Sort key that orders ``node-2`` before ``node-10``; used for every listing the topology returns."""
-    return tuple(int(p) if p.isdigit() else p for p in _NUM_RE.split(name))
+    return tuple(_NATURAL(name))
 
 
 def _sorted(names: Iterable[str]) -> tuple[str, ...]:
