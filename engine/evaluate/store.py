@@ -23,11 +23,15 @@ import bisect
 import math
 import statistics
 from collections import defaultdict
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
+import numpy as np
+
 from whywait.agents import events
 from whywait.engine.evaluate.steps import StepRec, StepTable
+from whywait.engine.rules.metrics import METRICS
 
 THERMAL = {"hw_thermal_slowdown", "sw_thermal_slowdown"}
 POWER = {"sw_power_cap", "hw_power_brake_slowdown"}
@@ -170,13 +174,297 @@ def aggregate(agg: str, times: Sequence[float], values: Sequence[float]) -> floa
     raise ValueError(f"unknown aggregation {agg!r}")
 
 
+# ---- columnar series ----------------------------------------------------------------------------
+#
+# Per-entity telemetry (GPUs, NICs, devices, nodes, ranks) is most of the state: about 300 series per
+# node, one point per second each.  Python lists of floats per series cost ~8 KiB per node per second
+# kept, and a Python call per point.  Instead each metric is one :class:`Column`: numpy rings with a
+# row per entity and fixed sizes, so memory per entity does not grow with retention:
+#
+# * a fine ring of ``fine_s`` one-second slots (sum and count per slot): exact for every window a
+#   rule reads over recent data (the longest recent telemetry window in the shipped rules is 180 s);
+# * a coarse ring of ``bucket_s`` buckets (sum, count, min, max) over the whole retention, for long
+#   baselines: a window reaching past the fine ring reads the buckets for its older part.
+#
+# A point at time ``t`` lands in slot ``ceil(t)``, the slot covering ``(s - 1, s]``, so a window
+# ``(now - w, now]`` with whole-second ends (every tick's) holds exactly the points it held as a list.
+# Two points in one slot (several steps of a rank in one message) are kept as their sum and count:
+# sums, counts and means stay exact, and order statistics see the slot's mean.
+#
+# Writes are staged in plain lists (three appends per point) and applied to the rings in one
+# vectorised pass before the next read, so ingest costs no numpy call per point.
+
+# One-second slots in the fine ring (a power of two: positions are ``slot & mask``): 128 s covers every
+# recent window the shipped rules read on telemetry; ranks keep 256 s (their 180 s change points and
+# 300 s baselines read the most, and they are one row per GPU, not ~40).
+_FINE_S = 128
+_FINE_RANK_S = 256
+_BUCKET_S = 30  # seconds per coarse bucket
+_EMPTY = np.iinfo(np.int64).min // 2
+
+
+class Column:
+    """One metric's values for every entity: a fine ring of 1 s slots and a coarse ring of buckets."""
+
+    def __init__(self, retention_s: float, fine_s: int = _FINE_S, bucket_s: int = _BUCKET_S, rows: int = 16) -> None:
+        self.fine = fine_s
+        self.mask = fine_s - 1
+        assert fine_s & self.mask == 0, "fine_s is a power of two"
+        self.bucket_s = bucket_s
+        self.buckets = int(math.ceil(retention_s / bucket_s)) + 2
+        self.rows: dict[str, int] = {}
+        self.entity_of: list[str | None] = []
+        self.free: list[int] = []
+        self._alloc(rows)
+        # staged points: row, time, value
+        self.s_row: list[int] = []
+        self.s_t: list[float] = []
+        self.s_v: list[float] = []
+
+    def _alloc(self, rows: int) -> None:
+        self.v = np.zeros((rows, self.fine), np.float64)
+        self.n = np.zeros((rows, self.fine), np.uint16)
+        self.newest = np.full(rows, _EMPTY, np.int64)  # newest slot written, per row
+        self.cs = np.zeros((rows, self.buckets), np.float64)
+        self.cn = np.zeros((rows, self.buckets), np.uint16)
+        self.cmin = np.zeros((rows, self.buckets), np.float32)
+        self.cmax = np.zeros((rows, self.buckets), np.float32)
+        self.cnewest = np.full(rows, _EMPTY, np.int64)  # newest bucket written, per row
+        self.entity_of += [None] * (rows - len(self.entity_of))
+
+    def _grow(self) -> None:
+        old = (self.v, self.n, self.newest, self.cs, self.cn, self.cmin, self.cmax, self.cnewest)
+        k = len(self.newest)
+        self._alloc(2 * k)
+        for new, prev in zip((self.v, self.n, self.newest, self.cs, self.cn, self.cmin, self.cmax, self.cnewest),
+                             old, strict=True):
+            new[:k] = prev
+
+    def row(self, entity: str) -> int:
+        r = self.rows.get(entity)
+        if r is None:
+            if self.free:
+                r = self.free.pop()
+            else:
+                r = len(self.rows)
+                if r >= len(self.newest):
+                    self._grow()
+            self.rows[entity] = r
+            self.entity_of[r] = entity
+        return r
+
+    def add(self, entity: str, t: float, v: float) -> None:
+        r = self.rows.get(entity)
+        self.s_row.append(self.row(entity) if r is None else r)
+        self.s_t.append(t)
+        self.s_v.append(v)
+
+    # ---- applying staged points -------------------------------------------------------------------
+
+    def flush(self) -> None:
+        """Apply the staged points to the rings (called before any read)."""
+        if not self.s_row:
+            return
+        rows = np.asarray(self.s_row, np.int64)
+        vals = np.asarray(self.s_v, np.float64)
+        slots = np.ceil(np.asarray(self.s_t, np.float64)).astype(np.int64)
+        self.s_row, self.s_t, self.s_v = [], [], []
+        self._advance(rows, slots, self.newest, self.fine, (self.v, self.n))
+        keep = slots > self.newest[rows] - self.fine  # older than the fine ring: the buckets only
+        pos = slots[keep] & self.mask
+        np.add.at(self.v, (rows[keep], pos), vals[keep])
+        np.add.at(self.n, (rows[keep], pos), 1)
+        b = (slots - 1) // self.bucket_s
+        self._advance(rows, b, self.cnewest, self.buckets, (self.cs, self.cn, self.cmin, self.cmax))
+        keep = b > self.cnewest[rows] - self.buckets
+        rows, b, vals = rows[keep], b[keep] % self.buckets, vals[keep]
+        first = self.cn[rows, b] == 0
+        # a bucket's first point sets its min and max (fancy assignment: the last of equal indexes wins,
+        # and the minimum/maximum below then fold in every point of the batch)
+        self.cmin[rows[first], b[first]] = vals[first]
+        self.cmax[rows[first], b[first]] = vals[first]
+        np.add.at(self.cs, (rows, b), vals)
+        np.add.at(self.cn, (rows, b), 1)
+        v32 = vals.astype(np.float32)
+        np.minimum.at(self.cmin, (rows, b), v32)
+        np.maximum.at(self.cmax, (rows, b), v32)
+
+    @staticmethod
+    def _advance(rows: np.ndarray, idx: np.ndarray, newest: np.ndarray, size: int,
+                 arrays: tuple[np.ndarray, ...]) -> None:
+        """Move each row's newest index to its newest staged one, emptying the ring positions it passes."""
+        top = np.full(len(newest), _EMPTY, np.int64)
+        np.maximum.at(top, rows, idx)
+        moved = np.nonzero(top > newest)[0]
+        if not len(moved):
+            return
+        step = top[moved] - newest[moved]
+        whole = moved[step >= size]
+        for a in arrays:
+            a[whole] = 0
+        part = moved[step < size]
+        if len(part):
+            old = newest[part]
+            for k in range(1, int((top[part] - old).max()) + 1):
+                sel = top[part] - old >= k
+                p = (old[sel] + k) % size
+                for a in arrays:
+                    a[part[sel], p] = 0
+        newest[moved] = top[moved]
+
+    # ---- reading -----------------------------------------------------------------------------------
+
+    def points(self, r: int, t0: float, t1: float) -> tuple[list[float], list[float]]:
+        """Row ``r``'s points with ``t0 < t <= t1``: one per non-empty slot (its mean), older ones per bucket."""
+        newest = int(self.newest[r])
+        hi = min(math.floor(t1), newest)
+        lo = math.floor(t0) + 1
+        if hi < lo:
+            return [], []
+        fine_lo = newest - self.fine + 1
+        times: list[float] = []
+        vals: list[float] = []
+        if lo < fine_lo:  # the older part, from the buckets that end before the fine ring starts
+            bs = self.bucket_s
+            cnew = int(self.cnewest[r])
+            b_lo = max((lo - 1) // bs, cnew - self.buckets + 1)
+            b_hi = min((fine_lo - 1) // bs - 1, (hi - 1) // bs, cnew)
+            if b_hi >= b_lo:
+                idx = np.arange(b_lo, b_hi + 1)
+                pos = idx % self.buckets
+                cnt = self.cn[r, pos]
+                ok = cnt > 0
+                times += ((idx[ok] + 1) * bs).astype(np.float64).tolist()
+                vals += (self.cs[r, pos][ok] / cnt[ok]).tolist()
+                lo = (b_hi + 1) * bs + 1
+            lo = max(lo, fine_lo)
+        if hi >= lo:
+            idx = np.arange(lo, hi + 1)
+            pos = idx & self.mask
+            cnt = self.n[r, pos]
+            ok = cnt > 0
+            times += idx[ok].astype(np.float64).tolist()
+            vals += (self.v[r, pos][ok] / cnt[ok]).tolist()
+        return times, vals
+
+    def counts(self, r: int, t1: float) -> tuple[np.ndarray, np.ndarray]:
+        """Row ``r``'s fine slots at or before ``t1``, newest first, and the number of points in each."""
+        hi = min(math.floor(t1), int(self.newest[r]))
+        idx = np.arange(hi, int(self.newest[r]) - self.fine, -1)
+        return idx, self.n[r, idx & self.mask]
+
+    def last(self, r: int, t1: float) -> float | None:
+        """The time (slot) of row ``r``'s newest point at or before ``t1``."""
+        idx, cnt = self.counts(r, t1)
+        nz = np.nonzero(cnt)[0]
+        if len(nz):
+            return float(idx[nz[0]])
+        return None
+
+    def matrix(self, rows: np.ndarray, t0: float, t1: float) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """The fine slots of ``rows`` in ``(t0, t1]``: slot times, values (NaN where empty), counts.
+
+        None when the window reaches past any row's fine ring (the caller reads those row by row).
+        """
+        hi = math.floor(t1)
+        lo = math.floor(t0) + 1
+        newest = self.newest[rows]
+        valid_rows = newest != _EMPTY
+        if valid_rows.any() and lo <= int(newest[valid_rows].max()) - self.fine:
+            return None
+        if hi < lo:
+            return np.zeros(0), np.full((len(rows), 0), np.nan), np.zeros((len(rows), 0), np.uint16)
+        idx = np.arange(lo, hi + 1)
+        pos = idx & self.mask
+        cnt = self.n[rows[:, None], pos[None, :]]
+        # a slot beyond a row's newest holds an old second's data (not yet overwritten): empty for this window
+        stale = (idx[None, :] > newest[:, None]) | (idx[None, :] <= newest[:, None] - self.fine)
+        cnt = np.where(stale, 0, cnt)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            vals = np.where(cnt > 0, self.v[rows[:, None], pos[None, :]] / cnt, np.nan)
+        return idx.astype(np.float64), vals, cnt
+
+    def drop(self, entity: str) -> None:
+        r = self.rows.pop(entity)
+        self.entity_of[r] = None
+        for a in (self.v, self.n, self.cs, self.cn, self.cmin, self.cmax):
+            a[r] = 0
+        self.newest[r] = _EMPTY
+        self.cnewest[r] = _EMPTY
+        self.free.append(r)
+
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in (self.v, self.n, self.newest, self.cs, self.cn, self.cmin, self.cmax,
+                                      self.cnewest))
+
+
+def aggregate_rows(agg: str, times: np.ndarray, vals: np.ndarray, cnt: np.ndarray) -> np.ndarray:
+    """``agg`` of each row of a window matrix (NaN where a row has no point): :func:`aggregate`, vectorised.
+
+    ``vals`` holds each slot's mean (NaN when empty) and ``cnt`` its number of points, so sums, counts
+    and means count every point.
+    """
+    k = cnt.sum(axis=1).astype(np.float64)
+    have = (cnt > 0).sum(axis=1)
+    out = np.full(vals.shape[0], np.nan)
+    ok = have > 0
+    if not ok.any():
+        return out
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        if agg in ("avg", "sum"):
+            s = np.nansum(np.where(cnt > 0, vals * cnt, 0.0), axis=1)
+            out[ok] = (s / k)[ok] if agg == "avg" else s[ok]
+        elif agg == "count":
+            out[ok] = k[ok]
+        elif agg == "max":
+            out[ok] = np.nanmax(vals[ok], axis=1)
+        elif agg == "min":
+            out[ok] = np.nanmin(vals[ok], axis=1)
+        elif agg in ("last", "rate", "delta"):
+            n = vals.shape[1]
+            last_i = n - 1 - np.argmax((cnt > 0)[:, ::-1], axis=1)
+            first_i = np.argmax(cnt > 0, axis=1)
+            r = np.arange(len(out))
+            lastv, firstv = vals[r, last_i], vals[r, first_i]
+            if agg == "last":
+                out[ok] = lastv[ok]
+            else:
+                d = np.where(have >= 2, lastv - firstv, 0.0)
+                if agg == "delta":
+                    out[ok] = d[ok]
+                else:
+                    dt = times[last_i] - times[first_i] if n else np.zeros(len(out))
+                    out[ok] = np.where(dt > 0, d / np.where(dt > 0, dt, 1.0), 0.0)[ok]
+        elif agg == "median":
+            out[ok] = np.nanmedian(vals[ok], axis=1)
+        elif agg in ("p90", "p95", "p99"):
+            q = int(agg[1:]) / 100
+            s = np.sort(vals[ok], axis=1)  # NaN last
+            m = have[ok]
+            i = np.minimum(m - 1, np.ceil(q * m).astype(np.int64) - 1)
+            out[ok] = s[np.arange(len(m)), i]
+        else:
+            raise ValueError(f"unknown aggregation {agg!r}")
+    return out
+
+
+# The metrics kept in columns: every per-entity metric except occurrences (an XID's code is its value,
+# one point per occurrence: summing them would lose the codes) and the ages (computed, not stored).
+# Job-level series (a point per job per second, kept an hour) stay exact :class:`Series`.
+COLUMNAR: frozenset[str] = frozenset(m.name for m in METRICS.values()
+                                     if m.level in ("gpu", "node", "nic", "device", "rank") and not m.occurrences
+                                     and m.name not in _AGES)
+
+
 class MetricStore:
     """Every metric of :mod:`whywait.engine.rules.metrics`, per entity, over the last ``retention_s``."""
 
     def __init__(self, retention_s: float = 900.0, plan: dict[str, KindPlan] | None = None) -> None:
         self.retention_s = retention_s
         self.plan = PLAN if plan is None else plan
-        self.series: dict[tuple[str, str], Series] = {}
+        self._series: dict[tuple[str, str], Series] = {}  # the exact series: job level and occurrences
+        self.columns: dict[str, Column] = {}  # the columnar ones, by metric
+        self._staged: set[Column] = set()  # columns with points not yet applied to their rings
         self.node_last: dict[str, float] = {}
         self.rank_last: dict[str, float] = {}
         # level -> node -> entity keys seen, for the levels a job's placement does not name (NICs,
@@ -202,10 +490,36 @@ class MetricStore:
     # ---- writing ----------------------------------------------------------------------------------
 
     def put(self, metric: str, entity: str, t: float, v: float) -> None:
-        s = self.series.get((metric, entity))
+        """Store one point of ``metric`` for ``entity`` at event time ``t`` (staged until the next read)."""
+        col = self.columns.get(metric)
+        if col is None and metric in COLUMNAR:
+            col = self.columns[metric] = Column(self.retention_s, _FINE_RANK_S if METRICS[metric].level == "rank"
+                                                else _FINE_S)
+        if col is not None:
+            col.add(entity, t, v)
+            self._staged.add(col)
+            return
+        s = self._series.get((metric, entity))
         if s is None:
-            s = self.series[(metric, entity)] = Series()
+            s = self._series[(metric, entity)] = Series()
         s.add(t, v)
+
+    def flush(self) -> None:
+        """Apply the staged points to the columns; every read calls it first."""
+        if self._staged:
+            for col in self._staged:
+                col.flush()
+            self._staged.clear()
+
+    @property
+    def series(self) -> SeriesView:
+        """Every series as ``(metric, entity) -> Series`` (a read-only view: columns materialise on access)."""
+        self.flush()
+        return SeriesView(self)
+
+    def memory_bytes(self) -> int:
+        """Bytes held by the columns' arrays (the bulk of the store at scale)."""
+        return sum(c.nbytes() for c in self.columns.values())
 
     def ingest(self, msg: dict[str, Any]) -> float:
         """Add one validated contract message; return its event time."""
@@ -488,12 +802,16 @@ class MetricStore:
 
     def trim(self, now: float) -> None:
         """Forget points older than the retention; called by the evaluator now and then."""
+        self.flush()
         cutoff = now - self.retention_s
         job_cutoff = now - self.job_retention_s
-        for key, s in list(self.series.items()):
+        for key, s in list(self._series.items()):
             s.trim(job_cutoff if key[0].startswith("job.") else cutoff)
             if not s.t:  # an entity gone for the whole retention (a finished job's ranks): forget it
-                del self.series[key]
+                del self._series[key]
+        for col in self.columns.values():  # the rings are fixed; an entity silent for the retention is freed
+            for e in [e for e, r in col.rows.items() if col.newest[r] < cutoff]:
+                col.drop(e)
         for s in self.node_seen.values():
             s.trim(cutoff)
         for job, table in list(self.step_tables.items()):
@@ -511,7 +829,12 @@ class MetricStore:
         if metric in _AGES:
             v = self.age(metric, entity, t1)
             return ((t1,), (v,)) if v is not None else ((), ())
-        s = self.series.get((metric, entity))
+        col = self.columns.get(metric)
+        if col is not None:
+            self.flush()
+            r = col.rows.get(entity)
+            return col.points(r, t0, t1) if r is not None else ((), ())
+        s = self._series.get((metric, entity))
         return s.window(t0, t1) if s is not None else ((), ())
 
     def age(self, metric: str, entity: str, now: float) -> float | None:
@@ -521,8 +844,15 @@ class MetricStore:
             starts = [s for s, e in (spans or {}).values() if s is not None and s <= now and (e is None or e > now)]
             return now - min(starts) if starts else None
         # The last report at or before ``now``: messages up to the lateness ahead are already stored.
-        seen = self.series.get(("step.duration_s", entity)) if metric == "step.since_last_s" else \
-            self.node_seen.get(entity)
+        if metric == "step.since_last_s":
+            col = self.columns.get("step.duration_s")
+            r = col.rows.get(entity) if col is not None else None
+            if r is None:
+                return None
+            self.flush()
+            last = col.last(r, now)  # type: ignore[union-attr]
+            return None if last is None else now - last
+        seen = self.node_seen.get(entity)
         if seen is None or not seen.t:
             return None
         i = bisect.bisect_right(seen.t, now)
@@ -538,7 +868,22 @@ class MetricStore:
         """
         if min_points <= 0 or metric in _AGES:
             return window_s
-        s = self.series.get((metric, entity))
+        col = self.columns.get(metric)
+        if col is not None:
+            r = col.rows.get(entity)
+            if r is None:
+                return window_s
+            self.flush()
+            idx, cnt = col.counts(r, now)
+            total = np.cumsum(cnt)
+            if not len(total) or total[-1] == 0:
+                return window_s
+            k = int(np.searchsorted(total, min_points))  # the slot holding the min_points-th newest point
+            k = min(k, len(total) - 1)
+            if total[k] < min_points:  # fewer points than asked: back to the oldest
+                k = int(np.nonzero(cnt)[0][-1])
+            return max(window_s, now - float(idx[k]) + 1e-6)  # the window's start just before that slot
+        s = self._series.get((metric, entity))
         if s is None or not s.t:
             return window_s
         j = bisect.bisect_right(s.t, now)
@@ -558,6 +903,36 @@ class MetricStore:
         """The entities at ``level`` (``nic``, ``device``) seen on ``nodes``, sorted."""
         seen = self.members.get(level, {})
         return sorted(e for n in nodes for e in seen.get(n, ()))
+
+
+class SeriesView(Mapping[tuple[str, str], Series]):
+    """Every series of a store as ``(metric, entity) -> Series``: the exact ones, and the columns' rows
+    materialised over the retention on access (for inspection, tests and whywait's own metrics)."""
+
+    def __init__(self, store: MetricStore) -> None:
+        self.store = store
+
+    def __iter__(self) -> Iterator[tuple[str, str]]:
+        yield from self.store._series
+        for metric, col in self.store.columns.items():
+            for e in col.rows:
+                yield (metric, e)
+
+    def __len__(self) -> int:
+        return len(self.store._series) + sum(len(c.rows) for c in self.store.columns.values())
+
+    def __getitem__(self, key: tuple[str, str]) -> Series:
+        s = self.store._series.get(key)
+        if s is not None:
+            return s
+        col = self.store.columns.get(key[0])
+        r = col.rows.get(key[1]) if col is not None else None
+        if col is None or r is None:
+            raise KeyError(key)
+        out = Series()
+        newest = float(col.newest[r])
+        out.t, out.v = col.points(r, newest - col.buckets * col.bucket_s, newest)
+        return out
 
 
 # The derivation of each kind, called after its declared fields are stored.  An explicit table: a
