@@ -30,6 +30,7 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 
 from whywait.agents import events
+from whywait.agents.events import Event
 from whywait.engine.evaluate.steps import StepRec, StepTable
 from whywait.engine.rules.metrics import METRICS
 
@@ -203,20 +204,49 @@ _BUCKET_S = 30  # seconds per coarse bucket
 _EMPTY = np.iinfo(np.int64).min // 2
 
 
-class Column:
-    """One metric's values for every entity: a fine ring of 1 s slots and a coarse ring of buckets."""
+class Rows:
+    """Entity -> row number, shared by every column of one level (a GPU has one row in every GPU metric).
 
-    def __init__(self, retention_s: float, fine_s: int = _FINE_S, bucket_s: int = _BUCKET_S, rows: int = 16) -> None:
+    Ingest then finds an entity's row once per list entry, not once per field.
+    """
+
+    def __init__(self) -> None:
+        self.index: dict[str, int] = {}
+        self.entity_of: list[str | None] = []
+        self.free: list[int] = []
+
+    def add(self, entity: str) -> int:
+        r = self.index.get(entity)
+        if r is None:
+            if self.free:
+                r = self.free.pop()
+                self.entity_of[r] = entity
+            else:
+                r = len(self.entity_of)
+                self.entity_of.append(entity)
+            self.index[entity] = r
+        return r
+
+    def drop(self, entity: str) -> int:
+        r = self.index.pop(entity)
+        self.entity_of[r] = None
+        self.free.append(r)
+        return r
+
+
+class Column:
+    """One metric's values for every entity of its level: a fine ring of 1 s slots and a coarse ring of buckets."""
+
+    def __init__(self, rows: Rows, retention_s: float, fine_s: int = _FINE_S, bucket_s: int = _BUCKET_S) -> None:
         self.fine = fine_s
         self.mask = fine_s - 1
         assert fine_s & self.mask == 0, "fine_s is a power of two"
         self.bucket_s = bucket_s
         self.buckets = int(math.ceil(retention_s / bucket_s)) + 2
-        self.rows: dict[str, int] = {}
-        self.entity_of: list[str | None] = []
-        self.free: list[int] = []
-        self._alloc(rows)
-        # staged points: row, time, value
+        self.shared = rows
+        self.rows = rows.index
+        self._alloc(max(16, len(rows.entity_of)))
+        # staged points: row, time, value (appended by MetricStore, applied by flush)
         self.s_row: list[int] = []
         self.s_t: list[float] = []
         self.s_v: list[float] = []
@@ -230,83 +260,109 @@ class Column:
         self.cmin = np.zeros((rows, self.buckets), np.float32)
         self.cmax = np.zeros((rows, self.buckets), np.float32)
         self.cnewest = np.full(rows, _EMPTY, np.int64)  # newest bucket written, per row
-        self.entity_of += [None] * (rows - len(self.entity_of))
 
-    def _grow(self) -> None:
-        old = (self.v, self.n, self.newest, self.cs, self.cn, self.cmin, self.cmax, self.cnewest)
+    def _fit(self) -> None:
+        """Grow the arrays (doubling) to hold every row the level has handed out."""
+        need = len(self.shared.entity_of)
         k = len(self.newest)
-        self._alloc(2 * k)
+        if need <= k:
+            return
+        old = (self.v, self.n, self.newest, self.cs, self.cn, self.cmin, self.cmax, self.cnewest)
+        size = k
+        while size < need:
+            size *= 2
+        self._alloc(size)
         for new, prev in zip((self.v, self.n, self.newest, self.cs, self.cn, self.cmin, self.cmax, self.cnewest),
                              old, strict=True):
             new[:k] = prev
 
-    def row(self, entity: str) -> int:
-        r = self.rows.get(entity)
-        if r is None:
-            if self.free:
-                r = self.free.pop()
-            else:
-                r = len(self.rows)
-                if r >= len(self.newest):
-                    self._grow()
-            self.rows[entity] = r
-            self.entity_of[r] = entity
-        return r
-
     def add(self, entity: str, t: float, v: float) -> None:
         r = self.rows.get(entity)
-        self.s_row.append(self.row(entity) if r is None else r)
+        self.s_row.append(self.shared.add(entity) if r is None else r)
         self.s_t.append(t)
         self.s_v.append(v)
 
     # ---- applying staged points -------------------------------------------------------------------
 
+    def column(self, metric: str) -> Column:
+        """The column of a metric in :data:`COLUMNAR`, made on first use."""
+        col = self.columns.get(metric)
+        if col is None:
+            level = METRICS[metric].level
+            rows = self.levels.get(level)
+            if rows is None:
+                rows = self.levels[level] = Rows()
+            col = self.columns[metric] = Column(rows, self.retention_s, _FINE_RANK_S if level == "rank" else _FINE_S)
+        return col
+
     def flush(self) -> None:
         """Apply the staged points to the rings (called before any read)."""
+        self._fit()
         if not self.s_row:
             return
         rows = np.asarray(self.s_row, np.int64)
         vals = np.asarray(self.s_v, np.float64)
         slots = np.ceil(np.asarray(self.s_t, np.float64)).astype(np.int64)
         self.s_row, self.s_t, self.s_v = [], [], []
-        self._advance(rows, slots, self.newest, self.fine, (self.v, self.n))
+        # The usual batch holds one point per row (one second of telemetry): plain fancy assignment is
+        # then exact and several times faster than the unbuffered ``ufunc.at``.
+        unique = len(np.unique(rows)) == len(rows)
+        self._advance(rows, slots, self.newest, self.fine, (self.v, self.n), unique)
         keep = slots > self.newest[rows] - self.fine  # older than the fine ring: the buckets only
-        pos = slots[keep] & self.mask
-        np.add.at(self.v, (rows[keep], pos), vals[keep])
-        np.add.at(self.n, (rows[keep], pos), 1)
+        r, pos, x = rows[keep], slots[keep] & self.mask, vals[keep]
+        if unique:
+            self.v[r, pos] += x
+            self.n[r, pos] += 1
+        else:
+            np.add.at(self.v, (r, pos), x)
+            np.add.at(self.n, (r, pos), 1)
         b = (slots - 1) // self.bucket_s
-        self._advance(rows, b, self.cnewest, self.buckets, (self.cs, self.cn, self.cmin, self.cmax))
+        self._advance(rows, b, self.cnewest, self.buckets, (self.cs, self.cn, self.cmin, self.cmax), unique)
         keep = b > self.cnewest[rows] - self.buckets
-        rows, b, vals = rows[keep], b[keep] % self.buckets, vals[keep]
-        first = self.cn[rows, b] == 0
+        r, b, x = rows[keep], b[keep] % self.buckets, vals[keep]
+        x32 = x.astype(np.float32)
+        if unique:
+            first = self.cn[r, b] == 0
+            self.cmin[r, b] = np.where(first, x32, np.minimum(self.cmin[r, b], x32))
+            self.cmax[r, b] = np.where(first, x32, np.maximum(self.cmax[r, b], x32))
+            self.cs[r, b] += x
+            self.cn[r, b] += 1
+            return
+        first = self.cn[r, b] == 0
         # a bucket's first point sets its min and max (fancy assignment: the last of equal indexes wins,
         # and the minimum/maximum below then fold in every point of the batch)
-        self.cmin[rows[first], b[first]] = vals[first]
-        self.cmax[rows[first], b[first]] = vals[first]
-        np.add.at(self.cs, (rows, b), vals)
-        np.add.at(self.cn, (rows, b), 1)
-        v32 = vals.astype(np.float32)
-        np.minimum.at(self.cmin, (rows, b), v32)
-        np.maximum.at(self.cmax, (rows, b), v32)
+        self.cmin[r[first], b[first]] = x32[first]
+        self.cmax[r[first], b[first]] = x32[first]
+        np.add.at(self.cs, (r, b), x)
+        np.add.at(self.cn, (r, b), 1)
+        np.minimum.at(self.cmin, (r, b), x32)
+        np.maximum.at(self.cmax, (r, b), x32)
 
     @staticmethod
     def _advance(rows: np.ndarray, idx: np.ndarray, newest: np.ndarray, size: int,
-                 arrays: tuple[np.ndarray, ...]) -> None:
+                 arrays: tuple[np.ndarray, ...], unique: bool) -> None:
         """Move each row's newest index to its newest staged one, emptying the ring positions it passes."""
-        top = np.full(len(newest), _EMPTY, np.int64)
-        np.maximum.at(top, rows, idx)
-        moved = np.nonzero(top > newest)[0]
+        if unique:
+            moved = rows[idx > newest[rows]]
+            top = np.empty(len(newest), np.int64)
+            top[rows] = idx
+        else:
+            top = np.full(len(newest), _EMPTY, np.int64)
+            np.maximum.at(top, rows, idx)
+            moved = np.nonzero(top > newest)[0]
         if not len(moved):
             return
         step = top[moved] - newest[moved]
         whole = moved[step >= size]
-        for a in arrays:
-            a[whole] = 0
+        if len(whole):
+            for a in arrays:
+                a[whole] = 0
         part = moved[step < size]
         if len(part):
             old = newest[part]
-            for k in range(1, int((top[part] - old).max()) + 1):
-                sel = top[part] - old >= k
+            gap = top[part] - old
+            for k in range(1, int(gap.max()) + 1):
+                sel = gap >= k
                 p = (old[sel] + k) % size
                 for a in arrays:
                     a[part[sel], p] = 0
@@ -316,6 +372,7 @@ class Column:
 
     def points(self, r: int, t0: float, t1: float) -> tuple[list[float], list[float]]:
         """Row ``r``'s points with ``t0 < t <= t1``: one per non-empty slot (its mean), older ones per bucket."""
+        self._fit()
         newest = int(self.newest[r])
         hi = min(math.floor(t1), newest)
         lo = math.floor(t0) + 1
@@ -349,6 +406,7 @@ class Column:
 
     def counts(self, r: int, t1: float) -> tuple[np.ndarray, np.ndarray]:
         """Row ``r``'s fine slots at or before ``t1``, newest first, and the number of points in each."""
+        self._fit()
         hi = min(math.floor(t1), int(self.newest[r]))
         idx = np.arange(hi, int(self.newest[r]) - self.fine, -1)
         return idx, self.n[r, idx & self.mask]
@@ -366,6 +424,7 @@ class Column:
 
         None when the window reaches past any row's fine ring (the caller reads those row by row).
         """
+        self._fit()
         hi = math.floor(t1)
         lo = math.floor(t0) + 1
         newest = self.newest[rows]
@@ -376,22 +435,33 @@ class Column:
             return np.zeros(0), np.full((len(rows), 0), np.nan), np.zeros((len(rows), 0), np.uint16)
         idx = np.arange(lo, hi + 1)
         pos = idx & self.mask
-        cnt = self.n[rows[:, None], pos[None, :]]
+        cnt = self._cols(self.n, rows, int(pos[0]), len(pos))
+        v = self._cols(self.v, rows, int(pos[0]), len(pos))
         # a slot beyond a row's newest holds an old second's data (not yet overwritten): empty for this window
         stale = (idx[None, :] > newest[:, None]) | (idx[None, :] <= newest[:, None] - self.fine)
-        cnt = np.where(stale, 0, cnt)
+        if stale.any():
+            cnt[stale] = 0
         with np.errstate(invalid="ignore", divide="ignore"):
-            vals = np.where(cnt > 0, self.v[rows[:, None], pos[None, :]] / cnt, np.nan)
+            vals = v / cnt
+        vals[cnt == 0] = np.nan
         return idx.astype(np.float64), vals, cnt
 
-    def drop(self, entity: str) -> None:
-        r = self.rows.pop(entity)
-        self.entity_of[r] = None
+    def _cols(self, a: np.ndarray, rows: np.ndarray, start: int, length: int) -> np.ndarray:
+        """``a[rows]`` at ring positions ``start .. start + length`` (wrapping): a slice of columns, then the rows
+        (far cheaper than a 2-D fancy index)."""
+        end = start + length
+        if end <= self.fine:
+            return a[:, start:end][rows]
+        return np.concatenate((a[:, start:][rows], a[:, :end - self.fine][rows]), axis=1)
+
+    def clear(self, r: int) -> None:
+        """Empty row ``r`` (its entity was dropped from the level)."""
+        if r >= len(self.newest):
+            return
         for a in (self.v, self.n, self.cs, self.cn, self.cmin, self.cmax):
             a[r] = 0
         self.newest[r] = _EMPTY
         self.cnewest[r] = _EMPTY
-        self.free.append(r)
 
     def nbytes(self) -> int:
         return sum(a.nbytes for a in (self.v, self.n, self.newest, self.cs, self.cn, self.cmin, self.cmax,
@@ -464,7 +534,9 @@ class MetricStore:
         self.plan = PLAN if plan is None else plan
         self._series: dict[tuple[str, str], Series] = {}  # the exact series: job level and occurrences
         self.columns: dict[str, Column] = {}  # the columnar ones, by metric
+        self.levels: dict[str, Rows] = {}  # level -> its entities' rows, shared by the level's columns
         self._staged: set[Column] = set()  # columns with points not yet applied to their rings
+        self._memo: dict[tuple[Any, ...], np.ndarray] = {}  # values() results since the last flush
         self.node_last: dict[str, float] = {}
         self.rank_last: dict[str, float] = {}
         # level -> node -> entity keys seen, for the levels a job's placement does not name (NICs,
@@ -493,10 +565,12 @@ class MetricStore:
         """Store one point of ``metric`` for ``entity`` at event time ``t`` (staged until the next read)."""
         col = self.columns.get(metric)
         if col is None and metric in COLUMNAR:
-            col = self.columns[metric] = Column(self.retention_s, _FINE_RANK_S if METRICS[metric].level == "rank"
-                                                else _FINE_S)
-        if col is not None:
-            col.add(entity, t, v)
+            col = self.column(metric)
+        if col is not None:  # inlined Column.add: this runs for every derived point
+            r = col.rows.get(entity)
+            col.s_row.append(col.shared.add(entity) if r is None else r)
+            col.s_t.append(t)
+            col.s_v.append(v)
             self._staged.add(col)
             return
         s = self._series.get((metric, entity))
@@ -504,12 +578,24 @@ class MetricStore:
             s = self._series[(metric, entity)] = Series()
         s.add(t, v)
 
+    def column(self, metric: str) -> Column:
+        """The column of a metric in :data:`COLUMNAR`, made on first use."""
+        col = self.columns.get(metric)
+        if col is None:
+            level = METRICS[metric].level
+            rows = self.levels.get(level)
+            if rows is None:
+                rows = self.levels[level] = Rows()
+            col = self.columns[metric] = Column(rows, self.retention_s, _FINE_RANK_S if level == "rank" else _FINE_S)
+        return col
+
     def flush(self) -> None:
         """Apply the staged points to the columns; every read calls it first."""
         if self._staged:
             for col in self._staged:
                 col.flush()
             self._staged.clear()
+            self._memo.clear()
 
     @property
     def series(self) -> SeriesView:
@@ -543,8 +629,12 @@ class MetricStore:
             derive(self, msg, t, node)
         return t
 
-    def _ingest_declared(self, plan: KindPlan, msg: dict[str, Any], t: float, node: str) -> None:
-        """Store every field the contract declares measured, and the node roll-ups it declares."""
+    def _ingest_declared(self, plan: KindPlan, msg: Mapping[str, Any], t: float, node: str) -> None:
+        """Store every field the contract declares measured, and the node roll-ups it declares.
+
+        The hot path of ingest (one point per field per list entry): each entry's row is found once for
+        all its fields, and points are appended straight to the columns' staging lists.
+        """
         put = self.put
         owner = msg["job"] if plan.per_job else node
         for name, metric, boolean in plan.body:
@@ -553,28 +643,49 @@ class MetricStore:
                 put(metric, owner, t, (1.0 if v else 0.0) if boolean else float(v))
         for lp in plan.lists:
             items = msg.get(lp.name)
-            if items is None:
+            if not items:
+                if items is not None:
+                    self._rollups(lp, items, t, node)
                 continue
             members = self.members[lp.entity] if lp.entity in ("nic", "device") else None
+            typed = isinstance(items[0], Event)
+            attrs = type(items[0])._attr if typed else {}
+            fields = [(attrs.get(name, name), self.column(metric) if metric in COLUMNAR else None, metric, boolean,
+                       each) for name, metric, boolean, each in lp.direct]
+            rows = self.levels[lp.entity] if lp.entity in self.levels else None
+            for _, col, _, _, _ in fields:
+                if col is not None:
+                    self._staged.add(col)
+                    rows = col.shared
+            key = attrs.get(lp.key, lp.key)
             for item in items:
-                e = _entity(lp.entity, msg, node, item[lp.key])
+                e = _entity(lp.entity, msg, node, getattr(item, key) if typed else item[lp.key])
                 if members is not None:
                     members[node].add(e)
-                for name, metric, boolean, each in lp.direct:
-                    v = item.get(name)
+                r = rows.add(e) if rows is not None else -1
+                for attr, col, metric, boolean, each in fields:
+                    v = getattr(item, attr) if typed else item.get(attr)
                     if v is None:
                         continue
                     if each:  # one point per occurrence: a repeated XID counts twice
                         for x in v:
                             put(metric, e, t, float(x))
+                    elif col is not None:
+                        col.s_row.append(r)
+                        col.s_t.append(t)
+                        col.s_v.append((1.0 if v else 0.0) if boolean else float(v))
                     else:
                         put(metric, e, t, (1.0 if v else 0.0) if boolean else float(v))
-            for name, metric, how in lp.rollups:
-                vals = [float(item[name]) for item in items if item.get(name) is not None]
-                if how == "sum":  # an empty list, or entries without the field, add nothing: 0
-                    put(metric, node, t, math.fsum(vals))
-                elif vals:
-                    put(metric, node, t, max(vals))
+            self._rollups(lp, items, t, node)
+
+    def _rollups(self, lp: _ListPlan, items: Sequence[Any], t: float, node: str) -> None:
+        """The node roll-ups of one list: the ``max`` or ``sum`` of a field over its entries."""
+        for name, metric, how in lp.rollups:
+            vals = [float(v) for v in (item.get(name) for item in items) if v is not None]
+            if how == "sum":  # an empty list, or entries without the field, add nothing: 0
+                self.put(metric, node, t, math.fsum(vals))
+            elif vals:
+                self.put(metric, node, t, max(vals))
 
     # ---- derivations: what no single declared field gives -----------------------------------------
 
@@ -803,15 +914,27 @@ class MetricStore:
     def trim(self, now: float) -> None:
         """Forget points older than the retention; called by the evaluator now and then."""
         self.flush()
+        self._memo.clear()
         cutoff = now - self.retention_s
         job_cutoff = now - self.job_retention_s
         for key, s in list(self._series.items()):
             s.trim(job_cutoff if key[0].startswith("job.") else cutoff)
             if not s.t:  # an entity gone for the whole retention (a finished job's ranks): forget it
                 del self._series[key]
-        for col in self.columns.values():  # the rings are fixed; an entity silent for the retention is freed
-            for e in [e for e, r in col.rows.items() if col.newest[r] < cutoff]:
-                col.drop(e)
+        # The rings are fixed; an entity silent for the whole retention in every metric of its level is freed.
+        for level, rows in self.levels.items():
+            cols = [c for c in self.columns.values() if c.shared is rows]
+            if not cols or not rows.index:
+                continue
+            for c in cols:
+                c._fit()
+            newest = np.max([c.newest[:len(rows.entity_of)] for c in cols], axis=0)
+            for r in np.nonzero(newest < cutoff)[0]:
+                e = rows.entity_of[r]
+                if e is not None:
+                    rows.drop(e)
+                    for c in cols:
+                        c.clear(int(r))
         for s in self.node_seen.values():
             s.trim(cutoff)
         for job, table in list(self.step_tables.items()):
@@ -833,7 +956,10 @@ class MetricStore:
         if col is not None:
             self.flush()
             r = col.rows.get(entity)
-            return col.points(r, t0, t1) if r is not None else ((), ())
+            if r is None:
+                return (), ()
+            times, values = col.points(r, t0, t1)
+            return (times, values) if times else ((), ())
         s = self._series.get((metric, entity))
         return s.window(t0, t1) if s is not None else ((), ())
 
@@ -859,6 +985,39 @@ class MetricStore:
         if i == 0:
             return None
         return now - seen.t[i - 1]
+
+    def ages(self, metric: str, entities: Sequence[str], now: float) -> np.ndarray:
+        """:meth:`age` for each of ``entities`` (NaN: never reported), vectorised for ranks' step reports."""
+        col = self.columns.get("step.duration_s") if metric == "step.since_last_s" else None
+        if col is None or not entities:
+            return np.array([np.nan if a is None else a for a in (self.age(metric, e, now) for e in entities)],
+                            np.float64)
+        self.flush()
+        rows = np.fromiter((col.rows.get(e, -1) for e in entities), np.int64, len(entities))
+        out = np.full(len(entities), np.nan)
+        known = np.nonzero(rows >= 0)[0]
+        if not len(known):
+            return out
+        col._fit()
+        newest = col.newest[rows[known]]
+        # A row whose newest point is not after ``now``: that point is its last report.  Rows with points
+        # ahead of ``now`` (stored up to the lateness early) look back over a few slots, then row by row.
+        now_s = math.floor(now)
+        done = (newest <= now_s) & (newest != _EMPTY)
+        out[known[done]] = now - newest[done]
+        ahead = known[newest > now_s]
+        if len(ahead):
+            m = col.matrix(rows[ahead], now - 16, now)
+            if m is not None and m[2].shape[1]:
+                times, _, cnt = m
+                has = cnt.any(axis=1)
+                last = times[cnt.shape[1] - 1 - np.argmax(cnt[:, ::-1] > 0, axis=1)]
+                out[ahead[has]] = now - last[has]
+                ahead = ahead[~has]
+            for i in ahead:
+                a = self.age(metric, entities[i], now)
+                out[i] = np.nan if a is None else a
+        return out
 
     def span(self, metric: str, entity: str, now: float, window_s: float, min_points: int = 0) -> float:
         """The window length to use at ``now``: ``window_s``, or longer to hold the last ``min_points`` points.
@@ -896,6 +1055,39 @@ class MetricStore:
         times, values = self.window(metric, entity, now - window_s, now)
         return aggregate(agg, times, values)
 
+    def values(self, metric: str, entities: Sequence[str], agg: str, now: float, window_s: float) -> np.ndarray:
+        """The ``agg`` of ``metric`` over ``(now - window_s, now]`` for each of ``entities`` (NaN: no data).
+
+        The vectorised :meth:`value`: for a columnar metric, one numpy pass over every entity's slots
+        (called by the conditions once per rule and job, instead of once per entity).
+        """
+        self.flush()
+        # Several rules read the same aggregate of the same entities in one tick: computed once, kept
+        # until new points are applied (flush) or the entities change.
+        ents = tuple(entities)
+        key = (metric, agg, now, window_s, ents)
+        hit = self._memo.get(key)
+        if hit is not None:
+            return hit
+        out = None
+        col = self.columns.get(metric)
+        if col is not None and ents:
+            rows = np.fromiter((col.rows.get(e, -1) for e in ents), np.int64, len(ents))
+            known = rows >= 0
+            if known.any():
+                m = col.matrix(rows[known], now - window_s, now)
+                if m is not None:
+                    out = np.full(len(ents), np.nan)
+                    out[known] = aggregate_rows(agg, *m)
+        if out is None:
+            vals = [self.value(metric, e, agg, now, window_s) for e in ents]
+            out = np.array([np.nan if v is None else v for v in vals], np.float64)
+        out.flags.writeable = False  # shared by every reader of this tick
+        if len(self._memo) > 4096:
+            self._memo.clear()
+        self._memo[key] = out
+        return out
+
     def nic_entities(self, nodes: Iterable[str]) -> list[str]:
         return self.entities_at("nic", nodes)
 
@@ -915,11 +1107,12 @@ class SeriesView(Mapping[tuple[str, str], Series]):
     def __iter__(self) -> Iterator[tuple[str, str]]:
         yield from self.store._series
         for metric, col in self.store.columns.items():
-            for e in col.rows:
-                yield (metric, e)
+            for e, r in col.rows.items():
+                if r < len(col.newest) and col.newest[r] != _EMPTY:
+                    yield (metric, e)
 
     def __len__(self) -> int:
-        return len(self.store._series) + sum(len(c.rows) for c in self.store.columns.values())
+        return sum(1 for _ in self)
 
     def __getitem__(self, key: tuple[str, str]) -> Series:
         s = self.store._series.get(key)
@@ -927,7 +1120,7 @@ class SeriesView(Mapping[tuple[str, str], Series]):
             return s
         col = self.store.columns.get(key[0])
         r = col.rows.get(key[1]) if col is not None else None
-        if col is None or r is None:
+        if col is None or r is None or r >= len(col.newest) or col.newest[r] == _EMPTY:
             raise KeyError(key)
         out = Series()
         newest = float(col.newest[r])
