@@ -30,10 +30,9 @@ import keyword
 import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Annotated, Any, ClassVar, Union
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Union
 
 import msgspec
-
 from whywait.agents.errors import AgentError
 
 SCHEMA_VERSION = 2
@@ -807,13 +806,21 @@ class Event(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
         if isinstance(other, Event) and type(other) is not type(self):
             return False
         if isinstance(other, Mapping) or isinstance(other, Event):
-            return as_dict(self) == (as_dict(other) if isinstance(other, Event) else _plain(other))
+            return bool(_plain(self) == _plain(other))
         return NotImplemented
 
     __hash__ = None  # type: ignore[assignment]
 
 
 Mapping.register(Event)
+
+# What :func:`decode` returns, as the type checker sees it: a read-only mapping of the contract's
+# fields (at run time an :class:`Event` of the message's kind, whose attributes are typed too; the
+# classes are generated from the tables, so no checker can name their attributes).
+if TYPE_CHECKING:
+    Message = Mapping[str, Any]
+else:
+    Message = Event
 
 
 def _plain(value: Any) -> Any:
@@ -834,8 +841,9 @@ def _bounded(type_: str, unit: str, name: str) -> Any:
     """The msgspec type of one contract type: the same checks :func:`_check` makes, compiled."""
     if type_ in ("number", "integer"):
         lo, hi = UNIT_BOUNDS.get(unit, GENERIC_BOUND)
-        if type_ == "integer":  # an integer: within the unit's bounds and within 64 bits
-            return Annotated[int, msgspec.Meta(ge=max(math.ceil(lo), -_INT_LIMIT), le=min(math.floor(hi), _INT_LIMIT - 1))]
+        if type_ == "integer":  # an integer: within the unit's bounds and a signed 64-bit one
+            ge, le = max(math.ceil(lo), -_INT_LIMIT), min(math.floor(hi), _INT_LIMIT - 1)
+            return Annotated[int, msgspec.Meta(ge=ge, le=le)]
         return Annotated[float, msgspec.Meta(ge=lo, le=hi)]
     if type_ == "string":
         return Annotated[str, msgspec.Meta(min_length=1, max_length=STRING_MAX_BY_FIELD.get(name, STRING_MAX))]
@@ -865,7 +873,7 @@ def _struct_for(rec: Record, head: tuple[Field, ...] = (), kind: str | None = No
         attr[f.name] = name
         t = _bounded(f.type, f.unit, f.name)
         fields.append((name, t) if f.required else (name, t | None, None))  # type: ignore[operator]
-    cls: type[Event] = msgspec.defstruct(
+    cls: type[Event] = msgspec.defstruct(  # type: ignore[assignment]
         rec.name, fields, bases=(Event,), kw_only=True, frozen=True, omit_defaults=True,
         rename={a: w for w, a in attr.items() if a != w} or None,
         tag_field="kind" if kind is not None else None, tag=kind if kind is not None else None,
@@ -894,7 +902,7 @@ def encode(msg: Mapping[str, Any]) -> bytes:
     return json.dumps(msg, separators=(",", ":"), allow_nan=False).encode()
 
 
-def decode(raw: bytes | str, topic: str | None = None) -> Event:
+def decode(raw: bytes | str, topic: str | None = None) -> Message:
     """Parse and validate one Kafka value into its typed :class:`Event`; raise :class:`ContractError` on any problem.
 
     The compiled decoder (msgspec, generated from the tables above) parses and checks types and
@@ -913,7 +921,7 @@ def decode(raw: bytes | str, topic: str | None = None) -> Event:
     return ev
 
 
-def _decode_slow(raw: bytes | str, topic: str | None) -> Event:
+def _decode_slow(raw: bytes | str, topic: str | None) -> Message:
     """The reference path: ``json.loads`` and :func:`validate` (raises with the reason), then the typed object.
 
     Reached for refused messages, and for the few the compiled decoder is stricter about than the

@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, Sequence, TypeVar
 
 import numpy as np
-
 from whywait.engine.diagnosis import Evidence
 from whywait.engine.evaluate.store import MetricStore
 from whywait.engine.rules.condition_types import (
@@ -176,7 +175,7 @@ def _threshold(c: Condition, ctx: Ctx) -> Result:
     ents = ctx.entities(level, c.on)
     vals = _aggregates(ctx, p.metric, ents, p.agg, p.window, p.steps)
     with np.errstate(invalid="ignore"):
-        hits = np.nonzero(~np.isnan(vals) & p.value(vals))[0]
+        hits = np.nonzero(~np.isnan(vals) & _vec(p.value, vals))[0]
     for i in hits:
         e, v = ents[i], float(vals[i])
         res.entities.append(e)
@@ -184,6 +183,12 @@ def _threshold(c: Condition, ctx: Ctx) -> Result:
     n = len(res.entities)
     res.holds = n >= max(1.0, p.min_entities) and (not ents or n / len(ents) >= p.min_share)
     return res
+
+
+def _vec(cmp: Compare, x: np.ndarray) -> np.ndarray:
+    """A comparison applied to every element of ``x`` (its operators work elementwise on arrays)."""
+    f: Any = cmp
+    return np.asarray(f(x), bool)
 
 
 def _aggregates(ctx: Ctx, metric: str, ents: Sequence[str], agg: str, window: float, steps: float) -> np.ndarray:
@@ -262,11 +267,11 @@ def _judge_peers(c: Condition, p: PeerOutlierCondition, ents: list[str], vals: n
             z = (vals - med) / scale
         ok = np.ones(len(vals), bool)
         if p.ratio is not None:
-            ok &= p.ratio(ratio)
+            ok &= _vec(p.ratio, ratio)
         if p.zscore is not None:
-            ok &= p.zscore(z)
+            ok &= _vec(p.zscore, z)
         if p.min_value is not None:
-            ok &= p.min_value(vals)
+            ok &= _vec(p.min_value, vals)
     thr = " and ".join(x for x in (f"ratio {p.ratio}" if p.ratio else "",
                                    f"robust z {p.zscore}" if p.zscore else "") if x)
     for i in np.nonzero(ok)[0]:

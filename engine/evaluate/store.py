@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
-
 from whywait.agents import events
 from whywait.agents.events import Event
 from whywait.engine.evaluate.steps import StepRec, StepTable
@@ -100,7 +99,7 @@ PLAN = ingest_plan()
 _NODE_PERIODIC = frozenset(t.kind for t in events.TOPICS if t.periodic and t.key == "node id")
 
 
-def _entity(entity: str, msg: dict[str, Any], node: str, name: Any) -> str:
+def _entity(entity: str, msg: Mapping[str, Any], node: str, name: Any) -> str:
     if entity == "rank":
         return f"{msg['job']}:{name}"
     if entity == "gpu":
@@ -267,13 +266,15 @@ class Column:
         k = len(self.newest)
         if need <= k:
             return
-        old = (self.v, self.n, self.newest, self.cs, self.cn, self.cmin, self.cmax, self.cnewest)
+        old: tuple[np.ndarray, ...] = (self.v, self.n, self.newest, self.cs, self.cn, self.cmin, self.cmax,
+                                       self.cnewest)
         size = k
         while size < need:
             size *= 2
         self._alloc(size)
-        for new, prev in zip((self.v, self.n, self.newest, self.cs, self.cn, self.cmin, self.cmax, self.cnewest),
-                             old, strict=True):
+        now: tuple[np.ndarray, ...] = (self.v, self.n, self.newest, self.cs, self.cn, self.cmin, self.cmax,
+                                       self.cnewest)
+        for new, prev in zip(now, old, strict=True):
             new[:k] = prev
 
     def add(self, entity: str, t: float, v: float) -> None:
@@ -283,17 +284,6 @@ class Column:
         self.s_v.append(v)
 
     # ---- applying staged points -------------------------------------------------------------------
-
-    def column(self, metric: str) -> Column:
-        """The column of a metric in :data:`COLUMNAR`, made on first use."""
-        col = self.columns.get(metric)
-        if col is None:
-            level = METRICS[metric].level
-            rows = self.levels.get(level)
-            if rows is None:
-                rows = self.levels[level] = Rows()
-            col = self.columns[metric] = Column(rows, self.retention_s, _FINE_RANK_S if level == "rank" else _FINE_S)
-        return col
 
     def flush(self) -> None:
         """Apply the staged points to the rings (called before any read)."""
@@ -451,7 +441,8 @@ class Column:
         (far cheaper than a 2-D fancy index)."""
         end = start + length
         if end <= self.fine:
-            return a[:, start:end][rows]
+            out: np.ndarray = a[:, start:end][rows]
+            return out
         return np.concatenate((a[:, start:][rows], a[:, :end - self.fine][rows]), axis=1)
 
     def clear(self, r: int) -> None:
@@ -607,7 +598,7 @@ class MetricStore:
         """Bytes held by the columns' arrays (the bulk of the store at scale)."""
         return sum(c.nbytes() for c in self.columns.values())
 
-    def ingest(self, msg: dict[str, Any]) -> float:
+    def ingest(self, msg: Mapping[str, Any]) -> float:
         """Add one validated contract message; return its event time."""
         t = float(msg["time"])
         if t > self.max_time:
@@ -650,8 +641,10 @@ class MetricStore:
             members = self.members[lp.entity] if lp.entity in ("nic", "device") else None
             typed = isinstance(items[0], Event)
             attrs = type(items[0])._attr if typed else {}
-            fields = [(attrs.get(name, name), self.column(metric) if metric in COLUMNAR else None, metric, boolean,
-                       each) for name, metric, boolean, each in lp.direct]
+            # Straight to the columns, unless a subclass (the report's sampler) routes points through put().
+            direct = type(self).put is MetricStore.put
+            fields = [(attrs.get(name, name), self.column(metric) if direct and metric in COLUMNAR else None, metric,
+                       boolean, each) for name, metric, boolean, each in lp.direct]
             rows = self.levels[lp.entity] if lp.entity in self.levels else None
             for _, col, _, _, _ in fields:
                 if col is not None:
@@ -689,7 +682,7 @@ class MetricStore:
 
     # ---- derivations: what no single declared field gives -----------------------------------------
 
-    def _derive_gpu(self, msg: dict[str, Any], t: float, node: str) -> None:
+    def _derive_gpu(self, msg: Mapping[str, Any], t: float, node: str) -> None:
         put = self.put
         for g in msg["gpus"]:
             e = f"{node}/gpu{g['gpu']}"
@@ -701,7 +694,7 @@ class MetricStore:
             put("gpu.thermal_throttle", e, t, 1.0 if reasons & THERMAL else 0.0)
             put("gpu.power_throttle", e, t, 1.0 if reasons & POWER else 0.0)
 
-    def _derive_net(self, msg: dict[str, Any], t: float, node: str) -> None:
+    def _derive_net(self, msg: Mapping[str, Any], t: float, node: str) -> None:
         put = self.put
         retrans, out = msg["tcp_retrans_segs_per_s"], msg["tcp_out_segs_per_s"]
         put("net.tcp_retrans_ratio", node, t, retrans / out if out > 0 else 0.0)
@@ -716,11 +709,11 @@ class MetricStore:
         mean_tx = sum(tx) / len(tx) if tx else 0.0
         put("net.tx_imbalance", node, t, max(tx) / mean_tx if mean_tx > 0 else 1.0)
 
-    def _derive_host(self, msg: dict[str, Any], t: float, node: str) -> None:
+    def _derive_host(self, msg: Mapping[str, Any], t: float, node: str) -> None:
         if msg["mem_total_bytes"]:
             self.put("host.mem_used_pct", node, t, 100.0 * msg["mem_used_bytes"] / msg["mem_total_bytes"])
 
-    def _derive_hw(self, msg: dict[str, Any], t: float, node: str) -> None:
+    def _derive_hw(self, msg: Mapping[str, Any], t: float, node: str) -> None:
         """Hardware health (the ``hw`` topic): each list present sets its metrics; an absent list says nothing."""
         put = self.put
         # Per-lane PCIe rate in Gb/s after encoding, by generation (Gen1-2: 8b/10b; Gen3-5: 128b/130b;
@@ -845,7 +838,7 @@ class MetricStore:
             put("gpu.nvml_errors", e, t, float(h["errors"]))
             put("gpu.nvml_timeouts", e, t, float(h["timeouts"]))
 
-    def _derive_steps(self, msg: dict[str, Any], t: float, node: str) -> None:
+    def _derive_steps(self, msg: Mapping[str, Any], t: float, node: str) -> None:
         """The step tables, the ranks' last reports, ``comm_s`` where only its parts came, and the job buckets."""
         job = msg["job"]
         put = self.put
@@ -879,7 +872,7 @@ class MetricStore:
                     if s.get(f) is not None:
                         self._buckets[(job, share)].setdefault(sec, []).append(s[f] / dur)
 
-    def _derive_checkpoint(self, msg: dict[str, Any], t: float, node: str) -> None:
+    def _derive_checkpoint(self, msg: Mapping[str, Any], t: float, node: str) -> None:
         job, cid, phase = msg["job"], msg["checkpoint_id"], msg["phase"]
         spans = self.checkpoint_spans[job]
         if phase == "start":
@@ -922,7 +915,7 @@ class MetricStore:
             if not s.t:  # an entity gone for the whole retention (a finished job's ranks): forget it
                 del self._series[key]
         # The rings are fixed; an entity silent for the whole retention in every metric of its level is freed.
-        for level, rows in self.levels.items():
+        for rows in self.levels.values():
             cols = [c for c in self.columns.values() if c.shared is rows]
             if not cols or not rows.index:
                 continue
@@ -1052,6 +1045,9 @@ class MetricStore:
 
     def value(self, metric: str, entity: str, agg: str, now: float, window_s: float) -> float | None:
         """The ``agg`` of ``metric`` for ``entity`` over ``(now - window_s, now]``, or None if no data."""
+        if metric in self.columns:  # the columns' path, which counts every point of a slot
+            v = self.values(metric, (entity,), agg, now, window_s)[0]
+            return None if math.isnan(v) else float(v)
         times, values = self.window(metric, entity, now - window_s, now)
         return aggregate(agg, times, values)
 
@@ -1080,7 +1076,7 @@ class MetricStore:
                     out = np.full(len(ents), np.nan)
                     out[known] = aggregate_rows(agg, *m)
         if out is None:
-            vals = [self.value(metric, e, agg, now, window_s) for e in ents]
+            vals = [aggregate(agg, *self.window(metric, e, now - window_s, now)) for e in ents]
             out = np.array([np.nan if v is None else v for v in vals], np.float64)
         out.flags.writeable = False  # shared by every reader of this tick
         if len(self._memo) > 4096:
@@ -1130,7 +1126,7 @@ class SeriesView(Mapping[tuple[str, str], Series]):
 
 # The derivation of each kind, called after its declared fields are stored.  An explicit table: a
 # kind without derived metrics has no entry.
-DERIVATIONS: dict[str, Callable[[MetricStore, dict[str, Any], float, str], None]] = {
+DERIVATIONS: dict[str, Callable[[MetricStore, Mapping[str, Any], float, str], None]] = {
     "gpu": MetricStore._derive_gpu,
     "net": MetricStore._derive_net,
     "host": MetricStore._derive_host,
