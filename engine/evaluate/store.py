@@ -5,6 +5,12 @@ queries windows of it on each evaluation tick.  State is bounded by
 ``retention_s`` of event time.  Nothing here knows Kafka: the same store serves
 the live engine, ``whywait rules test`` and replays.
 
+Per-entity metrics (GPUs, NICs, devices, nodes, ranks) are kept in columns: per metric,
+fixed-size numpy rings with a row per entity, 1 s slots for the recent window and 30 s buckets
+over the retention (see :class:`Column`), so memory per entity does not grow with the time kept,
+and conditions read an aggregate for every entity of a job in one call (:meth:`MetricStore.values`,
+:meth:`MetricStore.ages`).  Job-level series and XID occurrences stay exact lists (:class:`Series`).
+
 Entity keys are plain strings so they serialise compactly:
 rank ``"<job>:<rank>"``, GPU ``"<node>/gpu<i>"``, NIC ``"<node>/<nic>"``,
 block device or mount ``"<node>/<device>"`` (``node-03/nfs:/scratch``),
@@ -201,6 +207,8 @@ _FINE_S = 128
 _FINE_RANK_S = 256
 _BUCKET_S = 30  # seconds per coarse bucket
 _EMPTY = np.iinfo(np.int64).min // 2
+# Staged points a column holds at most before they are applied (bounds the staging lists' memory).
+_STAGE_MAX = 1 << 15
 
 
 class Rows:
@@ -245,7 +253,9 @@ class Column:
         self.shared = rows
         self.rows = rows.index
         self._alloc(max(16, len(rows.entity_of)))
-        # staged points: row, time, value (appended by MetricStore, applied by flush)
+        self.version = 0  # counts the flushes that applied points (readers' caches key on it)
+        # staged points: row, time, value (appended by MetricStore, applied by flush before a read of this
+        # column, or once ``_STAGE_MAX`` wait): a column no rule reads is applied in large batches
         self.s_row: list[int] = []
         self.s_t: list[float] = []
         self.s_v: list[float] = []
@@ -290,13 +300,14 @@ class Column:
         self._fit()
         if not self.s_row:
             return
+        self.version += 1
         rows = np.asarray(self.s_row, np.int64)
         vals = np.asarray(self.s_v, np.float64)
         slots = np.ceil(np.asarray(self.s_t, np.float64)).astype(np.int64)
         self.s_row, self.s_t, self.s_v = [], [], []
         # The usual batch holds one point per row (one second of telemetry): plain fancy assignment is
         # then exact and several times faster than the unbuffered ``ufunc.at``.
-        unique = len(np.unique(rows)) == len(rows)
+        unique = bool(np.bincount(rows).max() == 1)
         self._advance(rows, slots, self.newest, self.fine, (self.v, self.n), unique)
         keep = slots > self.newest[rows] - self.fine  # older than the fine ring: the buckets only
         r, pos, x = rows[keep], slots[keep] & self.mask, vals[keep]
@@ -333,9 +344,18 @@ class Column:
                  arrays: tuple[np.ndarray, ...], unique: bool) -> None:
         """Move each row's newest index to its newest staged one, emptying the ring positions it passes."""
         if unique:
-            moved = rows[idx > newest[rows]]
+            ahead = idx > newest[rows]
+            moved, to = rows[ahead], idx[ahead]
+            if not len(moved):
+                return
+            step = to - newest[moved]
+            if int(step.max()) == 1:  # the usual second: each row moves on by one slot
+                for a in arrays:
+                    a[moved, to % size] = 0
+                newest[moved] = to
+                return
             top = np.empty(len(newest), np.int64)
-            top[rows] = idx
+            top[moved] = to
         else:
             top = np.full(len(newest), _EMPTY, np.int64)
             np.maximum.at(top, rows, idx)
@@ -563,6 +583,8 @@ class MetricStore:
             col.s_t.append(t)
             col.s_v.append(v)
             self._staged.add(col)
+            if len(col.s_row) > _STAGE_MAX:
+                col.flush()
             return
         s = self._series.get((metric, entity))
         if s is None:
@@ -586,7 +608,6 @@ class MetricStore:
             for col in self._staged:
                 col.flush()
             self._staged.clear()
-            self._memo.clear()
 
     @property
     def series(self) -> SeriesView:
@@ -596,6 +617,7 @@ class MetricStore:
 
     def memory_bytes(self) -> int:
         """Bytes held by the columns' arrays (the bulk of the store at scale)."""
+        self.flush()
         return sum(c.nbytes() for c in self.columns.values())
 
     def ingest(self, msg: Mapping[str, Any]) -> float:
@@ -669,6 +691,9 @@ class MetricStore:
                         col.s_v.append((1.0 if v else 0.0) if boolean else float(v))
                     else:
                         put(metric, e, t, (1.0 if v else 0.0) if boolean else float(v))
+            for _, col, _, _, _ in fields:
+                if col is not None and len(col.s_row) > _STAGE_MAX:
+                    col.flush()
             self._rollups(lp, items, t, node)
 
     def _rollups(self, lp: _ListPlan, items: Sequence[Any], t: float, node: str) -> None:
@@ -947,7 +972,7 @@ class MetricStore:
             return ((t1,), (v,)) if v is not None else ((), ())
         col = self.columns.get(metric)
         if col is not None:
-            self.flush()
+            col.flush()
             r = col.rows.get(entity)
             if r is None:
                 return (), ()
@@ -968,7 +993,7 @@ class MetricStore:
             r = col.rows.get(entity) if col is not None else None
             if r is None:
                 return None
-            self.flush()
+            col.flush()  # type: ignore[union-attr]
             last = col.last(r, now)  # type: ignore[union-attr]
             return None if last is None else now - last
         seen = self.node_seen.get(entity)
@@ -985,7 +1010,7 @@ class MetricStore:
         if col is None or not entities:
             return np.array([np.nan if a is None else a for a in (self.age(metric, e, now) for e in entities)],
                             np.float64)
-        self.flush()
+        col.flush()
         rows = np.fromiter((col.rows.get(e, -1) for e in entities), np.int64, len(entities))
         out = np.full(len(entities), np.nan)
         known = np.nonzero(rows >= 0)[0]
@@ -1025,7 +1050,7 @@ class MetricStore:
             r = col.rows.get(entity)
             if r is None:
                 return window_s
-            self.flush()
+            col.flush()
             idx, cnt = col.counts(r, now)
             total = np.cumsum(cnt)
             if not len(total) or total[-1] == 0:
@@ -1057,16 +1082,17 @@ class MetricStore:
         The vectorised :meth:`value`: for a columnar metric, one numpy pass over every entity's slots
         (called by the conditions once per rule and job, instead of once per entity).
         """
-        self.flush()
+        col = self.columns.get(metric)
+        if col is not None:
+            col.flush()
         # Several rules read the same aggregate of the same entities in one tick: computed once, kept
-        # until new points are applied (flush) or the entities change.
+        # until new points are applied to the column (its version) or the entities change.
         ents = tuple(entities)
-        key = (metric, agg, now, window_s, ents)
+        key = (metric, agg, now, window_s, ents, col.version if col is not None else 0)
         hit = self._memo.get(key)
         if hit is not None:
             return hit
         out = None
-        col = self.columns.get(metric)
         if col is not None and ents:
             rows = np.fromiter((col.rows.get(e, -1) for e in ents), np.int64, len(ents))
             known = rows >= 0
