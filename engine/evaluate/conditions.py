@@ -60,6 +60,9 @@ class Ctx:
     culprits: list[str] = field(default_factory=list)
     culprit_level: str | None = None
     facts: dict[str, Any] = field(default_factory=dict)  # extra template context (e.g. the other job)
+    # The job's entities per level, shared by every rule's Ctx for one job in one tick (the evaluator
+    # passes one dict per job per tick): a 10k-GPU job's list is built once, not once per condition.
+    entity_cache: dict[str, list[str]] = field(default_factory=dict)
 
     # ---- entity helpers ----------------------------------------------------------------------------
 
@@ -95,7 +98,15 @@ class Ctx:
                     return [f"{job.job}:{r}" for r in placed if f"{placed[r][0]}/gpu{placed[r][1]}" in self.culprits]
                 return sorted({f"{placed[int(e.rsplit(':', 1)[1])][0]}/gpu{placed[int(e.rsplit(':', 1)[1])][1]}"
                                for e in self.culprits if e.startswith(job.job + ":")})
-        only = set(self.culprit_nodes()) if on == "culprit" else None
+        if on != "culprit":
+            hit = self.entity_cache.get(level)
+            if hit is None:
+                hit = self.entity_cache[level] = self._entities(level, None)
+            return list(hit)
+        return self._entities(level, set(self.culprit_nodes()))
+
+    def _entities(self, level: str, only: set[str] | None) -> list[str]:
+        job = self.job
         if level == "job":
             return [job.job]
         if level == "rank":

@@ -349,8 +349,9 @@ class Evaluator:
         out: list[Diagnosis] = []
         firing: list[Incident] = []
         for job in self.topology.jobs():
+            entity_cache: dict[str, list[str]] = {}  # the job's entities per level, for all its rules this tick
             for rule in self.rules:
-                ctx = Ctx(self.store, now, job, self.topology, rule.id, self.cond_state)
+                ctx = Ctx(self.store, now, job, self.topology, rule.id, self.cond_state, entity_cache=entity_cache)
                 res = evaluate(rule.when, ctx)
                 if not res.holds:
                     continue
