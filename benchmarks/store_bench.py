@@ -63,16 +63,17 @@ def templates(nodes: int) -> tuple[Any, list[tuple[str, bytes]], list[list[tuple
 
 def shifted(msg: Any, dt: float) -> Any:
     """``msg`` with its event time (and its steps' end times) moved by ``dt``: a typed event or a dict."""
-    t = msg["time"] + dt
+    m: Any = msg
+    t = m["time"] + dt
     try:  # a typed event (msgspec Struct): copy with the new time
         import msgspec
 
-        if isinstance(msg, msgspec.Struct):
-            if msg["kind"] == "steps" and any(s.get("ended_at") is not None for s in msg["steps"]):
+        if isinstance(m, msgspec.Struct):
+            if m["kind"] == "steps" and any(s.get("ended_at") is not None for s in m["steps"]):  # type: ignore[index]
                 steps = [msgspec.structs.replace(s, ended_at=s["ended_at"] + dt) if s.get("ended_at") else s
-                         for s in msg["steps"]]
-                return msgspec.structs.replace(msg, time=t, steps=steps)
-            return msgspec.structs.replace(msg, time=t)
+                         for s in m["steps"]]  # type: ignore[index]
+                return msgspec.structs.replace(m, time=t, steps=steps)
+            return msgspec.structs.replace(m, time=t)
     except ImportError:
         pass
     out = {**msg, "time": t}
