@@ -24,7 +24,7 @@ import heapq
 import json
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from whywait.agents.events import TOPIC_PLACEMENT, ContractError, decode
 from whywait.engine.diagnosis import Diagnosis
@@ -71,11 +71,11 @@ class EventTimeMerge:
         self.window = window
         self.slack_s = slack_s
         self.open: dict[str, float] = {s: -float("inf") for s in streams}
-        self.heap: list[tuple[float, int, str, bytes, dict[str, Any]]] = []
+        self.heap: list[tuple[float, int, str, bytes, Mapping[str, Any]]] = []
         self.released_to = -float("inf")
         self.skipped: Counter[str] = Counter()
         self.read = 0
-        self.before: dict[str, tuple[float, bytes, dict[str, Any]]] = {}  # job -> placement before the start
+        self.before: dict[str, tuple[float, bytes, Mapping[str, Any]]] = {}  # job -> placement before the start
         self.placement_projects: dict[str, str] = {}
         # ``whywait export`` wants the records themselves: with ``raw`` set, ``(topic, bytes)`` pairs are
         # released instead of decoded messages (placements keep their own time).

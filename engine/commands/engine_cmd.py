@@ -17,7 +17,7 @@ import os
 import socket
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from whywait.engine.errors import ConfigError, TopologyError
 
@@ -147,7 +147,7 @@ async def read_placements(bootstrap: str) -> list[dict[str, Any]]:
 
     c = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
     await c.start()
-    latest: dict[bytes | None, dict[str, Any] | None] = {}
+    latest: dict[bytes | None, Mapping[str, Any] | None] = {}
     try:
         parts = c.partitions_for_topic(TOPIC_PLACEMENT) or {0}
         tps = [TopicPartition(TOPIC_PLACEMENT, p) for p in sorted(parts)]
@@ -164,7 +164,7 @@ async def read_placements(bootstrap: str) -> list[dict[str, Any]]:
                         continue  # the stream dead-letters it with its reason
     finally:
         await c.stop()
-    return [m for m in latest.values() if m is not None]
+    return [dict(m) for m in latest.values() if m is not None]
 
 
 def fresh_state_store(bootstrap: str, topic: str | None = None) -> Any:

@@ -16,6 +16,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, Sequence, TypeVar
 
+import numpy as np
 from whywait.engine.diagnosis import Evidence
 from whywait.engine.evaluate.store import MetricStore
 from whywait.engine.rules.condition_types import (
@@ -59,6 +60,9 @@ class Ctx:
     culprits: list[str] = field(default_factory=list)
     culprit_level: str | None = None
     facts: dict[str, Any] = field(default_factory=dict)  # extra template context (e.g. the other job)
+    # The job's entities per level, shared by every rule's Ctx for one job in one tick (the evaluator
+    # passes one dict per job per tick): a 10k-GPU job's list is built once, not once per condition.
+    entity_cache: dict[str, list[str]] = field(default_factory=dict)
 
     # ---- entity helpers ----------------------------------------------------------------------------
 
@@ -94,7 +98,15 @@ class Ctx:
                     return [f"{job.job}:{r}" for r in placed if f"{placed[r][0]}/gpu{placed[r][1]}" in self.culprits]
                 return sorted({f"{placed[int(e.rsplit(':', 1)[1])][0]}/gpu{placed[int(e.rsplit(':', 1)[1])][1]}"
                                for e in self.culprits if e.startswith(job.job + ":")})
-        only = set(self.culprit_nodes()) if on == "culprit" else None
+        if on != "culprit":
+            hit = self.entity_cache.get(level)
+            if hit is None:
+                hit = self.entity_cache[level] = self._entities(level, None)
+            return list(hit)
+        return self._entities(level, set(self.culprit_nodes()))
+
+    def _entities(self, level: str, only: set[str] | None) -> list[str]:
+        job = self.job
         if level == "job":
             return [job.job]
         if level == "rank":
@@ -172,15 +184,35 @@ def _threshold(c: Condition, ctx: Ctx) -> Result:
     level = METRICS[p.metric].level
     res = Result(False)
     ents = ctx.entities(level, c.on)
-    for e in ents:
-        w = ctx.store.span(p.metric, e, ctx.now, p.window, int(p.steps))
-        v = ctx.store.value(p.metric, e, p.agg, ctx.now, w)
-        if v is not None and p.value(v):
-            res.entities.append(e)
-            res.evidence.append(_ev(c, p.metric, e, v, None, f"{p.agg} {p.value}", p.window))
+    vals = _aggregates(ctx, p.metric, ents, p.agg, p.window, p.steps)
+    with np.errstate(invalid="ignore"):
+        hits = np.nonzero(~np.isnan(vals) & _vec(p.value, vals))[0]
+    for i in hits:
+        e, v = ents[i], float(vals[i])
+        res.entities.append(e)
+        res.evidence.append(_ev(c, p.metric, e, v, None, f"{p.agg} {p.value}", p.window))
     n = len(res.entities)
     res.holds = n >= max(1.0, p.min_entities) and (not ents or n / len(ents) >= p.min_share)
     return res
+
+
+def _vec(cmp: Compare, x: np.ndarray) -> np.ndarray:
+    """A comparison applied to every element of ``x`` (its operators work elementwise on arrays)."""
+    f: Any = cmp
+    return np.asarray(f(x), bool)
+
+
+def _aggregates(ctx: Ctx, metric: str, ents: Sequence[str], agg: str, window: float, steps: float) -> np.ndarray:
+    """Each entity's ``agg`` of ``metric`` over the window (NaN: no data), for all of them at once.
+
+    With ``steps``, each entity's window is stretched to hold its last N points, so the windows differ
+    and are read one by one.
+    """
+    if steps:
+        return np.array([np.nan if v is None else v for v in (
+            ctx.store.value(metric, e, agg, ctx.now, ctx.store.span(metric, e, ctx.now, window, int(steps)))
+            for e in ents)], np.float64)
+    return ctx.store.values(metric, ents, agg, ctx.now, window)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -212,54 +244,54 @@ class PeerOutlierCondition(ConditionParams):
 def _peer_outlier(c: Condition, ctx: Ctx) -> Result:
     p = _params(c, PeerOutlierCondition)
     level = METRICS[p.metric].level
-    vals: dict[str, float] = {}
-    for e in ctx.entities(level):  # peers are always the whole job, even when judging only the culprit
-        v = ctx.store.value(p.metric, e, p.agg, ctx.now,
-                            ctx.store.span(p.metric, e, ctx.now, p.window, int(p.steps)))
-        if v is not None:
-            vals[e] = v
+    ents = ctx.entities(level)  # peers are always the whole job, even when judging only the culprit
+    arr = _aggregates(ctx, p.metric, ents, p.agg, p.window, p.steps)
     # Peer groups: the whole level, or (same_name) the entities of one name across the job's nodes,
     # so a node's /scratch mount is judged against the other nodes' /scratch, not against /home.
-    groups: dict[str, dict[str, float]] = {}
-    for e, v in vals.items():
-        groups.setdefault(e.split("/", 1)[1] if p.peers == "same_name" and "/" in e else "", {})[e] = v
+    groups: dict[str, list[int]] = {}
+    for i in np.nonzero(~np.isnan(arr))[0]:
+        e = ents[i]
+        groups.setdefault(e.split("/", 1)[1] if p.peers == "same_name" and "/" in e else "", []).append(int(i))
     only = set(ctx.entities(level, c.on)) if c.on == "culprit" else None
     res = Result(False)
-    for name, group in sorted(groups.items()):
-        if len(group) >= p.min_peers + 1:
+    for name, idx in sorted(groups.items()):
+        if len(idx) >= p.min_peers + 1:
             against = f"the median of {name} on the job's nodes" if name else "the job median"
-            _judge_peers(c, p, group, only, res, against)
+            _judge_peers(c, p, [ents[i] for i in idx], arr[idx], only, res, against)
     res.holds = bool(res.entities)
     return res
 
 
-def _judge_peers(c: Condition, p: PeerOutlierCondition, vals: dict[str, float], only: set[str] | None,
+def _judge_peers(c: Condition, p: PeerOutlierCondition, ents: list[str], vals: np.ndarray, only: set[str] | None,
                  res: Result, against: str) -> None:
-    """Add to ``res`` the entities of one peer group ``vals`` that stand out from the group's median."""
-    med = statistics.median(vals.values())
-    mad = statistics.median(abs(v - med) for v in vals.values())
+    """Add to ``res`` the entities of one peer group that stand out from the group's median (vectorised)."""
+    med = float(np.median(vals))
+    mad = float(np.median(np.abs(vals - med)))
     # A floor on the spread: identical peers (MAD 0) must not turn a 1% wobble into an infinite z-score.
     scale = max(1.4826 * mad, 0.02 * abs(med), 1e-9)
-    low = p.direction == "low"
-    for e, v in vals.items():
+    with np.errstate(divide="ignore", invalid="ignore"):
+        if p.direction == "low":
+            ratio = np.where(vals > 0, med / np.where(vals > 0, vals, 1.0), math.inf)
+            z = (med - vals) / scale
+        else:
+            ratio = vals / med if med > 0 else np.where(vals > 0, math.inf, 1.0)
+            z = (vals - med) / scale
+        ok = np.ones(len(vals), bool)
+        if p.ratio is not None:
+            ok &= _vec(p.ratio, ratio)
+        if p.zscore is not None:
+            ok &= _vec(p.zscore, z)
+        if p.min_value is not None:
+            ok &= _vec(p.min_value, vals)
+    thr = " and ".join(x for x in (f"ratio {p.ratio}" if p.ratio else "",
+                                   f"robust z {p.zscore}" if p.zscore else "") if x)
+    for i in np.nonzero(ok)[0]:
+        e = ents[i]
         if only is not None and e not in only:
             continue
-        if low:
-            ratio = med / v if v > 0 else math.inf
-            z = (med - v) / scale
-        else:
-            ratio = v / med if med > 0 else (math.inf if v > 0 else 1.0)
-            z = (v - med) / scale
-        if p.ratio is not None and not p.ratio(ratio):
-            continue
-        if p.zscore is not None and not p.zscore(z):
-            continue
-        if p.min_value is not None and not p.min_value(v):
-            continue
+        r, zz, v = float(ratio[i]), float(z[i]), float(vals[i])
         res.entities.append(e)
-        thr = " and ".join(x for x in (f"ratio {p.ratio}" if p.ratio else "",
-                                       f"robust z {p.zscore}" if p.zscore else "") if x)
-        note = f"{ratio:.1f}x {against}, robust z {z:.1f}" if math.isfinite(ratio) else f"robust z {z:.1f}"
+        note = f"{r:.1f}x {against}, robust z {zz:.1f}" if math.isfinite(r) else f"robust z {zz:.1f}"
         res.evidence.append(_ev(c, p.metric, e, v, med, thr, p.window, note))
 
 
@@ -292,11 +324,10 @@ def _self_history(c: Condition, ctx: Ctx) -> Result:
     b = p.baseline
     ents = ctx.entities(level, c.on)
     judged = 0
-    for e in ents:
+    recent = _aggregates(ctx, p.metric, ents, p.agg, p.window, p.steps)
+    for i in np.nonzero(~np.isnan(recent))[0]:
+        e, v = ents[i], float(recent[i])
         w = ctx.store.span(p.metric, e, ctx.now, p.window, int(p.steps))
-        v = ctx.store.value(p.metric, e, p.agg, ctx.now, w)
-        if v is None:
-            continue
         key = (ctx.rule_id, c.line, e)
         frozen = ctx.state.get(key)
         if frozen is not None:
@@ -444,20 +475,17 @@ def _absence(c: Condition, ctx: Ctx) -> Result:
     p = _params(c, AbsenceCondition)
     metric = "step.since_last_s" if p.level == "rank" else "node.since_last_s"
     res = Result(False)
-    known = 0
-    for e in ctx.entities(p.level, c.on):
-        since = ctx.store.age(metric, e, ctx.now)
-        if since is None:  # never reported: the job may still be starting; that is not a silence
-            continue
-        known += 1
-        if since >= p.for_:
-            res.entities.append(e)
+    ents = ctx.entities(p.level, c.on)
+    ages = ctx.store.ages(metric, ents, ctx.now)  # NaN: never reported (the job may still be starting)
+    known = int(np.count_nonzero(~np.isnan(ages)))
+    with np.errstate(invalid="ignore"):
+        res.entities = [ents[i] for i in np.nonzero(ages >= p.for_)[0]]
     # Share of the entities that have reported at all: a whole job pausing (a checkpoint) is not
     # one rank falling silent.
     res.holds = bool(res.entities) and len(res.entities) <= p.max_share * max(known, 1)
     if res.holds:
-        res.evidence = [_ev(c, metric, e, ctx.store.age(metric, e, ctx.now) or 0.0, None, f">= {p.for_:g}s", None,
-                            "no report since") for e in res.entities]
+        res.evidence = [_ev(c, metric, ents[i], float(ages[i]), None, f">= {p.for_:g}s", None, "no report since")
+                        for i in np.nonzero(ages >= p.for_)[0]]
     return res
 
 
@@ -479,15 +507,20 @@ def _event(c: Condition, ctx: Ctx) -> Result:
     level = METRICS[p.metric].level
     res = Result(False)
     codes = set(p.codes) if p.codes else None
-    for e in ctx.entities(level, c.on):
-        _, values = ctx.store.window(p.metric, e, ctx.now - p.window, ctx.now)
-        # Counters carry a count per sample; XID series carry one point per occurrence with its code.
-        if METRICS[p.metric].occurrences:
+    ents = ctx.entities(level, c.on)
+    # Counters carry a count per sample (summed over the window, for every entity at once); XID series
+    # carry one point per occurrence with its code.
+    occurrences = METRICS[p.metric].occurrences
+    sums = None if occurrences else ctx.store.values(p.metric, ents, "sum", ctx.now, p.window)
+    for i in range(len(ents)) if sums is None else np.nonzero(sums > 0)[0]:
+        e = ents[i]
+        if sums is None:
+            _, values = ctx.store.window(p.metric, e, ctx.now - p.window, ctx.now)
             hits = [v for v in values if codes is None or int(v) in codes]
             n = float(len(hits))
         else:
             hits = []
-            n = float(sum(values))
+            n = 0.0 if math.isnan(sums[i]) else float(sums[i])
         if n > 0 and p.count(n):
             res.entities.append(e)
             note = "codes " + ", ".join(str(int(h)) for h in hits) if hits else ""

@@ -21,7 +21,7 @@ import math
 import time
 from collections import Counter
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Mapping
 
 from whywait.agents.events import TOPICS
 from whywait.engine.diagnosis import Diagnosis, Evidence, Owner
@@ -141,7 +141,7 @@ class Evaluator:
 
     # ---- feeding ---------------------------------------------------------------------------------
 
-    def ingest(self, msg: dict[str, Any]) -> list[Diagnosis]:
+    def ingest(self, msg: Mapping[str, Any]) -> list[Diagnosis]:
         """Add one validated message; run every tick the watermark now passes; return their diagnoses."""
         if msg["kind"] == "placement":
             self._place(msg)
@@ -265,7 +265,7 @@ class Evaluator:
 
     # ---- the event-time guard --------------------------------------------------------------------
 
-    def admit(self, msg: dict[str, Any], wall_now: float) -> str | None:
+    def admit(self, msg: Mapping[str, Any], wall_now: float) -> str | None:
         """Return why a validated message must be refused for its event time, or None to ingest it.
 
         Called by the live engine before :meth:`ingest`.  Event time comes from the message body,
@@ -337,7 +337,7 @@ class Evaluator:
                 del self.skew[node]
         return out
 
-    def _place(self, msg: dict[str, Any]) -> None:
+    def _place(self, msg: Mapping[str, Any]) -> None:
         """Apply a placement to the topology; a placement naming unknown nodes raises TopologyError."""
         self.topology.apply_placement(msg)
 
@@ -349,8 +349,9 @@ class Evaluator:
         out: list[Diagnosis] = []
         firing: list[Incident] = []
         for job in self.topology.jobs():
+            entity_cache: dict[str, list[str]] = {}  # the job's entities per level, for all its rules this tick
             for rule in self.rules:
-                ctx = Ctx(self.store, now, job, self.topology, rule.id, self.cond_state)
+                ctx = Ctx(self.store, now, job, self.topology, rule.id, self.cond_state, entity_cache=entity_cache)
                 res = evaluate(rule.when, ctx)
                 if not res.holds:
                     continue

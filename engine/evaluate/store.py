@@ -5,6 +5,12 @@ queries windows of it on each evaluation tick.  State is bounded by
 ``retention_s`` of event time.  Nothing here knows Kafka: the same store serves
 the live engine, ``whywait rules test`` and replays.
 
+Per-entity metrics (GPUs, NICs, devices, nodes, ranks) are kept in columns: per metric,
+fixed-size numpy rings with a row per entity, 1 s slots for the recent window and 30 s buckets
+over the retention (see :class:`Column`), so memory per entity does not grow with the time kept,
+and conditions read an aggregate for every entity of a job in one call (:meth:`MetricStore.values`,
+:meth:`MetricStore.ages`).  Job-level series and XID occurrences stay exact lists (:class:`Series`).
+
 Entity keys are plain strings so they serialise compactly:
 rank ``"<job>:<rank>"``, GPU ``"<node>/gpu<i>"``, NIC ``"<node>/<nic>"``,
 block device or mount ``"<node>/<device>"`` (``node-03/nfs:/scratch``),
@@ -23,11 +29,15 @@ import bisect
 import math
 import statistics
 from collections import defaultdict
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
+import numpy as np
 from whywait.agents import events
+from whywait.agents.events import Event
 from whywait.engine.evaluate.steps import StepRec, StepTable
+from whywait.engine.rules.metrics import METRICS
 
 THERMAL = {"hw_thermal_slowdown", "sw_thermal_slowdown"}
 POWER = {"sw_power_cap", "hw_power_brake_slowdown"}
@@ -95,7 +105,7 @@ PLAN = ingest_plan()
 _NODE_PERIODIC = frozenset(t.kind for t in events.TOPICS if t.periodic and t.key == "node id")
 
 
-def _entity(entity: str, msg: dict[str, Any], node: str, name: Any) -> str:
+def _entity(entity: str, msg: Mapping[str, Any], node: str, name: Any) -> str:
     if entity == "rank":
         return f"{msg['job']}:{name}"
     if entity == "gpu":
@@ -170,13 +180,379 @@ def aggregate(agg: str, times: Sequence[float], values: Sequence[float]) -> floa
     raise ValueError(f"unknown aggregation {agg!r}")
 
 
+# ---- columnar series ----------------------------------------------------------------------------
+#
+# Per-entity telemetry (GPUs, NICs, devices, nodes, ranks) is most of the state: about 300 series per
+# node, one point per second each.  Python lists of floats per series cost ~8 KiB per node per second
+# kept, and a Python call per point.  Instead each metric is one :class:`Column`: numpy rings with a
+# row per entity and fixed sizes, so memory per entity does not grow with retention:
+#
+# * a fine ring of ``fine_s`` one-second slots (sum and count per slot): exact for every window a
+#   rule reads over recent data (the longest recent telemetry window in the shipped rules is 180 s);
+# * a coarse ring of ``bucket_s`` buckets (sum, count, min, max) over the whole retention, for long
+#   baselines: a window reaching past the fine ring reads the buckets for its older part.
+#
+# A point at time ``t`` lands in slot ``ceil(t)``, the slot covering ``(s - 1, s]``, so a window
+# ``(now - w, now]`` with whole-second ends (every tick's) holds exactly the points it held as a list.
+# Two points in one slot (several steps of a rank in one message) are kept as their sum and count:
+# sums, counts and means stay exact, and order statistics see the slot's mean.
+#
+# Writes are staged in plain lists (three appends per point) and applied to the rings in one
+# vectorised pass before the next read, so ingest costs no numpy call per point.
+
+# One-second slots in the fine ring (a power of two: positions are ``slot & mask``): 128 s covers every
+# recent window the shipped rules read on telemetry; ranks keep 256 s (their 180 s change points and
+# 300 s baselines read the most, and they are one row per GPU, not ~40).
+_FINE_S = 128
+_FINE_RANK_S = 256
+_BUCKET_S = 30  # seconds per coarse bucket
+_EMPTY = np.iinfo(np.int64).min // 2
+# Staged points a column holds at most before they are applied (bounds the staging lists' memory).
+_STAGE_MAX = 1 << 15
+
+
+class Rows:
+    """Entity -> row number, shared by every column of one level (a GPU has one row in every GPU metric).
+
+    Ingest then finds an entity's row once per list entry, not once per field.
+    """
+
+    def __init__(self) -> None:
+        self.index: dict[str, int] = {}
+        self.entity_of: list[str | None] = []
+        self.free: list[int] = []
+
+    def add(self, entity: str) -> int:
+        r = self.index.get(entity)
+        if r is None:
+            if self.free:
+                r = self.free.pop()
+                self.entity_of[r] = entity
+            else:
+                r = len(self.entity_of)
+                self.entity_of.append(entity)
+            self.index[entity] = r
+        return r
+
+    def drop(self, entity: str) -> int:
+        r = self.index.pop(entity)
+        self.entity_of[r] = None
+        self.free.append(r)
+        return r
+
+
+class Column:
+    """One metric's values for every entity of its level: a fine ring of 1 s slots and a coarse ring of buckets."""
+
+    def __init__(self, rows: Rows, retention_s: float, fine_s: int = _FINE_S, bucket_s: int = _BUCKET_S) -> None:
+        self.fine = fine_s
+        self.mask = fine_s - 1
+        assert fine_s & self.mask == 0, "fine_s is a power of two"
+        self.bucket_s = bucket_s
+        self.buckets = int(math.ceil(retention_s / bucket_s)) + 2
+        self.shared = rows
+        self.rows = rows.index
+        self._alloc(max(16, len(rows.entity_of)))
+        self.version = 0  # counts the flushes that applied points (readers' caches key on it)
+        # staged points: row, time, value (appended by MetricStore, applied by flush before a read of this
+        # column, or once ``_STAGE_MAX`` wait): a column no rule reads is applied in large batches
+        self.s_row: list[int] = []
+        self.s_t: list[float] = []
+        self.s_v: list[float] = []
+
+    def _alloc(self, rows: int) -> None:
+        self.v = np.zeros((rows, self.fine), np.float64)
+        self.n = np.zeros((rows, self.fine), np.uint16)
+        self.newest = np.full(rows, _EMPTY, np.int64)  # newest slot written, per row
+        self.cs = np.zeros((rows, self.buckets), np.float64)
+        self.cn = np.zeros((rows, self.buckets), np.uint16)
+        self.cmin = np.zeros((rows, self.buckets), np.float32)
+        self.cmax = np.zeros((rows, self.buckets), np.float32)
+        self.cnewest = np.full(rows, _EMPTY, np.int64)  # newest bucket written, per row
+
+    def _fit(self) -> None:
+        """Grow the arrays (doubling) to hold every row the level has handed out."""
+        need = len(self.shared.entity_of)
+        k = len(self.newest)
+        if need <= k:
+            return
+        old: tuple[np.ndarray, ...] = (self.v, self.n, self.newest, self.cs, self.cn, self.cmin, self.cmax,
+                                       self.cnewest)
+        # grow by an eighth (at least 64 rows): doubling would leave up to half of a 10k-row column empty
+        self._alloc(max(need, k + max(64, k // 8)))
+        now: tuple[np.ndarray, ...] = (self.v, self.n, self.newest, self.cs, self.cn, self.cmin, self.cmax,
+                                       self.cnewest)
+        for new, prev in zip(now, old, strict=True):
+            new[:k] = prev
+
+    def add(self, entity: str, t: float, v: float) -> None:
+        r = self.rows.get(entity)
+        self.s_row.append(self.shared.add(entity) if r is None else r)
+        self.s_t.append(t)
+        self.s_v.append(v)
+
+    # ---- applying staged points -------------------------------------------------------------------
+
+    def flush(self) -> None:
+        """Apply the staged points to the rings (called before any read)."""
+        self._fit()
+        if not self.s_row:
+            return
+        self.version += 1
+        rows = np.asarray(self.s_row, np.int64)
+        vals = np.asarray(self.s_v, np.float64)
+        slots = np.ceil(np.asarray(self.s_t, np.float64)).astype(np.int64)
+        self.s_row, self.s_t, self.s_v = [], [], []
+        # The usual batch holds one point per row (one second of telemetry): plain fancy assignment is
+        # then exact and several times faster than the unbuffered ``ufunc.at``.
+        unique = bool(np.bincount(rows).max() == 1)
+        self._advance(rows, slots, self.newest, self.fine, (self.v, self.n), unique)
+        keep = slots > self.newest[rows] - self.fine  # older than the fine ring: the buckets only
+        r, pos, x = rows[keep], slots[keep] & self.mask, vals[keep]
+        if unique:
+            self.v[r, pos] += x
+            self.n[r, pos] += 1
+        else:
+            np.add.at(self.v, (r, pos), x)
+            np.add.at(self.n, (r, pos), 1)
+        b = (slots - 1) // self.bucket_s
+        self._advance(rows, b, self.cnewest, self.buckets, (self.cs, self.cn, self.cmin, self.cmax), unique)
+        keep = b > self.cnewest[rows] - self.buckets
+        r, b, x = rows[keep], b[keep] % self.buckets, vals[keep]
+        x32 = x.astype(np.float32)
+        if unique:
+            first = self.cn[r, b] == 0
+            self.cmin[r, b] = np.where(first, x32, np.minimum(self.cmin[r, b], x32))
+            self.cmax[r, b] = np.where(first, x32, np.maximum(self.cmax[r, b], x32))
+            self.cs[r, b] += x
+            self.cn[r, b] += 1
+            return
+        first = self.cn[r, b] == 0
+        # a bucket's first point sets its min and max (fancy assignment: the last of equal indexes wins,
+        # and the minimum/maximum below then fold in every point of the batch)
+        self.cmin[r[first], b[first]] = x32[first]
+        self.cmax[r[first], b[first]] = x32[first]
+        np.add.at(self.cs, (r, b), x)
+        np.add.at(self.cn, (r, b), 1)
+        np.minimum.at(self.cmin, (r, b), x32)
+        np.maximum.at(self.cmax, (r, b), x32)
+
+    @staticmethod
+    def _advance(rows: np.ndarray, idx: np.ndarray, newest: np.ndarray, size: int,
+                 arrays: tuple[np.ndarray, ...], unique: bool) -> None:
+        """Move each row's newest index to its newest staged one, emptying the ring positions it passes."""
+        if unique:
+            ahead = idx > newest[rows]
+            moved, to = rows[ahead], idx[ahead]
+            if not len(moved):
+                return
+            step = to - newest[moved]
+            if int(step.max()) == 1:  # the usual second: each row moves on by one slot
+                for a in arrays:
+                    a[moved, to % size] = 0
+                newest[moved] = to
+                return
+            top = np.empty(len(newest), np.int64)
+            top[moved] = to
+        else:
+            top = np.full(len(newest), _EMPTY, np.int64)
+            np.maximum.at(top, rows, idx)
+            moved = np.nonzero(top > newest)[0]
+        if not len(moved):
+            return
+        step = top[moved] - newest[moved]
+        whole = moved[step >= size]
+        if len(whole):
+            for a in arrays:
+                a[whole] = 0
+        part = moved[step < size]
+        if len(part):
+            old = newest[part]
+            gap = top[part] - old
+            for k in range(1, int(gap.max()) + 1):
+                sel = gap >= k
+                p = (old[sel] + k) % size
+                for a in arrays:
+                    a[part[sel], p] = 0
+        newest[moved] = top[moved]
+
+    # ---- reading -----------------------------------------------------------------------------------
+
+    def points(self, r: int, t0: float, t1: float) -> tuple[list[float], list[float]]:
+        """Row ``r``'s points with ``t0 < t <= t1``: one per non-empty slot (its mean), older ones per bucket."""
+        self._fit()
+        newest = int(self.newest[r])
+        hi = min(math.floor(t1), newest)
+        lo = math.floor(t0) + 1
+        if hi < lo:
+            return [], []
+        fine_lo = newest - self.fine + 1
+        times: list[float] = []
+        vals: list[float] = []
+        if lo < fine_lo:  # the older part, from the buckets that end before the fine ring starts
+            bs = self.bucket_s
+            cnew = int(self.cnewest[r])
+            b_lo = max((lo - 1) // bs, cnew - self.buckets + 1)
+            b_hi = min((fine_lo - 1) // bs - 1, (hi - 1) // bs, cnew)
+            if b_hi >= b_lo:
+                idx = np.arange(b_lo, b_hi + 1)
+                pos = idx % self.buckets
+                cnt = self.cn[r, pos]
+                ok = cnt > 0
+                times += ((idx[ok] + 1) * bs).astype(np.float64).tolist()
+                vals += (self.cs[r, pos][ok] / cnt[ok]).tolist()
+                lo = (b_hi + 1) * bs + 1
+            lo = max(lo, fine_lo)
+        if hi >= lo:
+            idx = np.arange(lo, hi + 1)
+            pos = idx & self.mask
+            cnt = self.n[r, pos]
+            ok = cnt > 0
+            times += idx[ok].astype(np.float64).tolist()
+            vals += (self.v[r, pos][ok] / cnt[ok]).tolist()
+        return times, vals
+
+    def counts(self, r: int, t1: float) -> tuple[np.ndarray, np.ndarray]:
+        """Row ``r``'s fine slots at or before ``t1``, newest first, and the number of points in each."""
+        self._fit()
+        hi = min(math.floor(t1), int(self.newest[r]))
+        idx = np.arange(hi, int(self.newest[r]) - self.fine, -1)
+        return idx, self.n[r, idx & self.mask]
+
+    def last(self, r: int, t1: float) -> float | None:
+        """The time (slot) of row ``r``'s newest point at or before ``t1``."""
+        idx, cnt = self.counts(r, t1)
+        nz = np.nonzero(cnt)[0]
+        if len(nz):
+            return float(idx[nz[0]])
+        return None
+
+    def matrix(self, rows: np.ndarray, t0: float, t1: float) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """The fine slots of ``rows`` in ``(t0, t1]``: slot times, values (NaN where empty), counts.
+
+        None when the window reaches past any row's fine ring (the caller reads those row by row).
+        """
+        self._fit()
+        hi = math.floor(t1)
+        lo = math.floor(t0) + 1
+        newest = self.newest[rows]
+        valid_rows = newest != _EMPTY
+        if valid_rows.any() and lo <= int(newest[valid_rows].max()) - self.fine:
+            return None
+        if hi < lo:
+            return np.zeros(0), np.full((len(rows), 0), np.nan), np.zeros((len(rows), 0), np.uint16)
+        idx = np.arange(lo, hi + 1)
+        pos = idx & self.mask
+        cnt = self._cols(self.n, rows, int(pos[0]), len(pos))
+        v = self._cols(self.v, rows, int(pos[0]), len(pos))
+        # a slot beyond a row's newest holds an old second's data (not yet overwritten): empty for this window
+        stale = (idx[None, :] > newest[:, None]) | (idx[None, :] <= newest[:, None] - self.fine)
+        if stale.any():
+            cnt[stale] = 0
+        with np.errstate(invalid="ignore", divide="ignore"):
+            vals = v / cnt
+        vals[cnt == 0] = np.nan
+        return idx.astype(np.float64), vals, cnt
+
+    def _cols(self, a: np.ndarray, rows: np.ndarray, start: int, length: int) -> np.ndarray:
+        """``a[rows]`` at ring positions ``start .. start + length`` (wrapping): a slice of columns, then the rows
+        (far cheaper than a 2-D fancy index)."""
+        end = start + length
+        lo = int(rows[0]) if len(rows) else 0
+        if len(rows) and int(rows[-1]) - lo == len(rows) - 1 and (len(rows) < 2 or bool((np.diff(rows) == 1).all())):
+            a = a[lo:lo + len(rows)]  # consecutive rows (a job holding a whole level): a slice, no gather
+            rows = slice(None)  # type: ignore[assignment]
+        if end <= self.fine:
+            out: np.ndarray = a[:, start:end][rows]
+            return out
+        return np.concatenate((a[:, start:][rows], a[:, :end - self.fine][rows]), axis=1)
+
+    def clear(self, r: int) -> None:
+        """Empty row ``r`` (its entity was dropped from the level)."""
+        if r >= len(self.newest):
+            return
+        for a in (self.v, self.n, self.cs, self.cn, self.cmin, self.cmax):
+            a[r] = 0
+        self.newest[r] = _EMPTY
+        self.cnewest[r] = _EMPTY
+
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in (self.v, self.n, self.newest, self.cs, self.cn, self.cmin, self.cmax,
+                                      self.cnewest))
+
+
+def aggregate_rows(agg: str, times: np.ndarray, vals: np.ndarray, cnt: np.ndarray) -> np.ndarray:
+    """``agg`` of each row of a window matrix (NaN where a row has no point): :func:`aggregate`, vectorised.
+
+    ``vals`` holds each slot's mean (NaN when empty) and ``cnt`` its number of points, so sums, counts
+    and means count every point.
+    """
+    k = cnt.sum(axis=1).astype(np.float64)
+    have = (cnt > 0).sum(axis=1)
+    out = np.full(vals.shape[0], np.nan)
+    ok = have > 0
+    if not ok.any():
+        return out
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        if agg in ("avg", "sum"):
+            s = np.nansum(np.where(cnt > 0, vals * cnt, 0.0), axis=1)
+            out[ok] = (s / k)[ok] if agg == "avg" else s[ok]
+        elif agg == "count":
+            out[ok] = k[ok]
+        elif agg == "max":
+            out[ok] = np.nanmax(vals[ok], axis=1)
+        elif agg == "min":
+            out[ok] = np.nanmin(vals[ok], axis=1)
+        elif agg in ("last", "rate", "delta"):
+            n = vals.shape[1]
+            last_i = n - 1 - np.argmax((cnt > 0)[:, ::-1], axis=1)
+            first_i = np.argmax(cnt > 0, axis=1)
+            r = np.arange(len(out))
+            lastv, firstv = vals[r, last_i], vals[r, first_i]
+            if agg == "last":
+                out[ok] = lastv[ok]
+            else:
+                d = np.where(have >= 2, lastv - firstv, 0.0)
+                if agg == "delta":
+                    out[ok] = d[ok]
+                else:
+                    dt = times[last_i] - times[first_i] if n else np.zeros(len(out))
+                    out[ok] = np.where(dt > 0, d / np.where(dt > 0, dt, 1.0), 0.0)[ok]
+        elif agg == "median":  # (np.nanmedian falls back to masked arrays on short rows: slow)
+            srt = np.sort(vals[ok], axis=1)  # NaN last
+            m = have[ok]
+            i = np.arange(len(m))
+            out[ok] = (srt[i, (m - 1) // 2] + srt[i, m // 2]) / 2
+        elif agg in ("p90", "p95", "p99"):
+            q = int(agg[1:]) / 100
+            s = np.sort(vals[ok], axis=1)  # NaN last
+            m = have[ok]
+            i = np.minimum(m - 1, np.ceil(q * m).astype(np.int64) - 1)
+            out[ok] = s[np.arange(len(m)), i]
+        else:
+            raise ValueError(f"unknown aggregation {agg!r}")
+    return out
+
+
+# The metrics kept in columns: every per-entity metric except occurrences (an XID's code is its value,
+# one point per occurrence: summing them would lose the codes) and the ages (computed, not stored).
+# Job-level series (a point per job per second, kept an hour) stay exact :class:`Series`.
+COLUMNAR: frozenset[str] = frozenset(m.name for m in METRICS.values()
+                                     if m.level in ("gpu", "node", "nic", "device", "rank") and not m.occurrences
+                                     and m.name not in _AGES)
+
+
 class MetricStore:
     """Every metric of :mod:`whywait.engine.rules.metrics`, per entity, over the last ``retention_s``."""
 
     def __init__(self, retention_s: float = 900.0, plan: dict[str, KindPlan] | None = None) -> None:
         self.retention_s = retention_s
         self.plan = PLAN if plan is None else plan
-        self.series: dict[tuple[str, str], Series] = {}
+        self._series: dict[tuple[str, str], Series] = {}  # the exact series: job level and occurrences
+        self.columns: dict[str, Column] = {}  # the columnar ones, by metric
+        self.levels: dict[str, Rows] = {}  # level -> its entities' rows, shared by the level's columns
+        self._staged: set[Column] = set()  # columns with points not yet applied to their rings
+        self._memo: dict[tuple[Any, ...], np.ndarray] = {}  # values() results since the last flush
         self.node_last: dict[str, float] = {}
         self.rank_last: dict[str, float] = {}
         # level -> node -> entity keys seen, for the levels a job's placement does not name (NICs,
@@ -202,12 +578,54 @@ class MetricStore:
     # ---- writing ----------------------------------------------------------------------------------
 
     def put(self, metric: str, entity: str, t: float, v: float) -> None:
-        s = self.series.get((metric, entity))
+        """Store one point of ``metric`` for ``entity`` at event time ``t`` (staged until the next read)."""
+        col = self.columns.get(metric)
+        if col is None and metric in COLUMNAR:
+            col = self.column(metric)
+        if col is not None:  # inlined Column.add: this runs for every derived point
+            r = col.rows.get(entity)
+            col.s_row.append(col.shared.add(entity) if r is None else r)
+            col.s_t.append(t)
+            col.s_v.append(v)
+            self._staged.add(col)
+            if len(col.s_row) > _STAGE_MAX:
+                col.flush()
+            return
+        s = self._series.get((metric, entity))
         if s is None:
-            s = self.series[(metric, entity)] = Series()
+            s = self._series[(metric, entity)] = Series()
         s.add(t, v)
 
-    def ingest(self, msg: dict[str, Any]) -> float:
+    def column(self, metric: str) -> Column:
+        """The column of a metric in :data:`COLUMNAR`, made on first use."""
+        col = self.columns.get(metric)
+        if col is None:
+            level = METRICS[metric].level
+            rows = self.levels.get(level)
+            if rows is None:
+                rows = self.levels[level] = Rows()
+            col = self.columns[metric] = Column(rows, self.retention_s, _FINE_RANK_S if level == "rank" else _FINE_S)
+        return col
+
+    def flush(self) -> None:
+        """Apply the staged points to the columns; every read calls it first."""
+        if self._staged:
+            for col in self._staged:
+                col.flush()
+            self._staged.clear()
+
+    @property
+    def series(self) -> SeriesView:
+        """Every series as ``(metric, entity) -> Series`` (a read-only view: columns materialise on access)."""
+        self.flush()
+        return SeriesView(self)
+
+    def memory_bytes(self) -> int:
+        """Bytes held by the columns' arrays (the bulk of the store at scale)."""
+        self.flush()
+        return sum(c.nbytes() for c in self.columns.values())
+
+    def ingest(self, msg: Mapping[str, Any]) -> float:
         """Add one validated contract message; return its event time."""
         t = float(msg["time"])
         if t > self.max_time:
@@ -229,8 +647,12 @@ class MetricStore:
             derive(self, msg, t, node)
         return t
 
-    def _ingest_declared(self, plan: KindPlan, msg: dict[str, Any], t: float, node: str) -> None:
-        """Store every field the contract declares measured, and the node roll-ups it declares."""
+    def _ingest_declared(self, plan: KindPlan, msg: Mapping[str, Any], t: float, node: str) -> None:
+        """Store every field the contract declares measured, and the node roll-ups it declares.
+
+        The hot path of ingest (one point per field per list entry): each entry's row is found once for
+        all its fields, and points are appended straight to the columns' staging lists.
+        """
         put = self.put
         owner = msg["job"] if plan.per_job else node
         for name, metric, boolean in plan.body:
@@ -239,32 +661,58 @@ class MetricStore:
                 put(metric, owner, t, (1.0 if v else 0.0) if boolean else float(v))
         for lp in plan.lists:
             items = msg.get(lp.name)
-            if items is None:
+            if not items:
+                if items is not None:
+                    self._rollups(lp, items, t, node)
                 continue
             members = self.members[lp.entity] if lp.entity in ("nic", "device") else None
+            typed = isinstance(items[0], Event)
+            attrs = type(items[0])._attr if typed else {}
+            # Straight to the columns, unless a subclass (the report's sampler) routes points through put().
+            direct = type(self).put is MetricStore.put
+            fields = [(attrs.get(name, name), self.column(metric) if direct and metric in COLUMNAR else None, metric,
+                       boolean, each) for name, metric, boolean, each in lp.direct]
+            rows = self.levels[lp.entity] if lp.entity in self.levels else None
+            for _, col, _, _, _ in fields:
+                if col is not None:
+                    self._staged.add(col)
+                    rows = col.shared
+            key = attrs.get(lp.key, lp.key)
             for item in items:
-                e = _entity(lp.entity, msg, node, item[lp.key])
+                e = _entity(lp.entity, msg, node, getattr(item, key) if typed else item[lp.key])
                 if members is not None:
                     members[node].add(e)
-                for name, metric, boolean, each in lp.direct:
-                    v = item.get(name)
+                r = rows.add(e) if rows is not None else -1
+                for attr, col, metric, boolean, each in fields:
+                    v = getattr(item, attr) if typed else item.get(attr)
                     if v is None:
                         continue
                     if each:  # one point per occurrence: a repeated XID counts twice
                         for x in v:
                             put(metric, e, t, float(x))
+                    elif col is not None:
+                        col.s_row.append(r)
+                        col.s_t.append(t)
+                        col.s_v.append((1.0 if v else 0.0) if boolean else float(v))
                     else:
                         put(metric, e, t, (1.0 if v else 0.0) if boolean else float(v))
-            for name, metric, how in lp.rollups:
-                vals = [float(item[name]) for item in items if item.get(name) is not None]
-                if how == "sum":  # an empty list, or entries without the field, add nothing: 0
-                    put(metric, node, t, math.fsum(vals))
-                elif vals:
-                    put(metric, node, t, max(vals))
+            for _, col, _, _, _ in fields:
+                if col is not None and len(col.s_row) > _STAGE_MAX:
+                    col.flush()
+            self._rollups(lp, items, t, node)
+
+    def _rollups(self, lp: _ListPlan, items: Sequence[Any], t: float, node: str) -> None:
+        """The node roll-ups of one list: the ``max`` or ``sum`` of a field over its entries."""
+        for name, metric, how in lp.rollups:
+            vals = [float(v) for v in (item.get(name) for item in items) if v is not None]
+            if how == "sum":  # an empty list, or entries without the field, add nothing: 0
+                self.put(metric, node, t, math.fsum(vals))
+            elif vals:
+                self.put(metric, node, t, max(vals))
 
     # ---- derivations: what no single declared field gives -----------------------------------------
 
-    def _derive_gpu(self, msg: dict[str, Any], t: float, node: str) -> None:
+    def _derive_gpu(self, msg: Mapping[str, Any], t: float, node: str) -> None:
         put = self.put
         for g in msg["gpus"]:
             e = f"{node}/gpu{g['gpu']}"
@@ -276,7 +724,7 @@ class MetricStore:
             put("gpu.thermal_throttle", e, t, 1.0 if reasons & THERMAL else 0.0)
             put("gpu.power_throttle", e, t, 1.0 if reasons & POWER else 0.0)
 
-    def _derive_net(self, msg: dict[str, Any], t: float, node: str) -> None:
+    def _derive_net(self, msg: Mapping[str, Any], t: float, node: str) -> None:
         put = self.put
         retrans, out = msg["tcp_retrans_segs_per_s"], msg["tcp_out_segs_per_s"]
         put("net.tcp_retrans_ratio", node, t, retrans / out if out > 0 else 0.0)
@@ -291,11 +739,11 @@ class MetricStore:
         mean_tx = sum(tx) / len(tx) if tx else 0.0
         put("net.tx_imbalance", node, t, max(tx) / mean_tx if mean_tx > 0 else 1.0)
 
-    def _derive_host(self, msg: dict[str, Any], t: float, node: str) -> None:
+    def _derive_host(self, msg: Mapping[str, Any], t: float, node: str) -> None:
         if msg["mem_total_bytes"]:
             self.put("host.mem_used_pct", node, t, 100.0 * msg["mem_used_bytes"] / msg["mem_total_bytes"])
 
-    def _derive_hw(self, msg: dict[str, Any], t: float, node: str) -> None:
+    def _derive_hw(self, msg: Mapping[str, Any], t: float, node: str) -> None:
         """Hardware health (the ``hw`` topic): each list present sets its metrics; an absent list says nothing."""
         put = self.put
         # Per-lane PCIe rate in Gb/s after encoding, by generation (Gen1-2: 8b/10b; Gen3-5: 128b/130b;
@@ -420,7 +868,7 @@ class MetricStore:
             put("gpu.nvml_errors", e, t, float(h["errors"]))
             put("gpu.nvml_timeouts", e, t, float(h["timeouts"]))
 
-    def _derive_steps(self, msg: dict[str, Any], t: float, node: str) -> None:
+    def _derive_steps(self, msg: Mapping[str, Any], t: float, node: str) -> None:
         """The step tables, the ranks' last reports, ``comm_s`` where only its parts came, and the job buckets."""
         job = msg["job"]
         put = self.put
@@ -454,7 +902,7 @@ class MetricStore:
                     if s.get(f) is not None:
                         self._buckets[(job, share)].setdefault(sec, []).append(s[f] / dur)
 
-    def _derive_checkpoint(self, msg: dict[str, Any], t: float, node: str) -> None:
+    def _derive_checkpoint(self, msg: Mapping[str, Any], t: float, node: str) -> None:
         job, cid, phase = msg["job"], msg["checkpoint_id"], msg["phase"]
         spans = self.checkpoint_spans[job]
         if phase == "start":
@@ -488,12 +936,28 @@ class MetricStore:
 
     def trim(self, now: float) -> None:
         """Forget points older than the retention; called by the evaluator now and then."""
+        self.flush()
+        self._memo.clear()
         cutoff = now - self.retention_s
         job_cutoff = now - self.job_retention_s
-        for key, s in list(self.series.items()):
+        for key, s in list(self._series.items()):
             s.trim(job_cutoff if key[0].startswith("job.") else cutoff)
             if not s.t:  # an entity gone for the whole retention (a finished job's ranks): forget it
-                del self.series[key]
+                del self._series[key]
+        # The rings are fixed; an entity silent for the whole retention in every metric of its level is freed.
+        for rows in self.levels.values():
+            cols = [c for c in self.columns.values() if c.shared is rows]
+            if not cols or not rows.index:
+                continue
+            for c in cols:
+                c._fit()
+            newest = np.max([c.newest[:len(rows.entity_of)] for c in cols], axis=0)
+            for r in np.nonzero(newest < cutoff)[0]:
+                e = rows.entity_of[r]
+                if e is not None:
+                    rows.drop(e)
+                    for c in cols:
+                        c.clear(int(r))
         for s in self.node_seen.values():
             s.trim(cutoff)
         for job, table in list(self.step_tables.items()):
@@ -511,7 +975,15 @@ class MetricStore:
         if metric in _AGES:
             v = self.age(metric, entity, t1)
             return ((t1,), (v,)) if v is not None else ((), ())
-        s = self.series.get((metric, entity))
+        col = self.columns.get(metric)
+        if col is not None:
+            col.flush()
+            r = col.rows.get(entity)
+            if r is None:
+                return (), ()
+            times, values = col.points(r, t0, t1)
+            return (times, values) if times else ((), ())
+        s = self._series.get((metric, entity))
         return s.window(t0, t1) if s is not None else ((), ())
 
     def age(self, metric: str, entity: str, now: float) -> float | None:
@@ -521,14 +993,54 @@ class MetricStore:
             starts = [s for s, e in (spans or {}).values() if s is not None and s <= now and (e is None or e > now)]
             return now - min(starts) if starts else None
         # The last report at or before ``now``: messages up to the lateness ahead are already stored.
-        seen = self.series.get(("step.duration_s", entity)) if metric == "step.since_last_s" else \
-            self.node_seen.get(entity)
+        if metric == "step.since_last_s":
+            col = self.columns.get("step.duration_s")
+            r = col.rows.get(entity) if col is not None else None
+            if r is None:
+                return None
+            col.flush()  # type: ignore[union-attr]
+            last = col.last(r, now)  # type: ignore[union-attr]
+            return None if last is None else now - last
+        seen = self.node_seen.get(entity)
         if seen is None or not seen.t:
             return None
         i = bisect.bisect_right(seen.t, now)
         if i == 0:
             return None
         return now - seen.t[i - 1]
+
+    def ages(self, metric: str, entities: Sequence[str], now: float) -> np.ndarray:
+        """:meth:`age` for each of ``entities`` (NaN: never reported), vectorised for ranks' step reports."""
+        col = self.columns.get("step.duration_s") if metric == "step.since_last_s" else None
+        if col is None or not entities:
+            return np.array([np.nan if a is None else a for a in (self.age(metric, e, now) for e in entities)],
+                            np.float64)
+        col.flush()
+        rows = np.fromiter((col.rows.get(e, -1) for e in entities), np.int64, len(entities))
+        out = np.full(len(entities), np.nan)
+        known = np.nonzero(rows >= 0)[0]
+        if not len(known):
+            return out
+        col._fit()
+        newest = col.newest[rows[known]]
+        # A row whose newest point is not after ``now``: that point is its last report.  Rows with points
+        # ahead of ``now`` (stored up to the lateness early) look back over a few slots, then row by row.
+        now_s = math.floor(now)
+        done = (newest <= now_s) & (newest != _EMPTY)
+        out[known[done]] = now - newest[done]
+        ahead = known[newest > now_s]
+        if len(ahead):
+            m = col.matrix(rows[ahead], now - 16, now)
+            if m is not None and m[2].shape[1]:
+                times, _, cnt = m
+                has = cnt.any(axis=1)
+                last = times[cnt.shape[1] - 1 - np.argmax(cnt[:, ::-1] > 0, axis=1)]
+                out[ahead[has]] = now - last[has]
+                ahead = ahead[~has]
+            for i in ahead:
+                a = self.age(metric, entities[i], now)
+                out[i] = np.nan if a is None else a
+        return out
 
     def span(self, metric: str, entity: str, now: float, window_s: float, min_points: int = 0) -> float:
         """The window length to use at ``now``: ``window_s``, or longer to hold the last ``min_points`` points.
@@ -538,7 +1050,22 @@ class MetricStore:
         """
         if min_points <= 0 or metric in _AGES:
             return window_s
-        s = self.series.get((metric, entity))
+        col = self.columns.get(metric)
+        if col is not None:
+            r = col.rows.get(entity)
+            if r is None:
+                return window_s
+            col.flush()
+            idx, cnt = col.counts(r, now)
+            total = np.cumsum(cnt)
+            if not len(total) or total[-1] == 0:
+                return window_s
+            k = int(np.searchsorted(total, min_points))  # the slot holding the min_points-th newest point
+            k = min(k, len(total) - 1)
+            if total[k] < min_points:  # fewer points than asked: back to the oldest
+                k = int(np.nonzero(cnt)[0][-1])
+            return max(window_s, now - float(idx[k]) + 1e-6)  # the window's start just before that slot
+        s = self._series.get((metric, entity))
         if s is None or not s.t:
             return window_s
         j = bisect.bisect_right(s.t, now)
@@ -548,8 +1075,45 @@ class MetricStore:
 
     def value(self, metric: str, entity: str, agg: str, now: float, window_s: float) -> float | None:
         """The ``agg`` of ``metric`` for ``entity`` over ``(now - window_s, now]``, or None if no data."""
+        if metric in self.columns:  # the columns' path, which counts every point of a slot
+            v = self.values(metric, (entity,), agg, now, window_s)[0]
+            return None if math.isnan(v) else float(v)
         times, values = self.window(metric, entity, now - window_s, now)
         return aggregate(agg, times, values)
+
+    def values(self, metric: str, entities: Sequence[str], agg: str, now: float, window_s: float) -> np.ndarray:
+        """The ``agg`` of ``metric`` over ``(now - window_s, now]`` for each of ``entities`` (NaN: no data).
+
+        The vectorised :meth:`value`: for a columnar metric, one numpy pass over every entity's slots
+        (called by the conditions once per rule and job, instead of once per entity).
+        """
+        col = self.columns.get(metric)
+        if col is not None:
+            col.flush()
+        # Several rules read the same aggregate of the same entities in one tick: computed once, kept
+        # until new points are applied to the column (its version) or the entities change.
+        ents = tuple(entities)
+        key = (metric, agg, now, window_s, ents, col.version if col is not None else 0)
+        hit = self._memo.get(key)
+        if hit is not None:
+            return hit
+        out = None
+        if col is not None and ents:
+            rows = np.fromiter((col.rows.get(e, -1) for e in ents), np.int64, len(ents))
+            known = rows >= 0
+            if known.any():
+                m = col.matrix(rows[known], now - window_s, now)
+                if m is not None:
+                    out = np.full(len(ents), np.nan)
+                    out[known] = aggregate_rows(agg, *m)
+        if out is None:
+            vals = [aggregate(agg, *self.window(metric, e, now - window_s, now)) for e in ents]
+            out = np.array([np.nan if v is None else v for v in vals], np.float64)
+        out.flags.writeable = False  # shared by every reader of this tick
+        if len(self._memo) > 4096:
+            self._memo.clear()
+        self._memo[key] = out
+        return out
 
     def nic_entities(self, nodes: Iterable[str]) -> list[str]:
         return self.entities_at("nic", nodes)
@@ -560,9 +1124,40 @@ class MetricStore:
         return sorted(e for n in nodes for e in seen.get(n, ()))
 
 
+class SeriesView(Mapping[tuple[str, str], Series]):
+    """Every series of a store as ``(metric, entity) -> Series``: the exact ones, and the columns' rows
+    materialised over the retention on access (for inspection, tests and whywait's own metrics)."""
+
+    def __init__(self, store: MetricStore) -> None:
+        self.store = store
+
+    def __iter__(self) -> Iterator[tuple[str, str]]:
+        yield from self.store._series
+        for metric, col in self.store.columns.items():
+            for e, r in col.rows.items():
+                if r < len(col.newest) and col.newest[r] != _EMPTY:
+                    yield (metric, e)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def __getitem__(self, key: tuple[str, str]) -> Series:
+        s = self.store._series.get(key)
+        if s is not None:
+            return s
+        col = self.store.columns.get(key[0])
+        r = col.rows.get(key[1]) if col is not None else None
+        if col is None or r is None or r >= len(col.newest) or col.newest[r] == _EMPTY:
+            raise KeyError(key)
+        out = Series()
+        newest = float(col.newest[r])
+        out.t, out.v = col.points(r, newest - col.buckets * col.bucket_s, newest)
+        return out
+
+
 # The derivation of each kind, called after its declared fields are stored.  An explicit table: a
 # kind without derived metrics has no entry.
-DERIVATIONS: dict[str, Callable[[MetricStore, dict[str, Any], float, str], None]] = {
+DERIVATIONS: dict[str, Callable[[MetricStore, Mapping[str, Any], float, str], None]] = {
     "gpu": MetricStore._derive_gpu,
     "net": MetricStore._derive_net,
     "host": MetricStore._derive_host,

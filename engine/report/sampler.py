@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from array import array
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
 from whywait.engine.evaluate.store import MetricStore
 
@@ -70,7 +70,7 @@ class Sampler(MetricStore):
         self.metrics = metrics
         self.jobs = jobs
         self.binned: dict[tuple[str, str], Binned] = {}
-        self.placements: dict[str, dict[str, Any]] = {}  # job -> latest placement seen
+        self.placements: dict[str, Mapping[str, Any]] = {}  # job -> latest placement seen
 
     def put(self, metric: str, entity: str, t: float, v: float) -> None:
         if metric.startswith("step."):
@@ -88,7 +88,7 @@ class Sampler(MetricStore):
         b.sums[i] += v
         b.counts[i] += 1
 
-    def ingest(self, msg: dict[str, Any]) -> float:
+    def ingest(self, msg: Mapping[str, Any]) -> float:
         if msg["kind"] == "placement":
             self.placements[msg["job"]] = msg
         t = super().ingest(msg)

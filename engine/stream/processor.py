@@ -18,7 +18,7 @@ import re
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Mapping
 
 from whywait.agents.events import ContractError, decode
 from whywait.engine.diagnosis import Diagnosis
@@ -192,14 +192,14 @@ class Processor:
                 self.trigger_ms[d.fingerprint] = rec.timestamp_ms
         out.diagnoses += diags
 
-    def _note_owner(self, msg: dict[str, Any]) -> None:
+    def _note_owner(self, msg: Mapping[str, Any]) -> None:
         job = str(msg["job"])
         if msg.get("state") == "finished" or not isinstance(msg.get("user"), str):
             self.owners.pop(job, None)
         elif job in self.owners or len(self.owners) < 100_000:
             self.owners[job] = msg["user"]
 
-    def _sender_problem(self, msg: dict[str, Any]) -> str | None:
+    def _sender_problem(self, msg: Mapping[str, Any]) -> str | None:
         """Why a job's timings cannot be trusted (None: they can), judged against its placement.
 
         The node agent names the user who sent a job's timings (``sender_user``, from the kernel's

@@ -88,7 +88,7 @@ def test_envelope_fields_of_any_value_never_escape_as_other_errors(msg: dict[str
 def _number(f: Field) -> st.SearchStrategy[Any]:
     lo, hi = UNIT_BOUNDS.get(f.unit, GENERIC_BOUND)
     if f.type == "integer":
-        return st.integers(min_value=max(int(lo), -(2 ** 63)), max_value=min(int(hi), 2 ** 63))
+        return st.integers(min_value=max(int(lo), -(2 ** 63)), max_value=min(int(hi), 2 ** 63 - 1))  # signed 64-bit
     return st.floats(min_value=lo, max_value=hi, allow_nan=False, allow_infinity=False)
 
 

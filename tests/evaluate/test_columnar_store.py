@@ -1,0 +1,105 @@
+"""The columnar store answers as the list-per-series store did, and its memory does not grow with time kept."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import pytest
+from whywait.engine.evaluate.store import COLUMNAR, MetricStore, Series, aggregate
+
+T0 = 1_700_000_000.0
+AGGS = ("avg", "min", "max", "sum", "count", "last", "median", "p90", "rate", "delta")
+
+
+def _filled(seconds: int, entities: int, seed: int = 1, jitter: bool = False) -> tuple[MetricStore, dict[str, Series]]:
+    """A store and, beside it, the exact list series of the same points (one per entity per second)."""
+    rng = random.Random(seed)
+    store, ref = MetricStore(), {}
+    for e in range(entities):
+        ref[f"n{e}/gpu0"] = Series()
+    for sec in range(seconds):
+        for e in range(entities):
+            if rng.random() < 0.1:  # gaps: a missed sample
+                continue
+            t = T0 + sec + (rng.uniform(0.01, 0.99) if jitter else 0.0)
+            v = rng.gauss(50, 10) if e else float(sec % 7)
+            store.put("gpu.temp_c", f"n{e}/gpu0", t, v)
+            ref[f"n{e}/gpu0"].add(t, v)
+    return store, ref
+
+
+def test_recent_windows_match_the_list_store_point_for_point() -> None:
+    assert "gpu.temp_c" in COLUMNAR
+    store, ref = _filled(200, 12)
+    now = T0 + 199
+    for w in (1.0, 5.0, 10.0, 60.0, 120.0):
+        for e, s in ref.items():
+            t, v = store.window("gpu.temp_c", e, now - w, now)
+            rt, rv = s.window(now - w, now)
+            assert list(t) == list(rt) and list(v) == pytest.approx(list(rv))
+        for agg in AGGS:
+            ents = list(ref)
+            got = store.values("gpu.temp_c", ents, agg, now, w)
+            for i, e in enumerate(ents):
+                want = aggregate(agg, *ref[e].window(now - w, now))
+                one = store.value("gpu.temp_c", e, agg, now, w)
+                if want is None:
+                    assert math.isnan(got[i]) and one is None
+                else:
+                    assert got[i] == pytest.approx(want, rel=1e-9, abs=1e-9), (agg, w, e)
+                    assert one == pytest.approx(want, rel=1e-9, abs=1e-9)
+
+
+def test_fractional_times_land_in_the_window_they_belong_to() -> None:
+    """A point at 100.3 belongs to (91, 101] and not to (90, 100]: windows with whole-second ends keep their points."""
+    store, ref = _filled(60, 4, jitter=True)
+    now = T0 + 50
+    for e, s in ref.items():
+        _, rv = s.window(now - 10, now)
+        assert list(store.window("gpu.temp_c", e, now - 10, now)[1]) == pytest.approx(list(rv))
+
+
+def test_two_points_in_one_second_keep_their_sum_and_count() -> None:
+    store = MetricStore()
+    for v in (1.0, 2.0, 6.0):  # three steps of one rank in one message
+        store.put("step.duration_s", "job:0", T0 + 0.5, v)
+    assert store.value("step.duration_s", "job:0", "sum", T0 + 1, 5) == 9.0
+    assert store.value("step.duration_s", "job:0", "count", T0 + 1, 5) == 3.0
+    assert store.values("step.duration_s", ["job:0"], "avg", T0 + 1, 5)[0] == 3.0
+    assert store.span("step.duration_s", "job:0", T0 + 30, 5, min_points=3) > 29
+
+
+def test_memory_per_entity_does_not_grow_with_the_time_kept() -> None:
+    a, _ = _filled(300, 64)
+    b, _ = _filled(1800, 64)
+    assert a.memory_bytes() == b.memory_bytes() > 0
+    # and the long past is still there, downsampled: a 10-minute average over the buckets
+    now = T0 + 1799
+    want = np.mean([v for t, v in zip(*b.window("gpu.temp_c", "n3/gpu0", now - 120, now), strict=True)])
+    got = b.value("gpu.temp_c", "n3/gpu0", "avg", now, 600)
+    assert got is not None and abs(got - want) < 3.0  # the same gaussian around 50
+
+
+def test_an_entity_silent_for_the_retention_is_forgotten_and_its_row_reused() -> None:
+    store = MetricStore(retention_s=60)
+    store.put("gpu.temp_c", "old/gpu0", T0, 1.0)
+    store.put("gpu.temp_c", "new/gpu0", T0 + 100, 2.0)
+    store.trim(T0 + 100)
+    assert list(store.series) == [("gpu.temp_c", "new/gpu0")]
+    store.put("gpu.temp_c", "newer/gpu0", T0 + 101, 3.0)
+    assert store.window("gpu.temp_c", "newer/gpu0", T0, T0 + 101)[1] == [3.0]
+    assert store.window("gpu.temp_c", "old/gpu0", T0 - 1, T0 + 101) == ((), ())
+
+
+def test_ages_are_vectorised_and_match_age() -> None:
+    store = MetricStore()
+    for r in range(6):
+        for sec in range(0, 40 - 5 * r):
+            store.put("step.duration_s", f"job:{r}", T0 + sec, 1.0)
+    ents = [f"job:{r}" for r in range(7)]
+    ages = store.ages("step.since_last_s", ents, T0 + 30)
+    for e, a in zip(ents, ages, strict=True):
+        one = store.age("step.since_last_s", e, T0 + 30)
+        assert (one is None and math.isnan(a)) or one == a
