@@ -1,0 +1,169 @@
+"""The partitioned pipeline's faust wiring: route, evaluate, placement table, per-job checkpoints.
+
+Called by :func:`whywait.engine.stream.app.build_app` when ``EngineConfig.partitions`` > 1 (the
+design is in ``engine/stream/partitioning.py``).  One worker process runs both stages; the
+consumer group splits the input partitions (routing) and the repartition topic's partitions
+(evaluation) between the workers independently.
+
+On every rebalance (faust's are eager: everything is revoked, then the new set assigned):
+
+- before the revoke, each owned job's incidents are checkpointed under their own key;
+- after the assignment, the jobs of lost partitions are forgotten (not resolved: their new owner
+  continues them), and for each gained partition the worker re-reads the last window of event
+  time before the group's committed offset into its store (:func:`~.tables.read_window`) and
+  restores the gained jobs' incidents from their checkpoints (:func:`~.tables.read_job_states`),
+  *before* it consumes the partition.  A restored incident keeps its announced state, so the new
+  owner does not announce it again; it updates or resolves it like its own.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any, Awaitable, Callable
+
+import faust
+from whywait.engine.stream.partitioning import drop_jobs, is_empty, partition_for, split_snapshot
+from whywait.engine.stream.processor import Processor, Record
+from whywait.engine.stream.tables import PlacementTable, job_state_key, read_job_states, read_window
+from whywait.engine.stream.topics import TOPIC_BY_JOB
+
+log = logging.getLogger(__name__)
+
+
+class ScaleOut:
+    """One worker's share of the partitioned pipeline (made by :func:`wire`)."""
+
+    def __init__(self, app: faust.App, cfg: Any, processor: Processor, state_topic: Any) -> None:
+        self.app = app
+        self.cfg = cfg
+        self.processor = processor
+        self.state_topic = state_topic
+        self.owned = processor.evaluator.topology  # an OwnedTopology (engine_cmd builds it)
+        if not hasattr(self.owned, "owned"):
+            raise TypeError("the partitioned engine needs its evaluator on an OwnedTopology")
+        self.table = PlacementTable(cfg.bootstrap, processor.apply_placement, not_before=processor.not_before)
+        self.written: dict[str, str] = {}  # job -> the checkpoint last written for it
+
+    @property
+    def caught_up(self) -> bool:
+        """Whether the placement table has read every placement published so far."""
+        return self.table.caught_up
+
+    async def checkpoint(self) -> None:
+        """Write the incident checkpoint of every owned job whose state changed (a tombstone when empty)."""
+        ev = self.processor.evaluator
+        owns = self.owned.owns
+        snap = ev.snapshot()
+        jobs = {j.job for j in self.owned.jobs()}
+        jobs |= {j for j in self.written if owns(j)}
+        jobs |= {i["labels"]["job"] for i in snap["incidents"] if i["labels"].get("job") and owns(i["labels"]["job"])}
+        for job, part in split_snapshot(snap, self.owned.base, jobs).items():
+            body = "" if is_empty(part) else json.dumps(part, default=str, sort_keys=True)
+            if body == self.written.get(job, ""):
+                continue
+            await self.state_topic.send(key=job_state_key(self.cfg.group_id, job),
+                                        value=body.encode() if body else None)
+            if body:
+                self.written[job] = body
+            else:
+                self.written.pop(job, None)
+
+    async def assigned(self, tps: Any) -> None:
+        """Take the new assignment: forget lost jobs, refill and restore gained ones."""
+        new = frozenset(tp.partition for tp in tps if tp.topic == TOPIC_BY_JOB)
+        old = self.owned.owned
+        gained, lost = new - old, old - new
+        self.owned.owned = new
+        if lost:
+            n = drop_jobs(self.processor.evaluator, self.owned.owns)
+            self.written = {j: b for j, b in self.written.items() if self.owned.owns(j)}
+            log.info("engine: handed over %d partition(s) of %s and %d open incident(s)", len(lost), TOPIC_BY_JOB, n)
+        if not gained:
+            return
+        from aiokafka import TopicPartition
+
+        window = self.cfg.restore_window_s
+        if window is None:
+            window = float(self.processor.evaluator.store.retention_s)
+        tpl = [TopicPartition(TOPIC_BY_JOB, p) for p in sorted(gained)]
+        try:
+            n = await read_window(self.cfg.bootstrap, self.cfg.group_id, tpl, window, self._restore)
+            states = await read_job_states(self.cfg.bootstrap, self.cfg.group_id,
+                                           lambda j: partition_for(j, self.cfg.partitions) in gained)
+        except Exception as exc:  # noqa: BLE001 - the broker gone mid-rebalance: evaluate without history
+            log.error("engine: could not restore gained partitions %s: %s: %s", sorted(gained), type(exc).__name__, exc)
+            return
+        merged: dict[str, Any] = {"incidents": [], "cond_state": [], "counted_until": {}}
+        for part in states.values():
+            merged["incidents"] += part.get("incidents", [])
+            merged["cond_state"] += part.get("cond_state", [])
+            merged["counted_until"].update(part.get("counted_until") or {})
+            job = next((i["labels"].get("job") for i in part.get("incidents", ())), None)
+            if job:
+                self.written[job] = json.dumps(part, default=str, sort_keys=True)
+        if merged["incidents"] or merged["cond_state"]:
+            try:
+                self.processor.evaluator.restore(merged)
+            except (KeyError, TypeError, ValueError) as exc:  # a checkpoint from another version
+                log.warning("ignoring unreadable job checkpoints (%s: %s)", type(exc).__name__, exc)
+        log.info("engine: took %d partition(s) of %s: re-read %d record(s) of the last %.0fs, "
+                 "continued %d incident(s) of %d job(s)", len(gained), TOPIC_BY_JOB, n, window,
+                 len(merged["incidents"]), len(states))
+
+    def _restore(self, recs: list[Any]) -> None:
+        pairs = []
+        for r in recs:
+            src = dict(r.headers or ()).get("whywait-topic")
+            pairs.append((src.decode() if isinstance(src, bytes) else str(src), r.value))
+        self.processor.restore(pairs)
+
+
+def wire(app: faust.App, cfg: Any, processor: Processor, inputs: Any, by_job: Any, dead: Any, state_topic: Any,
+         send: Callable[[Any, bytes, bytes, str], Awaitable[None]],
+         evaluate: Callable[[list[Record]], Awaitable[None]], record: Callable[[Any], Record]) -> ScaleOut:
+    """Add the route and evaluate processors, the placement table and the rebalance hooks to ``app``."""
+    from whywait.engine.stream.app import PRODUCED_HEADER, SOURCE_HEADER
+
+    so = ScaleOut(app, cfg, processor, state_topic)
+
+    @app.agent(inputs, concurrency=1)
+    async def route(stream: faust.StreamT) -> None:
+        async for events in stream.take_events(  # type: ignore[attr-defined]  # faust's stubs lag its API
+                cfg.batch_max, within=cfg.batch_within_s):
+            out = processor.route([record(e) for e in events], cfg.partitions)
+            for key, value in out.dead_letters:
+                await send(dead, key, value, "dead_letter")
+            for part, key, value, t_ms, topic, produced_ms in out.forwards:
+                headers = {SOURCE_HEADER: topic.encode()}
+                if produced_ms is not None:
+                    headers[PRODUCED_HEADER] = str(produced_ms).encode()
+                try:
+                    await by_job.send(key=key, value=value, partition=part, timestamp=t_ms / 1000.0, headers=headers)
+                except Exception as exc:  # noqa: BLE001 - counted and logged; consumption goes on
+                    processor.counts["send_failed.forward"] += 1
+                    log.error("could not forward a %s record to %s[%d]: %s", topic, TOPIC_BY_JOB, part, exc)
+
+    @app.agent(by_job, concurrency=1)
+    async def evaluate_jobs(stream: faust.StreamT) -> None:
+        async for events in stream.take_events(  # type: ignore[attr-defined]
+                cfg.batch_max, within=cfg.batch_within_s):
+            await evaluate([record(e) for e in events])
+
+    @app.task
+    async def placements() -> None:
+        await so.table.run()
+
+    @app.on_partitions_revoked.connect  # type: ignore[misc,arg-type]
+    async def _revoked(app: faust.App, revoked: Any, **kwargs: Any) -> None:
+        try:
+            await so.checkpoint()  # the next owner continues from here
+        except Exception as exc:  # noqa: BLE001
+            log.error("engine: checkpoint before the rebalance failed: %s", exc)
+
+    @app.on_partitions_assigned.connect  # type: ignore[misc,arg-type]
+    async def _assigned(app: faust.App, assigned: Any, **kwargs: Any) -> None:
+        await so.assigned(assigned)
+
+    return so
+
