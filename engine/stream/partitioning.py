@@ -189,3 +189,71 @@ def drop_jobs(evaluator: Any, keep: Callable[[str], bool]) -> int:
     for fp in gone:
         del evaluator.incidents[fp]
     return len(gone)
+
+
+# ---- event-time order on the repartition topic ----------------------------------------------------
+
+class ReorderBuffer:
+    """Holds repartitioned records and releases them in event-time order, as far as every input allows.
+
+    Why: the router forwards in the order it reads the input partitions, and on a backlog (a
+    replay, a restart, a failover) it reads them in slices of different spans of event time: a
+    job's steps can land tens of seconds of event time after its telemetry.  The evaluator's
+    watermark waits for the periodic telemetry only (a hung job sends no steps), so the stream
+    layer restores the order first: a record is released once every *active* input kind of every
+    partition has reached its event time.  A kind is active while it keeps arriving (within ``idle_wall_s``) or
+    while the repartition topic has unread records (``backlog``); with no backlog, nothing is held
+    longer than ``max_hold_s`` of wall time, so live latency stays a few seconds at most.  On a
+    backlog, a kind more than ``idle_event_s`` of event time behind the newest (a hung job's steps)
+    is not waited for.
+    Pure: the caller passes each record's event time and kind, and the wall clock.
+    """
+
+    def __init__(self, kinds: Iterable[str], idle_wall_s: float = 3.0, max_hold_s: float = 2.0,
+                 idle_event_s: float = 120.0, max_records: int = 500_000) -> None:
+        import heapq
+
+        self._heapq = heapq
+        self.kinds = frozenset(kinds)  # the steady inputs whose progress is waited for
+        self.idle_wall_s = idle_wall_s
+        self.max_hold_s = max_hold_s
+        self.idle_event_s = idle_event_s
+        self.max_records = max_records
+        self.heap: list[tuple[float, int, float, Any]] = []  # (event time, seq, arrival wall, record)
+        self.kind_max: dict[tuple[int, str], float] = {}  # (partition, kind) -> newest event time
+        self.kind_seen: dict[tuple[int, str], float] = {}  # (partition, kind) -> wall time it last arrived
+        self.seq = 0
+
+    def push(self, record: Any, t: float, kind: str | None, wall: float, partition: int = 0) -> None:
+        """Hold ``record`` (event time ``t``, from ``partition`` of the repartition topic)."""
+        self.seq += 1
+        self._heapq.heappush(self.heap, (t, self.seq, wall, record))
+        if kind in self.kinds:
+            # Per partition: partitions progress at their own pace (a sparse one runs ahead in event
+            # time), and one partition's progress says nothing of another's.
+            key = (partition, kind)
+            if t > self.kind_max.get(key, float("-inf")):
+                self.kind_max[key] = t
+            self.kind_seen[key] = wall
+
+    def watermark(self, wall: float, backlog: bool) -> float:
+        """Event time up to which every active kind of every partition has arrived."""
+        top: dict[int, float] = {}
+        for (p, _), t in self.kind_max.items():
+            top[p] = max(top.get(p, t), t)
+        active = [t for k, t in self.kind_max.items() if wall - self.kind_seen[k] <= self.idle_wall_s
+                  or (backlog and top[k[0]] - t <= self.idle_event_s)]
+        return min(active) if active else float("inf")
+
+    def release(self, wall: float, backlog: bool) -> list[Any]:
+        """The held records that may go to the evaluator now, oldest event time first."""
+        w = self.watermark(wall, backlog)
+        out = []
+        heap = self.heap
+        while heap and (heap[0][0] <= w or len(heap) > self.max_records
+                        or (not backlog and wall - heap[0][2] >= self.max_hold_s)):
+            out.append(self._heapq.heappop(heap)[3])
+        return out
+
+    def __len__(self) -> int:
+        return len(self.heap)

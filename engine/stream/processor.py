@@ -67,7 +67,8 @@ class Output:
     # The partitioned engine's router: (partition, key, value, event time ms, source topic, producer
     # time ms or None) for the repartition topic (the source topic travels in a header: the value is
     # decoded against it; the producer's time too, for latency figures).
-    forwards: list[tuple[int, bytes, bytes, int, str, int | None]] = field(default_factory=list)
+    # The last item names the source record when it was copied to more than one partition (else None).
+    forwards: list[tuple[int, bytes, bytes, int, str, int | None, str | None]] = field(default_factory=list)
 
 
 # The dead-letter record must always fit in one produce request (aiokafka's ``max_request_size``
@@ -235,8 +236,11 @@ class Processor:
                 continue
             where = routes(msg, topo, partitions)
             t_ms = int(float(msg["time"]) * 1000)
+            # A message copied to several partitions names its source, so a worker that owns more
+            # than one of them ingests it once (engine/stream/scaleout.py drops the later copies).
+            src = f"{rec.topic}/{rec.partition}/{rec.offset}" if len(where) > 1 else None
             for part, key in where.items():
-                out.forwards.append((part, key.encode(), rec.value, t_ms, rec.topic, rec.timestamp_ms))
+                out.forwards.append((part, key.encode(), rec.value, t_ms, rec.topic, rec.timestamp_ms, src))
             self.counts["route.forwarded"] += 1
             self.counts["route.copies"] += len(where)
         return out

@@ -18,17 +18,26 @@ On every rebalance (faust's are eager: everything is revoked, then the new set a
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
+import time
 from typing import Any, Awaitable, Callable
 
 import faust
-from whywait.engine.stream.partitioning import drop_jobs, is_empty, partition_for, split_snapshot
+from faust.types import TP
+from whywait.agents.events import TOPICS, kind_for_topic
+from whywait.engine.stream.partitioning import ReorderBuffer, drop_jobs, is_empty, partition_for, split_snapshot
 from whywait.engine.stream.processor import Processor, Record
 from whywait.engine.stream.tables import PlacementTable, job_state_key, read_job_states, read_window
 from whywait.engine.stream.topics import TOPIC_BY_JOB
 
 log = logging.getLogger(__name__)
+
+# A copied message's source (topic/partition/offset), in a header of each copy.
+COPY_HEADER = "whywait-copy-of"
+# The inputs that arrive steadily while a job runs: the reorder buffer waits for them.
+STEADY_KINDS = frozenset({t.kind for t in TOPICS if t.periodic} | {"steps"})
 
 
 class ScaleOut:
@@ -44,6 +53,7 @@ class ScaleOut:
             raise TypeError("the partitioned engine needs its evaluator on an OwnedTopology")
         self.table = PlacementTable(cfg.bootstrap, processor.apply_placement, not_before=processor.not_before)
         self.written: dict[str, str] = {}  # job -> the checkpoint last written for it
+        self.restored_copies: set[bytes] = set()  # during one restore: copied messages taken already
 
     @property
     def caught_up(self) -> bool:
@@ -54,6 +64,9 @@ class ScaleOut:
         """Write the incident checkpoint of every owned job whose state changed (a tombstone when empty)."""
         ev = self.processor.evaluator
         owns = self.owned.owns
+        log.info("engine: evaluated to %s, placements applied %d, jobs here %s; %s", ev.next_tick, self.table.applied,
+                 [j.job for j in self.owned.jobs()][:20],
+                 self.processor.stats())
         snap = ev.snapshot()
         jobs = {j.job for j in self.owned.jobs()}
         jobs |= {j for j in self.written if owns(j)}
@@ -87,6 +100,7 @@ class ScaleOut:
         if window is None:
             window = float(self.processor.evaluator.store.retention_s)
         tpl = [TopicPartition(TOPIC_BY_JOB, p) for p in sorted(gained)]
+        self.restored_copies = set()
         try:
             n = await read_window(self.cfg.bootstrap, self.cfg.group_id, tpl, window, self._restore)
             states = await read_job_states(self.cfg.bootstrap, self.cfg.group_id,
@@ -114,7 +128,13 @@ class ScaleOut:
     def _restore(self, recs: list[Any]) -> None:
         pairs = []
         for r in recs:
-            src = dict(r.headers or ()).get("whywait-topic")
+            headers = dict(r.headers or ())
+            copy = headers.get(COPY_HEADER)
+            if copy is not None:  # one copy per message, whichever gained partition holds it
+                if copy in self.restored_copies:
+                    continue
+                self.restored_copies.add(copy)
+            src = headers.get("whywait-topic")
             pairs.append((src.decode() if isinstance(src, bytes) else str(src), r.value))
         self.processor.restore(pairs)
 
@@ -134,8 +154,10 @@ def wire(app: faust.App, cfg: Any, processor: Processor, inputs: Any, by_job: An
             out = processor.route([record(e) for e in events], cfg.partitions)
             for key, value in out.dead_letters:
                 await send(dead, key, value, "dead_letter")
-            for part, key, value, t_ms, topic, produced_ms in out.forwards:
+            for part, key, value, t_ms, topic, produced_ms, src in out.forwards:
                 headers = {SOURCE_HEADER: topic.encode()}
+                if src is not None:
+                    headers[COPY_HEADER] = src.encode()
                 if produced_ms is not None:
                     headers[PRODUCED_HEADER] = str(produced_ms).encode()
                 try:
@@ -144,11 +166,48 @@ def wire(app: faust.App, cfg: Any, processor: Processor, inputs: Any, by_job: An
                     processor.counts["send_failed.forward"] += 1
                     log.error("could not forward a %s record to %s[%d]: %s", topic, TOPIC_BY_JOB, part, exc)
 
+    order = ReorderBuffer(STEADY_KINDS)
+    received: dict[int, int] = {}  # partition of the repartition topic -> last offset received
+    copies: dict[bytes, None] = {}  # source ids of copied messages taken already (insertion-ordered)
+
+    def backlog() -> bool:
+        try:
+            for p, off in received.items():
+                hw = app.consumer.highwater(TP(TOPIC_BY_JOB, p))
+                if hw is not None and off + 1 < hw:
+                    return True
+        except Exception:  # noqa: BLE001 - no consumer yet: judge by arrival only
+            return False
+        return False
+
     @app.agent(by_job, concurrency=1)
     async def evaluate_jobs(stream: faust.StreamT) -> None:
         async for events in stream.take_events(  # type: ignore[attr-defined]
                 cfg.batch_max, within=cfg.batch_within_s):
-            await evaluate([record(e) for e in events])
+            wall = time.monotonic()
+            for e in events:
+                received[e.message.partition] = e.message.offset
+                copy = dict(e.message.headers or ()).get(COPY_HEADER)
+                if copy is not None:
+                    if copy in copies:  # a copy this worker has already taken from another partition
+                        processor.counts["route.copies_dropped"] += 1
+                        continue
+                    copies[copy] = None
+                    if len(copies) > 200_000:  # bounded: copies of one message are forwarded together
+                        for old in list(itertools.islice(copies, 50_000)):
+                            del copies[old]
+                rec = record(e)
+                order.push(rec, e.message.timestamp or 0.0, kind_for_topic(rec.topic), wall, e.message.partition)
+            ready = order.release(wall, backlog())
+            if ready:
+                await evaluate(ready)
+
+    @app.timer(0.5)
+    async def release_held() -> None:  # what waited for a kind that has since gone quiet
+        if len(order):
+            ready = order.release(time.monotonic(), backlog())
+            if ready:
+                await evaluate(ready)
 
     @app.task
     async def placements() -> None:

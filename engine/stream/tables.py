@@ -25,6 +25,17 @@ from whywait.engine.stream.topics import TOPIC_ENGINE_STATE
 log = logging.getLogger(__name__)
 
 
+async def partitions_of(bootstrap: str, topic: str) -> int:
+    """How many partitions ``topic`` has (1 when it does not exist yet).
+
+    Asked of the admin client: a consumer without a subscription does not know a topic's partitions
+    (``partitions_for_topic`` is None until it has fetched that topic's metadata).
+    """
+    from whywait.engine.stream.topics import topic_partitions_async
+
+    return (await topic_partitions_async(bootstrap, [topic])).get(topic, 1)
+
+
 def job_state_key(group: str, job: str) -> bytes:
     """The compacted key of one job's incident checkpoint for consumer group ``group``."""
     return f"{group}|job|{job}".encode()
@@ -56,9 +67,8 @@ class PlacementTable:
                              client_id="whywait-placement-table")
         await c.start()
         try:
-            await c.topics()  # fetches the cluster's metadata: every partition of the topic is known
-            parts = c.partitions_for_topic(self.topic) or {0}
-            tps = [TopicPartition(self.topic, p) for p in sorted(parts)]
+            n = await partitions_of(self.bootstrap, self.topic)
+            tps = [TopicPartition(self.topic, p) for p in range(n)]
             c.assign(tps)
             await c.seek_to_beginning(*tps)
             while True:
