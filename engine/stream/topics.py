@@ -33,7 +33,11 @@ TOPIC_ENGINE_STATE = "whywait.engine-state.v1"
 # re-read with offsets-for-times; timestamps far from the broker's clock (replays, simulations)
 # must be accepted, and retention is by size, never by those timestamps.
 TOPIC_BY_JOB = "whywait.by-job.v1"
-COMPACTED = {TOPIC_PLACEMENT, TOPIC_ENGINE_STATE}
+# The notifier's compacted tables (engine/notify): created here too, so they get the same replication
+# factor as the rest (the notifier creates them with one replica when they are missing).
+TOPIC_NOTIFY_STATE = "whywait.notify-state.v1"
+TOPIC_SILENCES = "whywait.silences.v1"
+COMPACTED = {TOPIC_PLACEMENT, TOPIC_ENGINE_STATE, TOPIC_NOTIFY_STATE, TOPIC_SILENCES}
 _LONG_MAX = str(2**63 - 1)
 TOPIC_CONFIGS: dict[str, dict[str, str]] = {
     TOPIC_BY_JOB: {"message.timestamp.type": "CreateTime", "retention.ms": "-1",
@@ -47,7 +51,8 @@ SCALED = {*INPUT_TOPICS, TOPIC_BY_JOB}
 
 def all_topics() -> list[str]:
     """Every topic the engine reads or writes."""
-    return [*INPUT_TOPICS, TOPIC_DIAGNOSES, TOPIC_DEADLETTER, TOPIC_ENGINE_STATE, TOPIC_BY_JOB]
+    return [*INPUT_TOPICS, TOPIC_DIAGNOSES, TOPIC_DEADLETTER, TOPIC_ENGINE_STATE, TOPIC_BY_JOB,
+            TOPIC_NOTIFY_STATE, TOPIC_SILENCES]
 
 
 def env_int(name: str, default: int, env: dict[str, str] | None = None) -> int:
@@ -88,7 +93,9 @@ async def ensure_topics_async(bootstrap: str, topics: list[str] | None = None, p
         existing = set(await admin.list_topics())
         new = [NewTopic(t, partitions if t in SCALED else 1, replication, topic_configs={
             **({"cleanup.policy": "compact"} if t in COMPACTED else {}),
-            **({"min.insync.replicas": "2"} if replication >= 3 else {}), **TOPIC_CONFIGS.get(t, {})})
+            **({"min.insync.replicas": "2"} if replication >= 3 else {}),
+            **({"min.compaction.lag.ms": "0", "segment.ms": "3600000"} if t in (TOPIC_NOTIFY_STATE, TOPIC_SILENCES)
+               else {}), **TOPIC_CONFIGS.get(t, {})})
                for t in topics if t not in existing]
         if new:
             await admin.create_topics(new)

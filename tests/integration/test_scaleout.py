@@ -66,8 +66,33 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         b.stop()
 
 
-async def read_diagnoses(bootstrap: str, since: float, until: float, quiet_s: float = 15.0) -> list[dict[str, Any]]:
-    """Every diagnosis detected at or after ``since`` (event time), read until none came for ``quiet_s``."""
+async def lag(bootstrap: str, group: str) -> int:
+    """Records of the engine's topics not yet committed by ``group`` (inputs and the repartition topic)."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+    from aiokafka.admin import AIOKafkaAdminClient
+    from whywait.agents.events import INPUT_TOPICS
+    from whywait.engine.stream.topics import TOPIC_BY_JOB
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        committed = await admin.list_consumer_group_offsets(group)
+    finally:
+        await admin.close()
+    tps = [TopicPartition(t, p) for t in (*INPUT_TOPICS, TOPIC_BY_JOB) for p in range(PARTITIONS)]
+    c = AIOKafkaConsumer(bootstrap_servers=bootstrap)
+    await c.start()
+    try:
+        ends = await c.end_offsets(tps)
+    finally:
+        await c.stop()
+    return sum(max(0, ends[tp] - (committed[tp].offset if tp in committed else 0)) for tp in tps)
+
+
+async def read_diagnoses(bootstrap: str, since: float, until: float, group: str,
+                         quiet_s: float = 20.0) -> list[dict[str, Any]]:
+    """Every diagnosis detected at or after ``since`` (event time), read until the group has no lag and
+    none came for ``quiet_s`` (the machine may be slow: a fixed wait would cut a slow run short)."""
     from aiokafka import AIOKafkaConsumer
 
     c = AIOKafkaConsumer(TOPIC_DIAGNOSES, bootstrap_servers=bootstrap, auto_offset_reset="earliest", group_id=None)
@@ -75,7 +100,11 @@ async def read_diagnoses(bootstrap: str, since: float, until: float, quiet_s: fl
     out: list[dict[str, Any]] = []
     last = time.time()
     try:
-        while time.time() < until and time.time() - last < quiet_s:
+        while time.time() < until:
+            if time.time() - last >= quiet_s:
+                if await lag(bootstrap, group) == 0:
+                    break
+                last = time.time() - quiet_s / 2
             for msgs in (await c.getmany(timeout_ms=500)).values():
                 got = [d for d in (json.loads(m.value) for m in msgs) if d.get("detected_at", 0) >= since]
                 if got:
@@ -104,20 +133,21 @@ def run_workers(bootstrap: str, work: Path, n: int, start: float) -> tuple[list[
         for i in range(n):
             procs.append(subprocess.Popen(
                 whywait("engine", "--topology", str(topo), "--group", group, "--partitions", str(PARTITIONS),
-                        "--instance-id", "none", "--not-before", str(start), "--no-restore",
+                        "--instance-id", "none", "--not-before", str(start), "--no-restore", "--latest",
                         "--max-clock-skew", "off"),
                 stdout=logs[i].open("w"), stderr=subprocess.STDOUT, env=env, cwd=REPO))
         deadline = time.time() + 120
         while time.time() < deadline:  # every worker has its share before any telemetry is produced
             texts = [p.read_text() for p in logs]
             if all("consuming" in t for t in texts) and _settled(texts, n):
+                time.sleep(5)  # the last rebalance's restores and the placement tables settle
                 break
             if any(p.poll() is not None for p in procs):
                 break
             time.sleep(0.5)
         subprocess.run(whywait("simulate", "--scenario", str(scen), "--speed", "0", "--start-time", str(start)),
                        env=env, cwd=REPO, check=True, timeout=300)
-        diags = asyncio.run(read_diagnoses(bootstrap, start, time.time() + 180))
+        diags = asyncio.run(read_diagnoses(bootstrap, start, time.time() + 420, group))
     finally:
         for p in procs:
             p.terminate()
