@@ -165,13 +165,15 @@ async def read_placements(bootstrap: str) -> list[dict[str, Any]]:
     """
     from aiokafka import AIOKafkaConsumer, TopicPartition
     from whywait.agents.events import TOPIC_PLACEMENT, ContractError, decode
+    from whywait.engine.stream.tables import partitions_of
 
+    # Every partition: a consumer without a subscription does not know them (partitions_for_topic
+    # answered None, and only partition 0 was read; a placement topic with more lost the others).
+    tps = [TopicPartition(TOPIC_PLACEMENT, p) for p in range(await partitions_of(bootstrap, TOPIC_PLACEMENT))]
     c = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
     await c.start()
     latest: dict[bytes | None, dict[str, Any] | None] = {}
     try:
-        parts = c.partitions_for_topic(TOPIC_PLACEMENT) or {0}
-        tps = [TopicPartition(TOPIC_PLACEMENT, p) for p in sorted(parts)]
         c.assign(tps)
         await c.seek_to_beginning(*tps)
         ends = await c.end_offsets(tps)

@@ -264,7 +264,8 @@ def build_app(cfg: EngineConfig, processor: Processor, notifier: Notifier,
     else:
         from whywait.engine.stream import scaleout
 
-        table = scaleout.wire(app, cfg, processor, inputs, by_job, dead, state_topic, _send, _evaluate, _record)
+        table = scaleout.wire(app, cfg, processor, inputs, by_job, dead, state_topic, _send, _evaluate, _record,
+                              notifier)
         checkpoint = table.checkpoint  # per job, instead of the one group-wide snapshot
 
     @app.timer(cfg.checkpoint_every_s)

@@ -29,7 +29,7 @@ from faust.types import TP
 from whywait.agents.events import TOPICS, kind_for_topic
 from whywait.engine.stream.partitioning import ReorderBuffer, drop_jobs, is_empty, partition_for, split_snapshot
 from whywait.engine.stream.processor import Processor, Record
-from whywait.engine.stream.tables import PlacementTable, job_state_key, read_job_states, read_window
+from whywait.engine.stream.tables import PlacementTable, job_state_key, read_job_states, read_notify_state, read_window
 from whywait.engine.stream.topics import TOPIC_BY_JOB
 
 log = logging.getLogger(__name__)
@@ -43,8 +43,10 @@ STEADY_KINDS = frozenset({t.kind for t in TOPICS if t.periodic} | {"steps"})
 class ScaleOut:
     """One worker's share of the partitioned pipeline (made by :func:`wire`)."""
 
-    def __init__(self, app: faust.App, cfg: Any, processor: Processor, state_topic: Any) -> None:
+    def __init__(self, app: faust.App, cfg: Any, processor: Processor, state_topic: Any,
+                 notifier: Any = None) -> None:
         self.app = app
+        self.notifier = notifier
         self.cfg = cfg
         self.processor = processor
         self.state_topic = state_topic
@@ -103,8 +105,11 @@ class ScaleOut:
         self.restored_copies = set()
         try:
             n = await read_window(self.cfg.bootstrap, self.cfg.group_id, tpl, window, self._restore)
-            states = await read_job_states(self.cfg.bootstrap, self.cfg.group_id,
-                                           lambda j: partition_for(j, self.cfg.partitions) in gained)
+            mine = lambda j: partition_for(j, self.cfg.partitions) in gained  # noqa: E731
+            states = await read_job_states(self.cfg.bootstrap, self.cfg.group_id, mine)
+            adopted = 0
+            if self.notifier is not None and hasattr(self.notifier, "adopt"):
+                adopted = self.notifier.adopt(await read_notify_state(self.cfg.bootstrap, mine))
         except Exception as exc:  # noqa: BLE001 - the broker gone mid-rebalance: evaluate without history
             log.error("engine: could not restore gained partitions %s: %s: %s", sorted(gained), type(exc).__name__, exc)
             return
@@ -122,8 +127,8 @@ class ScaleOut:
             except (KeyError, TypeError, ValueError) as exc:  # a checkpoint from another version
                 log.warning("ignoring unreadable job checkpoints (%s: %s)", type(exc).__name__, exc)
         log.info("engine: took %d partition(s) of %s: re-read %d record(s) of the last %.0fs, "
-                 "continued %d incident(s) of %d job(s)", len(gained), TOPIC_BY_JOB, n, window,
-                 len(merged["incidents"]), len(states))
+                 "continued %d incident(s) of %d job(s), adopted %d notifier incident(s)", len(gained), TOPIC_BY_JOB,
+                 n, window, len(merged["incidents"]), len(states), adopted)
 
     def _restore(self, recs: list[Any]) -> None:
         pairs = []
@@ -141,11 +146,12 @@ class ScaleOut:
 
 def wire(app: faust.App, cfg: Any, processor: Processor, inputs: Any, by_job: Any, dead: Any, state_topic: Any,
          send: Callable[[Any, bytes, bytes, str], Awaitable[None]],
-         evaluate: Callable[[list[Record]], Awaitable[None]], record: Callable[[Any], Record]) -> ScaleOut:
+         evaluate: Callable[[list[Record]], Awaitable[None]], record: Callable[[Any], Record],
+         notifier: Any = None) -> ScaleOut:
     """Add the route and evaluate processors, the placement table and the rebalance hooks to ``app``."""
     from whywait.engine.stream.app import PRODUCED_HEADER, SOURCE_HEADER
 
-    so = ScaleOut(app, cfg, processor, state_topic)
+    so = ScaleOut(app, cfg, processor, state_topic, notifier)
 
     @app.agent(inputs, concurrency=1)
     async def route(stream: faust.StreamT) -> None:

@@ -126,6 +126,45 @@ async def read_job_states(bootstrap: str, group: str, want: Callable[[str], bool
     return {j: s for j, s in out.items() if s}
 
 
+async def read_notify_state(bootstrap: str, want: Callable[[str], bool],
+                            topic: str = "whywait.notify-state.v1") -> dict[str, dict[str, Any]]:
+    """The notifier's incident records (by key) that hold a finding of a job ``want`` accepts.
+
+    Read when a worker gains jobs: it adopts them (``Pipeline.adopt``), so an update of an incident
+    another worker announced edits that worker's Slack message instead of posting a second one.
+    """
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    c = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, client_id="whywait-notify-read")
+    await c.start()
+    latest: dict[str, dict[str, Any] | None] = {}
+    try:
+        tps = [TopicPartition(topic, p) for p in range(await partitions_of(bootstrap, topic))]
+        c.assign(tps)
+        await c.seek_to_beginning(*tps)
+        ends = await c.end_offsets(tps)
+        for tp in tps:
+            while ends[tp] and await c.position(tp) < ends[tp]:
+                batch = await c.getmany(tp, timeout_ms=1000)
+                for m in batch.get(tp, []):
+                    if m.key is None:
+                        continue
+                    try:
+                        latest[m.key.decode()] = json.loads(m.value) if m.value else None
+                    except ValueError:
+                        continue
+    finally:
+        await c.stop()
+    out = {}
+    for key, rec in latest.items():
+        if not isinstance(rec, dict) or rec.get("status") == "resolved":
+            continue
+        members = rec.get("members") or {}
+        if any(isinstance(m, dict) and isinstance(m.get("job"), str) and want(m["job"]) for m in members.values()):
+            out[key] = rec
+    return out
+
+
 async def committed_offsets(bootstrap: str, group: str, tps: list[Any]) -> dict[Any, int]:
     """The consumer group's committed offset of each of ``tps`` (absent: none committed)."""
     from aiokafka.admin import AIOKafkaAdminClient

@@ -121,8 +121,7 @@ def run_workers(bootstrap: str, work: Path, n: int, start: float) -> tuple[list[
     scen.write_text(SCENARIO)
     topo = work / f"topology-{n}.yaml"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLACK", "WHYWAIT_RECEIVERS"))}
-    env.update({"WHYWAIT_KAFKA_BOOTSTRAP": bootstrap, "PYTHONUNBUFFERED": "1", "WHYWAIT_RECEIVERS": "console",
-                "WHYWAIT_NOTIFY_OUTBOX": str(work / f"outbox-{n}")})
+    env.update({"WHYWAIT_KAFKA_BOOTSTRAP": bootstrap, "PYTHONUNBUFFERED": "1", "WHYWAIT_RECEIVERS": "console"})
     from whywait.simulate.scenario import load_scenario
 
     load_scenario(scen).topology.to_yaml(topo)  # the jobs come from the placement topic
@@ -135,7 +134,8 @@ def run_workers(bootstrap: str, work: Path, n: int, start: float) -> tuple[list[
                 whywait("engine", "--topology", str(topo), "--group", group, "--partitions", str(PARTITIONS),
                         "--instance-id", "none", "--not-before", str(start), "--no-restore", "--latest",
                         "--max-clock-skew", "off"),
-                stdout=logs[i].open("w"), stderr=subprocess.STDOUT, env=env, cwd=REPO))
+                stdout=logs[i].open("w"), stderr=subprocess.STDOUT, cwd=REPO,
+                env={**env, "WHYWAIT_NOTIFY_OUTBOX": str(work / f"outbox-{n}-{i}")}))  # one outbox each
         deadline = time.time() + 120
         while time.time() < deadline:  # every worker has its share before any telemetry is produced
             texts = [p.read_text() for p in logs]
