@@ -136,12 +136,27 @@ def engine_partitions(bootstrap: str, requested: int, replication: int = 1) -> i
     broker (a worker started with a smaller ``--partitions`` than the topics have follows the
     topics), so they agree on where each job is evaluated; more than 1 runs the partitioned pipeline.
     """
-    ensure_topics(bootstrap, partitions=requested, replication=replication)
-    counts = asyncio.run(topic_partitions_async(bootstrap, [*INPUT_TOPICS, TOPIC_BY_JOB]))
-    have = max(counts.values(), default=1)
-    if have > counts.get(TOPIC_BY_JOB, 1):  # inputs grown by an earlier run: the repartition topic follows
-        ensure_topics(bootstrap, partitions=have, replication=replication)
-    return max(have, counts.get(TOPIC_BY_JOB, 1))
+    import time
+
+    from aiokafka.errors import KafkaError
+
+    for attempt in range(6):
+        # Workers started together on a fresh cluster race to create the topics, and a broker that
+        # has just started answers "not ready" for a moment: both pass, so they are retried.
+        try:
+            ensure_topics(bootstrap, partitions=requested, replication=replication)
+            counts = asyncio.run(topic_partitions_async(bootstrap, [*INPUT_TOPICS, TOPIC_BY_JOB]))
+            have = max(counts.values(), default=1)
+            if have > counts.get(TOPIC_BY_JOB, 1):  # inputs grown by an earlier run: the repartition topic follows
+                ensure_topics(bootstrap, partitions=have, replication=replication)
+            if counts.get(TOPIC_BY_JOB) is None or len(counts) < len(INPUT_TOPICS) + 1:
+                raise KafkaError("topics not visible yet")
+            return max(have, counts[TOPIC_BY_JOB])
+        except (KafkaError, asyncio.TimeoutError, TimeoutError, OSError) as exc:
+            if attempt == 5:
+                raise BrokerUnavailable(bootstrap, f"creating topics: {type(exc).__name__}: {exc}") from None
+            time.sleep(1.0 + attempt)
+    raise AssertionError("unreachable")
 
 
 def ensure_topics(bootstrap: str, topics: list[str] | None = None, partitions: int = 1,

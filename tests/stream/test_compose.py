@@ -44,7 +44,7 @@ def test_two_engine_workers_share_a_group_with_replicated_topics() -> None:
     engines = {k: v for k, v in s.items() if "whywait engine" in " ".join(v.get("entrypoint") or [])}
     assert len(engines) == 2
     members = set()
-    for name, e in engines.items():
+    for e in engines.values():
         env = e["environment"]
         assert set(env["WHYWAIT_KAFKA_BOOTSTRAP"].split(",")) == {"kafka-1:9092", "kafka-2:9092", "kafka-3:9092"}
         assert int(env["WHYWAIT_REPLICATION"]) == 3

@@ -7,8 +7,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from whywait.engine.stream.partitioning import (OwnedTopology, ReorderBuffer, drop_jobs, job_of_entity,
-                                                partition_for, routes, split_snapshot)
+from whywait.engine.stream.partitioning import (
+    OwnedTopology,
+    ReorderBuffer,
+    drop_jobs,
+    job_of_entity,
+    partition_for,
+    routes,
+    split_snapshot,
+)
 
 SCENARIO = """\
 seed: 1
@@ -31,7 +38,7 @@ def sim(tmp_path: Path) -> Any:
     p.write_text(SCENARIO)
     sc = load_scenario(p)
     sim = Simulation(sc.topology, sc.jobs, [], start_time=1e9, duration_s=30, interval_s=1, seed=1)
-    sim.msgs = [m for _, m in sim.messages()]  # one pass: the simulation is a generator of its own
+    sim.msgs = [m for _, m in sim.messages()]  # type: ignore[attr-defined]  # one pass: it is a generator
     return sim
 
 
@@ -164,7 +171,7 @@ def test_router_counts_every_record_once_and_dead_letters_at_the_door(sim: Any, 
     from whywait.engine.rules.loader import RuleSet
     from whywait.engine.stream.processor import Processor, Record
 
-    proc = Processor(Evaluator(RuleSet([]), OwnedTopology(topo, 4)))
+    proc = Processor(Evaluator(RuleSet({}), OwnedTopology(topo, 4)))
     gpu = first(sim, "gpu", "node-10")
     storage = first(sim, "storage", "node-07")
     recs = [Record(TOPIC_GPU, json.dumps(gpu).encode(), None, 0, 1, 123),
