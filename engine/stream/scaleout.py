@@ -122,10 +122,20 @@ class ScaleOut:
             if job:
                 self.written[job] = json.dumps(part, default=str, sort_keys=True)
         if merged["incidents"] or merged["cond_state"]:
+            ev = self.processor.evaluator
             try:
-                self.processor.evaluator.restore(merged)
+                ev.restore(merged)
             except (KeyError, TypeError, ValueError) as exc:  # a checkpoint from another version
                 log.warning("ignoring unreadable job checkpoints (%s: %s)", type(exc).__name__, exc)
+            else:
+                # The evaluator holds a restored incident open until its windows refill (after a restart
+                # they are empty).  Here they were re-read: an incident whose rule's windows the re-read
+                # covers is judged at once, so it resolves when its fault has ended, not a warm-up later.
+                for inc in merged["incidents"]:
+                    held = ev.incidents.get(inc["fingerprint"])
+                    rule = ev.rules.rules.get(inc["rule_id"])
+                    if held is not None and rule is not None and n and ev.warmup_for(rule) <= window:
+                        held.restored = False
         log.info("engine: took %d partition(s) of %s: re-read %d record(s) of the last %.0fs, "
                  "continued %d incident(s) of %d job(s), adopted %d notifier incident(s)", len(gained), TOPIC_BY_JOB,
                  n, window, len(merged["incidents"]), len(states), adopted)

@@ -25,10 +25,10 @@ from tests.support.slack_server import SlackServer
 pytestmark = pytest.mark.integration
 
 DAY = 86_400
-FAULT = (40, 110)
+FAULT = (40, 100)
 SCENARIO = f"""\
 seed: 5
-duration_s: 150
+duration_s: 180
 cluster: {{nodes: 16}}
 jobs:
 - {{job: train-llm, project: llm, team: ml-platform, nodes: node-01..node-06}}
