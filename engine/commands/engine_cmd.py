@@ -280,7 +280,7 @@ def run(args: argparse.Namespace) -> int:
              bootstrap, type(notifier).__name__)
     cfg = EngineConfig(bootstrap=bootstrap, group_id=args.group, from_beginning=not args.latest,
                        instance_id=instance_id(args.instance_id, args.group), partitions=partitions,
-                       restore_window_s=args.restore_window)
+                       restore_window_s=args.restore_window, restore_state=not args.no_restore)
     processor = Processor(evaluator, not_before=args.not_before)
     server = None
     try:

@@ -67,6 +67,8 @@ class EngineConfig:
     partitions: int = 1
     # Event time re-read from a gained partition before evaluating it (None: the store's retention).
     restore_window_s: float | None = None
+    # Partitioned: restore the per-job incident checkpoints of gained jobs (False: ``--no-restore``).
+    restore_state: bool = True
     fetch_bytes: int = 64 << 10  # per partition and fetch, partitioned pipeline only (see build_app)
     datadir: str = field(default_factory=lambda: os.path.join(
         os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state"),

@@ -106,9 +106,10 @@ class ScaleOut:
         try:
             n = await read_window(self.cfg.bootstrap, self.cfg.group_id, tpl, window, self._restore)
             mine = lambda j: partition_for(j, self.cfg.partitions) in gained  # noqa: E731
-            states = await read_job_states(self.cfg.bootstrap, self.cfg.group_id, mine)
+            states = await read_job_states(self.cfg.bootstrap, self.cfg.group_id, mine) \
+                if self.cfg.restore_state else {}
             adopted = 0
-            if self.notifier is not None and hasattr(self.notifier, "adopt"):
+            if self.cfg.restore_state and self.notifier is not None and hasattr(self.notifier, "adopt"):
                 adopted = self.notifier.adopt(await read_notify_state(self.cfg.bootstrap, mine))
         except Exception as exc:  # noqa: BLE001 - the broker gone mid-rebalance: evaluate without history
             log.error("engine: could not restore gained partitions %s: %s: %s", sorted(gained), type(exc).__name__, exc)
