@@ -166,9 +166,9 @@ def build_app(cfg: EngineConfig, processor: Processor, notifier: Notifier,
         # faust keeps a data folder even with the memory store; never in the user's working directory.
         datadir=cfg.datadir,
         # Partitioned: smaller fetches per partition, so a backlog is read from every input partition
-        # in small interleaved slices; the router forwards in the order it reads, and a megabyte of
-        # one topic at a time put a job's steps tens of seconds of event time behind its telemetry
-        # on the repartition topic (the watermark does not wait for steps).
+        # in small interleaved slices.  The router forwards in the order it reads; the evaluate stage
+        # restores event-time order (partitioning.ReorderBuffer), and smaller slices keep what it
+        # must hold small (a megabyte of one topic put a job's steps tens of seconds behind).
         consumer_max_fetch_size=cfg.fetch_bytes if cfg.partitions > 1 else 1 << 20,
     )
     inputs = app.topic(*INPUT_TOPICS, key_type=bytes, value_type=bytes, key_serializer="raw",
