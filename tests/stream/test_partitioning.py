@@ -215,3 +215,27 @@ def test_notifier_topic_names_match_the_notifier() -> None:
     from whywait.engine.stream.topics import TOPIC_NOTIFY_STATE, TOPIC_SILENCES
 
     assert (TOPIC_NOTIFY_STATE, TOPIC_SILENCES) == (STATE_TOPIC, SILENCES_TOPIC)
+
+
+def test_a_worker_adopts_the_incident_another_worker_announced() -> None:
+    """Failover: the notifier of the worker that gains a job takes the other's incident record (its Slack
+    receipt), so the next finding of the same fingerprint updates that incident instead of opening one."""
+    from whywait.engine.diagnosis import Diagnosis, Owner
+    from whywait.engine.notify.pipeline.config import PipelineConfig
+    from whywait.engine.notify.pipeline.incidents import IncidentBook
+
+    d = Diagnosis(rule_id="network.straggler-retransmits", fingerprint="fp-job-e", status="firing",
+                  severity="warning", title="job-e waits on node-10", cause="loss", job="job-e",
+                  owner=Owner("vision", "cv", "#cv"), starts_at=100.0, detected_at=105.0, next_step="x",
+                  confidence=0.9)
+    first = IncidentBook(PipelineConfig())
+    inc = first.observe(d, 1000.0)
+    assert inc is not None
+    inc.receipts["slack"] = {"channel_id": "C1", "ts": "1.000"}
+    record = json.loads(json.dumps(inc.to_dict()))
+    survivor = IncidentBook(PipelineConfig())
+    assert survivor.adopt({inc.key: record, "damaged": {"nonsense": 1}}) == 1
+    assert survivor.key_for(d) == inc.key
+    again = survivor.observe(d, 1010.0)
+    assert again is not None and again.receipts["slack"]["ts"] == "1.000"
+    assert survivor.adopt({inc.key: record}) == 0  # what it holds already is left as it is
