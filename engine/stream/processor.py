@@ -122,6 +122,7 @@ class Processor:
         self.trigger_ms: dict[str, int] = {}
         self.owners: dict[str, str] = {}  # job -> the user its placement says it runs as
         self.firing: set[str] = set()  # fingerprints announced firing and not yet resolved (counted once)
+        self.routed_to: dict[tuple[str, int], int] = {}  # router: (topic, partition) -> last offset routed
 
     def process(self, records: Iterable[Record]) -> Output:
         """Decode and evaluate one batch; return diagnoses and dead letters, in order.
@@ -207,12 +208,22 @@ class Processor:
         worker's placement table, not forwarded), ``route.tombstones``, ``route.skipped_before_start``
         or ``dead_letters`` (contract, unknown node: dead-lettered here, once).  So the inputs
         consumed are ``route.records`` == forwarded + placements + tombstones + skipped + dead letters.
+        A record delivered again at an offset this worker has routed already (the group resumed
+        from its last commit) is counted as ``route.redelivered`` only.
         """
         from whywait.engine.stream.partitioning import routes
 
         out = Output()
         topo = getattr(self.evaluator.topology, "base", self.evaluator.topology)
         for rec in records:
+            if rec.offset >= 0:
+                last = self.routed_to.get((rec.topic, rec.partition), -1)
+                if rec.offset <= last:
+                    # Delivered again (the group re-read from its last commit after a broker restart or
+                    # a rebalance): forwarded already by this worker, counted apart, not twice.
+                    self.counts["route.redelivered"] += 1
+                    continue
+                self.routed_to[(rec.topic, rec.partition)] = rec.offset
             self.counts["route.records"] += 1
             if rec.value is None:
                 self.counts["route.tombstones"] += 1

@@ -239,3 +239,17 @@ def test_a_worker_adopts_the_incident_another_worker_announced() -> None:
     again = survivor.observe(d, 1010.0)
     assert again is not None and again.receipts["slack"]["ts"] == "1.000"
     assert survivor.adopt({inc.key: record}) == 0  # what it holds already is left as it is
+
+
+def test_router_counts_a_redelivered_record_apart(sim: Any, topo: Any) -> None:
+    from whywait.agents.events import TOPIC_GPU
+    from whywait.engine.evaluate.evaluator import Evaluator
+    from whywait.engine.rules.loader import RuleSet
+    from whywait.engine.stream.processor import Processor, Record
+
+    proc = Processor(Evaluator(RuleSet({}), OwnedTopology(topo, 4)))
+    value = json.dumps(first(sim, "gpu", "node-10")).encode()
+    proc.route([Record(TOPIC_GPU, value, None, 1, 7), Record(TOPIC_GPU, value, None, 1, 8)], 4)
+    out = proc.route([Record(TOPIC_GPU, value, None, 1, 8), Record(TOPIC_GPU, value, None, 1, 9)], 4)
+    assert len(out.forwards) == 1
+    assert (proc.counts["route.records"], proc.counts["route.redelivered"]) == (3, 1)
