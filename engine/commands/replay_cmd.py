@@ -89,6 +89,8 @@ def register(p: argparse.ArgumentParser) -> None:
                      help="backtest: also run these rules over the same events and compare ('live': ./rules)")
     out = p.add_argument_group("output")
     out.add_argument("--json", type=Path, help="write the diagnoses as JSON lines")
+    out.add_argument("--stats-json", type=Path, help="write what the replay read and cost as JSON: messages, "
+                                                     "CPU-seconds and wall seconds of the replay itself, skips")
     out.add_argument("--backtest-json", type=Path, help="write the backtest comparison as JSON")
     out.add_argument("--plot", type=Path, help="write the main PNG timeline")
     out.add_argument("--report", type=Path, metavar="DIR", help="write the postmortem: report.html, report.md, PNGs")
@@ -313,10 +315,10 @@ def run(args: argparse.Namespace) -> int:
         topology = load_topology(plan.topo_path)
         against = (load_rules(plan.against), load_topology(plan.topo_path)) if plan.against else None
         merge = EventTimeMerge([], w)
-        t_wall = time.monotonic()
+        t_wall, t_cpu = time.monotonic(), time.process_time()
         with progress_bar(w) as tick:
             res, old = replay(plan.messages(merge), rules, topology, against=against, on_message=tick)
-        wall = time.monotonic() - t_wall
+        wall, cpu = time.monotonic() - t_wall, time.process_time() - t_cpu
         res.skipped.update(merge.skipped)
         spans = incidents(res.diagnoses, res.end)
         shown = [s for s in spans if s.end >= w.since]
@@ -336,6 +338,11 @@ def run(args: argparse.Namespace) -> int:
             print(f"  skipped {n}: {why}")
         if args.json:
             args.json.write_text(diagnoses_jsonl(res.diagnoses))
+        if args.stats_json:  # `whywait bench` reads it: the replay's own cost, start-up (rules, topology) excluded
+            args.stats_json.write_text(json.dumps({
+                "messages": res.messages, "cpu_s": cpu, "wall_s": wall, "incidents": len(shown),
+                "read": merge.read, "skipped": dict(sorted(res.skipped.items())),
+                "interrupted": res.interrupted}, indent=2) + "\n")
         if old is not None:
             cmp = backtest(res, old)
             print_backtest(cmp)
