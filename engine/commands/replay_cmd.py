@@ -101,24 +101,62 @@ def register(p: argparse.ArgumentParser) -> None:
 # ---- sources ---------------------------------------------------------------------------------------
 
 
-def kafka_batches(bootstrap: str, window: Window, merge: EventTimeMerge, batch: int = 5000) -> Iterator[Any]:
+def kafka_batches(bootstrap: str, window: Window, merge: EventTimeMerge, batch: int = 5000,
+                  prefetch: int = 4) -> Iterator[Any]:
     """Yield the window's messages from Kafka in event-time order (through ``merge``), a partition at a time.
 
-    Runs the aiokafka consumer on a private event loop, one fetch per step, so the caller
-    (the synchronous evaluator) never holds more than a fetch and the merge's slack.
+    The aiokafka consumer and the merge (which decodes) run on a reader thread with its own event
+    loop, at most ``prefetch`` released batches ahead of the caller: fetching overlaps with the
+    evaluator instead of waiting a broker round trip per batch, and memory stays bounded (a few
+    batches plus the merge's slack).  The reader's errors are raised here; closing this generator
+    (Ctrl-C, an error in the caller) stops the reader and its consumer.
     """
-    loop = asyncio.new_event_loop()
-    agen = _kafka_agen(bootstrap, window, merge, batch)
+    import queue
+    import threading
+
+    q: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=prefetch)
+    stop = threading.Event()
+
+    def put(item: tuple[str, Any]) -> bool:
+        while not stop.is_set():
+            try:
+                q.put(item, timeout=0.2)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    async def read() -> None:
+        agen = _kafka_agen(bootstrap, window, merge, batch)
+        try:
+            async for msgs in agen:
+                if msgs and not put(("batch", msgs)):
+                    return
+        finally:
+            await agen.aclose()
+
+    def reader() -> None:
+        try:
+            asyncio.run(read())
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread, raised there
+            put(("error", exc))
+        else:
+            put(("end", None))
+
+    th = threading.Thread(target=reader, name="whywait-replay-reader", daemon=True)
+    th.start()
     try:
         while True:
-            try:
-                msgs = loop.run_until_complete(agen.__anext__())
-            except StopAsyncIteration:
+            kind, item = q.get()
+            if kind == "batch":
+                yield from item
+            elif kind == "error":
+                raise item
+            else:
                 return
-            yield from msgs
     finally:
-        loop.run_until_complete(agen.aclose())
-        loop.close()
+        stop.set()
+        th.join(30)
 
 
 async def _kafka_agen(bootstrap: str, window: Window, merge: EventTimeMerge,
