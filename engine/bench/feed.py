@@ -77,11 +77,13 @@ async def end_offsets(bootstrap: str) -> dict[TP, int]:
     """Every input partition's end offset now."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
     from whywait.agents.events import INPUT_TOPICS
+    from whywait.engine.commands.replay_cmd import topic_partitions
 
+    parts = await topic_partitions(bootstrap, list(INPUT_TOPICS))
     c = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
     await c.start()
     try:
-        tps = [TopicPartition(t, p) for t in INPUT_TOPICS for p in sorted(c.partitions_for_topic(t) or {0})]
+        tps = [TopicPartition(t, p) for t in INPUT_TOPICS for p in parts.get(t, [0])]
         ends = await c.end_offsets(tps)
         return {(tp.topic, tp.partition): off for tp, off in ends.items()}
     finally:

@@ -88,8 +88,8 @@ def launch_engine(bootstrap: str, topology: Path, group: str, not_before: float,
     flag for it.  Its event time is ahead of the wall clock, hence ``--max-clock-skew off``.
     """
     log = work / f"{group}-{index}.log"
-    env = {**os.environ, "WHYWAIT_KAFKA_BOOTSTRAP": bootstrap, "WHYWAIT_NOTIFY_OUTBOX": str(work / "outbox"),
-           "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "WHYWAIT_KAFKA_BOOTSTRAP": bootstrap, "PYTHONUNBUFFERED": "1",
+           "WHYWAIT_NOTIFY_OUTBOX": str(work / f"outbox-{group}-{index}")}  # one outbox per notifier
     for k in ("SLACK_BOT_TOKEN", "WHYWAIT_METRICS_ADDR", "WHYWAIT_SITE_RULES"):
         env.pop(k, None)
     cmd = [sys.executable, "-m", "whywait", "engine", "--topology", str(topology), "--group", group,
@@ -100,18 +100,19 @@ def launch_engine(bootstrap: str, topology: Path, group: str, not_before: float,
     return proc, log
 
 
-def _assigned(log: Path) -> bool:
-    """Whether the worker logged an assignment of at least one partition."""
+def _assigned(log: Path) -> int | None:
+    """How many partitions the worker's latest assignment gave it (None: no assignment logged yet)."""
     try:
         text = log.read_text(errors="replace")
     except FileNotFoundError:
-        return False
+        return None
+    n: int | None = None
     for line in text.splitlines():
         if ENGINE_MARK in line:
-            n = line.split(ENGINE_MARK, 1)[1].split()[0]
-            if n.isdigit() and int(n) > 0:
-                return True
-    return False
+            word = line.split(ENGINE_MARK, 1)[1].split()[0]
+            if word.isdigit():
+                n = int(word)
+    return n
 
 
 def _stop(procs_: list[subprocess.Popen[bytes]]) -> None:
@@ -180,7 +181,17 @@ async def run_engine(off: Offsets, w: Written, group: str, work: Path, workers: 
     ps = [p for p, _ in started]
     try:
         deadline = time.monotonic() + 300
-        while not all(_assigned(log) for _, log in started):
+        idle_since: float | None = None
+        while True:
+            got = [_assigned(log) for _, log in started]
+            if all(n is not None for n in got):
+                if sum(n or 0 for n in got) > 0:
+                    break
+                # Every worker has joined and none took a partition: an engine that is not partition-aware.
+                idle_since = idle_since or time.monotonic()
+                if time.monotonic() - idle_since > 60:
+                    raise BenchError(f"{workers} engine worker(s) in group {group} joined but took no partitions "
+                                     f"in 60 s: see {started[0][1]}")
             for p, log in started:
                 if p.poll() is not None:
                     raise BenchError(f"the engine exited ({p.returncode}) before consuming: see {log}")
@@ -276,12 +287,14 @@ async def diagnoses_after(bootstrap: str, offsets: dict[int, int], w: Written) -
     """Diagnoses published after ``offsets`` (partition -> offset) about ``w``'s window, with their publish times."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
     from whywait.agents.events import TOPIC_DIAGNOSES
+    from whywait.engine.commands.replay_cmd import topic_partitions
 
+    parts = (await topic_partitions(bootstrap, [TOPIC_DIAGNOSES])).get(TOPIC_DIAGNOSES, [0])
     c = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
     await c.start()
     out: list[tuple[dict[str, Any], float]] = []
     try:
-        tps = [TopicPartition(TOPIC_DIAGNOSES, p) for p in sorted(c.partitions_for_topic(TOPIC_DIAGNOSES) or {0})]
+        tps = [TopicPartition(TOPIC_DIAGNOSES, p) for p in parts]
         c.assign(tps)
         ends = await c.end_offsets(tps)
         for tp in tps:
@@ -304,11 +317,13 @@ async def diagnoses_after(bootstrap: str, offsets: dict[int, int], w: Written) -
 async def diagnosis_offsets(bootstrap: str) -> dict[int, int]:
     from aiokafka import AIOKafkaConsumer, TopicPartition
     from whywait.agents.events import TOPIC_DIAGNOSES
+    from whywait.engine.commands.replay_cmd import topic_partitions
 
+    parts = (await topic_partitions(bootstrap, [TOPIC_DIAGNOSES])).get(TOPIC_DIAGNOSES, [0])
     c = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
     await c.start()
     try:
-        tps = [TopicPartition(TOPIC_DIAGNOSES, p) for p in sorted(c.partitions_for_topic(TOPIC_DIAGNOSES) or {0})]
+        tps = [TopicPartition(TOPIC_DIAGNOSES, p) for p in parts]
         return {tp.partition: o for tp, o in (await c.end_offsets(tps)).items()}
     finally:
         await c.stop()
@@ -396,10 +411,17 @@ async def measure_workers(cfg: BenchConfig, bootstrap: str, work: Path, w: Writt
     base = math.nan
     async with Offsets(bootstrap) as off:
         for n in cfg.workers:
-            r = await run_engine(off, w, f"bench-{run_id}-w{n}", work / f"n{w.nodes}", n, cfg.rules, cfg.timeout_s)
+            try:
+                r = await run_engine(off, w, f"bench-{run_id}-w{n}", work / f"n{w.nodes}", n, cfg.rules,
+                                     cfg.timeout_s)
+            except BenchError as exc:  # a group that cannot split the work is a finding, not the end of the bench
+                out.append({"workers": n, "messages": w.messages, "error": str(exc),
+                            "partitions": len(w.partitions_with_data())})
+                say(f"{n} worker(s): {exc}")
+                continue
             thr = w.messages / r.wall_s if r.wall_s > 0 else math.nan
-            if n == cfg.workers[0]:
-                base = thr / n if n else math.nan
+            if math.isnan(base):
+                base = thr / n
             out.append({"workers": n, "messages": w.messages, "wall_s": r.wall_s, "cpu_s": r.cpu_s,
                         "msgs_per_s": thr, "ratio_to_one": thr / base if base else math.nan,
                         "peak_rss_bytes": r.peak_rss, "load": r.load,

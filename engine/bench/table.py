@@ -45,6 +45,9 @@ def render(result: dict[str, Any], console: Any = None) -> None:
         for col in ("workers", "partitions with data", "msgs/s", "× one worker", "CPU-s", "peak RSS MiB"):
             w.add_column(col, justify="right")
         for r in result["workers"]:
+            if "error" in r:
+                w.add_row(str(r["workers"]), str(r["partitions"]), "failed: " + r["error"][:90], "-", "-", "-")
+                continue
             w.add_row(str(r["workers"]), str(r["partitions"]), f"{r['msgs_per_s']:,.0f}", _f(r["ratio_to_one"]),
                       _f(r["cpu_s"], "{:.1f}"), f"{r['peak_rss_bytes'] / 2**20:,.0f}")
         con.print(w)

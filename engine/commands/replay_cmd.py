@@ -101,6 +101,26 @@ def register(p: argparse.ArgumentParser) -> None:
 # ---- sources ---------------------------------------------------------------------------------------
 
 
+async def topic_partitions(bootstrap: str, topics: list[str]) -> dict[str, list[int]]:
+    """Each existing topic's partition numbers, asked of the broker.
+
+    A consumer that has subscribed to nothing knows no topic's partitions (``partitions_for_topic``
+    answers None), which made a reader of a multi-partition topic read partition 0 only.
+    """
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=15000)
+    await admin.start()
+    try:
+        out: dict[str, list[int]] = {}
+        for t in await admin.describe_topics(topics):
+            if t.get("error_code") == 0 and t.get("partitions"):
+                out[t["topic"]] = sorted(p["partition"] for p in t["partitions"])
+        return out
+    finally:
+        await admin.close()
+
+
 def kafka_batches(bootstrap: str, window: Window, merge: EventTimeMerge, batch: int = 5000,
                   prefetch: int = 4) -> Iterator[Any]:
     """Yield the window's messages from Kafka in event-time order (through ``merge``), a partition at a time.
@@ -181,7 +201,8 @@ async def _kafka_agen(bootstrap: str, window: Window, merge: EventTimeMerge,
         if missing:
             raise ConfigError(f"topic(s) {', '.join(missing)} not found on {bootstrap}: is this the cluster the "
                               "agents publish to? (`whywait engine` creates them)")
-        tps = [TopicPartition(t, p) for t in INPUT_TOPICS for p in sorted(c.partitions_for_topic(t) or {0})]
+        parts = await topic_partitions(bootstrap, list(INPUT_TOPICS))
+        tps = [TopicPartition(t, p) for t in INPUT_TOPICS for p in parts.get(t, [0])]
         ids = {tp: f"{tp.topic}[{tp.partition}]" for tp in tps}
         by_id = {v: k for k, v in ids.items()}
         merge.open = {ids[tp]: -float("inf") for tp in tps}
@@ -311,7 +332,8 @@ async def notify_records(bootstrap: str) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     try:
         await asyncio.wait_for(c.start(), 20)
-        tps = [TopicPartition(STATE_TOPIC, p) for p in sorted(c.partitions_for_topic(STATE_TOPIC) or ())]
+        parts = (await topic_partitions(bootstrap, [STATE_TOPIC])).get(STATE_TOPIC, [])
+        tps = [TopicPartition(STATE_TOPIC, p) for p in parts]
         if not tps:
             return out
         c.assign(tps)
