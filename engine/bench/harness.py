@@ -274,6 +274,11 @@ def run_replay(bootstrap: str, w: Written, work: Path, rules: tuple[Path, ...], 
     if rc != 0 or not st.exists():
         raise BenchError(f"whywait replay failed ({rc}): {err.decode(errors='replace').strip()[-500:]}")
     got = json.loads(st.read_text())
+    if got["messages"] != w.messages:
+        raise BenchError(f"whywait replay read {got['messages']} of the {w.messages} messages written: a replay "
+                         "stops reading a partition once it is well past the window, so the topics must not hold "
+                         "records stamped later than the bench's (a simulation in the future) ahead of its data; "
+                         "run the bench on its own broker (no --bootstrap)")
     return Run("replay", got["messages"], got["cpu_s"], got["wall_s"], use.peak_rss,
                max(load0, procs.load_average()),
                {"process_cpu_s": use.cpu_s, "incidents": got.get("incidents"),

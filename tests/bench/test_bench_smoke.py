@@ -16,10 +16,11 @@ pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_bench_produces_every_figure(kafka_bootstrap: str, tmp_path: Path) -> None:
+def test_bench_produces_every_figure(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
-    # Its data lives two days back in event time: no other test's window.
-    r = subprocess.run([sys.executable, "-m", "whywait", "bench", "--bootstrap", kafka_bootstrap, "--nodes", "4",
+    # Its own local broker, as a user runs it: the session broker's topics hold other tests' simulations stamped
+    # weeks ahead, ahead of the bench's data in offset order, where replay (rightly) stops reading.
+    r = subprocess.run([sys.executable, "-m", "whywait", "bench", "--nodes", "4",
                         "--seconds", "30", "--reps", "2", "--feed-speed", "10", "--workers", "1,2",
                         "--sustained", "--sustained-nodes", "4", "--sustained-seconds", "20", "--sustained-speed", "4",
                         "--json", str(out), "--keep", str(tmp_path / "work")],
