@@ -1,4 +1,4 @@
-"""A simulated cluster with one known fault, written once through the real broker.
+"""A cluster's telemetry with one known fault, written once through the real broker.
 
 Called by the harness once per cluster size (and for the sustained run).  Records are stamped
 with their event time (so ``whywait replay`` seeks to them by time) and keyed as the contract
@@ -13,13 +13,16 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
-# The fault every run carries, so that there are diagnoses to time: a NIC dropping packets.
-FAULT = "nic-packet-loss"
 GPUS_PER_NODE = 8
 
 TP = tuple[str, int]
+
+# What the harness is given to make each cluster's data (``whywait bench`` passes the simulator's; the engine
+# itself never imports ``simulate``): ``(nodes, start, seconds, topology path) -> (messages, Written)``.
+Messages = Iterator[tuple[str, dict[str, Any]]]
+MakeCluster = Callable[[int, float, float, Path], tuple[Messages, "Written"]]
 
 
 @dataclass
@@ -56,21 +59,6 @@ class Written:
 
     def partitions_with_data(self) -> list[TP]:
         return sorted(tp for tp, e in self.end.items() if e > self.first.get(tp, 0))
-
-
-def simulation(nodes: int, start: float, seconds: float, topo_path: Path, seed: int = 5) -> tuple[Any, Written]:
-    """A one-job simulation of ``nodes`` 8-GPU nodes with :data:`FAULT` on the fifth node in its middle third."""
-    from whywait.simulate.cluster import make_cluster, make_job
-    from whywait.simulate.faults import make_fault
-    from whywait.simulate.sim import Simulation
-
-    topo = make_cluster(nodes=nodes, gpus_per_node=GPUS_PER_NODE)
-    topo.to_yaml(topo_path)
-    node = sorted(topo.nodes())[min(4, nodes - 1)]
-    f0, f1 = seconds / 3, 2 * seconds / 3
-    sim = Simulation(topo, [make_job(topo)], [make_fault(FAULT, node, f0, f1)], start_time=start,
-                     duration_s=seconds, seed=seed)
-    return sim, Written(nodes, start, seconds, topo_path, (node, start + f0, start + f1))
 
 
 async def end_offsets(bootstrap: str) -> dict[TP, int]:

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from whywait.engine.bench import procs, stats
-from whywait.engine.bench.feed import TP, Written, simulation, write
+from whywait.engine.bench.feed import TP, MakeCluster, Written, write
 from whywait.engine.errors import EngineError
 
 ENGINE_MARK = "engine: consuming "
@@ -366,17 +366,17 @@ _ORDERS = (("raw", "engine", "replay"), ("engine", "replay", "raw"), ("replay", 
 
 
 async def measure_size(cfg: BenchConfig, bootstrap: str, work: Path, nodes: int, start: float, run_id: str,
-                       say: Callable[[str], None]) -> dict[str, Any]:
+                       say: Callable[[str], None], make: MakeCluster) -> dict[str, Any]:
     """Write one cluster size (paced, with a live engine for latency), then time the readers ``cfg.reps`` times."""
     d = work / f"n{nodes}"
     d.mkdir(parents=True, exist_ok=True)
-    sim, w = simulation(nodes, start, cfg.seconds, d / "topology.yaml")
+    msgs, w = make(nodes, start, cfg.seconds, d / "topology.yaml")
     say(f"{nodes * 8} GPUs: writing {cfg.seconds:g} s of event time at {cfg.feed_speed:g}x real time "
         "with a live engine (latency)")
     before = await diagnosis_offsets(bootstrap)
     async with Offsets(bootstrap) as off:
         live = await run_engine(off, w, f"bench-{run_id}-n{nodes}-live", d, 1, cfg.rules, cfg.timeout_s,
-                                feed=write(bootstrap, sim.messages(), w, cfg.feed_speed))
+                                feed=write(bootstrap, msgs, w, cfg.feed_speed))
         lat = latencies(await diagnoses_after(bootstrap, before, w), w)
         say(f"{nodes * 8} GPUs: {w.messages:,} messages ({w.bytes / 1e6:,.0f} MB); "
             f"{len(lat)} diagnoses timed")
@@ -436,11 +436,11 @@ async def measure_workers(cfg: BenchConfig, bootstrap: str, work: Path, w: Writt
 
 
 async def measure_sustained(cfg: BenchConfig, bootstrap: str, work: Path, start: float, run_id: str,
-                            say: Callable[[str], None]) -> dict[str, Any]:
+                            say: Callable[[str], None], make: MakeCluster) -> dict[str, Any]:
     """One worker fed a cluster live for ``sustained_seconds`` of event time: cores used and steady RSS."""
     d = work / "sustained"
     d.mkdir(parents=True, exist_ok=True)
-    sim, w = simulation(cfg.sustained_nodes, start, cfg.sustained_seconds, d / "topology.yaml")
+    msgs, w = make(cfg.sustained_nodes, start, cfg.sustained_seconds, d / "topology.yaml")
     say(f"sustained: {cfg.sustained_nodes} nodes x 8 GPUs, {cfg.sustained_seconds:g} s of event time "
         f"at {cfg.sustained_speed:g}x real time")
     samples: list[tuple[float, float, int]] = []
@@ -455,7 +455,7 @@ async def measure_sustained(cfg: BenchConfig, bootstrap: str, work: Path, start:
     feed_done: list[float] = []
 
     async def feed() -> None:
-        await write(bootstrap, sim.messages(), w, cfg.sustained_speed)
+        await write(bootstrap, msgs, w, cfg.sustained_speed)
         feed_done.append(time.perf_counter())
 
     async with Offsets(bootstrap) as off:
@@ -476,9 +476,11 @@ async def measure_sustained(cfg: BenchConfig, bootstrap: str, work: Path, start:
             "samples": len(samples)}
 
 
-def run_bench(cfg: BenchConfig, bootstrap: str | None, work: Path, say: Callable[[str], None]) -> dict[str, Any]:
+def run_bench(cfg: BenchConfig, bootstrap: str | None, work: Path, say: Callable[[str], None],
+              make: MakeCluster) -> dict[str, Any]:
     """Everything ``whywait bench`` measures; a JSON-ready dict (``sizes``, ``workers``, ``sustained``, ``machine``).
 
+    ``make`` gives each cluster's messages (``whywait bench`` passes the simulator's).
     Without ``bootstrap`` a private local broker is started in ``work`` (and stopped); the input
     topics are created with ``cfg.partitions`` partitions when missing.  Each size, the worker runs
     and the sustained run take their own stretch of event time, two days back.
@@ -500,14 +502,14 @@ def run_bench(cfg: BenchConfig, bootstrap: str | None, work: Path, say: Callable
         sizes: list[dict[str, Any]] = []
         load0 = procs.load_average()
         for nodes in cfg.nodes:
-            sizes.append(asyncio.run(measure_size(cfg, bootstrap, work, nodes, t, run_id, say)))
+            sizes.append(asyncio.run(measure_size(cfg, bootstrap, work, nodes, t, run_id, say, make)))
             t += cfg.seconds + _GAP_S
         workers: list[dict[str, Any]] = []
         if len(cfg.workers) > 1 or cfg.workers != (1,):
             workers = asyncio.run(measure_workers(cfg, bootstrap, work, sizes[-1]["_written"], run_id, say))
         sustained = None
         if cfg.sustained:
-            sustained = asyncio.run(measure_sustained(cfg, bootstrap, work, t, run_id, say))
+            sustained = asyncio.run(measure_sustained(cfg, bootstrap, work, t, run_id, say, make))
         for s in sizes:
             s.pop("_written", None)
         return {"machine": {"cpus": os.cpu_count(), "load_at_start": load0, "load_at_end": procs.load_average(),

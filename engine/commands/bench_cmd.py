@@ -16,6 +16,8 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
+from whywait.engine.bench.feed import GPUS_PER_NODE, Messages, Written
+
 
 def _ints(what: str) -> Callable[[str], tuple[int, ...]]:
     def parse(v: str) -> tuple[int, ...]:
@@ -28,6 +30,23 @@ def _ints(what: str) -> Callable[[str], tuple[int, ...]]:
         return vals
 
     return parse
+
+
+def simulated_cluster(nodes: int, start: float, seconds: float, topo_path: Path,
+                      seed: int = 5) -> tuple[Messages, Written]:
+    """One job on ``nodes`` 8-GPU nodes, the fifth node's NIC dropping packets in the middle third (so that
+    there are diagnoses to time); passed to the harness, which never imports the simulator itself."""
+    from whywait.simulate.cluster import make_cluster, make_job
+    from whywait.simulate.faults import make_fault
+    from whywait.simulate.sim import Simulation
+
+    topo = make_cluster(nodes=nodes, gpus_per_node=GPUS_PER_NODE)
+    topo.to_yaml(topo_path)
+    node = sorted(topo.nodes())[min(4, nodes - 1)]
+    f0, f1 = seconds / 3, 2 * seconds / 3
+    sim = Simulation(topo, [make_job(topo)], [make_fault("nic-packet-loss", node, f0, f1)], start_time=start,
+                     duration_s=seconds, seed=seed)
+    return sim.messages(), Written(nodes, start, seconds, topo_path, (node, start + f0, start + f1))
 
 
 def register(p: argparse.ArgumentParser) -> None:
@@ -92,10 +111,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.keep:
         args.keep.mkdir(parents=True, exist_ok=True)
-        result = run_bench(cfg, args.bootstrap, args.keep, say)
+        result = run_bench(cfg, args.bootstrap, args.keep, say, simulated_cluster)
     else:
         with tempfile.TemporaryDirectory(prefix="whywait-bench-") as tmp:
-            result = run_bench(cfg, args.bootstrap, Path(tmp), say)
+            result = run_bench(cfg, args.bootstrap, Path(tmp), say, simulated_cluster)
     render(result)
     if args.json:
         write_json(result, args.json)
