@@ -45,6 +45,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "export": ("engine.commands.export_cmd", "cut an incident's events, topology and rules into one bundle file"),
     "import": ("engine.commands.import_cmd", "put a bundle, profiler traces or step tables into the topics"),
     "digest": ("engine.commands.digest_cmd", "GPU-hours used and lost to waiting, by cause, per project and job"),
+    "bench": ("engine.commands.bench_cmd", "measure the engine and replay against raw Kafka consume+decode"),
     "eval": ("engine.commands.eval_cmd", "measure the rules' accuracy on a labelled suite of simulated faults"),
     "events": ("engine.commands.events_cmd", "print the event contract, or check messages against it"),
     "topology": ("engine.commands.topology_cmd", "import the cluster from fabric dumps, Slurm, NCCL, k8s; check, show, "

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import heapq
 import json
-from collections import Counter
+import statistics
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
@@ -35,6 +36,12 @@ from whywait.engine.rules.loader import RuleSet
 _KIND_ORDER = {"placement": 0, "checkpoint": 1, "steps": 2}
 # How far past event time ``end`` the evaluator is advanced at the end, to close every window.
 _CLOSE_S = 3600.0
+# A stream is done once this many valid messages in a row are past the window (plus the slack): one message
+# stamped far in the future (a wrong clock, a hostile producer) must not end it, nor where a fetch happened to
+# end decide what was read.
+_PAST_RUN = 16
+# A stream's progress is the median event time of its latest messages, so one outlier does not move it.
+_RECENT = 64
 
 
 @dataclass(frozen=True)
@@ -76,6 +83,8 @@ class EventTimeMerge:
         self.skipped: Counter[str] = Counter()
         self.read = 0
         self.before: dict[str, tuple[float, bytes, Mapping[str, Any]]] = {}  # job -> placement before the start
+        self._recent: dict[str, deque[float]] = {}  # stream -> event times of its latest valid messages
+        self._past: dict[str, int] = {}  # stream -> valid messages in a row past the window
         self.placement_projects: dict[str, str] = {}
         # ``whywait export`` wants the records themselves: with ``raw`` set, ``(topic, bytes)`` pairs are
         # released instead of decoded messages (placements keep their own time).
@@ -92,9 +101,19 @@ class EventTimeMerge:
         self.open.pop(stream, None)
 
     def add(self, stream: str, topic: str, values: Iterable[bytes | None]) -> None:
-        """Decode ``values`` read from ``stream`` (records of ``topic``), keep those in the window."""
+        """Decode ``values`` read from ``stream`` (records of ``topic``), keep those in the window.
+
+        Decisions are taken per message, never per batch, so what is read does not depend on where
+        the reader's fetches ended: once :data:`_PAST_RUN` valid messages in a row lie past the
+        window and the slack, the stream is closed and the rest of the batch is not looked at.
+        """
         w = self.window
-        newest = self.open.get(stream, -float("inf"))
+        past_at = w.until + self.slack_s
+        recent = self._recent.get(stream)
+        if recent is None:
+            recent = self._recent[stream] = deque(maxlen=_RECENT)
+        past = self._past.get(stream, 0)
+        heap, before, placement_projects = self.heap, self.before, self.placement_projects
         for raw in values:
             self.read += 1
             if raw is None:  # a tombstone on a compacted topic
@@ -107,28 +126,39 @@ class EventTimeMerge:
                     self.skipped[f"contract break on {topic}: {_reason(exc)}"] += 1
                 continue
             t = msg["time"]
-            newest = max(newest, t)
+            recent.append(t)
+            if t > past_at:
+                past += 1
+                if past >= _PAST_RUN:
+                    break  # everything further on is past the window (offsets trail time by < slack)
+                continue
+            past = 0
             kind = msg["kind"]
             if kind == "placement":
-                self.placement_projects[msg["job"]] = msg["project"]
+                placement_projects[msg["job"]] = msg["project"]
                 if not self._wanted_job(msg["job"], msg["project"]) or t > w.until:
                     continue
                 if t <= w.read_from:
-                    old = self.before.get(msg["job"])
+                    old = before.get(msg["job"])
                     if old is None or (t, raw) >= (old[0], old[1]):
-                        self.before[msg["job"]] = (t, raw, msg)
+                        before[msg["job"]] = (t, raw, msg)
                     continue
             elif not (w.read_from <= t <= w.until):
                 continue
-            elif "job" in msg and not self._wanted_job(msg["job"], self.placement_projects.get(msg["job"])):
+            elif "job" in msg and not self._wanted_job(msg["job"], placement_projects.get(msg["job"])):
                 continue
             if t < self.released_to:
                 self.skipped["late beyond the merge slack (still evaluated)"] += 1
-            heapq.heappush(self.heap, (t, _KIND_ORDER.get(kind, 3), topic, bytes(raw), msg))
+            heapq.heappush(heap, (t, _KIND_ORDER.get(kind, 3), topic, raw, msg))
+        self._past[stream] = past
         if stream in self.open:
-            self.open[stream] = newest
-            if newest > w.until + self.slack_s:
-                self.close(stream)  # everything further on is past the window (offsets trail time by < slack)
+            if past >= _PAST_RUN:
+                self.close(stream)
+            elif recent:
+                # Few messages yet: the oldest is the safe guess (it holds releases back, never lets one through
+                # early); later the median of the latest, which one stray timestamp cannot move.
+                mid = statistics.median_low(recent) if len(recent) >= 8 else min(recent)
+                self.open[stream] = max(self.open[stream], mid)
 
     def _wanted_job(self, job: str, project: str | None) -> bool:
         w = self.window

@@ -89,6 +89,8 @@ def register(p: argparse.ArgumentParser) -> None:
                      help="backtest: also run these rules over the same events and compare ('live': ./rules)")
     out = p.add_argument_group("output")
     out.add_argument("--json", type=Path, help="write the diagnoses as JSON lines")
+    out.add_argument("--stats-json", type=Path, help="write what the replay read and cost as JSON: messages, "
+                                                     "CPU-seconds and wall seconds of the replay itself, skips")
     out.add_argument("--backtest-json", type=Path, help="write the backtest comparison as JSON")
     out.add_argument("--plot", type=Path, help="write the main PNG timeline")
     out.add_argument("--report", type=Path, metavar="DIR", help="write the postmortem: report.html, report.md, PNGs")
@@ -99,24 +101,82 @@ def register(p: argparse.ArgumentParser) -> None:
 # ---- sources ---------------------------------------------------------------------------------------
 
 
-def kafka_batches(bootstrap: str, window: Window, merge: EventTimeMerge, batch: int = 5000) -> Iterator[Any]:
+async def topic_partitions(bootstrap: str, topics: list[str]) -> dict[str, list[int]]:
+    """Each existing topic's partition numbers, asked of the broker.
+
+    A consumer that has subscribed to nothing knows no topic's partitions (``partitions_for_topic``
+    answers None), which made a reader of a multi-partition topic read partition 0 only.
+    """
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=15000)
+    await admin.start()
+    try:
+        out: dict[str, list[int]] = {}
+        for t in await admin.describe_topics(topics):
+            if t.get("error_code") == 0 and t.get("partitions"):
+                out[t["topic"]] = sorted(p["partition"] for p in t["partitions"])
+        return out
+    finally:
+        await admin.close()
+
+
+def kafka_batches(bootstrap: str, window: Window, merge: EventTimeMerge, batch: int = 5000,
+                  prefetch: int = 4) -> Iterator[Any]:
     """Yield the window's messages from Kafka in event-time order (through ``merge``), a partition at a time.
 
-    Runs the aiokafka consumer on a private event loop, one fetch per step, so the caller
-    (the synchronous evaluator) never holds more than a fetch and the merge's slack.
+    The aiokafka consumer and the merge (which decodes) run on a reader thread with its own event
+    loop, at most ``prefetch`` released batches ahead of the caller: fetching overlaps with the
+    evaluator instead of waiting a broker round trip per batch, and memory stays bounded (a few
+    batches plus the merge's slack).  The reader's errors are raised here; closing this generator
+    (Ctrl-C, an error in the caller) stops the reader and its consumer.
     """
-    loop = asyncio.new_event_loop()
-    agen = _kafka_agen(bootstrap, window, merge, batch)
+    import queue
+    import threading
+
+    q: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=prefetch)
+    stop = threading.Event()
+
+    def put(item: tuple[str, Any]) -> bool:
+        while not stop.is_set():
+            try:
+                q.put(item, timeout=0.2)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    async def read() -> None:
+        agen = _kafka_agen(bootstrap, window, merge, batch)
+        try:
+            async for msgs in agen:
+                if msgs and not put(("batch", msgs)):
+                    return
+        finally:
+            await agen.aclose()
+
+    def reader() -> None:
+        try:
+            asyncio.run(read())
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread, raised there
+            put(("error", exc))
+        else:
+            put(("end", None))
+
+    th = threading.Thread(target=reader, name="whywait-replay-reader", daemon=True)
+    th.start()
     try:
         while True:
-            try:
-                msgs = loop.run_until_complete(agen.__anext__())
-            except StopAsyncIteration:
+            kind, item = q.get()
+            if kind == "batch":
+                yield from item
+            elif kind == "error":
+                raise item
+            else:
                 return
-            yield from msgs
     finally:
-        loop.run_until_complete(agen.aclose())
-        loop.close()
+        stop.set()
+        th.join(30)
 
 
 async def _kafka_agen(bootstrap: str, window: Window, merge: EventTimeMerge,
@@ -141,7 +201,8 @@ async def _kafka_agen(bootstrap: str, window: Window, merge: EventTimeMerge,
         if missing:
             raise ConfigError(f"topic(s) {', '.join(missing)} not found on {bootstrap}: is this the cluster the "
                               "agents publish to? (`whywait engine` creates them)")
-        tps = [TopicPartition(t, p) for t in INPUT_TOPICS for p in sorted(c.partitions_for_topic(t) or {0})]
+        parts = await topic_partitions(bootstrap, list(INPUT_TOPICS))
+        tps = [TopicPartition(t, p) for t in INPUT_TOPICS for p in parts.get(t, [0])]
         ids = {tp: f"{tp.topic}[{tp.partition}]" for tp in tps}
         by_id = {v: k for k, v in ids.items()}
         merge.open = {ids[tp]: -float("inf") for tp in tps}
@@ -271,7 +332,8 @@ async def notify_records(bootstrap: str) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     try:
         await asyncio.wait_for(c.start(), 20)
-        tps = [TopicPartition(STATE_TOPIC, p) for p in sorted(c.partitions_for_topic(STATE_TOPIC) or ())]
+        parts = (await topic_partitions(bootstrap, [STATE_TOPIC])).get(STATE_TOPIC, [])
+        tps = [TopicPartition(STATE_TOPIC, p) for p in parts]
         if not tps:
             return out
         c.assign(tps)
@@ -313,10 +375,10 @@ def run(args: argparse.Namespace) -> int:
         topology = load_topology(plan.topo_path)
         against = (load_rules(plan.against), load_topology(plan.topo_path)) if plan.against else None
         merge = EventTimeMerge([], w)
-        t_wall = time.monotonic()
+        t_wall, t_cpu = time.monotonic(), time.process_time()
         with progress_bar(w) as tick:
             res, old = replay(plan.messages(merge), rules, topology, against=against, on_message=tick)
-        wall = time.monotonic() - t_wall
+        wall, cpu = time.monotonic() - t_wall, time.process_time() - t_cpu
         res.skipped.update(merge.skipped)
         spans = incidents(res.diagnoses, res.end)
         shown = [s for s in spans if s.end >= w.since]
@@ -336,6 +398,11 @@ def run(args: argparse.Namespace) -> int:
             print(f"  skipped {n}: {why}")
         if args.json:
             args.json.write_text(diagnoses_jsonl(res.diagnoses))
+        if args.stats_json:  # `whywait bench` reads it: the replay's own cost, start-up (rules, topology) excluded
+            args.stats_json.write_text(json.dumps({
+                "messages": res.messages, "cpu_s": cpu, "wall_s": wall, "incidents": len(shown),
+                "read": merge.read, "skipped": dict(sorted(res.skipped.items())),
+                "interrupted": res.interrupted}, indent=2) + "\n")
         if old is not None:
             cmp = backtest(res, old)
             print_backtest(cmp)

@@ -1,0 +1,50 @@
+"""The bench's statistics: medians and spreads, paired throughput ratios, percentiles, steady-state cores."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from whywait.engine.bench.stats import cores_used, percentile, spread, throughput_ratios
+
+
+def test_spread_is_the_median_and_the_farther_extreme() -> None:
+    s = spread([10.0, 12.0, 9.0])
+    assert (s.median, s.low, s.high, s.n) == (10.0, 9.0, 12.0, 3)
+    assert s.rel == pytest.approx(0.2)  # 12 is 20 % above the median; 9 only 10 % below
+    assert s.to_dict() == {"median": 10.0, "min": 9.0, "max": 12.0, "n": 3, "spread": pytest.approx(0.2)}
+
+
+def test_spread_ignores_nan_and_says_nothing_for_no_data() -> None:
+    assert spread([math.nan, 4.0]).median == 4.0
+    empty = spread([])
+    assert empty.n == 0 and math.isnan(empty.median) and math.isnan(empty.rel)
+    assert math.isnan(spread([0.0, 0.0]).rel)  # no relative spread around a zero median
+
+
+def test_throughput_ratio_is_raw_cpu_over_other_cpu_pairwise() -> None:
+    # The same messages: twice the CPU-seconds is half the throughput.
+    assert throughput_ratios([2.0, 4.0], [1.0, 1.0]) == [0.5, 0.25]
+    r = throughput_ratios([0.0, 1.0], [1.0, 0.0])
+    assert all(math.isnan(x) for x in r)  # an unmeasurable run gives no ratio, not infinity
+    with pytest.raises(ValueError, match="paired"):
+        throughput_ratios([1.0], [1.0, 2.0])
+
+
+@pytest.mark.parametrize(("q", "want"), [(0, 1.0), (50, 2.5), (100, 4.0), (99, 3.97)])
+def test_percentile_interpolates_between_ranks(q: float, want: float) -> None:
+    assert percentile([4.0, 1.0, 3.0, 2.0], q) == pytest.approx(want)
+
+
+def test_percentile_edges() -> None:
+    assert percentile([7.0], 99) == 7.0
+    assert math.isnan(percentile([], 50))
+    with pytest.raises(ValueError):
+        percentile([1.0], 101)
+
+
+def test_cores_used_skips_the_warm_up_half() -> None:
+    # 1 core for the first 10 s (start-up), then 0.5 core: steady state is 0.5.
+    samples = [(float(t), float(t)) for t in range(0, 11)] + [(10 + t, 10 + 0.5 * t) for t in range(1, 11)]
+    assert cores_used(samples) == pytest.approx(0.5)
+    assert math.isnan(cores_used([(0.0, 0.0)]))
