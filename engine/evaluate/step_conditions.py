@@ -84,9 +84,17 @@ def _window(c: Condition, ctx: Ctx) -> tuple[Steps, Steps] | None:
     return win, hist[-_HISTORY_MAX:]
 
 
-def _long_steps(win: Steps, window_s: float) -> bool:
-    """Whether the window's steps are each (median) at least as long as the window itself."""
-    return statistics.median(statistics.median(r.duration_s for r in row.values()) for _, row in win) >= window_s
+def _long_steps(win: Steps, hist: Steps, window_s: float) -> bool:
+    """Whether the job's usual step is at least as long as the window itself.
+
+    Usual: the lower quartile of the latest steps (the window and up to 20 steps before it).
+    Slowdowns and hiccups only ever lengthen steps, so the short ones are the job's own pace.  Not
+    the window's median: a slowdown of the whole job, or a few hiccups, stretch a 3 s step past a
+    5 s window, and judging a rank on its last three steps then let one hiccup and one unlucky step
+    make a straggler.
+    """
+    rows = hist[-20:] + win
+    return lower_quartile([statistics.median(r.duration_s for r in row.values()) for _, row in rows]) >= window_s
 
 
 def _ent(ctx: Ctx, rank: int) -> str:
@@ -113,7 +121,8 @@ class StepOutlierCondition(ConditionParams):
     steps: Number = param(5.0, "see `window`")
     ratio: Comparison = param(Compare(">", 1.1), "median over the window of the rank's per-step ratio to its "
                                                  "group's lower quartile")
-    zscore: Comparison = param(Compare(">", 4.0), "that ratio against the fast group's spread (MAD, floored at 0.02)")
+    zscore: Comparison = param(Compare(">", 4.0), "that ratio against the step's noise (the fast group's MAD "
+                                                  "scaled to a standard deviation, floored at 0.02)")
     persist: Number = param(0.6, "the rank was over `ratio` on at least this share of the steps")
     within: Within = param("stage", _WITHIN_DOC)
     history: Number = param(20.0, "steps before the window needed to judge the rank against its own past")
@@ -143,7 +152,7 @@ def _step_outlier(c: Condition, ctx: Ctx) -> Result:
     win, hist = got
     # Steps each longer than the whole window (8 s, 45 s steps): no hiccup lasts a step that long, so the
     # latest _LONG_STEPS of them are evidence enough, and waiting for more would cost minutes.
-    if len(win) > _LONG_STEPS and _long_steps(win, p["window"]):
+    if len(win) > _LONG_STEPS and _long_steps(win, hist, p["window"]):
         hist = (hist + win[:-_LONG_STEPS])[-_HISTORY_MAX:]
         win = win[-_LONG_STEPS:]
     ranks = [r for r in ctx.job.ranks if any(r in row for _, row in win)]

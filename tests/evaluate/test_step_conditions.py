@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 from whywait.agents.events import envelope, validate
 from whywait.engine.evaluate.evaluator import Evaluator
-from whywait.engine.evaluate.steps import StepRec, StepTable, judge_ranks, lower_quartile, select, work
+from whywait.engine.evaluate.steps import StepRec, StepTable, fast_sigma, judge_ranks, lower_quartile, select, work
 from whywait.engine.rules.loader import load_rules
 from whywait.simulate.cluster import make_cluster
 
@@ -145,6 +145,15 @@ def test_judge_ranks_names_the_slow_rank_with_half_the_job_slow() -> None:
     assert all(js[r].ratio < 1.05 for r in range(8))
 
 
+def test_fast_sigma_is_the_whole_groups_noise() -> None:
+    # The fast half of a normal sample spreads 0.59 as wide as the whole: read as the whole's noise,
+    # the largest of 64 healthy ranks stood 5 "spreads" out by chance.
+    rng = random.Random(3)
+    xs = sorted(rng.gauss(0.0, 1.0) for _ in range(4001))
+    fast = xs[:2001]
+    assert 0.9 < fast_sigma(fast, fast[1000]) < 1.1
+
+
 # ---- the rules, on a modelled job ------------------------------------------------------------------
 
 def test_compute_straggler_of_unknown_cause_is_named_with_phase_and_cost() -> None:
@@ -227,3 +236,17 @@ def test_periodic_slowdown_gives_its_period() -> None:
     assert got
     period = float(got[-1].labels["period_s"])
     assert 110 <= period <= 140
+
+
+def test_noisy_slow_spells_make_no_straggler() -> None:
+    # Every rank waits ~3 s more for input in spells of ~10 steps, each rank's wait jittered by 10%
+    # (a shared loader's periodic reshuffle), and now and then a rank hiccups.  The spells and the
+    # hiccups stretch the 3 s steps past the 5 s window, and the largest of 64 jittered waits stands
+    # out on some step by chance: neither is a straggler.
+    jit = random.Random(7)
+
+    def slow(step: int, rank: int) -> tuple[float, float]:
+        return (1.0, jit.lognormvariate(0.0, 0.1)) if 40 <= step % 50 < 50 else (1.0, 0.0)
+
+    diags, _ = run_job(900, step_s=3.0, ranks=64, slow=slow, hiccups=0.01, seed=5)
+    assert not firing(diags, "job.straggler"), [(d.culprit, d.detected_at - T0) for d in firing(diags)]
