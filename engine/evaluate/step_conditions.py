@@ -509,8 +509,12 @@ def _periodic(c: Condition, ctx: Ctx) -> Result:
     # out.  (Taking the save's time off the step instead kept a 40 s-step job's slow spell that
     # overlapped a save, but the seconds around saves then made periods of their own.)
     ck_t, ck = ctx.store.window("job.checkpoint_s", job, ctx.now - p["window"], ctx.now)
-    saving = {t for t, v in zip(ck_t, ck, strict=True) if v > 0}
+    saving = {t: v for t, v in zip(ck_t, ck, strict=True) if v > 0}
     pts = [(t, v) for t, v in zip(times, values, strict=True) if t not in saving]
+    # ...but a save inside a slowdown hides the rest of it.  Such a point, its save's time taken off,
+    # may extend a burst that began outside the save (never start one: the seconds around saves are
+    # noisy, and taking the save off everywhere made periods of their own).
+    masked = [(t, v - saving[t]) for t, v in zip(times, values, strict=True) if t in saving]
     if len(pts) < 20:
         return Result(False)
     # The normal step time is the lower quartile: a job slow for a long stretch (a fault, a rotation)
@@ -531,6 +535,10 @@ def _periodic(c: Condition, ctx: Ctx) -> Result:
                 raw.append([(t, v)])
     if not raw:
         return Result(False)
+    for b in raw:
+        for t, v in masked:
+            if b[-1][0] < t <= b[-1][0] + 2.5 * gap and p["ratio"](v / base) and p["zscore"]((v - base) / spread):
+                b.append((t, v))
     # One slowdown can dip under the threshold for a moment: runs closer than a typical run's
     # length are one burst.  A burst of one point is a hiccup (a GC pause, one slow step), not a
     # slowdown, however regular.
