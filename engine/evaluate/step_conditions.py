@@ -350,8 +350,11 @@ def _stage_imbalance(c: Condition, ctx: Ctx) -> Result:
         if got_step is None or got_step[0] != stage:
             return None
         dur = statistics.median(r.duration_s for r in row.values())
-        # Only the pipelined part of the step runs at the bottleneck's pace; the data-parallel
-        # collective after it does not shrink.
+        paced = _pipeline_loss(row, layout, stage)
+        if paced is not None:
+            return dur, max(0.0, min(dur, paced))
+        # Without the full split: only the pipelined part of the step runs at the bottleneck's pace
+        # (the data-parallel collective after it does not shrink), by the stage's ratio.
         coll = [c for r in row.values() if (c := r.collective_s) is not None]
         pipe = dur - (statistics.median(coll) if coll else 0.0)
         return dur, max(0.0, pipe) * (1 - 1 / got_step[1])
@@ -363,6 +366,30 @@ def _stage_imbalance(c: Condition, ctx: Ctx) -> Result:
                   f"stage {stage} does {ratio:.2f}x the work of the other stages on {n} of {len(win)} steps, "
                   f"on every replica")
     return Result(True, [ctx.job.job], [ev])
+
+
+def _pipeline_loss(row: dict[int, StepRec], layout: dict[int, dict[int, list[int]]], stage: int) -> float | None:
+    """Seconds the step would be shorter were ``stage`` no slower than the job's next slowest stage.
+
+    A pipeline moves each microbatch at the pace of its slowest rank (the slowest tensor-parallel
+    rank of the slowest stage), and the all-reduce waits for the slowest replica: the pipelined
+    time (from the last input to the last drain) scales with the slowest compute of ``stage``, and
+    without the imbalance would scale with the slowest compute of the other stages (not their
+    median: the next slowest stage sets the pace then).  Needs every rank's compute and pipeline
+    wait; None without them.
+    """
+    recs = [row[r] for st in layout.values() for rs in st.values() for r in rs if r in row]
+    if not recs or any(x.compute_s is None or x.pipeline_wait_s is None for x in recs):
+        return None
+    top = [c for st in layout.values() for r in st.get(stage, ()) if r in row and (c := row[r].compute_s) is not None]
+    rest = [c for st in layout.values() for s, rs in st.items() if s != stage
+            for r in rs if r in row and (c := row[r].compute_s) is not None]
+    if not top or not rest or max(top) <= 0:
+        return None
+    begin = max(x.data_wait_s or 0.0 for x in recs)
+    # A rank is ready for the all-reduce when its replica's pipeline drains: its waits plus its own work.
+    ready = max((x.pipeline_wait_s or 0.0) + (x.data_wait_s or 0.0) + (x.compute_s or 0.0) for x in recs)
+    return max(0.0, ready - begin) * (1.0 - min(1.0, max(rest) / max(top)))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -438,15 +465,22 @@ def _rotation(c: Condition, ctx: Ctx) -> Result:
             if mine is not None and peers:
                 excess[f] += mine - statistics.median(peers)
     share = len(slow) / len(win)
+    # The share before the rotation began, kept while the rotation lasts: a rotation longer than the
+    # history (60 steps) would otherwise become its own past and end the incident while it goes on.
+    key = ("rotation.p0", ctx.rule_id, c.line, ctx.job.job)
     if share < p["persist"]:
+        ctx.state.pop(key, None)
         return Result(False)
     # Against the job's own past: a large job has a slow turn on some steps anyway (GC pauses, hiccups
     # on random ranks).  The window's share must stand well above the share before it (4 binomial
     # standard errors), so a busy stretch of hiccups is not a rotation.
-    if len(hist) >= 10:
+    p0 = ctx.state.get(key)
+    if p0 is None and len(hist) >= 10:
         p0 = sum(1 for _, row in hist if turn(row) is not None) / len(hist)
+    if p0 is not None:
         if share - p0 < 4.0 * math.sqrt(max(p0 * (1 - p0), 0.01) / len(win)):
             return Result(False)
+        ctx.state[key] = p0
     who = Counter(r for _, r, _ in slow)
     if who.most_common(1)[0][1] > p["max_share"] * len(slow) or len(who) < int(p["min_distinct"]):
         return Result(False)

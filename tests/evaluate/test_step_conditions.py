@@ -97,6 +97,8 @@ def run_job(seconds: float, step_s: float = 1.0, ranks: int = 32, pp: int = 1, s
                 rec.update(compute_s=c, data_wait_s=d, comm_s=max(0.0, dur - ck - c - d))
                 if ck:
                     rec["checkpoint_s"] = ck
+                if pp > 1:  # every rank of the pipeline waits for its drain, then for the all-reduce
+                    rec.update(collective_s=allreduce, pipeline_wait_s=max(0.0, dur - ck - allreduce - c - d))
             by_node.setdefault(f"node-{r // 8 + 1:02d}", []).append(rec)
         for node, recs in by_node.items():
             out += ev.ingest(validate(envelope("steps", node, t, job="train-llm", steps=recs)))
@@ -273,3 +275,29 @@ def test_a_save_inside_a_slow_spell_does_not_hide_it() -> None:
     got = firing(diags, "job.periodic-slowdown")
     assert got, [(d.rule_id, d.detected_at - T0) for d in firing(diags)]
     assert 8 * 40 <= float(got[0].labels["period_s"]) <= 8 * 40 * 1.3
+
+
+def test_stage_imbalance_costs_the_pace_of_the_next_slowest_stage() -> None:
+    # The last stage computes 1.4x from step 30: the pipeline runs at its pace; without it, at the
+    # pace of the slowest rank of the other stages (not their median).
+    def slow(step: int, rank: int) -> tuple[float, float]:
+        return (1.4, 0.0) if rank % 4 == 3 and step >= 30 else (1.0, 0.0)
+
+    diags, truth = run_job(200, ranks=32, pp=4, slow=slow)
+    got = [d for d in diags if d.rule_id == "job.stage-imbalance"]
+    assert got, [(d.rule_id, d.culprit) for d in firing(diags)]
+    cost = got[-1].cost
+    assert cost is not None
+    recent = [x for x in truth if got[-1].detected_at - 10 <= x["t"] <= got[-1].detected_at]
+    clean = sorted(x["clean"] for x in recent)[len(recent) // 2]
+    assert abs(cost["whatif_step_s"] - clean) <= 0.03 * clean, (cost["whatif_step_s"], cost["step_s"], clean)
+
+
+def test_a_long_rotation_stays_one_open_incident() -> None:
+    # 150 s of rotation: longer than the 60 steps of history the rotation is compared against, which
+    # used to become its own past, so the incident resolved (and stopped counting its cost) halfway.
+    def slow(step: int, rank: int) -> tuple[float, float]:
+        return (1.6, 0.0) if step > 40 and rank == (step * 7) % 32 else (1.0, 0.0)
+
+    rot = [d for d in run_job(200, slow=slow)[0] if d.rule_id == "job.rotating-straggler"]
+    assert rot and all(d.status == "firing" for d in rot), [(d.status, d.detected_at - T0) for d in rot]
