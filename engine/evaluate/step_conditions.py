@@ -667,8 +667,12 @@ def _what_if(c: Condition, ctx: Ctx) -> Result:
             # Is it the culprits' own work that holds the step back (a slow GPU, a starved loader)?
             # If not, the waiting is in what every rank shares (a lossy NIC slows every all-reduce,
             # a slow pool every read): the step is measured against the job's own past instead.
+            # Unless another rank's own work holds it back (a second fault elsewhere in the job): then
+            # these culprits cost only the steps they are the slowest on, not the other fault's time.
             recent = table.complete(ctx.now)[-max(int(p["steps"]), 1):]
-            if recent and sum(1 for _, row in recent if peers(row) is not None) < len(recent) / 2:
+            mine = sum(1 for _, row in recent if peers(row) is not None)
+            other = sum(1 for _, row in recent if _held_elsewhere(row, culprits, groups, p["measure"]))
+            if recent and mine < len(recent) / 2 and other < len(recent) / 2:
                 fn = _against_own_past(ctx, table.complete(ctx.now)) or peers
         elif fn is None:
             fn = _against_own_past(ctx, table.complete(ctx.now))
@@ -687,6 +691,30 @@ def _what_if(c: Condition, ctx: Ctx) -> Result:
                   f"a step takes {step_s:.3g} s; {whatif:.3g} s were the culprit as fast as its peers "
                   f"({slowdown:.0f}% slower)")
     return Result(True, [], [ev])
+
+
+# A rank whose own work per step is this far over its group's lower quartile is a straggler of its own
+# (step_outlier's default ratio).
+_OTHER_STRAGGLER = 1.1
+
+
+def _held_elsewhere(row: dict[int, StepRec], culprits: set[int], groups: dict[str, list[int]], measure: str) -> bool:
+    """Whether a rank other than ``culprits`` holds this step back by its own work.
+
+    True when the slowest rank of some group is not a culprit, is slower than every culprit, and
+    stands past ``_OTHER_STRAGGLER`` times its group's lower quartile: another fault (a starved
+    loader, a hot GPU) sets the pace, not what every rank shares.
+    """
+    mine = [v for r in culprits if r in row and (v := row[r].get(measure)) is not None]
+    for members in groups.values():
+        vals = {r: v for r in members if r in row and (v := row[r].get(measure)) is not None}
+        if len(vals) < 4:
+            continue
+        top = max(vals, key=lambda r: vals[r])
+        ref = lower_quartile(list(vals.values()))
+        if top not in culprits and ref > 0 and vals[top] > max(_OTHER_STRAGGLER * ref, max(mine, default=0.0)):
+            return True
+    return False
 
 
 def _against_own_past(ctx: Ctx, done: Steps) -> Any:

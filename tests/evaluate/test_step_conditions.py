@@ -301,3 +301,19 @@ def test_a_long_rotation_stays_one_open_incident() -> None:
 
     rot = [d for d in run_job(200, slow=slow)[0] if d.rule_id == "job.rotating-straggler"]
     assert rot and all(d.status == "firing" for d in rot), [(d.status, d.detected_at - T0) for d in rot]
+
+
+def test_a_step_held_back_by_another_ranks_work_is_not_the_culprits_cost() -> None:
+    from whywait.engine.evaluate.step_conditions import _held_elsewhere
+
+    def row(works: dict[int, float]) -> dict[int, StepRec]:
+        return {r: StepRec(1.0, 2.0, compute_s=w, data_wait_s=0.0) for r, w in works.items()}
+
+    groups = {"": list(range(16))}
+    base = {r: 1.0 + 0.01 * (r % 3) for r in range(16)}
+    # rank 3 (the culprit, 1.2x) waits behind rank 12's starved loader (1.8x): not its cost
+    assert _held_elsewhere(row({**base, 3: 1.2, 12: 1.8}), {3}, groups, "work")
+    # the culprit itself is the slowest: its own cost
+    assert not _held_elsewhere(row({**base, 3: 1.8, 12: 1.2}), {3}, groups, "work")
+    # nobody's work stands out (a lossy NIC slows everyone's all-reduce): measured against the past
+    assert not _held_elsewhere(row(base), {3}, groups, "work")
