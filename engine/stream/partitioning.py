@@ -43,7 +43,7 @@ the router sends with an explicit partition, so Kafka's own partitioner never de
 from __future__ import annotations
 
 import zlib
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Mapping
 
 # Kinds whose envelope ``node`` is the measured node (steps and checkpoints are keyed by job).
 NODE_KINDS = frozenset({"gpu", "net", "storage", "host", "agent_health", "hw"})
@@ -57,7 +57,7 @@ def partition_for(key: str, partitions: int) -> int:
     return zlib.crc32(key.encode()) % partitions if partitions > 1 else 0
 
 
-def routes(msg: dict[str, Any], topology: Any, partitions: int) -> dict[int, str]:
+def routes(msg: Mapping[str, Any], topology: Any, partitions: int) -> dict[int, str]:
     """Where the router forwards one validated message: partition -> record key.
 
     Empty for a placement (read by every worker as a global table).  The key names the job (or

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from whywait.agents.events import TOPIC_PLACEMENT, ContractError, decode
 from whywait.engine.stream.topics import TOPIC_ENGINE_STATE
@@ -50,7 +50,7 @@ class PlacementTable:
     and whenever new placements are unread: the evaluator's watermark waits for it.
     """
 
-    def __init__(self, bootstrap: str, apply: Callable[[dict[str, Any]], None], *,
+    def __init__(self, bootstrap: str, apply: Callable[[Mapping[str, Any]], None], *,
                  topic: str = TOPIC_PLACEMENT, not_before: float | None = None) -> None:
         self.bootstrap = bootstrap
         self.apply = apply

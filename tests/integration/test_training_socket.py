@@ -85,7 +85,7 @@ async def consume(bootstrap: str, topics: list[str], node: str, want: dict[str, 
                         except ContractError:
                             continue  # another test's deliberately bad message on the shared topic
                         if msg["node"] == node:
-                            got[tp.topic].append(msg)
+                            got[tp.topic].append(dict(msg))
     finally:
         await consumer.stop()
     return got
