@@ -319,7 +319,8 @@ class Column:
         self._advance(rows, b, self.cnewest, self.buckets, (self.cs, self.cn, self.cmin, self.cmax), unique)
         keep = b > self.cnewest[rows] - self.buckets
         r, b, x = rows[keep], b[keep] % self.buckets, vals[keep]
-        x32 = x.astype(np.float32)
+        with np.errstate(over="ignore"):  # beyond float32 (a ratio over a denormal rate): ±inf, as a bound
+            x32 = x.astype(np.float32)
         if unique:
             first = self.cn[r, b] == 0
             self.cmin[r, b] = np.where(first, x32, np.minimum(self.cmin[r, b], x32))
