@@ -63,7 +63,16 @@ class ScaleOut:
         return self.table.caught_up
 
     async def checkpoint(self) -> None:
-        """Write the incident checkpoint of every owned job whose state changed (a tombstone when empty)."""
+        """Write the incident checkpoint of every owned job whose state changed (a tombstone when empty).
+
+        A failure (the broker away) is logged, never raised: the next checkpoint writes what changed.
+        """
+        try:
+            await self._checkpoint()
+        except Exception as exc:  # noqa: BLE001 - a timer that raises would stop the worker
+            log.error("engine: checkpoint failed: %s: %s", type(exc).__name__, exc)
+
+    async def _checkpoint(self) -> None:
         ev = self.processor.evaluator
         owns = self.owned.owns
         log.info("engine: evaluated to %s, placements applied %d, jobs here %s; %s", ev.next_tick, self.table.applied,
