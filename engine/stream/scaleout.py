@@ -26,7 +26,7 @@ from typing import Any, Awaitable, Callable
 
 import faust
 from faust.types import TP
-from whywait.agents.events import TOPICS, kind_for_topic
+from whywait.agents.events import TOPIC_PLACEMENT, TOPICS, kind_for_topic
 from whywait.engine.stream.partitioning import ReorderBuffer, drop_jobs, is_empty, partition_for, split_snapshot
 from whywait.engine.stream.processor import Processor, Record
 from whywait.engine.stream.tables import PlacementTable, job_state_key, read_job_states, read_notify_state, read_window
@@ -63,7 +63,16 @@ class ScaleOut:
         return self.table.caught_up
 
     async def checkpoint(self) -> None:
-        """Write the incident checkpoint of every owned job whose state changed (a tombstone when empty)."""
+        """Write the incident checkpoint of every owned job whose state changed (a tombstone when empty).
+
+        A failure (the broker away) is logged, never raised: the next checkpoint writes what changed.
+        """
+        try:
+            await self._checkpoint()
+        except Exception as exc:  # noqa: BLE001 - a timer that raises would stop the worker
+            log.error("engine: checkpoint failed: %s: %s", type(exc).__name__, exc)
+
+    async def _checkpoint(self) -> None:
         ev = self.processor.evaluator
         owns = self.owned.owns
         log.info("engine: evaluated to %s, placements applied %d, jobs here %s; %s", ev.next_tick, self.table.applied,
@@ -188,11 +197,19 @@ def wire(app: faust.App, cfg: Any, processor: Processor, inputs: Any, by_job: An
     copies: dict[bytes, None] = {}  # source ids of copied messages taken already (insertion-ordered)
 
     def backlog() -> bool:
+        """Whether this worker has unread records: on the repartition topic, or on the input partitions
+        it routes (what it has not forwarded yet will arrive here or at another worker)."""
         try:
             for p, off in received.items():
                 hw = app.consumer.highwater(TP(TOPIC_BY_JOB, p))
                 if hw is not None and off + 1 < hw:
                     return True
+            for tp in app.consumer.assignment():
+                if tp.topic != TOPIC_BY_JOB and tp.topic != TOPIC_PLACEMENT:
+                    last = processor.routed_to.get((tp.topic, tp.partition))
+                    hw = app.consumer.highwater(tp)  # (a partition not read from yet says nothing here)
+                    if last is not None and hw and last + 1 < hw:
+                        return True
         except Exception:  # noqa: BLE001 - no consumer yet: judge by arrival only
             return False
         return False

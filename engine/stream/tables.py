@@ -15,6 +15,7 @@ Called by the partitioned faust app (``engine/stream/app.py``):
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from typing import Any, Callable, Mapping
@@ -60,8 +61,20 @@ class PlacementTable:
         self.applied = 0
 
     async def run(self) -> None:
-        """Read forever (cancelled at shutdown); reconnects are aiokafka's."""
+        """Read forever (cancelled at shutdown); a failure to start or to reach the broker is retried."""
+        from aiokafka.errors import KafkaError
+
+        while True:
+            try:
+                await self._follow()
+            except (KafkaError, asyncio.TimeoutError, OSError) as exc:
+                self.caught_up = False
+                log.warning("placement table: %s: %s; starting again", type(exc).__name__, exc)
+                await asyncio.sleep(2.0)
+
+    async def _follow(self) -> None:
         from aiokafka import AIOKafkaConsumer, TopicPartition
+        from aiokafka.errors import KafkaError
 
         c = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False,
                              client_id="whywait-placement-table")
@@ -72,12 +85,19 @@ class PlacementTable:
             c.assign(tps)
             await c.seek_to_beginning(*tps)
             while True:
-                batch = await c.getmany(*tps, timeout_ms=500)
-                for msgs in batch.values():
-                    for m in msgs:
-                        self._one(m.value)
-                ends = await c.end_offsets(tps)
-                self.caught_up = all([await c.position(tp) >= ends[tp] for tp in tps])
+                try:
+                    batch = await c.getmany(*tps, timeout_ms=500)
+                    for msgs in batch.values():
+                        for m in msgs:
+                            self._one(m.value)
+                    ends = await c.end_offsets(tps)
+                    self.caught_up = all([await c.position(tp) >= ends[tp] for tp in tps])
+                except (KafkaError, asyncio.TimeoutError, OSError) as exc:
+                    # A broker restarting, or a machine too busy to answer in time: the table keeps
+                    # what it has (it must never stop the worker) and reads on when the broker answers.
+                    self.caught_up = False
+                    log.warning("placement table: %s: %s; retrying", type(exc).__name__, exc)
+                    await asyncio.sleep(1.0)
         finally:
             await c.stop()
 

@@ -102,7 +102,11 @@ async def read_diagnoses(bootstrap: str, since: float, until: float, group: str,
     try:
         while time.time() < until:
             if time.time() - last >= quiet_s:
-                if await lag(bootstrap, group) == 0:
+                try:
+                    behind = await lag(bootstrap, group)
+                except Exception:  # noqa: BLE001 - a coordinator moving on a busy machine: ask again later
+                    behind = -1
+                if behind == 0:
                     break
                 last = time.time() - quiet_s / 2
             for msgs in (await c.getmany(timeout_ms=500)).values():
