@@ -275,13 +275,13 @@ def run_replay(bootstrap: str, w: Written, work: Path, rules: tuple[Path, ...], 
         raise BenchError(f"whywait replay failed ({rc}): {err.decode(errors='replace').strip()[-500:]}")
     got = json.loads(st.read_text())
     if got["messages"] != w.messages:
-        raise BenchError(f"whywait replay read {got['messages']} of the {w.messages} messages written: a replay "
-                         "stops reading a partition once it is well past the window, so the topics must not hold "
-                         "records stamped later than the bench's (a simulation in the future) ahead of its data; "
-                         "run the bench on its own broker (no --bootstrap)")
+        # Kept, not fatal (the other figures took long to measure), and said: the ratio then covers fewer messages.
+        # A replay stops reading a partition well past its window, so topics holding records stamped later than
+        # the bench's ahead of its data (a simulation in the future, on a shared broker) end it early.
+        got["incomplete"] = f"whywait replay read {got['messages']} of the {w.messages} messages written"
     return Run("replay", got["messages"], got["cpu_s"], got["wall_s"], use.peak_rss,
                max(load0, procs.load_average()),
-               {"process_cpu_s": use.cpu_s, "incidents": got.get("incidents"),
+               {"process_cpu_s": use.cpu_s, "incidents": got.get("incidents"), "incomplete": got.get("incomplete"),
                 "first_line": out.decode(errors="replace").splitlines()[:1]})
 
 
@@ -390,6 +390,8 @@ async def measure_size(cfg: BenchConfig, bootstrap: str, work: Path, nodes: int,
                 else:
                     r = run_replay(bootstrap, w, d, cfg.rules, cfg.timeout_s)
                 runs[what].append(r)
+                if r.extra.get("incomplete"):
+                    say(f"{nodes * 8} GPUs, run {rep + 1}: {r.extra['incomplete']}")
                 say(f"{nodes * 8} GPUs, run {rep + 1}/{cfg.reps}: {what:6} {r.cpu_s:7.2f} CPU-s "
                     f"{r.wall_s:7.2f} s wall {r.peak_rss / 2**20:7.0f} MiB (load {r.load:.1f})")
     raw_cpu = [r.cpu_s for r in runs["raw"]]

@@ -38,6 +38,7 @@ def test_bench_produces_every_figure(tmp_path: Path) -> None:
     for ratio in ("ratio_engine_raw", "ratio_replay_raw"):
         assert size[ratio]["n"] == 2 and size[ratio]["median"] > 0 and size[ratio]["spread"] is not None
     # Every reader read every message written: raw and replay count them themselves.
+    assert not any(x["extra"].get("incomplete") for x in size["runs"]), size["runs"]
     runs = {(x["what"], x["messages"]) for x in size["runs"]}
     assert runs == {("raw", size["messages"]), ("engine", size["messages"]), ("replay", size["messages"])}, runs
     assert size["latency_s"]["n"] >= 1 and size["latency_s"]["p50"] >= 0 and size["latency_s"]["p99"] is not None
