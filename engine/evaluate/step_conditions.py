@@ -671,7 +671,11 @@ def _what_if(c: Condition, ctx: Ctx) -> Result:
             # these culprits cost only the steps they are the slowest on, not the other fault's time.
             recent = table.complete(ctx.now)[-max(int(p["steps"]), 1):]
             mine = sum(1 for _, row in recent if peers(row) is not None)
-            other = sum(1 for _, row in recent if _held_elsewhere(row, culprits, groups, p["measure"]))
+            done = table.complete(ctx.now)
+            since = ctx.facts.get("incident_since", ctx.now)
+            usual = _usual_ratios([row for _, row in done if max(r.t for r in row.values()) < since - 10.0][-30:],
+                                  groups, p["measure"])
+            other = sum(1 for _, row in recent if _held_elsewhere(row, culprits, groups, p["measure"], usual))
             if recent and mine < len(recent) / 2 and other < len(recent) / 2:
                 fn = _against_own_past(ctx, table.complete(ctx.now)) or peers
         elif fn is None:
@@ -698,13 +702,32 @@ def _what_if(c: Condition, ctx: Ctx) -> Result:
 _OTHER_STRAGGLER = 1.1
 
 
-def _held_elsewhere(row: dict[int, StepRec], culprits: set[int], groups: dict[str, list[int]], measure: str) -> bool:
+def _usual_ratios(rows: list[dict[int, StepRec]], groups: dict[str, list[int]], measure: str) -> dict[int, float]:
+    """Each rank's median ratio to its group's lower quartile over ``rows`` (the steps before an incident)."""
+    acc: dict[int, list[float]] = {}
+    for row in rows:
+        for members in groups.values():
+            vals = {r: v for r in members if r in row and (v := row[r].get(measure)) is not None}
+            if len(vals) < 4:
+                continue
+            ref = lower_quartile(list(vals.values()))
+            if ref > 0:
+                for r, v in vals.items():
+                    acc.setdefault(r, []).append(v / ref)
+    return {r: statistics.median(xs) for r, xs in acc.items()}
+
+
+def _held_elsewhere(row: dict[int, StepRec], culprits: set[int], groups: dict[str, list[int]], measure: str,
+                    usual: dict[int, float] | None = None) -> bool:
     """Whether a rank other than ``culprits`` holds this step back by its own work.
 
     True when the slowest rank of some group is not a culprit, is slower than every culprit, and
-    stands past ``_OTHER_STRAGGLER`` times its group's lower quartile: another fault (a starved
-    loader, a hot GPU) sets the pace, not what every rank shares.
+    stands past ``_OTHER_STRAGGLER`` times its group's lower quartile, and that much past its own
+    ``usual`` ratio (before the incident): another fault (a starved loader, a hot GPU) sets the pace,
+    not what every rank shares.  A rank that was always that slow (an older GPU) set the pace before
+    too, so the job's own past still measures what the culprits cost.
     """
+    usual = usual or {}
     mine = [v for r in culprits if r in row and (v := row[r].get(measure)) is not None]
     for members in groups.values():
         vals = {r: v for r in members if r in row and (v := row[r].get(measure)) is not None}
@@ -712,7 +735,8 @@ def _held_elsewhere(row: dict[int, StepRec], culprits: set[int], groups: dict[st
             continue
         top = max(vals, key=lambda r: vals[r])
         ref = lower_quartile(list(vals.values()))
-        if top not in culprits and ref > 0 and vals[top] > max(_OTHER_STRAGGLER * ref, max(mine, default=0.0)):
+        bar = _OTHER_STRAGGLER * ref * max(1.0, usual.get(top, 1.0))
+        if top not in culprits and ref > 0 and vals[top] > max(bar, max(mine, default=0.0)):
             return True
     return False
 
@@ -756,8 +780,8 @@ def _losses(done: Steps, fn: Any, counted: float, recent: int, max_miss: int = 4
 
     The first time (nothing counted) it walks back from the newest step while the pattern holds
     (``fn`` answers for a step; up to ``max_miss`` steps in a row without it), so the cost starts where
-    the waiting began, not when the rule fired.  Later only the steps after ``counted``, plus the
-    last ``recent`` steps for the current figures.
+    the waiting began, not when the rule fired.  Later only the steps after ``counted`` (one that
+    ``fn`` does not answer for as 0 s lost), plus the last ``recent`` steps for the current figures.
     """
     out: list[tuple[float, float, float]] = []
     if counted == -math.inf:
@@ -779,4 +803,9 @@ def _losses(done: Steps, fn: Any, counted: float, recent: int, max_miss: int = 4
             got = fn(row)
             if got is not None:
                 out.append((t, *got))
+            elif t > counted:
+                # Judged and not lost to this incident: counted as nothing, so that a later tick that
+                # measures differently (against the job's past, once another fault is gone) does not
+                # charge the incident for steps it was judged innocent of.
+                out.append((t, statistics.median(r.duration_s for r in row.values()), 0.0))
     return out

@@ -317,3 +317,5 @@ def test_a_step_held_back_by_another_ranks_work_is_not_the_culprits_cost() -> No
     assert not _held_elsewhere(row({**base, 3: 1.8, 12: 1.2}), {3}, groups, "work")
     # nobody's work stands out (a lossy NIC slows everyone's all-reduce): measured against the past
     assert not _held_elsewhere(row(base), {3}, groups, "work")
+    # ...unless that rank was always that slow (an older GPU): it set the pace before the incident too
+    assert not _held_elsewhere(row({**base, 3: 1.2, 12: 1.8}), {3}, groups, "work", {12: 1.75})
