@@ -544,6 +544,16 @@ TOPICS: tuple[Topic, ...] = (
         F("spooled", "integer", "count", "Messages waiting in the on-disk spool now."),
         F("dropped", "integer", "count", "Messages dropped past the spool bound since start."),
         F("collector_errors", "integer", "count", "Collector errors since start."),
+        # Declared, so the compiled decoder keeps them (it drops what the contract does not name).
+        F("invalid", "integer", "count", "Messages the agent refused to publish (they broke the contract) since start.",
+          required=False),
+        F("training_datagrams", "integer", "count", "Step datagrams received from training processes since start.",
+          required=False),
+        F("training_malformed", "integer", "count", "Step datagrams that did not parse since start.", required=False),
+        F("training_dropped", "integer", "count", "Step datagrams dropped past the inbox bound since start.",
+          required=False),
+        F("training_rejected", "integer", "count", "Step datagrams refused because the sender does not own the job "
+          "(or named another node) since start.", required=False),
     )), "The agent's own health, once per interval."),
 )
 
