@@ -909,7 +909,15 @@ def encode(msg: Mapping[str, Any]) -> bytes:
     """Serialise a message (a dict or a decoded :class:`Event`) for Kafka (compact JSON, UTF-8)."""
     if isinstance(msg, Event):
         return msgspec.json.encode(msg)
-    return json.dumps(msg, separators=(",", ":"), allow_nan=False).encode()
+    # A dict may hold parts of decoded events (a list of ``StepTiming`` records taken from one): they
+    # serialise as the plain objects they were decoded from.
+    return json.dumps(msg, separators=(",", ":"), allow_nan=False, default=_builtin).encode()
+
+
+def _builtin(obj: Any) -> Any:
+    if isinstance(obj, msgspec.Struct):
+        return msgspec.to_builtins(obj)
+    raise TypeError(f"Object of type {type(obj).__name__} is not JSON serializable")
 
 
 def decode(raw: bytes | str, topic: str | None = None) -> Message:
