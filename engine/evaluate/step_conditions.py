@@ -84,9 +84,17 @@ def _window(c: Condition, ctx: Ctx) -> tuple[Steps, Steps] | None:
     return win, hist[-_HISTORY_MAX:]
 
 
-def _long_steps(win: Steps, window_s: float) -> bool:
-    """Whether the window's steps are each (median) at least as long as the window itself."""
-    return statistics.median(statistics.median(r.duration_s for r in row.values()) for _, row in win) >= window_s
+def _long_steps(win: Steps, hist: Steps, window_s: float) -> bool:
+    """Whether the job's usual step is at least as long as the window itself.
+
+    Usual: the lower quartile of the latest steps (the window and up to 20 steps before it).
+    Slowdowns and hiccups only ever lengthen steps, so the short ones are the job's own pace.  Not
+    the window's median: a slowdown of the whole job, or a few hiccups, stretch a 3 s step past a
+    5 s window, and judging a rank on its last three steps then let one hiccup and one unlucky step
+    make a straggler.
+    """
+    rows = hist[-20:] + win
+    return lower_quartile([statistics.median(r.duration_s for r in row.values()) for _, row in rows]) >= window_s
 
 
 def _ent(ctx: Ctx, rank: int) -> str:
@@ -113,7 +121,8 @@ class StepOutlierCondition(ConditionParams):
     steps: Number = param(5.0, "see `window`")
     ratio: Comparison = param(Compare(">", 1.1), "median over the window of the rank's per-step ratio to its "
                                                  "group's lower quartile")
-    zscore: Comparison = param(Compare(">", 4.0), "that ratio against the fast group's spread (MAD, floored at 0.02)")
+    zscore: Comparison = param(Compare(">", 4.0), "that ratio against the step's noise (the fast group's MAD "
+                                                  "scaled to a standard deviation, floored at 0.02)")
     persist: Number = param(0.6, "the rank was over `ratio` on at least this share of the steps")
     within: Within = param("stage", _WITHIN_DOC)
     history: Number = param(20.0, "steps before the window needed to judge the rank against its own past")
@@ -143,7 +152,7 @@ def _step_outlier(c: Condition, ctx: Ctx) -> Result:
     win, hist = got
     # Steps each longer than the whole window (8 s, 45 s steps): no hiccup lasts a step that long, so the
     # latest _LONG_STEPS of them are evidence enough, and waiting for more would cost minutes.
-    if len(win) > _LONG_STEPS and _long_steps(win, p["window"]):
+    if len(win) > _LONG_STEPS and _long_steps(win, hist, p["window"]):
         hist = (hist + win[:-_LONG_STEPS])[-_HISTORY_MAX:]
         win = win[-_LONG_STEPS:]
     ranks = [r for r in ctx.job.ranks if any(r in row for _, row in win)]
@@ -341,8 +350,11 @@ def _stage_imbalance(c: Condition, ctx: Ctx) -> Result:
         if got_step is None or got_step[0] != stage:
             return None
         dur = statistics.median(r.duration_s for r in row.values())
-        # Only the pipelined part of the step runs at the bottleneck's pace; the data-parallel
-        # collective after it does not shrink.
+        paced = _pipeline_loss(row, layout, stage)
+        if paced is not None:
+            return dur, max(0.0, min(dur, paced))
+        # Without the full split: only the pipelined part of the step runs at the bottleneck's pace
+        # (the data-parallel collective after it does not shrink), by the stage's ratio.
         coll = [c for r in row.values() if (c := r.collective_s) is not None]
         pipe = dur - (statistics.median(coll) if coll else 0.0)
         return dur, max(0.0, pipe) * (1 - 1 / got_step[1])
@@ -354,6 +366,30 @@ def _stage_imbalance(c: Condition, ctx: Ctx) -> Result:
                   f"stage {stage} does {ratio:.2f}x the work of the other stages on {n} of {len(win)} steps, "
                   f"on every replica")
     return Result(True, [ctx.job.job], [ev])
+
+
+def _pipeline_loss(row: dict[int, StepRec], layout: dict[int, dict[int, list[int]]], stage: int) -> float | None:
+    """Seconds the step would be shorter were ``stage`` no slower than the job's next slowest stage.
+
+    A pipeline moves each microbatch at the pace of its slowest rank (the slowest tensor-parallel
+    rank of the slowest stage), and the all-reduce waits for the slowest replica: the pipelined
+    time (from the last input to the last drain) scales with the slowest compute of ``stage``, and
+    without the imbalance would scale with the slowest compute of the other stages (not their
+    median: the next slowest stage sets the pace then).  Needs every rank's compute and pipeline
+    wait; None without them.
+    """
+    recs = [row[r] for st in layout.values() for rs in st.values() for r in rs if r in row]
+    if not recs or any(x.compute_s is None or x.pipeline_wait_s is None for x in recs):
+        return None
+    top = [c for st in layout.values() for r in st.get(stage, ()) if r in row and (c := row[r].compute_s) is not None]
+    rest = [c for st in layout.values() for s, rs in st.items() if s != stage
+            for r in rs if r in row and (c := row[r].compute_s) is not None]
+    if not top or not rest or max(top) <= 0:
+        return None
+    begin = max(x.data_wait_s or 0.0 for x in recs)
+    # A rank is ready for the all-reduce when its replica's pipeline drains: its waits plus its own work.
+    ready = max((x.pipeline_wait_s or 0.0) + (x.data_wait_s or 0.0) + (x.compute_s or 0.0) for x in recs)
+    return max(0.0, ready - begin) * (1.0 - min(1.0, max(rest) / max(top)))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -429,15 +465,22 @@ def _rotation(c: Condition, ctx: Ctx) -> Result:
             if mine is not None and peers:
                 excess[f] += mine - statistics.median(peers)
     share = len(slow) / len(win)
+    # The share before the rotation began, kept while the rotation lasts: a rotation longer than the
+    # history (60 steps) would otherwise become its own past and end the incident while it goes on.
+    key = ("rotation.p0", ctx.rule_id, c.line, ctx.job.job)
     if share < p["persist"]:
+        ctx.state.pop(key, None)
         return Result(False)
     # Against the job's own past: a large job has a slow turn on some steps anyway (GC pauses, hiccups
     # on random ranks).  The window's share must stand well above the share before it (4 binomial
     # standard errors), so a busy stretch of hiccups is not a rotation.
-    if len(hist) >= 10:
+    p0 = ctx.state.get(key)
+    if p0 is None and len(hist) >= 10:
         p0 = sum(1 for _, row in hist if turn(row) is not None) / len(hist)
+    if p0 is not None:
         if share - p0 < 4.0 * math.sqrt(max(p0 * (1 - p0), 0.01) / len(win)):
             return Result(False)
+        ctx.state[key] = p0
     who = Counter(r for _, r, _ in slow)
     if who.most_common(1)[0][1] > p["max_share"] * len(slow) or len(who) < int(p["min_distinct"]):
         return Result(False)
@@ -500,8 +543,12 @@ def _periodic(c: Condition, ctx: Ctx) -> Result:
     # out.  (Taking the save's time off the step instead kept a 40 s-step job's slow spell that
     # overlapped a save, but the seconds around saves then made periods of their own.)
     ck_t, ck = ctx.store.window("job.checkpoint_s", job, ctx.now - p["window"], ctx.now)
-    saving = {t for t, v in zip(ck_t, ck, strict=True) if v > 0}
+    saving = {t: v for t, v in zip(ck_t, ck, strict=True) if v > 0}
     pts = [(t, v) for t, v in zip(times, values, strict=True) if t not in saving]
+    # ...but a save inside a slowdown hides the rest of it.  Such a point, its save's time taken off,
+    # may extend a burst that began outside the save (never start one: the seconds around saves are
+    # noisy, and taking the save off everywhere made periods of their own).
+    masked = [(t, v - saving[t]) for t, v in zip(times, values, strict=True) if t in saving]
     if len(pts) < 20:
         return Result(False)
     # The normal step time is the lower quartile: a job slow for a long stretch (a fault, a rotation)
@@ -522,6 +569,10 @@ def _periodic(c: Condition, ctx: Ctx) -> Result:
                 raw.append([(t, v)])
     if not raw:
         return Result(False)
+    for b in raw:
+        for t, v in masked:
+            if b[-1][0] < t <= b[-1][0] + 2.5 * gap and p["ratio"](v / base) and p["zscore"]((v - base) / spread):
+                b.append((t, v))
     # One slowdown can dip under the threshold for a moment: runs closer than a typical run's
     # length are one burst.  A burst of one point is a hiccup (a GC pause, one slow step), not a
     # slowdown, however regular.
@@ -616,8 +667,16 @@ def _what_if(c: Condition, ctx: Ctx) -> Result:
             # Is it the culprits' own work that holds the step back (a slow GPU, a starved loader)?
             # If not, the waiting is in what every rank shares (a lossy NIC slows every all-reduce,
             # a slow pool every read): the step is measured against the job's own past instead.
+            # Unless another rank's own work holds it back (a second fault elsewhere in the job): then
+            # these culprits cost only the steps they are the slowest on, not the other fault's time.
             recent = table.complete(ctx.now)[-max(int(p["steps"]), 1):]
-            if recent and sum(1 for _, row in recent if peers(row) is not None) < len(recent) / 2:
+            mine = sum(1 for _, row in recent if peers(row) is not None)
+            done = table.complete(ctx.now)
+            since = ctx.facts.get("incident_since", ctx.now)
+            usual = _usual_ratios([row for _, row in done if max(r.t for r in row.values()) < since - 10.0][-30:],
+                                  groups, p["measure"])
+            other = sum(1 for _, row in recent if _held_elsewhere(row, culprits, groups, p["measure"], usual))
+            if recent and mine < len(recent) / 2 and other < len(recent) / 2:
                 fn = _against_own_past(ctx, table.complete(ctx.now)) or peers
         elif fn is None:
             fn = _against_own_past(ctx, table.complete(ctx.now))
@@ -636,6 +695,50 @@ def _what_if(c: Condition, ctx: Ctx) -> Result:
                   f"a step takes {step_s:.3g} s; {whatif:.3g} s were the culprit as fast as its peers "
                   f"({slowdown:.0f}% slower)")
     return Result(True, [], [ev])
+
+
+# A rank whose own work per step is this far over its group's lower quartile is a straggler of its own
+# (step_outlier's default ratio).
+_OTHER_STRAGGLER = 1.1
+
+
+def _usual_ratios(rows: list[dict[int, StepRec]], groups: dict[str, list[int]], measure: str) -> dict[int, float]:
+    """Each rank's median ratio to its group's lower quartile over ``rows`` (the steps before an incident)."""
+    acc: dict[int, list[float]] = {}
+    for row in rows:
+        for members in groups.values():
+            vals = {r: v for r in members if r in row and (v := row[r].get(measure)) is not None}
+            if len(vals) < 4:
+                continue
+            ref = lower_quartile(list(vals.values()))
+            if ref > 0:
+                for r, v in vals.items():
+                    acc.setdefault(r, []).append(v / ref)
+    return {r: statistics.median(xs) for r, xs in acc.items()}
+
+
+def _held_elsewhere(row: dict[int, StepRec], culprits: set[int], groups: dict[str, list[int]], measure: str,
+                    usual: dict[int, float] | None = None) -> bool:
+    """Whether a rank other than ``culprits`` holds this step back by its own work.
+
+    True when the slowest rank of some group is not a culprit, is slower than every culprit, and
+    stands past ``_OTHER_STRAGGLER`` times its group's lower quartile, and that much past its own
+    ``usual`` ratio (before the incident): another fault (a starved loader, a hot GPU) sets the pace,
+    not what every rank shares.  A rank that was always that slow (an older GPU) set the pace before
+    too, so the job's own past still measures what the culprits cost.
+    """
+    usual = usual or {}
+    mine = [v for r in culprits if r in row and (v := row[r].get(measure)) is not None]
+    for members in groups.values():
+        vals = {r: v for r in members if r in row and (v := row[r].get(measure)) is not None}
+        if len(vals) < 4:
+            continue
+        top = max(vals, key=lambda r: vals[r])
+        ref = lower_quartile(list(vals.values()))
+        bar = _OTHER_STRAGGLER * ref * max(1.0, usual.get(top, 1.0))
+        if top not in culprits and ref > 0 and vals[top] > max(bar, max(mine, default=0.0)):
+            return True
+    return False
 
 
 def _against_own_past(ctx: Ctx, done: Steps) -> Any:
@@ -677,8 +780,8 @@ def _losses(done: Steps, fn: Any, counted: float, recent: int, max_miss: int = 4
 
     The first time (nothing counted) it walks back from the newest step while the pattern holds
     (``fn`` answers for a step; up to ``max_miss`` steps in a row without it), so the cost starts where
-    the waiting began, not when the rule fired.  Later only the steps after ``counted``, plus the
-    last ``recent`` steps for the current figures.
+    the waiting began, not when the rule fired.  Later only the steps after ``counted`` (one that
+    ``fn`` does not answer for as 0 s lost), plus the last ``recent`` steps for the current figures.
     """
     out: list[tuple[float, float, float]] = []
     if counted == -math.inf:
@@ -700,4 +803,9 @@ def _losses(done: Steps, fn: Any, counted: float, recent: int, max_miss: int = 4
             got = fn(row)
             if got is not None:
                 out.append((t, *got))
+            elif t > counted:
+                # Judged and not lost to this incident: counted as nothing, so that a later tick that
+                # measures differently (against the job's past, once another fault is gone) does not
+                # charge the incident for steps it was judged innocent of.
+                out.append((t, statistics.median(r.duration_s for r in row.values()), 0.0))
     return out

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 from whywait.agents.events import envelope, validate
 from whywait.engine.evaluate.evaluator import Evaluator
-from whywait.engine.evaluate.steps import StepRec, StepTable, judge_ranks, lower_quartile, select, work
+from whywait.engine.evaluate.steps import StepRec, StepTable, fast_sigma, judge_ranks, lower_quartile, select, work
 from whywait.engine.rules.loader import load_rules
 from whywait.simulate.cluster import make_cluster
 
@@ -43,8 +43,11 @@ def _job(ranks: int, gpus: int = 8, pp: int = 1) -> tuple[Any, dict[str, Any]]:
 
 def run_job(seconds: float, step_s: float = 1.0, ranks: int = 32, pp: int = 1, split: bool = True,
             slow: Slow | None = None, jitter: float = 0.04, seed: int = 1, hiccups: float = 0.0,
-            base_mult: Callable[[int], float] | None = None) -> tuple[list[Any], list[dict[str, Any]]]:
+            base_mult: Callable[[int], float] | None = None,
+            save: Callable[[int], float] | None = None) -> tuple[list[Any], list[dict[str, Any]]]:
     """Simulate a synchronous job and feed it to the Evaluator with the shipped rules.
+
+    ``save(step)`` gives the seconds of a checkpoint save inside that step (every rank waits for it).
 
     Returns the diagnoses and the truth per step (``dur``, ``dur_without_fault``).
     """
@@ -81,6 +84,9 @@ def run_job(seconds: float, step_s: float = 1.0, ranks: int = 32, pp: int = 1, s
         else:
             dur = max(c + d for c, d in works.values()) + allreduce
             dur_clean = max(works_clean.values()) + allreduce
+        ck = save(step + 1) if save is not None else 0.0
+        dur += ck
+        dur_clean += ck
         t += dur
         step += 1
         truth.append({"step": step, "t": t, "dur": dur, "clean": dur_clean})
@@ -88,7 +94,11 @@ def run_job(seconds: float, step_s: float = 1.0, ranks: int = 32, pp: int = 1, s
         for r, (c, d) in works.items():
             rec: dict[str, Any] = {"rank": r, "step": step, "duration_s": dur, "ended_at": t}
             if split:
-                rec.update(compute_s=c, data_wait_s=d, comm_s=max(0.0, dur - c - d))
+                rec.update(compute_s=c, data_wait_s=d, comm_s=max(0.0, dur - ck - c - d))
+                if ck:
+                    rec["checkpoint_s"] = ck
+                if pp > 1:  # every rank of the pipeline waits for its drain, then for the all-reduce
+                    rec.update(collective_s=allreduce, pipeline_wait_s=max(0.0, dur - ck - allreduce - c - d))
             by_node.setdefault(f"node-{r // 8 + 1:02d}", []).append(rec)
         for node, recs in by_node.items():
             out += ev.ingest(validate(envelope("steps", node, t, job="train-llm", steps=recs)))
@@ -143,6 +153,15 @@ def test_judge_ranks_names_the_slow_rank_with_half_the_job_slow() -> None:
     js = {j.rank: j for j in judge_ranks(rows, [], {"": list(range(16))}, "work", 1.1, 5)}
     assert all(js[r].ratio > 2.0 and js[r].z > 10 for r in range(8, 16))
     assert all(js[r].ratio < 1.05 for r in range(8))
+
+
+def test_fast_sigma_is_the_whole_groups_noise() -> None:
+    # The fast half of a normal sample spreads 0.59 as wide as the whole: read as the whole's noise,
+    # the largest of 64 healthy ranks stood 5 "spreads" out by chance.
+    rng = random.Random(3)
+    xs = sorted(rng.gauss(0.0, 1.0) for _ in range(4001))
+    fast = xs[:2001]
+    assert 0.9 < fast_sigma(fast, fast[1000]) < 1.1
 
 
 # ---- the rules, on a modelled job ------------------------------------------------------------------
@@ -227,3 +246,76 @@ def test_periodic_slowdown_gives_its_period() -> None:
     assert got
     period = float(got[-1].labels["period_s"])
     assert 110 <= period <= 140
+
+
+def test_noisy_slow_spells_make_no_straggler() -> None:
+    # Every rank waits ~3 s more for input in spells of ~10 steps, each rank's wait jittered by 10%
+    # (a shared loader's periodic reshuffle), and now and then a rank hiccups.  The spells and the
+    # hiccups stretch the 3 s steps past the 5 s window, and the largest of 64 jittered waits stands
+    # out on some step by chance: neither is a straggler.
+    jit = random.Random(7)
+
+    def slow(step: int, rank: int) -> tuple[float, float]:
+        return (1.0, jit.lognormvariate(0.0, 0.1)) if 40 <= step % 50 < 50 else (1.0, 0.0)
+
+    diags, _ = run_job(900, step_s=3.0, ranks=64, slow=slow, hiccups=0.01, seed=5)
+    assert not firing(diags, "job.straggler"), [(d.culprit, d.detected_at - T0) for d in firing(diags)]
+
+
+def test_a_save_inside_a_slow_spell_does_not_hide_it() -> None:
+    # 40 s steps, slowed 1.8x for two steps every eight; a 10 s save lands in the third spell's second
+    # step.  Steps with a save are left out of the period search, which left that spell one step long.
+    def slow(step: int, rank: int) -> tuple[float, float]:
+        return (1.8, 0.0) if step >= 12 and step % 8 in (4, 5) else (1.0, 0.0)
+
+    def save(step: int) -> float:
+        return 10.0 if step == 12 + 2 * 8 + 2 else 0.0
+
+    diags, truth = run_job(40 * 50, step_s=40.0, slow=slow, save=save)
+    got = firing(diags, "job.periodic-slowdown")
+    assert got, [(d.rule_id, d.detected_at - T0) for d in firing(diags)]
+    assert 8 * 40 <= float(got[0].labels["period_s"]) <= 8 * 40 * 1.3
+
+
+def test_stage_imbalance_costs_the_pace_of_the_next_slowest_stage() -> None:
+    # The last stage computes 1.4x from step 30: the pipeline runs at its pace; without it, at the
+    # pace of the slowest rank of the other stages (not their median).
+    def slow(step: int, rank: int) -> tuple[float, float]:
+        return (1.4, 0.0) if rank % 4 == 3 and step >= 30 else (1.0, 0.0)
+
+    diags, truth = run_job(200, ranks=32, pp=4, slow=slow)
+    got = [d for d in diags if d.rule_id == "job.stage-imbalance"]
+    assert got, [(d.rule_id, d.culprit) for d in firing(diags)]
+    cost = got[-1].cost
+    assert cost is not None
+    recent = [x for x in truth if got[-1].detected_at - 10 <= x["t"] <= got[-1].detected_at]
+    clean = sorted(x["clean"] for x in recent)[len(recent) // 2]
+    assert abs(cost["whatif_step_s"] - clean) <= 0.03 * clean, (cost["whatif_step_s"], cost["step_s"], clean)
+
+
+def test_a_long_rotation_stays_one_open_incident() -> None:
+    # 150 s of rotation: longer than the 60 steps of history the rotation is compared against, which
+    # used to become its own past, so the incident resolved (and stopped counting its cost) halfway.
+    def slow(step: int, rank: int) -> tuple[float, float]:
+        return (1.6, 0.0) if step > 40 and rank == (step * 7) % 32 else (1.0, 0.0)
+
+    rot = [d for d in run_job(200, slow=slow)[0] if d.rule_id == "job.rotating-straggler"]
+    assert rot and all(d.status == "firing" for d in rot), [(d.status, d.detected_at - T0) for d in rot]
+
+
+def test_a_step_held_back_by_another_ranks_work_is_not_the_culprits_cost() -> None:
+    from whywait.engine.evaluate.step_conditions import _held_elsewhere
+
+    def row(works: dict[int, float]) -> dict[int, StepRec]:
+        return {r: StepRec(1.0, 2.0, compute_s=w, data_wait_s=0.0) for r, w in works.items()}
+
+    groups = {"": list(range(16))}
+    base = {r: 1.0 + 0.01 * (r % 3) for r in range(16)}
+    # rank 3 (the culprit, 1.2x) waits behind rank 12's starved loader (1.8x): not its cost
+    assert _held_elsewhere(row({**base, 3: 1.2, 12: 1.8}), {3}, groups, "work")
+    # the culprit itself is the slowest: its own cost
+    assert not _held_elsewhere(row({**base, 3: 1.8, 12: 1.2}), {3}, groups, "work")
+    # nobody's work stands out (a lossy NIC slows everyone's all-reduce): measured against the past
+    assert not _held_elsewhere(row(base), {3}, groups, "work")
+    # ...unless that rank was always that slow (an older GPU): it set the pace before the incident too
+    assert not _held_elsewhere(row({**base, 3: 1.2, 12: 1.8}), {3}, groups, "work", {12: 1.75})
