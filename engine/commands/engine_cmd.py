@@ -70,6 +70,16 @@ def register(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metrics-addr", default=None, metavar="HOST:PORT",
                    help="serve Prometheus /metrics, /healthz and /readyz here, e.g. 0.0.0.0:9464 "
                         "(default: $WHYWAIT_METRICS_ADDR, else off)")
+    p.add_argument("--partitions", type=int, default=None, metavar="N",
+                   help="partitions of the input topics (created or grown at start): N workers started with "
+                        "the same --group share the work; size it 2-4x the most workers you will run "
+                        "(default: $WHYWAIT_PARTITIONS, else 1; see docs/architecture.md, scale-out)")
+    p.add_argument("--replication", type=int, default=None, metavar="R",
+                   help="replication factor of the topics this engine creates (default: $WHYWAIT_REPLICATION, "
+                        "else 1; 3 on a 3-broker cluster)")
+    p.add_argument("--restore-window", type=float, default=None, metavar="SECONDS",
+                   help="event time re-read from a partition a worker takes over, before it evaluates it "
+                        "(default: the metric store's retention, 900)")
     p.add_argument("--instance-id", default=os.environ.get("WHYWAIT_ENGINE_INSTANCE"),
                    help="static consumer-group member id, so a restarted engine takes its partitions back at "
                         "once (default: WHYWAIT_ENGINE_INSTANCE, else GROUP@HOSTNAME; 'none' for a dynamic member)")
@@ -87,6 +97,17 @@ def parse_skew(raw: str | None) -> float | None:
     if not val > 0 or val != val or val == float("inf"):
         raise ConfigError(f"--max-clock-skew must be a positive number of seconds or 'off' (got {raw!r})")
     return val
+
+
+def _count(flag: int | None, name: str, env: str) -> int:
+    """``--partitions`` / ``--replication``: the flag, else the environment, else 1; refused below 1."""
+    from whywait.engine.stream.topics import env_int
+
+    if flag is None:
+        return env_int(env, 1)
+    if flag < 1:
+        raise ConfigError(f"{name} must be a whole number >= 1 (got {flag})")
+    return flag
 
 
 def instance_id(raw: str | None, group: str) -> str | None:
@@ -144,13 +165,15 @@ async def read_placements(bootstrap: str) -> list[dict[str, Any]]:
     """
     from aiokafka import AIOKafkaConsumer, TopicPartition
     from whywait.agents.events import TOPIC_PLACEMENT, ContractError, decode
+    from whywait.engine.stream.tables import partitions_of
 
+    # Every partition: a consumer without a subscription does not know them (partitions_for_topic
+    # answered None, and only partition 0 was read; a placement topic with more lost the others).
+    tps = [TopicPartition(TOPIC_PLACEMENT, p) for p in range(await partitions_of(bootstrap, TOPIC_PLACEMENT))]
     c = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
     await c.start()
     latest: dict[bytes | None, dict[str, Any] | None] = {}
     try:
-        parts = c.partitions_for_topic(TOPIC_PLACEMENT) or {0}
-        tps = [TopicPartition(TOPIC_PLACEMENT, p) for p in sorted(parts)]
         c.assign(tps)
         await c.seek_to_beginning(*tps)
         ends = await c.end_offsets(tps)
@@ -189,7 +212,7 @@ def run(args: argparse.Namespace) -> int:
     from whywait.engine.rules.reload import RuleReloader
     from whywait.engine.stream.app import EngineConfig, build_app
     from whywait.engine.stream.processor import Processor
-    from whywait.engine.stream.topics import ensure_topics
+    from whywait.engine.stream.topics import engine_partitions
 
     addr = metrics_addr(getattr(args, "metrics_addr", None))  # a bad address is said before anything starts
     rule_paths = args.rules or default_rule_paths()
@@ -222,9 +245,17 @@ def run(args: argparse.Namespace) -> int:
         if actions is not None:
             actions.start()
             log.info("Slack interactivity endpoint: %s", actions.url)
-    ensure_topics(bootstrap)
+    partitions = engine_partitions(bootstrap, _count(args.partitions, "--partitions", "WHYWAIT_PARTITIONS"),
+                                   _count(args.replication, "--replication", "WHYWAIT_REPLICATION"))
+    if args.restore_window is not None and not (0 <= args.restore_window < float("inf")):
+        raise ConfigError(f"--restore-window must be a number of seconds >= 0 (got {args.restore_window})")
+    if partitions > 1:
+        from whywait.engine.stream.partitioning import OwnedTopology
+
+        topology = OwnedTopology(topology, partitions)  # evaluates the jobs of its partitions only
+        log.info("engine: partitioned pipeline on %d partition(s) of the repartition topic", partitions)
     evaluator = Evaluator(rules, topology, arrival_clock=time.monotonic, max_skew_s=skew, warmup_s=args.warmup)
-    if not args.no_restore:
+    if not args.no_restore and partitions == 1:  # partitioned: per job, when its partition is assigned
         snap = asyncio.run(read_snapshot(bootstrap, args.group))
         if snap:
             try:
@@ -248,7 +279,8 @@ def run(args: argparse.Namespace) -> int:
     log.info("engine: %d rule(s), %d node(s), Kafka %s, notifier %s", len(rules), len(topology.nodes()),
              bootstrap, type(notifier).__name__)
     cfg = EngineConfig(bootstrap=bootstrap, group_id=args.group, from_beginning=not args.latest,
-                       instance_id=instance_id(args.instance_id, args.group))
+                       instance_id=instance_id(args.instance_id, args.group), partitions=partitions,
+                       restore_window_s=args.restore_window, restore_state=not args.no_restore)
     processor = Processor(evaluator, not_before=args.not_before)
     server = None
     try:

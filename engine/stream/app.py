@@ -9,6 +9,13 @@ kept in memory by the pure :class:`~whywait.engine.evaluate.evaluator.Evaluator`
 incident lifecycle is checkpointed compactly to ``whywait.engine-state.v1`` so a
 restarted engine neither re-announces nor forgets to resolve an incident.
 
+With more than one input partition (``whywait engine --partitions N``) the app runs the
+partitioned pipeline of ``engine/stream/partitioning.py``: a *route* processor on the input
+topics forwards each message to the repartition topic ``whywait.by-job.v1`` on its job's
+partition, and the *evaluate* processor reads that topic; every worker follows the placement
+topic whole (``engine/stream/tables.py``), checkpoints incidents per job, and on a rebalance
+re-reads the window of the partitions it gains and continues their jobs' incidents.
+
 Diagnoses go to ``whywait.diagnoses.v1`` (key: fingerprint) and to the notifier;
 messages that break the contract go to ``whywait.deadletter.v1`` with the reason.
 The notifier's calls (slack_sdk is synchronous, and waits out rate limits) run on
@@ -31,7 +38,7 @@ from whywait.agents.events import INPUT_TOPICS, TOPIC_DEADLETTER, TOPIC_DIAGNOSE
 from whywait.engine.diagnosis import Diagnosis
 from whywait.engine.notify.base import Notifier
 from whywait.engine.stream.processor import Processor, Record
-from whywait.engine.stream.topics import TOPIC_ENGINE_STATE
+from whywait.engine.stream.topics import TOPIC_BY_JOB, TOPIC_ENGINE_STATE
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +62,14 @@ class EngineConfig:
     instance_id: str | None = None
     session_timeout_s: float = 10.0
     heartbeat_s: float = 2.0
+    # Partitions of the repartition topic; more than 1 runs the partitioned pipeline (the caller
+    # passes the input topics' partition count, so every worker of a group agrees).
+    partitions: int = 1
+    # Event time re-read from a gained partition before evaluating it (None: the store's retention).
+    restore_window_s: float | None = None
+    # Partitioned: restore the per-job incident checkpoints of gained jobs (False: ``--no-restore``).
+    restore_state: bool = True
+    fetch_bytes: int = 64 << 10  # per partition and fetch, partitioned pipeline only (see build_app)
     datadir: str = field(default_factory=lambda: os.path.join(
         os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state"),
         "whywait", "faust", "{conf.name}"))  # faust expands {conf.name}: one folder per consumer group
@@ -81,6 +96,12 @@ def reload_notice(errors: tuple[str, ...] | None, now: float) -> Diagnosis:
         "the same errors before you save.", confidence=1.0)
 
 
+# The source topic of a forwarded record, in a header of the repartition topic's records.
+SOURCE_HEADER = "whywait-topic"
+PRODUCED_HEADER = "whywait-produced-ms"  # and the producer's timestamp of the original record
+_ALL_KINDS = frozenset(k for k in (kind_for_topic(t) for t in INPUT_TOPICS) if k and k != "placement")
+
+
 async def _pending_kinds(app: faust.App, done: dict[tuple[str, int], int]) -> set[str]:
     """The input kinds whose partitions hold messages not yet processed (consumer lag > 0).
 
@@ -95,7 +116,9 @@ async def _pending_kinds(app: faust.App, done: dict[tuple[str, int], int]) -> se
         consumer = app.consumer
         for tp in consumer.assignment():
             kind = kind_for_topic(tp.topic)
-            if kind is None:
+            if tp.topic == TOPIC_BY_JOB:
+                kind = "*"  # any input kind may be behind on the repartition topic
+            elif kind is None:
                 continue
             hw = consumer.highwater(tp)
             last = done.get((tp.topic, tp.partition))
@@ -110,6 +133,8 @@ async def _pending_kinds(app: faust.App, done: dict[tuple[str, int], int]) -> se
                     pending.add(kind)
     except Exception:  # no consumer yet, or a driver without highwater: fall back to arrival times
         return set()
+    if "*" in pending:
+        pending = (pending - {"*"}) | _ALL_KINDS
     return pending
 
 
@@ -140,6 +165,11 @@ def build_app(cfg: EngineConfig, processor: Processor, notifier: Notifier,
         consumer_group_instance_id=cfg.instance_id,
         # faust keeps a data folder even with the memory store; never in the user's working directory.
         datadir=cfg.datadir,
+        # Partitioned: smaller fetches per partition, so a backlog is read from every input partition
+        # in small interleaved slices.  The router forwards in the order it reads; the evaluate stage
+        # restores event-time order (partitioning.ReorderBuffer), and smaller slices keep what it
+        # must hold small (a megabyte of one topic put a job's steps tens of seconds behind).
+        consumer_max_fetch_size=cfg.fetch_bytes if cfg.partitions > 1 else 1 << 20,
     )
     inputs = app.topic(*INPUT_TOPICS, key_type=bytes, value_type=bytes, key_serializer="raw",
                        value_serializer="raw", allow_empty=True)
@@ -190,26 +220,55 @@ def build_app(cfg: EngineConfig, processor: Processor, notifier: Notifier,
             processor.counts[f"send_failed.{what}"] += 1
             log.error("could not publish a %s (%d bytes): %s: %s", what, len(value), type(exc).__name__, exc)
 
-    @app.agent(inputs, concurrency=1)
-    async def evaluate(stream: faust.StreamT) -> None:  # a processor, in this project's words
+    partitioned = cfg.partitions > 1
+    by_job = app.topic(TOPIC_BY_JOB, key_type=bytes, value_type=bytes, key_serializer="raw",
+                       value_serializer="raw", allow_empty=True) if partitioned else None
+
+    async def _evaluate(recs: list[Record]) -> None:
         loop = asyncio.get_running_loop()
-        async for events in stream.take_events(  # type: ignore[attr-defined]  # faust's stubs lag its API
-                cfg.batch_max, within=cfg.batch_within_s):
-            recs = [Record(e.message.topic, e.message.value, e.message.key, e.message.partition,
-                           e.message.offset, int(e.message.timestamp * 1000) if e.message.timestamp else None)
-                    for e in events]
-            out = processor.process(recs)
+        out = processor.process(recs)
+        if not partitioned:  # partitioned: a record's topic is its source, its offset the repartition topic's
             for r in recs:
                 done[(r.topic, r.partition)] = r.offset
-            processor.evaluator.set_pending(await _pending_kinds(app, done))
-            for key, value in out.dead_letters:
-                await _send(dead, key, value, "dead_letter")
-            for d in out.diagnoses:
-                trig = processor.trigger_ms.get(d.fingerprint)
-                now_ms = int(time.time() * 1000)
-                lat = {"trigger_produced_ms": trig, "evaluated_ms": now_ms} if trig else None
-                await _send(diagnoses, d.fingerprint.encode(), diagnosis_value(d, lat), "diagnosis")
-                loop.run_in_executor(pool, _notify, d, trig)
+        pending = await _pending_kinds(app, done)
+        if table is not None and not table.caught_up:
+            pending.add("placement")
+        processor.evaluator.set_pending(pending)
+        for key, value in out.dead_letters:
+            await _send(dead, key, value, "dead_letter")
+        for d in out.diagnoses:
+            trig = processor.trigger_ms.get(d.fingerprint)
+            now_ms = int(time.time() * 1000)
+            lat = {"trigger_produced_ms": trig, "evaluated_ms": now_ms} if trig else None
+            await _send(diagnoses, d.fingerprint.encode(), diagnosis_value(d, lat), "diagnosis")
+            loop.run_in_executor(pool, _notify, d, trig)
+
+    def _record(e: Any) -> Record:
+        m = e.message
+        topic = m.topic
+        if topic == TOPIC_BY_JOB:  # decoded against the topic it was first published to
+            src = dict(m.headers or ()).get(SOURCE_HEADER)
+            topic = src.decode() if isinstance(src, bytes) else (src or topic)
+            # its timestamp is its event time; the producer's time (for latency figures) is a header
+            produced = dict(m.headers or ()).get(PRODUCED_HEADER)
+            return Record(topic, m.value, m.key, m.partition, m.offset,
+                          int(produced) if produced and produced.isdigit() else None)
+        return Record(topic, m.value, m.key, m.partition, m.offset, int(m.timestamp * 1000) if m.timestamp else None)
+
+    if not partitioned:
+        table = None
+
+        @app.agent(inputs, concurrency=1)
+        async def evaluate(stream: faust.StreamT) -> None:  # a processor, in this project's words
+            async for events in stream.take_events(  # type: ignore[attr-defined]  # faust's stubs lag its API
+                    cfg.batch_max, within=cfg.batch_within_s):
+                await _evaluate([_record(e) for e in events])
+    else:
+        from whywait.engine.stream import scaleout
+
+        table = scaleout.wire(app, cfg, processor, inputs, by_job, dead, state_topic, _send, _evaluate, _record,
+                              notifier)
+        checkpoint = table.checkpoint  # per job, instead of the one group-wide snapshot
 
     @app.timer(cfg.checkpoint_every_s)
     async def periodic_checkpoint() -> None:

@@ -64,6 +64,11 @@ class Output:
 
     diagnoses: list[Diagnosis] = field(default_factory=list)
     dead_letters: list[tuple[bytes, bytes]] = field(default_factory=list)  # (key, value) for the DLQ topic
+    # The partitioned engine's router: (partition, key, value, event time ms, source topic, producer
+    # time ms or None) for the repartition topic (the source topic travels in a header: the value is
+    # decoded against it; the producer's time too, for latency figures).
+    # The last item names the source record when it was copied to more than one partition (else None).
+    forwards: list[tuple[int, bytes, bytes, int, str, int | None, str | None]] = field(default_factory=list)
 
 
 # The dead-letter record must always fit in one produce request (aiokafka's ``max_request_size``
@@ -117,6 +122,7 @@ class Processor:
         self.trigger_ms: dict[str, int] = {}
         self.owners: dict[str, str] = {}  # job -> the user its placement says it runs as
         self.firing: set[str] = set()  # fingerprints announced firing and not yet resolved (counted once)
+        self.routed_to: dict[tuple[str, int], int] = {}  # router: (topic, partition) -> last offset routed
 
     def process(self, records: Iterable[Record]) -> Output:
         """Decode and evaluate one batch; return diagnoses and dead letters, in order.
@@ -191,6 +197,95 @@ class Processor:
             for d in diags:
                 self.trigger_ms[d.fingerprint] = rec.timestamp_ms
         out.diagnoses += diags
+
+    # ---- the partitioned engine (engine/stream/partitioning.py) ----------------------------------
+
+    def route(self, records: Iterable[Record], partitions: int) -> Output:
+        """The router stage: validate each input record and say where it is forwarded.
+
+        Every record ends in exactly one ``route.*`` counter: ``route.forwarded`` (with
+        ``route.copies`` counting the records sent), ``route.placements`` (applied by every
+        worker's placement table, not forwarded), ``route.tombstones``, ``route.skipped_before_start``
+        or ``dead_letters`` (contract, unknown node: dead-lettered here, once).  So the inputs
+        consumed are ``route.records`` == forwarded + placements + tombstones + skipped + dead letters.
+        A record delivered again at an offset this worker has routed already (the group resumed
+        from its last commit) is counted as ``route.redelivered`` only.
+        """
+        from whywait.engine.stream.partitioning import routes
+
+        out = Output()
+        topo = getattr(self.evaluator.topology, "base", self.evaluator.topology)
+        for rec in records:
+            if rec.offset >= 0:
+                last = self.routed_to.get((rec.topic, rec.partition), -1)
+                if rec.offset <= last:
+                    # Delivered again (the group re-read from its last commit after a broker restart or
+                    # a rebalance): forwarded already by this worker, counted apart, not twice.
+                    self.counts["route.redelivered"] += 1
+                    continue
+                self.routed_to[(rec.topic, rec.partition)] = rec.offset
+            self.counts["route.records"] += 1
+            if rec.value is None:
+                self.counts["route.tombstones"] += 1
+                continue
+            try:
+                msg = decode(rec.value, rec.topic)
+            except ContractError as exc:
+                self._dead(out, rec, str(exc), "contract")
+                continue
+            except Exception as exc:  # noqa: BLE001 - a bug must cost one record, never the batch
+                self._dead(out, rec, f"internal error: {type(exc).__name__}: {exc}", "internal")
+                continue
+            if msg["kind"] == "placement":
+                self.counts["route.placements"] += 1
+                continue
+            if self.not_before is not None and msg["time"] < self.not_before:
+                self.counts["route.skipped_before_start"] += 1
+                continue
+            if msg["kind"] in _NODE_KINDS and _unknown_node(topo, msg["node"]):
+                self._dead(out, rec, f"node: {str(msg['node'])[:80]!r} is not in the topology", "unknown_node")
+                continue
+            where = routes(msg, topo, partitions)
+            t_ms = int(float(msg["time"]) * 1000)
+            # A message copied to several partitions names its source, so a worker that owns more
+            # than one of them ingests it once (engine/stream/scaleout.py drops the later copies).
+            src = f"{rec.topic}/{rec.partition}/{rec.offset}" if len(where) > 1 else None
+            for part, key in where.items():
+                out.forwards.append((part, key.encode(), rec.value, t_ms, rec.topic, rec.timestamp_ms, src))
+            self.counts["route.forwarded"] += 1
+            self.counts["route.copies"] += len(where)
+        return out
+
+    def restore(self, values: Iterable[tuple[str, bytes | None]]) -> int:
+        """Put re-read history (``(topic, value)`` pairs) into the metric store only; return how many.
+
+        Called when a worker gains partitions: the window before the committed offset was evaluated
+        by the previous owner already, so it only refills the windows (no ticks, no diagnoses, no
+        dead letters: the router judged these messages once).
+        """
+        ev = self.evaluator
+        topo = ev.topology
+        n = 0
+        for topic, value in values:
+            if value is None:
+                continue
+            try:
+                msg = decode(value, topic)
+                if msg["kind"] == "net" and topo is not None:
+                    msg = topo.canonical_net(msg)
+                elif msg["kind"] == "gpu" and topo is not None:
+                    msg = topo.canonical_gpu(msg)
+                ev.store.ingest(msg)
+                n += 1
+            except Exception:  # noqa: BLE001 - history that cannot be read is skipped, counted
+                self.counts["restore.skipped"] += 1
+        self.counts["restore.records"] += n
+        return n
+
+    def apply_placement(self, msg: dict[str, Any]) -> None:
+        """Apply one valid placement from the global placement table (every worker reads it whole)."""
+        self.evaluator.topology.apply_placement(msg)
+        self._note_owner(msg)
 
     def _note_owner(self, msg: dict[str, Any]) -> None:
         job = str(msg["job"])

@@ -154,6 +154,15 @@ class Pipeline(Notifier):
                 self._ended.append(inc.key)
             self._cond.notify_all()
 
+    def adopt(self, records: dict[str, dict[str, Any]]) -> int:
+        """Take over incidents another engine worker announced (state records by key); return how many.
+
+        Called by the partitioned engine when it gains jobs (``engine/stream/scaleout.py``): their
+        incidents' later updates then edit the messages the other worker posted.
+        """
+        with self._cond:
+            return self.book.adopt(records)
+
     def flush(self, timeout: float = 10.0) -> bool:
         """Announce everything pending now (not waiting for ``group_wait``/``group_interval``)
         and wait until every receiver has taken it all; False if ``timeout`` passed first."""

@@ -326,6 +326,28 @@ class IncidentBook:
         inc.due = now
         return inc
 
+    def adopt(self, records: dict[str, dict[str, Any]]) -> int:
+        """Take in incidents another engine worker announced (their receipts: Slack's message ``ts``);
+        keys already held are left as they are.  Returns how many were taken.
+
+        Called (under the notifier's lock) when the partitioned engine gains the jobs of another
+        worker, so a later update of an incident edits the message that worker posted.
+        """
+        n = 0
+        for key, rec in records.items():
+            if key in self.incidents:
+                continue
+            try:
+                inc = Incident.from_dict(rec)
+            except (TypeError, ValueError, KeyError) as exc:
+                log.warning("ignoring a damaged notifier state record %r: %s", key, exc)
+                continue
+            self.incidents[key] = inc
+            for fp in inc.members:
+                self._by_fingerprint[fp] = key
+            n += 1
+        return n
+
     def _forget(self, key: str) -> None:
         inc = self.incidents.pop(key, None)
         if inc is not None:

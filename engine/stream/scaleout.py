@@ -1,0 +1,262 @@
+"""The partitioned pipeline's faust wiring: route, evaluate, placement table, per-job checkpoints.
+
+Called by :func:`whywait.engine.stream.app.build_app` when ``EngineConfig.partitions`` > 1 (the
+design is in ``engine/stream/partitioning.py``).  One worker process runs both stages; the
+consumer group splits the input partitions (routing) and the repartition topic's partitions
+(evaluation) between the workers independently.
+
+On every rebalance (faust's are eager: everything is revoked, then the new set assigned):
+
+- before the revoke, each owned job's incidents are checkpointed under their own key;
+- after the assignment, the jobs of lost partitions are forgotten (not resolved: their new owner
+  continues them), and for each gained partition the worker re-reads the last window of event
+  time before the group's committed offset into its store (:func:`~.tables.read_window`) and
+  restores the gained jobs' incidents from their checkpoints (:func:`~.tables.read_job_states`),
+  *before* it consumes the partition.  A restored incident keeps its announced state, so the new
+  owner does not announce it again; it updates or resolves it like its own.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import time
+from typing import Any, Awaitable, Callable
+
+import faust
+from faust.types import TP
+from whywait.agents.events import TOPIC_PLACEMENT, TOPICS, kind_for_topic
+from whywait.engine.stream.partitioning import ReorderBuffer, drop_jobs, is_empty, partition_for, split_snapshot
+from whywait.engine.stream.processor import Processor, Record
+from whywait.engine.stream.tables import PlacementTable, job_state_key, read_job_states, read_notify_state, read_window
+from whywait.engine.stream.topics import TOPIC_BY_JOB
+
+log = logging.getLogger(__name__)
+
+# A copied message's source (topic/partition/offset), in a header of each copy.
+COPY_HEADER = "whywait-copy-of"
+# The inputs that arrive steadily while a job runs: the reorder buffer waits for them.
+STEADY_KINDS = frozenset({t.kind for t in TOPICS if t.periodic} | {"steps"})
+
+
+class ScaleOut:
+    """One worker's share of the partitioned pipeline (made by :func:`wire`)."""
+
+    def __init__(self, app: faust.App, cfg: Any, processor: Processor, state_topic: Any,
+                 notifier: Any = None) -> None:
+        self.app = app
+        self.notifier = notifier
+        self.cfg = cfg
+        self.processor = processor
+        self.state_topic = state_topic
+        self.owned = processor.evaluator.topology  # an OwnedTopology (engine_cmd builds it)
+        if not hasattr(self.owned, "owned"):
+            raise TypeError("the partitioned engine needs its evaluator on an OwnedTopology")
+        self.table = PlacementTable(cfg.bootstrap, processor.apply_placement, not_before=processor.not_before)
+        self.written: dict[str, str] = {}  # job -> the checkpoint last written for it
+        self.restored_copies: set[bytes] = set()  # during one restore: copied messages taken already
+
+    @property
+    def caught_up(self) -> bool:
+        """Whether the placement table has read every placement published so far."""
+        return self.table.caught_up
+
+    async def checkpoint(self) -> None:
+        """Write the incident checkpoint of every owned job whose state changed (a tombstone when empty).
+
+        A failure (the broker away) is logged, never raised: the next checkpoint writes what changed.
+        """
+        try:
+            await self._checkpoint()
+        except Exception as exc:  # noqa: BLE001 - a timer that raises would stop the worker
+            log.error("engine: checkpoint failed: %s: %s", type(exc).__name__, exc)
+
+    async def _checkpoint(self) -> None:
+        ev = self.processor.evaluator
+        owns = self.owned.owns
+        log.info("engine: evaluated to %s, placements applied %d, jobs here %s; %s", ev.next_tick, self.table.applied,
+                 [j.job for j in self.owned.jobs()][:20],
+                 self.processor.stats())
+        snap = ev.snapshot()
+        jobs = {j.job for j in self.owned.jobs()}
+        jobs |= {j for j in self.written if owns(j)}
+        jobs |= {i["labels"]["job"] for i in snap["incidents"] if i["labels"].get("job") and owns(i["labels"]["job"])}
+        for job, part in split_snapshot(snap, self.owned.base, jobs).items():
+            body = "" if is_empty(part) else json.dumps(part, default=str, sort_keys=True)
+            if body == self.written.get(job, ""):
+                continue
+            await self.state_topic.send(key=job_state_key(self.cfg.group_id, job),
+                                        value=body.encode() if body else None)
+            if body:
+                self.written[job] = body
+            else:
+                self.written.pop(job, None)
+
+    async def assigned(self, tps: Any) -> None:
+        """Take the new assignment: forget lost jobs, refill and restore gained ones."""
+        new = frozenset(tp.partition for tp in tps if tp.topic == TOPIC_BY_JOB)
+        old = self.owned.owned
+        gained, lost = new - old, old - new
+        self.owned.owned = new
+        if lost:
+            n = drop_jobs(self.processor.evaluator, self.owned.owns)
+            self.written = {j: b for j, b in self.written.items() if self.owned.owns(j)}
+            log.info("engine: handed over %d partition(s) of %s and %d open incident(s)", len(lost), TOPIC_BY_JOB, n)
+        if not gained:
+            return
+        from aiokafka import TopicPartition
+
+        window = self.cfg.restore_window_s
+        if window is None:
+            window = float(self.processor.evaluator.store.retention_s)
+        tpl = [TopicPartition(TOPIC_BY_JOB, p) for p in sorted(gained)]
+        self.restored_copies = set()
+        try:
+            n = await read_window(self.cfg.bootstrap, self.cfg.group_id, tpl, window, self._restore)
+            mine = lambda j: partition_for(j, self.cfg.partitions) in gained  # noqa: E731
+            states = await read_job_states(self.cfg.bootstrap, self.cfg.group_id, mine) \
+                if self.cfg.restore_state else {}
+            adopted = 0
+            if self.cfg.restore_state and self.notifier is not None and hasattr(self.notifier, "adopt"):
+                adopted = self.notifier.adopt(await read_notify_state(self.cfg.bootstrap, mine))
+        except Exception as exc:  # noqa: BLE001 - the broker gone mid-rebalance: evaluate without history
+            log.error("engine: could not restore gained partitions %s: %s: %s", sorted(gained), type(exc).__name__, exc)
+            return
+        merged: dict[str, Any] = {"incidents": [], "cond_state": [], "counted_until": {}}
+        for part in states.values():
+            merged["incidents"] += part.get("incidents", [])
+            merged["cond_state"] += part.get("cond_state", [])
+            merged["counted_until"].update(part.get("counted_until") or {})
+            job = next((i["labels"].get("job") for i in part.get("incidents", ())), None)
+            if job:
+                self.written[job] = json.dumps(part, default=str, sort_keys=True)
+        if merged["incidents"] or merged["cond_state"]:
+            ev = self.processor.evaluator
+            try:
+                ev.restore(merged)
+            except (KeyError, TypeError, ValueError) as exc:  # a checkpoint from another version
+                log.warning("ignoring unreadable job checkpoints (%s: %s)", type(exc).__name__, exc)
+            else:
+                # The evaluator holds a restored incident open until its windows refill (after a restart
+                # they are empty).  Here they were re-read: an incident whose rule's windows the re-read
+                # covers is judged at once, so it resolves when its fault has ended, not a warm-up later.
+                for inc in merged["incidents"]:
+                    held = ev.incidents.get(inc["fingerprint"])
+                    rule = ev.rules.rules.get(inc["rule_id"])
+                    if held is not None and rule is not None and n and ev.warmup_for(rule) <= window:
+                        held.restored = False
+        log.info("engine: took %d partition(s) of %s: re-read %d record(s) of the last %.0fs, "
+                 "continued %d incident(s) of %d job(s), adopted %d notifier incident(s)", len(gained), TOPIC_BY_JOB,
+                 n, window, len(merged["incidents"]), len(states), adopted)
+
+    def _restore(self, recs: list[Any]) -> None:
+        pairs = []
+        for r in recs:
+            headers = dict(r.headers or ())
+            copy = headers.get(COPY_HEADER)
+            if copy is not None:  # one copy per message, whichever gained partition holds it
+                if copy in self.restored_copies:
+                    continue
+                self.restored_copies.add(copy)
+            src = headers.get("whywait-topic")
+            pairs.append((src.decode() if isinstance(src, bytes) else str(src), r.value))
+        self.processor.restore(pairs)
+
+
+def wire(app: faust.App, cfg: Any, processor: Processor, inputs: Any, by_job: Any, dead: Any, state_topic: Any,
+         send: Callable[[Any, bytes, bytes, str], Awaitable[None]],
+         evaluate: Callable[[list[Record]], Awaitable[None]], record: Callable[[Any], Record],
+         notifier: Any = None) -> ScaleOut:
+    """Add the route and evaluate processors, the placement table and the rebalance hooks to ``app``."""
+    from whywait.engine.stream.app import PRODUCED_HEADER, SOURCE_HEADER
+
+    so = ScaleOut(app, cfg, processor, state_topic, notifier)
+
+    @app.agent(inputs, concurrency=1)
+    async def route(stream: faust.StreamT) -> None:
+        async for events in stream.take_events(  # type: ignore[attr-defined]  # faust's stubs lag its API
+                cfg.batch_max, within=cfg.batch_within_s):
+            out = processor.route([record(e) for e in events], cfg.partitions)
+            for key, value in out.dead_letters:
+                await send(dead, key, value, "dead_letter")
+            for part, key, value, t_ms, topic, produced_ms, src in out.forwards:
+                headers = {SOURCE_HEADER: topic.encode()}
+                if src is not None:
+                    headers[COPY_HEADER] = src.encode()
+                if produced_ms is not None:
+                    headers[PRODUCED_HEADER] = str(produced_ms).encode()
+                try:
+                    await by_job.send(key=key, value=value, partition=part, timestamp=t_ms / 1000.0, headers=headers)
+                except Exception as exc:  # noqa: BLE001 - counted and logged; consumption goes on
+                    processor.counts["send_failed.forward"] += 1
+                    log.error("could not forward a %s record to %s[%d]: %s", topic, TOPIC_BY_JOB, part, exc)
+
+    order = ReorderBuffer(STEADY_KINDS)
+    received: dict[int, int] = {}  # partition of the repartition topic -> last offset received
+    copies: dict[bytes, None] = {}  # source ids of copied messages taken already (insertion-ordered)
+
+    def backlog() -> bool:
+        """Whether this worker has unread records: on the repartition topic, or on the input partitions
+        it routes (what it has not forwarded yet will arrive here or at another worker)."""
+        try:
+            for p, off in received.items():
+                hw = app.consumer.highwater(TP(TOPIC_BY_JOB, p))
+                if hw is not None and off + 1 < hw:
+                    return True
+            for tp in app.consumer.assignment():
+                if tp.topic != TOPIC_BY_JOB and tp.topic != TOPIC_PLACEMENT:
+                    last = processor.routed_to.get((tp.topic, tp.partition))
+                    hw = app.consumer.highwater(tp)  # (a partition not read from yet says nothing here)
+                    if last is not None and hw and last + 1 < hw:
+                        return True
+        except Exception:  # noqa: BLE001 - no consumer yet: judge by arrival only
+            return False
+        return False
+
+    @app.agent(by_job, concurrency=1)
+    async def evaluate_jobs(stream: faust.StreamT) -> None:
+        async for events in stream.take_events(  # type: ignore[attr-defined]
+                cfg.batch_max, within=cfg.batch_within_s):
+            wall = time.monotonic()
+            for e in events:
+                received[e.message.partition] = e.message.offset
+                copy = dict(e.message.headers or ()).get(COPY_HEADER)
+                if copy is not None:
+                    if copy in copies:  # a copy this worker has already taken from another partition
+                        processor.counts["route.copies_dropped"] += 1
+                        continue
+                    copies[copy] = None
+                    if len(copies) > 200_000:  # bounded: copies of one message are forwarded together
+                        for old in list(itertools.islice(copies, 50_000)):
+                            del copies[old]
+                rec = record(e)
+                order.push(rec, e.message.timestamp or 0.0, kind_for_topic(rec.topic), wall, e.message.partition)
+            ready = order.release(wall, backlog())
+            if ready:
+                await evaluate(ready)
+
+    @app.timer(0.5)
+    async def release_held() -> None:  # what waited for a kind that has since gone quiet
+        if len(order):
+            ready = order.release(time.monotonic(), backlog())
+            if ready:
+                await evaluate(ready)
+
+    @app.task
+    async def placements() -> None:
+        await so.table.run()
+
+    @app.on_partitions_revoked.connect  # type: ignore[misc,arg-type]
+    async def _revoked(app: faust.App, revoked: Any, **kwargs: Any) -> None:
+        try:
+            await so.checkpoint()  # the next owner continues from here
+        except Exception as exc:  # noqa: BLE001
+            log.error("engine: checkpoint before the rebalance failed: %s", exc)
+
+    @app.on_partitions_assigned.connect  # type: ignore[misc,arg-type]
+    async def _assigned(app: faust.App, assigned: Any, **kwargs: Any) -> None:
+        await so.assigned(assigned)
+
+    return so
+

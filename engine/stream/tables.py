@@ -1,0 +1,252 @@
+"""What a partitioned engine worker reads outside its consumer group (aiokafka).
+
+Called by the partitioned faust app (``engine/stream/app.py``):
+
+- :class:`PlacementTable` follows the compacted placement topic *whole* on every worker (a global
+  table, never split by the group): the router needs every job's placement to route a node's
+  telemetry, and the evaluator needs it to know its jobs' ranks.
+- :func:`read_job_states` reads the per-job incident checkpoints (``whywait.engine-state.v1``, key
+  ``GROUP|job|JOB``) of the jobs a worker has just gained, so it continues their incidents.
+- :func:`read_window` re-reads the bounded window of event time before the group's committed
+  offset of each gained partition of the repartition topic, so the new owner's metric store holds
+  the last ``window_s`` of its new jobs before it evaluates them (records there carry their event
+  time as timestamp, so offsets-for-times finds the window's start).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any, Callable
+
+from whywait.agents.events import TOPIC_PLACEMENT, ContractError, decode
+from whywait.engine.stream.topics import TOPIC_ENGINE_STATE
+
+log = logging.getLogger(__name__)
+
+
+async def partitions_of(bootstrap: str, topic: str) -> int:
+    """How many partitions ``topic`` has (1 when it does not exist yet).
+
+    Asked of the admin client: a consumer without a subscription does not know a topic's partitions
+    (``partitions_for_topic`` is None until it has fetched that topic's metadata).
+    """
+    from whywait.engine.stream.topics import topic_partitions_async
+
+    return (await topic_partitions_async(bootstrap, [topic])).get(topic, 1)
+
+
+def job_state_key(group: str, job: str) -> bytes:
+    """The compacted key of one job's incident checkpoint for consumer group ``group``."""
+    return f"{group}|job|{job}".encode()
+
+
+class PlacementTable:
+    """Follows every partition of the placement topic from its beginning and applies each placement.
+
+    ``apply(msg)`` is called on the event loop with every valid placement (invalid ones are
+    dead-lettered by the router, which reads the same topic through the consumer group).
+    :attr:`caught_up` is False until the table has read up to the end offsets it found at start,
+    and whenever new placements are unread: the evaluator's watermark waits for it.
+    """
+
+    def __init__(self, bootstrap: str, apply: Callable[[dict[str, Any]], None], *,
+                 topic: str = TOPIC_PLACEMENT, not_before: float | None = None) -> None:
+        self.bootstrap = bootstrap
+        self.apply = apply
+        self.topic = topic
+        self.not_before = not_before
+        self.caught_up = False
+        self.applied = 0
+
+    async def run(self) -> None:
+        """Read forever (cancelled at shutdown); a failure to start or to reach the broker is retried."""
+        from aiokafka.errors import KafkaError
+
+        while True:
+            try:
+                await self._follow()
+            except (KafkaError, asyncio.TimeoutError, OSError) as exc:
+                self.caught_up = False
+                log.warning("placement table: %s: %s; starting again", type(exc).__name__, exc)
+                await asyncio.sleep(2.0)
+
+    async def _follow(self) -> None:
+        from aiokafka import AIOKafkaConsumer, TopicPartition
+        from aiokafka.errors import KafkaError
+
+        c = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False,
+                             client_id="whywait-placement-table")
+        await c.start()
+        try:
+            n = await partitions_of(self.bootstrap, self.topic)
+            tps = [TopicPartition(self.topic, p) for p in range(n)]
+            c.assign(tps)
+            await c.seek_to_beginning(*tps)
+            while True:
+                try:
+                    batch = await c.getmany(*tps, timeout_ms=500)
+                    for msgs in batch.values():
+                        for m in msgs:
+                            self._one(m.value)
+                    ends = await c.end_offsets(tps)
+                    self.caught_up = all([await c.position(tp) >= ends[tp] for tp in tps])
+                except (KafkaError, asyncio.TimeoutError, OSError) as exc:
+                    # A broker restarting, or a machine too busy to answer in time: the table keeps
+                    # what it has (it must never stop the worker) and reads on when the broker answers.
+                    self.caught_up = False
+                    log.warning("placement table: %s: %s; retrying", type(exc).__name__, exc)
+                    await asyncio.sleep(1.0)
+        finally:
+            await c.stop()
+
+    def _one(self, value: bytes | None) -> None:
+        if value is None:
+            return
+        try:
+            msg = decode(value, self.topic)
+        except ContractError:
+            return  # the router dead-letters it, once, with its reason
+        if self.not_before is not None and msg["time"] < self.not_before:
+            return
+        try:
+            self.apply(msg)
+            self.applied += 1
+        except Exception as exc:  # noqa: BLE001 - a placement naming unknown nodes: the router says so
+            log.debug("placement of job %s not applied: %s", msg.get("job"), exc)
+
+
+async def read_job_states(bootstrap: str, group: str, want: Callable[[str], bool]) -> dict[str, dict[str, Any]]:
+    """The newest per-job checkpoint of every job ``want`` accepts (empty ones left out)."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    prefix = f"{group}|job|".encode()
+    c = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, client_id="whywait-state-read")
+    await c.start()
+    out: dict[str, dict[str, Any] | None] = {}
+    try:
+        tp = TopicPartition(TOPIC_ENGINE_STATE, 0)
+        c.assign([tp])
+        await c.seek_to_beginning(tp)
+        end = (await c.end_offsets([tp]))[tp]
+        while end and await c.position(tp) < end:
+            batch = await c.getmany(tp, timeout_ms=1000)
+            for m in batch.get(tp, []):
+                if m.key is None or not m.key.startswith(prefix):
+                    continue
+                job = m.key[len(prefix):].decode(errors="replace")
+                if want(job):
+                    try:
+                        out[job] = json.loads(m.value) if m.value else None
+                    except ValueError:
+                        log.warning("ignoring an unreadable checkpoint of job %s", job[:80])
+    finally:
+        await c.stop()
+    return {j: s for j, s in out.items() if s}
+
+
+async def read_notify_state(bootstrap: str, want: Callable[[str], bool],
+                            topic: str = "whywait.notify-state.v1") -> dict[str, dict[str, Any]]:
+    """The notifier's incident records (by key) that hold a finding of a job ``want`` accepts.
+
+    Read when a worker gains jobs: it adopts them (``Pipeline.adopt``), so an update of an incident
+    another worker announced edits that worker's Slack message instead of posting a second one.
+    """
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    c = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, client_id="whywait-notify-read")
+    await c.start()
+    latest: dict[str, dict[str, Any] | None] = {}
+    try:
+        tps = [TopicPartition(topic, p) for p in range(await partitions_of(bootstrap, topic))]
+        c.assign(tps)
+        await c.seek_to_beginning(*tps)
+        ends = await c.end_offsets(tps)
+        for tp in tps:
+            while ends[tp] and await c.position(tp) < ends[tp]:
+                batch = await c.getmany(tp, timeout_ms=1000)
+                for m in batch.get(tp, []):
+                    if m.key is None:
+                        continue
+                    try:
+                        latest[m.key.decode()] = json.loads(m.value) if m.value else None
+                    except ValueError:
+                        continue
+    finally:
+        await c.stop()
+    out = {}
+    for key, rec in latest.items():
+        if not isinstance(rec, dict) or rec.get("status") == "resolved":
+            continue
+        members = rec.get("members") or {}
+        if any(isinstance(m, dict) and isinstance(m.get("job"), str) and want(m["job"]) for m in members.values()):
+            out[key] = rec
+    return out
+
+
+async def committed_offsets(bootstrap: str, group: str, tps: list[Any]) -> dict[Any, int]:
+    """The consumer group's committed offset of each of ``tps`` (absent: none committed)."""
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        got = await admin.list_consumer_group_offsets(group, partitions=tps)
+    finally:
+        await admin.close()
+    return {tp: om.offset for tp, om in got.items() if om is not None and om.offset is not None and om.offset >= 0}
+
+
+async def read_window(bootstrap: str, group: str, tps: list[Any], window_s: float,
+                      feed: Callable[[list[Any]], None], limit: int = 5_000_000) -> int:
+    """Re-read the last ``window_s`` of event time before the committed offset of each of ``tps``.
+
+    The window ends at the group's committed offset C (what the previous owner finished) and
+    starts at the first record whose timestamp (its event time) is at least the event time of
+    record C-1 less ``window_s``.  ``feed(records)`` gets them in batches; returns how many.
+    Nothing is read for a partition without a committed offset: the consumer starts it from the
+    beginning (or the end, with ``--latest``) and the stream itself fills the window.
+    """
+    from aiokafka import AIOKafkaConsumer
+
+    committed = await committed_offsets(bootstrap, group, tps)
+    todo = {tp: c for tp, c in committed.items() if c > 0}
+    if not todo:
+        return 0
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
+                                client_id="whywait-window-restore")
+    await consumer.start()
+    n = 0
+    try:
+        consumer.assign(list(todo))
+        starts: dict[Any, int] = {}
+        for tp, c in todo.items():
+            consumer.seek(tp, c - 1)
+            last = await consumer.getmany(tp, timeout_ms=5000)
+            recs = last.get(tp) or []
+            if not recs:
+                continue
+            target = int(recs[0].timestamp - window_s * 1000)
+            found = await consumer.offsets_for_times({tp: max(0, target)})
+            start = found[tp].offset if found.get(tp) is not None else c - 1
+            starts[tp] = min(start, c)
+        for tp, start in starts.items():
+            consumer.seek(tp, start)
+        live = dict(starts)
+        while live and n < limit:
+            batch = await consumer.getmany(*live, timeout_ms=2000)
+            if not batch:
+                break
+            for tp, recs in batch.items():
+                keep = [r for r in recs if r.offset < todo[tp]]
+                if keep:
+                    feed(keep)
+                    n += len(keep)
+                if not recs or recs[-1].offset >= todo[tp] - 1:
+                    live.pop(tp, None)
+                    consumer.pause(tp)
+    finally:
+        await consumer.stop()
+    return n
+
