@@ -16,6 +16,13 @@ import shutil
 from typing import Any, Iterator
 
 import pytest
+from hypothesis import HealthCheck, settings
+
+# Property tests check what the code does, never how fast: a per-example deadline (200 ms by default) and
+# the "too slow" health check are timed assertions, and on a shared 2-core CI machine a GC pause or a busy
+# neighbour makes one example slow now and then.  Speed is measured by the benchmarks instead.
+settings.register_profile("whywait", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("whywait")
 
 
 @pytest.fixture(scope="session")
