@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test test-scaleout lint clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -20,9 +20,15 @@ demo: $(STAMP)
 # tests/conftest.py starts a private Kafka broker for the session (or uses WHYWAIT_KAFKA_BOOTSTRAP).
 # pytest exits 5 when it collected no tests: that fails this target like any other failure.
 # Lint first: a type or style error fails the build before the slower tests run.
+# The multi-worker scale-out and failover tests start 2-3 engines each and take about 20 minutes on a 2-core
+# machine, so they have their own target; `make test` leaves them out.
 test: lint
 	$(BIN)/whywait kafka fetch
-	$(BIN)/pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+	$(BIN)/pytest -q -p no:cacheprovider -m "not scaleout" $(PYTEST_ARGS)
+
+test-scaleout: $(STAMP)
+	$(BIN)/whywait kafka fetch
+	$(BIN)/pytest -q -p no:cacheprovider -m scaleout $(PYTEST_ARGS)
 
 # Every package.  mypy's settings (strict on the pure core) are in pyproject.toml.
 PACKAGES := agents engine topology simulate whywait tests setup.py

@@ -23,7 +23,8 @@ import pytest
 from tests.integration.test_scaleout import REPO, broker, read_diagnoses, whywait  # noqa: F401 - the fixture
 from tests.support.slack_server import SlackServer
 
-pytestmark = pytest.mark.integration
+# Several engine processes on one broker take minutes each here: `make test-scaleout` runs them, `make test` does not.
+pytestmark = [pytest.mark.integration, pytest.mark.scaleout]
 
 DAY = 86_400
 FAULT = (40, 100)

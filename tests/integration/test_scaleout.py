@@ -24,7 +24,8 @@ from typing import Any
 import pytest
 from whywait.agents.events import TOPIC_DIAGNOSES
 
-pytestmark = pytest.mark.integration
+# Several engine processes on one broker take minutes each here: `make test-scaleout` runs them, `make test` does not.
+pytestmark = [pytest.mark.integration, pytest.mark.scaleout]
 
 REPO = Path(__file__).resolve().parents[2]
 PARTITIONS = 4
