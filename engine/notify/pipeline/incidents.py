@@ -249,14 +249,19 @@ class IncidentBook:
         self.removed: set[str] = set()
         self.dropped_unannounced = 0  # resolved before they were ever announced
         for key, rec in (records or {}).items():
-            try:
-                inc = Incident.from_dict(rec)
-            except (TypeError, ValueError, KeyError) as exc:
-                log.warning("ignoring a damaged notifier state record %r: %s", key, exc)
-                continue
-            self.incidents[key] = inc
-            for fp in inc.members:
-                self._by_fingerprint[fp] = key
+            self._load(key, rec)
+
+    def _load(self, key: str, rec: dict[str, Any]) -> bool:
+        """Put one stored record in the book (at start, or adopted from another worker); False if damaged."""
+        try:
+            inc = Incident.from_dict(rec)
+        except (TypeError, ValueError, KeyError) as exc:
+            log.warning("ignoring a damaged notifier state record %r: %s", key, exc)
+            return False
+        self.incidents[key] = inc
+        for fp in inc.members:
+            self._by_fingerprint[fp] = key
+        return True
 
     # ---- input -----------------------------------------------------------------------------
 
@@ -335,17 +340,8 @@ class IncidentBook:
         """
         n = 0
         for key, rec in records.items():
-            if key in self.incidents:
-                continue
-            try:
-                inc = Incident.from_dict(rec)
-            except (TypeError, ValueError, KeyError) as exc:
-                log.warning("ignoring a damaged notifier state record %r: %s", key, exc)
-                continue
-            self.incidents[key] = inc
-            for fp in inc.members:
-                self._by_fingerprint[fp] = key
-            n += 1
+            if key not in self.incidents and self._load(key, rec):
+                n += 1
         return n
 
     def _forget(self, key: str) -> None:
