@@ -166,6 +166,8 @@ class Evaluator:
             first = math.floor(t) + self.step_s
             if self.next_tick is None or first < self.next_tick:
                 self.next_tick = first
+                # the store keeps points far ahead of the clock staged (see MetricStore.clock)
+                self.store.clock = first - self.step_s
         return self.advance(self.watermark())
 
     def watermark(self) -> float:

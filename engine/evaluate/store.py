@@ -209,6 +209,12 @@ _BUCKET_S = 30  # seconds per coarse bucket
 _EMPTY = np.iinfo(np.int64).min // 2
 # Staged points a column holds at most before they are applied (bounds the staging lists' memory).
 _STAGE_MAX = 1 << 15
+# Points more than this far ahead of the evaluation clock stay staged (see ``Column.flush``): a consumer
+# working through a backlog can read one topic minutes ahead of the others, and applying those points
+# would move the rings past the seconds the next ticks read.  Up to ``_STAGE_HARD`` points wait so;
+# beyond that a column applies everything (memory wins; counted in ``MetricStore.overruns``).
+_AHEAD_S = 16.0
+_STAGE_HARD = 1 << 18
 
 
 class Rows:
@@ -259,6 +265,7 @@ class Column:
         self.s_row: list[int] = []
         self.s_t: list[float] = []
         self.s_v: list[float] = []
+        self.stage_limit = _STAGE_MAX  # staged points that make the store apply them before the next read
 
     def _alloc(self, rows: int) -> None:
         self.v = np.zeros((rows, self.fine), np.float64)
@@ -293,16 +300,34 @@ class Column:
 
     # ---- applying staged points -------------------------------------------------------------------
 
-    def flush(self) -> None:
-        """Apply the staged points to the rings (called before any read)."""
+    def flush(self, upto: float | None = None) -> bool:
+        """Apply the staged points to the rings (called before any read); return whether any stay staged.
+
+        ``upto``: apply only the points at or before it and keep the later ones staged.  The rings hold
+        ``fine_s`` seconds behind the newest slot written, so points far ahead of the seconds being
+        evaluated (one topic read ahead of the others in a backlog) would push those seconds out of the
+        fine ring before their ticks read them, and what a rule sees would depend on how the consumer's
+        fetches interleaved the topics.  Kept back, they are applied when the clock reaches them.
+        """
         self._fit()
         if not self.s_row:
-            return
-        self.version += 1
+            return False
+        times = np.asarray(self.s_t, np.float64)
         rows = np.asarray(self.s_row, np.int64)
         vals = np.asarray(self.s_v, np.float64)
-        slots = np.ceil(np.asarray(self.s_t, np.float64)).astype(np.int64)
-        self.s_row, self.s_t, self.s_v = [], [], []
+        later = times > upto if upto is not None else None
+        if later is not None and later.any():
+            if later.all():
+                return True
+            # the rare case (a backlog read unevenly): split, and keep the later points as lists
+            self.s_row, self.s_t, self.s_v = rows[later].tolist(), times[later].tolist(), vals[later].tolist()
+            now = ~later
+            rows, times, vals = rows[now], times[now], vals[now]
+        else:
+            self.s_row, self.s_t, self.s_v = [], [], []
+            self.stage_limit = _STAGE_MAX
+        self.version += 1
+        slots = np.ceil(times).astype(np.int64)
         # The usual batch holds one point per row (one second of telemetry): plain fancy assignment is
         # then exact and several times faster than the unbuffered ``ufunc.at``.
         unique = bool(np.bincount(rows).max() == 1)
@@ -327,7 +352,7 @@ class Column:
             self.cmax[r, b] = np.where(first, x32, np.maximum(self.cmax[r, b], x32))
             self.cs[r, b] += x
             self.cn[r, b] += 1
-            return
+            return bool(self.s_row)
         first = self.cn[r, b] == 0
         # a bucket's first point sets its min and max (fancy assignment: the last of equal indexes wins,
         # and the minimum/maximum below then fold in every point of the batch)
@@ -337,6 +362,7 @@ class Column:
         np.add.at(self.cn, (r, b), 1)
         np.minimum.at(self.cmin, (r, b), x32)
         np.maximum.at(self.cmax, (r, b), x32)
+        return bool(self.s_row)
 
     @staticmethod
     def _advance(rows: np.ndarray, idx: np.ndarray, newest: np.ndarray, size: int,
@@ -553,6 +579,10 @@ class MetricStore:
         self.columns: dict[str, Column] = {}  # the columnar ones, by metric
         self.levels: dict[str, Rows] = {}  # level -> its entities' rows, shared by the level's columns
         self._staged: set[Column] = set()  # columns with points not yet applied to their rings
+        # The evaluation clock: the event time of the last tick (set by :meth:`close_buckets`, or by the
+        # evaluator before its first tick).  Points beyond it + ``_AHEAD_S`` wait in the staging lists.
+        self.clock: float | None = None
+        self.overruns = 0  # columns that had to apply points far ahead of the clock (staging full)
         self._memo: dict[tuple[Any, ...], np.ndarray] = {}  # values() results since the last flush
         self.node_last: dict[str, float] = {}
         self.rank_last: dict[str, float] = {}
@@ -589,8 +619,8 @@ class MetricStore:
             col.s_t.append(t)
             col.s_v.append(v)
             self._staged.add(col)
-            if len(col.s_row) > _STAGE_MAX:
-                col.flush()
+            if len(col.s_row) > col.stage_limit:
+                self._relieve(col)
             return
         s = self._series.get((metric, entity))
         if s is None:
@@ -608,22 +638,33 @@ class MetricStore:
             col = self.columns[metric] = Column(rows, self.retention_s, _FINE_RANK_S if level == "rank" else _FINE_S)
         return col
 
-    def flush(self) -> None:
-        """Apply the staged points to the columns; every read calls it first."""
-        if self._staged:
-            for col in self._staged:
+    def _upto(self) -> float | None:
+        return None if self.clock is None else self.clock + _AHEAD_S
+
+    def _relieve(self, col: Column) -> None:
+        """A column's staging lists passed their limit: apply what the clock allows (all, past ``_STAGE_HARD``)."""
+        if col.flush(self._upto()):
+            if len(col.s_row) > _STAGE_HARD:
+                self.overruns += 1
                 col.flush()
-            self._staged.clear()
+            else:  # the rest is ahead of the clock: look again when the lists have doubled, not at every point
+                col.stage_limit = max(_STAGE_MAX, 2 * len(col.s_row))
+
+    def flush(self, everything: bool = False) -> None:
+        """Apply the staged points up to the clock (``everything``: all of them); every read calls it first."""
+        if self._staged:
+            upto = None if everything else self._upto()
+            self._staged = {col for col in self._staged if col.flush(upto)}
 
     @property
     def series(self) -> SeriesView:
         """Every series as ``(metric, entity) -> Series`` (a read-only view: columns materialise on access)."""
-        self.flush()
+        self.flush(everything=True)
         return SeriesView(self)
 
     def memory_bytes(self) -> int:
         """Bytes held by the columns' arrays (the bulk of the store at scale)."""
-        self.flush()
+        self.flush(everything=True)
         return sum(c.nbytes() for c in self.columns.values())
 
     def ingest(self, msg: Mapping[str, Any]) -> float:
@@ -698,8 +739,8 @@ class MetricStore:
                     else:
                         put(metric, e, t, (1.0 if v else 0.0) if boolean else float(v))
             for _, col, _, _, _ in fields:
-                if col is not None and len(col.s_row) > _STAGE_MAX:
-                    col.flush()
+                if col is not None and len(col.s_row) > col.stage_limit:
+                    self._relieve(col)
             self._rollups(lp, items, t, node)
 
     def _rollups(self, lp: _ListPlan, items: Sequence[Any], t: float, node: str) -> None:
@@ -927,7 +968,11 @@ class MetricStore:
     # ---- time -------------------------------------------------------------------------------------
 
     def close_buckets(self, watermark: float) -> None:
-        """Reduce every per-second job bucket that ends at or before ``watermark`` to its median."""
+        """Reduce every per-second job bucket that ends at or before ``watermark`` to its median.
+
+        Called by the evaluator before each tick, so ``watermark`` is also the evaluation clock.
+        """
+        self.clock = watermark
         for (job, f), buckets in self._buckets.items():
             done = [sec for sec in buckets if sec + 1 <= watermark]
             for sec in sorted(done):
@@ -978,7 +1023,7 @@ class MetricStore:
             return ((t1,), (v,)) if v is not None else ((), ())
         col = self.columns.get(metric)
         if col is not None:
-            col.flush()
+            col.flush(self._upto())
             r = col.rows.get(entity)
             if r is None:
                 return (), ()
@@ -999,7 +1044,7 @@ class MetricStore:
             r = col.rows.get(entity) if col is not None else None
             if r is None:
                 return None
-            col.flush()  # type: ignore[union-attr]
+            col.flush(self._upto())  # type: ignore[union-attr]
             last = col.last(r, now)  # type: ignore[union-attr]
             return None if last is None else now - last
         seen = self.node_seen.get(entity)
@@ -1016,7 +1061,7 @@ class MetricStore:
         if col is None or not entities:
             return np.array([np.nan if a is None else a for a in (self.age(metric, e, now) for e in entities)],
                             np.float64)
-        col.flush()
+        col.flush(self._upto())
         rows = np.fromiter((col.rows.get(e, -1) for e in entities), np.int64, len(entities))
         out = np.full(len(entities), np.nan)
         known = np.nonzero(rows >= 0)[0]
@@ -1056,7 +1101,7 @@ class MetricStore:
             r = col.rows.get(entity)
             if r is None:
                 return window_s
-            col.flush()
+            col.flush(self._upto())
             idx, cnt = col.counts(r, now)
             total = np.cumsum(cnt)
             if not len(total) or total[-1] == 0:
@@ -1090,7 +1135,7 @@ class MetricStore:
         """
         col = self.columns.get(metric)
         if col is not None:
-            col.flush()
+            col.flush(self._upto())
         # Several rules read the same aggregate of the same entities in one tick: computed once, kept
         # until new points are applied to the column (its version) or the entities change.
         ents = tuple(entities)

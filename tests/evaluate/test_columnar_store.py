@@ -103,3 +103,21 @@ def test_ages_are_vectorised_and_match_age() -> None:
     for e, a in zip(ents, ages, strict=True):
         one = store.age("step.since_last_s", e, T0 + 30)
         assert (one is None and math.isnan(a)) or one == a
+
+
+def test_points_far_ahead_of_the_clock_wait_and_do_not_push_the_window_out() -> None:
+    """A backlog can hand over minutes of one metric before the seconds being evaluated: the window read at
+    the clock still holds every point (they would otherwise overwrite its slots of the 128 s fine ring)."""
+    store = MetricStore()
+    store.clock = T0 + 10
+    for sec in range(300):  # 300 s of one GPU's temperature, read before the clock moved
+        store.put("gpu.temp_c", "n0/gpu0", T0 + sec, float(sec))
+    t, v = store.window("gpu.temp_c", "n0/gpu0", T0 + 5, T0 + 10)
+    assert list(v) == [6.0, 7.0, 8.0, 9.0, 10.0]
+    store.close_buckets(T0 + 250)  # the clock reaches them: applied then
+    t, v = store.window("gpu.temp_c", "n0/gpu0", T0 + 245, T0 + 250)
+    assert list(v) == [246.0, 247.0, 248.0, 249.0, 250.0]
+    assert store.overruns == 0
+    # without a clock (after the run, or a store fed without ticks) everything is applied at once
+    store.flush(everything=True)
+    assert store.window("gpu.temp_c", "n0/gpu0", T0 + 295, T0 + 299)[1] == [296.0, 297.0, 298.0, 299.0]
