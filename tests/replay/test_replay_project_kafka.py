@@ -81,9 +81,9 @@ def test_export_with_project_replays_like_the_topics(kafka_bootstrap: str, tmp_p
     from whywait.engine.importers.bundle import Bundle
 
     exported = int(r.stdout.split("exported ")[1].split()[0])
-    b = Bundle(bundle)
-    stand_ins = [m for t, raw in b.events() if t == TOPIC_PLACEMENT and (m := json.loads(raw))["time"] < start]
-    b.close()
+    opened = Bundle(bundle)
+    stand_ins = [m for t, raw in opened.events() if t == TOPIC_PLACEMENT and (m := json.loads(raw))["time"] < start]
+    opened.close()
     assert neighbour["job"] in {m["job"] for m in stand_ins}, stand_ins
     assert all(m["project"] == "llm" for m in stand_ins), stand_ins
     assert published - 5 <= exported - len(stand_ins) <= published, (published, len(stand_ins), r.stdout)
