@@ -686,6 +686,13 @@ def _incident_spans(diags: list[dict[str, Any]]) -> list[tuple[dict[str, Any], d
         span = open_.get(fp)
         if span is None:
             if d["status"] == "resolved":
+                # A later incident took this resolved one over (``supersedes``): its re-announcement
+                # becomes the incident's last word.
+                if _superseded(d):
+                    for old in reversed(out):
+                        if old[0]["fingerprint"] == fp and old[0]["starts_at"] == d["starts_at"]:
+                            old[1] = d
+                            break
                 continue
             span = open_[fp] = [d, d]
             out.append(span)
@@ -693,6 +700,11 @@ def _incident_spans(diags: list[dict[str, Any]]) -> list[tuple[dict[str, Any], d
         if d["status"] == "resolved":
             del open_[fp]
     return [(a, b) for a, b in out]
+
+
+def _superseded(d: dict[str, Any]) -> bool:
+    """Whether ``d`` closes an incident that a later incident took over (a rule's ``supersedes``)."""
+    return bool((d.get("labels") or {}).get("superseded_by"))
 
 
 def _incidents(diags: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -733,7 +745,13 @@ def score(runs: Iterable[ScenarioRun]) -> Report:
         truths = [t for t in run.truths if t.get("job")]
         first_fault = min((t["start"] for t in run.truths), default=START + float(sc.spec["duration_s"]))
         free_s += max(0.0, first_fault - (START + WARMUP_S))
-        spans = _incident_spans(run.diagnoses)
+        # An incident a later one took over (a periodic slowdown's first spells, told as a slowdown
+        # of the whole job before any period could be seen) is scored as part of the one that took it
+        # over: not as a diagnosis of its own, true or false, nor as the first thing said about the
+        # fault.  What stays with the user is the superseding story: the evaluator re-announces the
+        # earlier incident, resolved, labelled superseded_by and saying so in its cause.  The
+        # superseding incident is still timed from its own first announcement.
+        spans = [(a, b) for a, b in _incident_spans(run.diagnoses) if not _superseded(b)]
         incidents = [first for first, _ in spans]
         last_of = {id(first): last for first, last in spans}
         for d in incidents:

@@ -60,6 +60,9 @@ class Incident:
     # after it began (each counted once: up to ``cost_until``).
     cost_lost_s: float = 0.0
     cost_until: float = -math.inf
+    # The end of the first step counted as lost (the walk back reaches where the waiting began): the
+    # incident's own evidence starts there, which may be long before it fired (a periodic slowdown).
+    cost_since: float = math.inf
     # Restored from a checkpoint: until the windows refill (see ``Evaluator.warmup_s``), a restored
     # incident whose condition does not hold is *unknown*, not clear, and is neither resolved nor dropped.
     restored: bool = False
@@ -132,6 +135,9 @@ class Evaluator:
     # that flaps (resolves, fires again) opens a new incident with the same fingerprint whose cost
     # walks back over steps the previous one already counted; they are not counted twice.
     counted_until: dict[str, float] = field(default_factory=dict)
+    # The latest incidents that resolved, per job, for a ``supersedes`` rule that fires later and takes
+    # them over (bounded; not checkpointed: after a restart only open incidents can be taken over).
+    closed: dict[str, list[tuple[Incident, Diagnosis]]] = field(default_factory=dict)
     # ---- counters for whywait's own metrics (engine.observe reads them when scraped) ----
     # rule id -> incidents muted by a firing root cause (counted once per incident, when first muted)
     inhibited: Counter[str] = field(default_factory=Counter)
@@ -373,6 +379,8 @@ class Evaluator:
             self.restored_at = now
         # Lifecycle: announce new or changed incidents, resolve the ones that stopped holding.
         for fp, inc in list(self.incidents.items()):
+            if fp not in self.incidents:
+                continue  # taken over this tick by a superseding incident (see _supersede)
             rule = self.rules.rules.get(inc.rule_id)
             if fp not in seen:
                 if inc.restored and rule is not None and self._still_unknown(inc, rule, now):
@@ -382,10 +390,14 @@ class Evaluator:
                     del self.incidents[fp]
                     self._inhibited_fps.discard(fp)
                     if inc.announced and inc.last is not None:
-                        out.append(replace(inc.last, status="resolved", ends_at=now))
+                        done = replace(inc.last, status="resolved", ends_at=now)
+                        out.append(done)
+                        self._remember_closed(inc, done)
                 continue
             if not inc.firing or inc.last is None:
                 continue
+            if not inc.announced and rule is not None and rule.supersedes:
+                out += self._supersede(inc, rule, now)
             if self._inhibited(inc, firing):
                 if fp not in self._inhibited_fps:
                     self._inhibited_fps.add(fp)
@@ -409,7 +421,8 @@ class Evaluator:
         targets = self._blamed_nodes(inc)
         for other in firing:
             rule = self.rules.rules.get(other.rule_id)
-            if other is inc or rule is None or inc.rule_id not in rule.inhibits:
+            if other is inc or rule is None or (inc.rule_id not in rule.inhibits
+                                                and inc.rule_id not in rule.supersedes):
                 continue
             if other.labels.get("job") == inc.labels.get("job"):
                 return True
@@ -418,6 +431,49 @@ class Evaluator:
                 if targets <= set(self.topology.nodes_under(place)):
                     return True
         return False
+
+    def _remember_closed(self, inc: Incident, done: Diagnosis) -> None:
+        """Keep a resolved incident a while, for a ``supersedes`` rule that may take it over later."""
+        job = inc.labels.get("job", "")
+        kept = self.closed.setdefault(job, [])
+        kept.append((inc, done))
+        if len(kept) > 32:  # bounded per job: a period longer than 32 incidents ago is not taken over
+            del kept[0]
+        if len(self.closed) > 4096:
+            del self.closed[next(iter(self.closed))]
+
+    def _supersede(self, inc: Incident, rule: Rule, now: float) -> list[Diagnosis]:
+        """Take over the incidents of the rules ``rule`` supersedes that ``inc``'s evidence covers.
+
+        Called when ``inc`` is first announced.  An incident of a superseded rule for the same job
+        that began since ``inc``'s evidence began (its first lost step, or when its condition began
+        to hold, less the rule's ``for``) is part of it: a periodic slowdown's first spells looked like
+        a slowdown of the whole job because no one can see a period in one spell.  Each such incident
+        is closed now (open) or re-announced (resolved already), status resolved, with the labels
+        ``superseded_by`` (the rule) and ``superseded_by_fingerprint``, and its cause saying so, so a
+        receiver updates the earlier message in place and the story left is the superseding one.
+        """
+        job = inc.labels.get("job")
+        assert inc.last is not None
+        since = min(inc.pending_since, inc.cost_since) - rule.for_s - self.step_s
+        note = {"superseded_by": rule.id, "superseded_by_fingerprint": inc.fingerprint}
+        tail = f" Taken over by a later finding: {inc.last.title}."
+        out: list[Diagnosis] = []
+        for fp, other in list(self.incidents.items()):
+            if (other.rule_id in rule.supersedes and other.labels.get("job") == job
+                    and other.pending_since >= since and other is not inc):
+                del self.incidents[fp]
+                self._inhibited_fps.discard(fp)
+                if other.announced and other.last is not None:
+                    out.append(replace(other.last, status="resolved", ends_at=now,
+                                       labels={**other.last.labels, **note}, cause=other.last.cause + tail))
+        kept = self.closed.get(job or "", [])
+        for item in list(kept):
+            other, done = item
+            if other.rule_id in rule.supersedes and other.pending_since >= since:
+                kept.remove(item)
+                out.append(replace(done, labels={**done.labels, **note}, cause=done.cause + tail))
+        return out
 
     def _blamed_nodes(self, inc: Incident) -> set[str]:
         if inc.labels.get("node"):
@@ -543,6 +599,8 @@ class Evaluator:
             if t > inc.cost_until and t > floor:
                 inc.cost_lost_s += lost
                 inc.cost_until = t
+                if lost > 0:
+                    inc.cost_since = min(inc.cost_since, t)
         if inc.cost_until > floor:
             self.counted_until[inc.fingerprint] = inc.cost_until
             if len(self.counted_until) > 4096:  # bounded: forget the oldest fingerprints
@@ -603,7 +661,8 @@ class Evaluator:
             {"rule_id": i.rule_id, "fingerprint": i.fingerprint, "labels": i.labels,
              "pending_since": i.pending_since, "last_true": i.last_true, "firing": i.firing,
              "announced": i.announced, "last": i.last.to_dict() if i.last else None,
-             "cost_lost_s": i.cost_lost_s, "cost_until": i.cost_until if math.isfinite(i.cost_until) else None}
+             "cost_lost_s": i.cost_lost_s, "cost_until": i.cost_until if math.isfinite(i.cost_until) else None,
+             "cost_since": i.cost_since if math.isfinite(i.cost_since) else None}
             for i in self.incidents.values()],
                 "counted_until": self.counted_until}
 
@@ -622,7 +681,8 @@ class Evaluator:
             inc = Incident(d["rule_id"], d["fingerprint"], d["labels"], d["pending_since"], d["last_true"],
                            d["firing"], d["announced"], last=last, restored=True,
                            cost_lost_s=float(d.get("cost_lost_s") or 0.0),
-                           cost_until=float(d["cost_until"]) if d.get("cost_until") is not None else -math.inf)
+                           cost_until=float(d["cost_until"]) if d.get("cost_until") is not None else -math.inf,
+                           cost_since=float(d["cost_since"]) if d.get("cost_since") is not None else math.inf)
             if last is not None:
                 inc.signature = _signature(last)
             self.incidents[inc.fingerprint] = inc

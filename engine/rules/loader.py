@@ -303,6 +303,10 @@ def load_rules(paths: Iterable[str | Path]) -> RuleSet:
             if target not in rules:
                 errors.append(RuleSchemaError(rule.file, rule.inhibits_line, rule.id, f"inhibits[{i}]",
                                               f"must name a loaded rule (got {target!r})"))
+        for i, target in enumerate(rule.supersedes):
+            if target not in rules or target == rule.id:
+                errors.append(RuleSchemaError(rule.file, rule.supersedes_line, rule.id, f"supersedes[{i}]",
+                                              f"must name another loaded rule (got {target!r})"))
     if errors:
         raise RuleLoadError(errors)
     return RuleSet(rules, tuple(str(f) for f in files))

@@ -111,10 +111,15 @@ class Rule:
     # a cause can then quote, say, the culprit's packet drops when there are any.
     evidence: tuple[Node, ...] = ()
     inhibits: tuple[str, ...] = ()
+    # Rules whose incidents for the same job this rule takes over when it fires (and inhibits while it
+    # does): a pattern that can only be seen in hindsight (a period needs three spells) re-labels the
+    # incidents its own evidence covers, which a rule firing on one spell opened before it could know.
+    supersedes: tuple[str, ...] = ()
     labels: dict[str, str] = field(default_factory=dict)
     runbook_url: str | None = None
     layer: str = "compute"  # data | communication | checkpoint | compute | availability
     inhibits_line: int = 0  # where `inhibits` stands, for the loader's cross-rule errors
+    supersedes_line: int = 0
     culprit: str | None = None  # a template naming the culprit when it is not a node (switch, pool, job)
 
 
@@ -146,8 +151,8 @@ def _strings(v: Any) -> tuple[str, ...]:
 
 _LEAF_COMMON = {"type", "culprit", "scope", "name"}
 _RULE_KEYS = {"apiVersion", "id", "title", "cause", "next_step", "severity", "confidence", "when", "for",
-              "keep_firing_for", "group_by", "checks", "inhibits", "labels", "runbook_url", "layer", "culprit",
-              "evidence", "description"}
+              "keep_firing_for", "group_by", "checks", "inhibits", "supersedes", "labels", "runbook_url", "layer",
+              "culprit", "evidence", "description"}
 _GROUP_LABELS = ("job", "node", "rank", "gpu", "switch", "rack", "pool", "project")
 _LAYERS = ("data", "communication", "checkpoint", "compute", "availability")
 
@@ -290,6 +295,7 @@ def parse_rule(data: Any, file: str, lines: dict[Path_, int], macros: dict[str, 
         if g not in _GROUP_LABELS:
             ctx.err(("group_by", i), f"must be one of {', '.join(_GROUP_LABELS)} (got {g!r})")
     inhibits = ctx.parse(("inhibits",), data.get("inhibits", []), _strings, ())
+    supersedes = ctx.parse(("supersedes",), data.get("supersedes", []), _strings, ())
     layer = ctx.parse(("layer",), data.get("layer", "compute"), _enum(*_LAYERS), "compute")
     labels = data.get("labels", {})
     if not isinstance(labels, dict) or not all(isinstance(k, str) and isinstance(x, str) for k, x in labels.items()):
@@ -329,8 +335,9 @@ def parse_rule(data: Any, file: str, lines: dict[Path_, int], macros: dict[str, 
     return Rule(id=str(rid), file=file, title=data["title"], cause=data["cause"], next_step=data["next_step"],
                 severity=sev, confidence=float(conf), when=when, for_s=for_s, keep_firing_for_s=kff,
                 group_by=tuple(group_by), checks=tuple(checks), inhibits=tuple(inhibits),
-                labels=dict(labels), runbook_url=runbook, layer=layer,
+                supersedes=tuple(supersedes), labels=dict(labels), runbook_url=runbook, layer=layer,
                 inhibits_line=line_of(lines, ("inhibits",)), culprit=culprit_t,
+                supersedes_line=line_of(lines, ("supersedes",)),
                 evidence=tuple(extra)), []
 
 
