@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
-
 from whywait.agents.events import envelope
 from whywait.engine.evaluate.evaluator import Evaluator
 from whywait.engine.rules.loader import RuleLoadError, load_rules
