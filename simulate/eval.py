@@ -37,7 +37,11 @@ Per fault class:
 - root-cause accuracy: truths whose first diagnosis for the job (within the
   fault's window) has the right cause, the right culprit and the right phase
   (label ``phase``: compute, input or communication; a periodic slowdown's
-  ``period_s`` within 15%) / truths;
+  ``period_s`` within 15%) / truths.  An incident a later one took over (a rule's
+  ``supersedes``: the first spells of a periodic slowdown, told as a slowdown of the whole job before
+  a period could be seen) counts as part of the incident that took it over, neither as a diagnosis
+  of its own nor as the first thing said: the evaluator re-announces it resolved and labelled
+  ``superseded_by``, so what stays with the user is the later story;
 - latency: fault start → the first diagnosis that detects it, in event seconds
   and in the job's steps; *on time* within max(10 s, 5 healthy steps);
 - cost: the incident's last (resolved) diagnosis's ``cost["gpu_hours_lost"]``

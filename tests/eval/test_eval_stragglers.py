@@ -112,6 +112,26 @@ def test_periodic_slowdown_period_and_latency_from_its_second_spell() -> None:
     assert ev.score([_run("p", [truth], [wrong], duration=600)]).classes["periodic-slowdown"].root_cause_ok == 0
 
 
+def test_a_whole_job_slowdown_taken_over_by_the_period_is_scored_as_part_of_it() -> None:
+    # The first spell is told as a slowdown of the whole job (nobody can see a period in one spell);
+    # at the third spell the periodic incident takes it over (the rule's `supersedes`).
+    truth = _truth("periodic-slowdown", culprit="", kind="none", ranks=(), cause="job.periodic-slowdown",
+                   start=100, end=500, detail={"period_s": 120.0, "spells": [100.0, 220.0, 340.0, 460.0]})
+    wjs = dict(_diag(112, cause="job.slow-everywhere", culprit=None, ranks=(), fp="wjs"), starts_at=S + 102)
+    done = {**wjs, "status": "resolved", "detected_at": S + 125}
+    periodic = dict(_diag(346, cause="job.periodic-slowdown", culprit=None, ranks=(), period_s="120", fp="per"),
+                    starts_at=S + 343)
+    taken = {**done, "labels": {**done["labels"], "superseded_by": "job.periodic-slowdown",
+                                "superseded_by_fingerprint": "per"}}
+    before = ev.score([_run("p", [truth], [wjs, done, periodic], duration=600)])
+    assert before.classes["periodic-slowdown"].root_cause_ok == 0
+    assert before.classes["whole-job-slow"].false_diagnoses == 1
+    after = ev.score([_run("p", [truth], [wjs, done, periodic, taken], duration=600)])
+    c = after.classes["periodic-slowdown"]
+    assert (c.detected, c.root_cause_ok, c.latencies) == (1, 1, [246.0])  # still timed from its own firing
+    assert "whole-job-slow" not in after.classes  # no false diagnosis left for it
+
+
 def test_latency_in_steps_and_on_time_within_five_long_steps() -> None:
     ends = [60.0 + 40 * k for k in range(12)]  # 40 s steps ending at 60, 100, 140, ...
     truth = _truth("straggler-compute", whatif=40.0, start=100, end=600)
