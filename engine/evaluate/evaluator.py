@@ -396,13 +396,15 @@ class Evaluator:
                 continue
             if not inc.firing or inc.last is None:
                 continue
-            if not inc.announced and rule is not None and rule.supersedes:
-                out += self._supersede(inc, rule, now)
             if self._inhibited(inc, firing):
                 if fp not in self._inhibited_fps:
                     self._inhibited_fps.add(fp)
                     self.inhibited[inc.rule_id] += 1
                 continue
+            if not inc.announced and rule is not None and rule.supersedes:
+                # Only an incident that is announced takes others over: one muted by a root cause
+                # would re-label them with a story the user never sees.
+                out += self._supersede(inc, rule, now)
             sig = _signature(inc.last)
             if not inc.announced or sig != inc.signature:
                 inc.announced = True

@@ -90,3 +90,11 @@ def test_supersedes_must_name_another_loaded_rule(tmp_path: Path) -> None:
     (tmp_path / "host.test-late.yaml").write_text(LATE.format(for_s=1).replace("[host.test-early]", "[host.nope]"))
     with pytest.raises(RuleLoadError, match=r"supersedes\[0\].*must name another loaded rule"):
         load_rules([tmp_path])
+
+
+def test_a_muted_superseding_incident_takes_nothing_over(tmp_path: Path) -> None:
+    (tmp_path / "host.test-root.yaml").write_text(LATE.replace("id: host.test-late", "id: host.test-root").replace(
+        "supersedes: [host.test-early]", "inhibits: [host.test-late]").format(for_s=0))
+    out = run(tmp_path, range(11, 15), retrans_from=12, for_s=20)
+    assert not any(d.labels.get("superseded_by") for d in out)
+    assert [d.rule_id for d in out if d.status == "firing"] == ["host.test-early", "host.test-root"]
