@@ -56,6 +56,7 @@ class ScaleOut:
         self.table = PlacementTable(cfg.bootstrap, processor.apply_placement, not_before=processor.not_before)
         self.written: dict[str, str] = {}  # job -> the checkpoint last written for it
         self.restored_copies: set[bytes] = set()  # during one restore: copied messages taken already
+        self.received: dict[int, int] = {}  # partition of the repartition topic -> last offset received here
 
     @property
     def caught_up(self) -> bool:
@@ -93,12 +94,45 @@ class ScaleOut:
             else:
                 self.written.pop(job, None)
 
+    async def refill_gaps(self, kept: frozenset[int]) -> None:
+        """Re-read into the store what another worker consumed of a partition this one keeps.
+
+        Why: with a worker pausing (a busy machine misses heartbeats), the group can give its partitions
+        to another worker and back within seconds; that worker consumes and commits meanwhile, and this
+        one resumes at its commit.  The records in between (from our last received offset to that
+        commit) were never seen here, and the windows of this worker's jobs would keep a hole.
+        """
+        from aiokafka import TopicPartition
+        from whywait.engine.stream.tables import committed_offsets, read_range
+
+        mine = {TopicPartition(TOPIC_BY_JOB, p): off for p, off in self.received.items() if p in kept}
+        if not mine:
+            return
+        try:
+            committed = await committed_offsets(self.cfg.bootstrap, self.cfg.group_id, list(mine))
+            ranges = {tp: (mine[tp] + 1, c) for tp, c in committed.items() if c > mine[tp] + 1}
+            if not ranges:
+                return
+            self.restored_copies = set()
+            n = await read_range(self.cfg.bootstrap, ranges, self._restore)
+        except Exception as exc:  # noqa: BLE001 - the broker away: evaluate on, with the hole
+            log.error("engine: could not re-read what another worker took of %s: %s: %s", sorted(kept),
+                      type(exc).__name__, exc)
+            return
+        for tp, (_, end) in ranges.items():
+            self.received[tp.partition] = max(self.received.get(tp.partition, -1), end - 1)
+        log.info("engine: re-read %d record(s) another worker consumed meanwhile of %s", n,
+                 ", ".join(f"{TOPIC_BY_JOB}[{tp.partition}]@{a}..{b}" for tp, (a, b) in sorted(ranges.items())))
+
     async def assigned(self, tps: Any) -> None:
         """Take the new assignment: forget lost jobs, refill and restore gained ones."""
         new = frozenset(tp.partition for tp in tps if tp.topic == TOPIC_BY_JOB)
         old = self.owned.owned
         gained, lost = new - old, old - new
         self.owned.owned = new
+        kept = new & old
+        if kept:
+            await self.refill_gaps(kept)
         if lost:
             n = drop_jobs(self.processor.evaluator, self.owned.owns)
             self.written = {j: b for j, b in self.written.items() if self.owned.owns(j)}
@@ -193,7 +227,7 @@ def wire(app: faust.App, cfg: Any, processor: Processor, inputs: Any, by_job: An
                     log.error("could not forward a %s record to %s[%d]: %s", topic, TOPIC_BY_JOB, part, exc)
 
     order = ReorderBuffer(STEADY_KINDS)
-    received: dict[int, int] = {}  # partition of the repartition topic -> last offset received
+    received = so.received  # partition of the repartition topic -> last offset received
     copies: dict[bytes, None] = {}  # source ids of copied messages taken already (insertion-ordered)
 
     def backlog() -> bool:
@@ -220,6 +254,11 @@ def wire(app: faust.App, cfg: Any, processor: Processor, inputs: Any, by_job: An
                 cfg.batch_max, within=cfg.batch_within_s):
             wall = time.monotonic()
             for e in events:
+                if e.message.offset <= received.get(e.message.partition, -1):
+                    # Delivered again (the group re-read from its last commit): taken already, and a
+                    # second copy of a point would weigh twice in its window.
+                    processor.counts["evaluate.redelivered"] += 1
+                    continue
                 received[e.message.partition] = e.message.offset
                 copy = dict(e.message.headers or ()).get(COPY_HEADER)
                 if copy is not None:
