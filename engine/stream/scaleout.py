@@ -36,6 +36,8 @@ log = logging.getLogger(__name__)
 
 # A copied message's source (topic/partition/offset), in a header of each copy.
 COPY_HEADER = "whywait-copy-of"
+# A router's progress marker on the repartition topic (not a message; see ReorderBuffer.progress).
+PROGRESS_HEADER = "whywait-progress"
 # The inputs that arrive steadily while a job runs: the reorder buffer waits for them.
 STEADY_KINDS = frozenset({t.kind for t in TOPICS if t.periodic} | {"steps"})
 
@@ -188,6 +190,8 @@ class ScaleOut:
         pairs = []
         for r in recs:
             headers = dict(r.headers or ())
+            if PROGRESS_HEADER in headers:  # a router's progress marker, not a message
+                continue
             copy = headers.get(COPY_HEADER)
             if copy is not None:  # one copy per message, whichever gained partition holds it
                 if copy in self.restored_copies:
@@ -225,6 +229,36 @@ def wire(app: faust.App, cfg: Any, processor: Processor, inputs: Any, by_job: An
                 except Exception as exc:  # noqa: BLE001 - counted and logged; consumption goes on
                     processor.counts["send_failed.forward"] += 1
                     log.error("could not forward a %s record to %s[%d]: %s", topic, TOPIC_BY_JOB, part, exc)
+            await say_progress()
+
+    async def say_progress() -> None:
+        """Tell every partition of the repartition topic how far this worker has routed each steady input
+        partition it reads, and how many records wait there (after the records: same producer, same
+        partition, so a marker never overtakes what it speaks of)."""
+        sources: dict[str, list[Any]] = {}
+        try:
+            for tp in app.consumer.assignment():
+                if kind_for_topic(tp.topic) not in STEADY_KINDS:
+                    continue
+                hw = app.consumer.highwater(tp)
+                if not hw:
+                    continue  # not fetched yet, or empty: nothing to say
+                last = processor.routed_to.get((tp.topic, tp.partition), -1)
+                sources[f"{tp.topic}/{tp.partition}"] = [processor.routed_time.get((tp.topic, tp.partition)),
+                                                         max(0, hw - last - 1)]
+        except Exception:  # noqa: BLE001 - no consumer yet (a rebalance): the next batch says it
+            return
+        if not sources:
+            return
+        known = [t for t, _ in sources.values() if t is not None]
+        body = json.dumps({"sources": sources}, separators=(",", ":")).encode()
+        for part in range(cfg.partitions):
+            try:
+                await by_job.send(key=b"", value=body, partition=part,
+                                  timestamp=max(known) if known else None, headers={PROGRESS_HEADER: b"1"})
+            except Exception as exc:  # noqa: BLE001 - the next batch says it again
+                processor.counts["send_failed.progress"] += 1
+                log.debug("could not send a progress marker to %s[%d]: %s", TOPIC_BY_JOB, part, exc)
 
     order = ReorderBuffer(STEADY_KINDS)
     received = so.received  # partition of the repartition topic -> last offset received
@@ -248,6 +282,14 @@ def wire(app: faust.App, cfg: Any, processor: Processor, inputs: Any, by_job: An
             return False
         return False
 
+    def take_progress(value: bytes | None, wall: float) -> None:
+        try:
+            for source, (t, unrouted) in json.loads(value or b"{}").get("sources", {}).items():
+                order.progress(str(source), float("-inf") if t is None else float(t), int(unrouted), wall)
+        except (ValueError, TypeError, AttributeError) as exc:  # another version's marker: ignored, counted
+            processor.counts["evaluate.bad_progress"] += 1
+            log.debug("ignoring a progress marker: %s", exc)
+
     @app.agent(by_job, concurrency=1)
     async def evaluate_jobs(stream: faust.StreamT) -> None:
         async for events in stream.take_events(  # type: ignore[attr-defined]
@@ -260,7 +302,11 @@ def wire(app: faust.App, cfg: Any, processor: Processor, inputs: Any, by_job: An
                     processor.counts["evaluate.redelivered"] += 1
                     continue
                 received[e.message.partition] = e.message.offset
-                copy = dict(e.message.headers or ()).get(COPY_HEADER)
+                headers = dict(e.message.headers or ())
+                if PROGRESS_HEADER in headers:
+                    take_progress(e.message.value, wall)
+                    continue
+                copy = headers.get(COPY_HEADER)
                 if copy is not None:
                     if copy in copies:  # a copy this worker has already taken from another partition
                         processor.counts["route.copies_dropped"] += 1
