@@ -17,7 +17,7 @@ import os
 import socket
 import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from whywait.engine.errors import ConfigError, TopologyError
 
@@ -156,40 +156,6 @@ async def read_snapshot(bootstrap: str, group: str) -> dict[str, Any] | None:
         await c.stop()
 
 
-async def read_placements(bootstrap: str) -> list[dict[str, Any]]:
-    """Return the newest valid placement of every job in the compacted placement topic.
-
-    Called at start-up, before the faust worker runs: a restarted engine resumes each topic from
-    its committed offset, and a job placed before that offset would otherwise stay unknown to it
-    (and go unwatched) until its placement changed.
-    """
-    from aiokafka import AIOKafkaConsumer, TopicPartition
-    from whywait.agents.events import TOPIC_PLACEMENT, ContractError, decode
-    from whywait.engine.stream.tables import partitions_of
-
-    # Every partition: a consumer without a subscription does not know them (partitions_for_topic
-    # answered None, and only partition 0 was read; a placement topic with more lost the others).
-    tps = [TopicPartition(TOPIC_PLACEMENT, p) for p in range(await partitions_of(bootstrap, TOPIC_PLACEMENT))]
-    c = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
-    await c.start()
-    latest: dict[bytes | None, Mapping[str, Any] | None] = {}
-    try:
-        c.assign(tps)
-        await c.seek_to_beginning(*tps)
-        ends = await c.end_offsets(tps)
-        for tp in tps:
-            while ends[tp] and await c.position(tp) < ends[tp]:
-                batch = await c.getmany(tp, timeout_ms=1000)
-                for msg in batch.get(tp, []):
-                    try:
-                        latest[msg.key] = decode(msg.value, TOPIC_PLACEMENT) if msg.value else None
-                    except ContractError:
-                        continue  # the stream dead-letters it with its reason
-    finally:
-        await c.stop()
-    return [dict(m) for m in latest.values() if m is not None]
-
-
 def fresh_state_store(bootstrap: str, topic: str | None = None) -> Any:
     """The notifier's Kafka state store, starting empty: ``--no-restore`` must not reopen the last run's messages."""
     from whywait.engine.notify.state import STATE_TOPIC, KafkaStateStore
@@ -266,6 +232,8 @@ def run(args: argparse.Namespace) -> int:
             else:
                 log.info("restored %d incident(s) from the last checkpoint", len(snap.get("incidents", ())))
     placed = 0
+    from whywait.engine.stream.tables import read_placements
+
     for msg in asyncio.run(read_placements(bootstrap)):
         if args.not_before is not None and msg["time"] < args.not_before:
             continue

@@ -205,12 +205,13 @@ class ReorderBuffer:
     while the repartition topic has unread records (``backlog``); with no backlog, nothing is held
     longer than ``max_hold_s`` of wall time, so live latency stays a few seconds at most.  On a
     backlog, a kind more than ``idle_event_s`` of event time behind the newest (a hung job's steps)
-    is not waited for.
+    is not waited for.  Whatever else, nothing is released past the event time an input partition
+    with unrouted records has been routed to, by whichever worker routes it (:meth:`progress`).
     Pure: the caller passes each record's event time and kind, and the wall clock.
     """
 
     def __init__(self, kinds: Iterable[str], idle_wall_s: float = 3.0, max_hold_s: float = 2.0,
-                 idle_event_s: float = 120.0, max_records: int = 500_000) -> None:
+                 idle_event_s: float = 120.0, max_records: int = 500_000, stale_s: float = 30.0) -> None:
         import heapq
 
         self._heapq = heapq
@@ -223,6 +224,11 @@ class ReorderBuffer:
         self.kind_max: dict[tuple[int, str], float] = {}  # (partition, kind) -> newest event time
         self.kind_seen: dict[tuple[int, str], float] = {}  # (partition, kind) -> wall time it last arrived
         self.seq = 0
+        # What each router said of the input partitions it reads (see :meth:`progress`): source ->
+        # (event time routed up to, records not routed yet, wall time said).  ``stale_s`` forgets a
+        # router that stopped saying (it died; the group gives its partitions to another, which says anew).
+        self.sources: dict[str, tuple[float, int, float]] = {}
+        self.stale_s = stale_s
 
     def push(self, record: Any, t: float, kind: str | None, wall: float, partition: int = 0) -> None:
         """Hold ``record`` (event time ``t``, from ``partition`` of the repartition topic)."""
@@ -236,6 +242,23 @@ class ReorderBuffer:
                 self.kind_max[key] = t
             self.kind_seen[key] = wall
 
+    def progress(self, source: str, routed_to: float, unrouted: int, wall: float) -> None:
+        """A router's word on one input partition (``source``): it has forwarded everything it read from
+        it up to event time ``routed_to``, and ``unrouted`` records wait there still.
+
+        Why: every worker's router feeds every partition of the repartition topic, each through its
+        own backlog at its own pace.  This worker cannot see the others' backlog; without their word,
+        a job's steps routed late by another worker arrived after the job's telemetry had been
+        released (and ``job.rank-silent`` fired on ranks that were not silent).
+        """
+        self.sources[source] = (routed_to, unrouted, wall)
+
+    def behind(self, wall: float) -> float:
+        """Event time up to which every input partition that still has unrouted records was routed
+        (inf when none has, by every router that spoke within ``stale_s``)."""
+        ts = [t for t, lag, seen in self.sources.values() if lag > 0 and wall - seen <= self.stale_s]
+        return min(ts) if ts else float("inf")
+
     def watermark(self, wall: float, backlog: bool) -> float:
         """Event time up to which every active kind of every partition has arrived."""
         top: dict[int, float] = {}
@@ -247,11 +270,12 @@ class ReorderBuffer:
 
     def release(self, wall: float, backlog: bool) -> list[Any]:
         """The held records that may go to the evaluator now, oldest event time first."""
-        w = self.watermark(wall, backlog)
+        b = self.behind(wall)
+        w = min(self.watermark(wall, backlog), b)
         out = []
         heap = self.heap
         while heap and (heap[0][0] <= w or len(heap) > self.max_records
-                        or (not backlog and wall - heap[0][2] >= self.max_hold_s)):
+                        or (not backlog and wall - heap[0][2] >= self.max_hold_s and heap[0][0] <= b)):
             out.append(self._heapq.heappop(heap)[3])
         return out
 

@@ -123,6 +123,7 @@ class Processor:
         self.owners: dict[str, str] = {}  # job -> the user its placement says it runs as
         self.firing: set[str] = set()  # fingerprints announced firing and not yet resolved (counted once)
         self.routed_to: dict[tuple[str, int], int] = {}  # router: (topic, partition) -> last offset routed
+        self.routed_time: dict[tuple[str, int], float] = {}  # router: (topic, partition) -> newest event time forwarded
 
     def process(self, records: Iterable[Record]) -> Output:
         """Decode and evaluate one batch; return diagnoses and dead letters, in order.
@@ -247,6 +248,8 @@ class Processor:
                 continue
             where = routes(msg, topo, partitions)
             t_ms = int(float(msg["time"]) * 1000)
+            if t_ms / 1000 > self.routed_time.get((rec.topic, rec.partition), float("-inf")):
+                self.routed_time[(rec.topic, rec.partition)] = t_ms / 1000
             # A message copied to several partitions names its source, so a worker that owns more
             # than one of them ingests it once (engine/stream/scaleout.py drops the later copies).
             src = f"{rec.topic}/{rec.partition}/{rec.offset}" if len(where) > 1 else None

@@ -36,6 +36,8 @@ log = logging.getLogger(__name__)
 
 # A copied message's source (topic/partition/offset), in a header of each copy.
 COPY_HEADER = "whywait-copy-of"
+# A router's progress marker on the repartition topic (not a message; see ReorderBuffer.progress).
+PROGRESS_HEADER = "whywait-progress"
 # The inputs that arrive steadily while a job runs: the reorder buffer waits for them.
 STEADY_KINDS = frozenset({t.kind for t in TOPICS if t.periodic} | {"steps"})
 
@@ -56,6 +58,7 @@ class ScaleOut:
         self.table = PlacementTable(cfg.bootstrap, processor.apply_placement, not_before=processor.not_before)
         self.written: dict[str, str] = {}  # job -> the checkpoint last written for it
         self.restored_copies: set[bytes] = set()  # during one restore: copied messages taken already
+        self.received: dict[int, int] = {}  # partition of the repartition topic -> last offset received here
 
     @property
     def caught_up(self) -> bool:
@@ -93,12 +96,45 @@ class ScaleOut:
             else:
                 self.written.pop(job, None)
 
+    async def refill_gaps(self, kept: frozenset[int]) -> None:
+        """Re-read into the store what another worker consumed of a partition this one keeps.
+
+        Why: with a worker pausing (a busy machine misses heartbeats), the group can give its partitions
+        to another worker and back within seconds; that worker consumes and commits meanwhile, and this
+        one resumes at its commit.  The records in between (from our last received offset to that
+        commit) were never seen here, and the windows of this worker's jobs would keep a hole.
+        """
+        from aiokafka import TopicPartition
+        from whywait.engine.stream.tables import committed_offsets, read_range
+
+        mine = {TopicPartition(TOPIC_BY_JOB, p): off for p, off in self.received.items() if p in kept}
+        if not mine:
+            return
+        try:
+            committed = await committed_offsets(self.cfg.bootstrap, self.cfg.group_id, list(mine))
+            ranges = {tp: (mine[tp] + 1, c) for tp, c in committed.items() if c > mine[tp] + 1}
+            if not ranges:
+                return
+            self.restored_copies = set()
+            n = await read_range(self.cfg.bootstrap, ranges, self._restore)
+        except Exception as exc:  # noqa: BLE001 - the broker away: evaluate on, with the hole
+            log.error("engine: could not re-read what another worker took of %s: %s: %s", sorted(kept),
+                      type(exc).__name__, exc)
+            return
+        for tp, (_, end) in ranges.items():
+            self.received[tp.partition] = max(self.received.get(tp.partition, -1), end - 1)
+        log.info("engine: re-read %d record(s) another worker consumed meanwhile of %s", n,
+                 ", ".join(f"{TOPIC_BY_JOB}[{tp.partition}]@{a}..{b}" for tp, (a, b) in sorted(ranges.items())))
+
     async def assigned(self, tps: Any) -> None:
         """Take the new assignment: forget lost jobs, refill and restore gained ones."""
         new = frozenset(tp.partition for tp in tps if tp.topic == TOPIC_BY_JOB)
         old = self.owned.owned
         gained, lost = new - old, old - new
         self.owned.owned = new
+        kept = new & old
+        if kept:
+            await self.refill_gaps(kept)
         if lost:
             n = drop_jobs(self.processor.evaluator, self.owned.owns)
             self.written = {j: b for j, b in self.written.items() if self.owned.owns(j)}
@@ -154,6 +190,8 @@ class ScaleOut:
         pairs = []
         for r in recs:
             headers = dict(r.headers or ())
+            if PROGRESS_HEADER in headers:  # a router's progress marker, not a message
+                continue
             copy = headers.get(COPY_HEADER)
             if copy is not None:  # one copy per message, whichever gained partition holds it
                 if copy in self.restored_copies:
@@ -191,9 +229,39 @@ def wire(app: faust.App, cfg: Any, processor: Processor, inputs: Any, by_job: An
                 except Exception as exc:  # noqa: BLE001 - counted and logged; consumption goes on
                     processor.counts["send_failed.forward"] += 1
                     log.error("could not forward a %s record to %s[%d]: %s", topic, TOPIC_BY_JOB, part, exc)
+            await say_progress()
+
+    async def say_progress() -> None:
+        """Tell every partition of the repartition topic how far this worker has routed each steady input
+        partition it reads, and how many records wait there (after the records: same producer, same
+        partition, so a marker never overtakes what it speaks of)."""
+        sources: dict[str, list[Any]] = {}
+        try:
+            for tp in app.consumer.assignment():
+                if kind_for_topic(tp.topic) not in STEADY_KINDS:
+                    continue
+                hw = app.consumer.highwater(tp)
+                if not hw:
+                    continue  # not fetched yet, or empty: nothing to say
+                last = processor.routed_to.get((tp.topic, tp.partition), -1)
+                sources[f"{tp.topic}/{tp.partition}"] = [processor.routed_time.get((tp.topic, tp.partition)),
+                                                         max(0, hw - last - 1)]
+        except Exception:  # noqa: BLE001 - no consumer yet (a rebalance): the next batch says it
+            return
+        if not sources:
+            return
+        known = [t for t, _ in sources.values() if t is not None]
+        body = json.dumps({"sources": sources}, separators=(",", ":")).encode()
+        for part in range(cfg.partitions):
+            try:
+                await by_job.send(key=b"", value=body, partition=part,
+                                  timestamp=max(known) if known else None, headers={PROGRESS_HEADER: b"1"})
+            except Exception as exc:  # noqa: BLE001 - the next batch says it again
+                processor.counts["send_failed.progress"] += 1
+                log.debug("could not send a progress marker to %s[%d]: %s", TOPIC_BY_JOB, part, exc)
 
     order = ReorderBuffer(STEADY_KINDS)
-    received: dict[int, int] = {}  # partition of the repartition topic -> last offset received
+    received = so.received  # partition of the repartition topic -> last offset received
     copies: dict[bytes, None] = {}  # source ids of copied messages taken already (insertion-ordered)
 
     def backlog() -> bool:
@@ -214,14 +282,31 @@ def wire(app: faust.App, cfg: Any, processor: Processor, inputs: Any, by_job: An
             return False
         return False
 
+    def take_progress(value: bytes | None, wall: float) -> None:
+        try:
+            for source, (t, unrouted) in json.loads(value or b"{}").get("sources", {}).items():
+                order.progress(str(source), float("-inf") if t is None else float(t), int(unrouted), wall)
+        except (ValueError, TypeError, AttributeError) as exc:  # another version's marker: ignored, counted
+            processor.counts["evaluate.bad_progress"] += 1
+            log.debug("ignoring a progress marker: %s", exc)
+
     @app.agent(by_job, concurrency=1)
     async def evaluate_jobs(stream: faust.StreamT) -> None:
         async for events in stream.take_events(  # type: ignore[attr-defined]
                 cfg.batch_max, within=cfg.batch_within_s):
             wall = time.monotonic()
             for e in events:
+                if e.message.offset <= received.get(e.message.partition, -1):
+                    # Delivered again (the group re-read from its last commit): taken already, and a
+                    # second copy of a point would weigh twice in its window.
+                    processor.counts["evaluate.redelivered"] += 1
+                    continue
                 received[e.message.partition] = e.message.offset
-                copy = dict(e.message.headers or ()).get(COPY_HEADER)
+                headers = dict(e.message.headers or ())
+                if PROGRESS_HEADER in headers:
+                    take_progress(e.message.value, wall)
+                    continue
+                copy = headers.get(COPY_HEADER)
                 if copy is not None:
                     if copy in copies:  # a copy this worker has already taken from another partition
                         processor.counts["route.copies_dropped"] += 1

@@ -117,33 +117,55 @@ class PlacementTable:
             log.debug("placement of job %s not applied: %s", msg.get("job"), exc)
 
 
-async def read_job_states(bootstrap: str, group: str, want: Callable[[str], bool]) -> dict[str, dict[str, Any]]:
-    """The newest per-job checkpoint of every job ``want`` accepts (empty ones left out)."""
+async def read_compacted(bootstrap: str, topic: str, client_id: str = "whywait-compacted-read",
+                         want: Callable[[bytes], bool] | None = None) -> dict[bytes | None, bytes | None]:
+    """The newest value of every key of a compacted topic, read whole (all partitions, to the end
+    offsets found at start); a tombstone reads as None, keyless records share the key None.
+
+    ``want(key)`` keeps only the keys it accepts (before any value is held).  Called by the start-up
+    read of placements (``whywait engine``) and by a partitioned worker for the incident checkpoints
+    and notifier records of the jobs it gains.  Every partition is read: a consumer without a
+    subscription does not know them (only partition 0 was read once, and a topic with more lost the rest).
+    """
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
-    prefix = f"{group}|job|".encode()
-    c = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, client_id="whywait-state-read")
+    tps = [TopicPartition(topic, p) for p in range(await partitions_of(bootstrap, topic))]
+    c = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, client_id=client_id)
     await c.start()
-    out: dict[str, dict[str, Any] | None] = {}
+    latest: dict[bytes | None, bytes | None] = {}
     try:
-        tp = TopicPartition(TOPIC_ENGINE_STATE, 0)
-        c.assign([tp])
-        await c.seek_to_beginning(tp)
-        end = (await c.end_offsets([tp]))[tp]
-        while end and await c.position(tp) < end:
-            batch = await c.getmany(tp, timeout_ms=1000)
-            for m in batch.get(tp, []):
-                if m.key is None or not m.key.startswith(prefix):
-                    continue
-                job = m.key[len(prefix):].decode(errors="replace")
-                if want(job):
-                    try:
-                        out[job] = json.loads(m.value) if m.value else None
-                    except ValueError:
-                        log.warning("ignoring an unreadable checkpoint of job %s", job[:80])
+        c.assign(tps)
+        await c.seek_to_beginning(*tps)
+        ends = await c.end_offsets(tps)
+        for tp in tps:
+            while ends[tp] and await c.position(tp) < ends[tp]:
+                batch = await c.getmany(tp, timeout_ms=1000)
+                for m in batch.get(tp, []):
+                    if want is None or (m.key is not None and want(m.key)):
+                        latest[m.key] = m.value
     finally:
         await c.stop()
-    return {j: s for j, s in out.items() if s}
+    return latest
+
+
+async def read_job_states(bootstrap: str, group: str, want: Callable[[str], bool]) -> dict[str, dict[str, Any]]:
+    """The newest per-job checkpoint of every job ``want`` accepts (empty ones left out)."""
+    prefix = f"{group}|job|".encode()
+    got = await read_compacted(bootstrap, TOPIC_ENGINE_STATE, "whywait-state-read",
+                               lambda k: k.startswith(prefix) and want(k[len(prefix):].decode(errors="replace")))
+    out: dict[str, dict[str, Any]] = {}
+    for key, value in got.items():
+        job = (key or b"")[len(prefix):].decode(errors="replace")
+        if not value:
+            continue
+        try:
+            state = json.loads(value)
+        except ValueError:
+            log.warning("ignoring an unreadable checkpoint of job %s", job[:80])
+            continue
+        if state:
+            out[job] = state
+    return out
 
 
 async def read_notify_state(bootstrap: str, want: Callable[[str], bool],
@@ -153,35 +175,36 @@ async def read_notify_state(bootstrap: str, want: Callable[[str], bool],
     Read when a worker gains jobs: it adopts them (``Pipeline.adopt``), so an update of an incident
     another worker announced edits that worker's Slack message instead of posting a second one.
     """
-    from aiokafka import AIOKafkaConsumer, TopicPartition
-
-    c = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, client_id="whywait-notify-read")
-    await c.start()
-    latest: dict[str, dict[str, Any] | None] = {}
-    try:
-        tps = [TopicPartition(topic, p) for p in range(await partitions_of(bootstrap, topic))]
-        c.assign(tps)
-        await c.seek_to_beginning(*tps)
-        ends = await c.end_offsets(tps)
-        for tp in tps:
-            while ends[tp] and await c.position(tp) < ends[tp]:
-                batch = await c.getmany(tp, timeout_ms=1000)
-                for m in batch.get(tp, []):
-                    if m.key is None:
-                        continue
-                    try:
-                        latest[m.key.decode()] = json.loads(m.value) if m.value else None
-                    except ValueError:
-                        continue
-    finally:
-        await c.stop()
     out = {}
-    for key, rec in latest.items():
-        if not isinstance(rec, dict) or rec.get("status") == "resolved":
+    for key, value in (await read_compacted(bootstrap, topic, "whywait-notify-read")).items():
+        try:
+            rec = json.loads(value) if value else None
+        except ValueError:
+            continue
+        if key is None or not isinstance(rec, dict) or rec.get("status") == "resolved":
             continue
         members = rec.get("members") or {}
         if any(isinstance(m, dict) and isinstance(m.get("job"), str) and want(m["job"]) for m in members.values()):
-            out[key] = rec
+            out[key.decode(errors="replace")] = rec
+    return out
+
+
+async def read_placements(bootstrap: str) -> list[dict[str, Any]]:
+    """Return the newest valid placement of every job in the compacted placement topic.
+
+    Called by ``whywait engine`` at start-up, before the faust worker runs: a restarted engine resumes
+    each topic from its committed offset, and a job placed before that offset would otherwise stay
+    unknown to it (and go unwatched) until its placement changed.  Invalid ones are left to the stream,
+    which dead-letters them with their reason.
+    """
+    out = []
+    for value in (await read_compacted(bootstrap, TOPIC_PLACEMENT, "whywait-placement-read")).values():
+        if value is None:
+            continue
+        try:
+            out.append(dict(decode(value, TOPIC_PLACEMENT)))
+        except ContractError:
+            continue
     return out
 
 
@@ -196,6 +219,42 @@ async def committed_offsets(bootstrap: str, group: str, tps: list[Any]) -> dict[
     finally:
         await admin.close()
     return {tp: om.offset for tp, om in got.items() if om is not None and om.offset is not None and om.offset >= 0}
+
+
+async def read_range(bootstrap: str, ranges: Mapping[Any, tuple[int, int]], feed: Callable[[list[Any]], None],
+                     limit: int = 5_000_000) -> int:
+    """Read the records at offsets ``[start, end)`` of each partition in ``ranges``; ``feed(records)`` gets
+    them in batches.  Returns how many were fed (stops at ``limit``, or when a partition has nothing more)."""
+    from aiokafka import AIOKafkaConsumer
+
+    todo = {tp: r for tp, r in ranges.items() if r[1] > r[0]}
+    if not todo:
+        return 0
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
+                                client_id="whywait-range-read")
+    await consumer.start()
+    n = 0
+    try:
+        consumer.assign(list(todo))
+        for tp, (start, _) in todo.items():
+            consumer.seek(tp, start)
+        live = dict(todo)
+        while live and n < limit:
+            batch = await consumer.getmany(*live, timeout_ms=2000)
+            if not batch:
+                break
+            for tp, recs in batch.items():
+                end = todo[tp][1]
+                keep = [r for r in recs if r.offset < end]
+                if keep:
+                    feed(keep)
+                    n += len(keep)
+                if not recs or recs[-1].offset >= end - 1:
+                    live.pop(tp, None)
+                    consumer.pause(tp)
+    finally:
+        await consumer.stop()
+    return n
 
 
 async def read_window(bootstrap: str, group: str, tps: list[Any], window_s: float,

@@ -20,8 +20,9 @@ from typing import Any, Iterator
 
 import pytest
 
-from tests.integration.test_scaleout import REPO, broker, read_diagnoses, whywait  # noqa: F401 - the fixture
+from tests.integration.test_scaleout import broker, read_diagnoses  # noqa: F401 - the fixture
 from tests.support.slack_server import SlackServer
+from tests.support.workers import REPO, Workers, engine_env, whywait
 
 # Several engine processes on one broker take minutes each here: `make test-scaleout` runs them, `make test` does not.
 pytestmark = [pytest.mark.integration, pytest.mark.scaleout]
@@ -62,23 +63,15 @@ def failover(broker: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     load_scenario(scen).topology.to_yaml(topo)
     start = float(int(time.time()) + 60 * DAY)  # +60 d: this test's own stretch of event time
     group = f"failover-{start:.0f}"
-    logs = [work / f"worker-{i}.log" for i in range(2)]
     with SlackServer(channels=["#ml-platform", "#whywait"], token="xoxb-failover") as slack:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("SLACK", "WHYWAIT_"))}
-        env.update({"WHYWAIT_KAFKA_BOOTSTRAP": broker, "SLACK_BOT_TOKEN": "xoxb-failover",
-                    "WHYWAIT_SLACK_API_URL": slack.url, "PYTHONUNBUFFERED": "1"})
-        procs = [subprocess.Popen(
-            whywait("engine", "--topology", str(topo), "--group", group, "--partitions", "4", "--instance-id", "none",
-                    "--not-before", str(start), "--latest", "--max-clock-skew", "off"),
-            stdout=logs[i].open("w"), stderr=subprocess.STDOUT, cwd=REPO,
-            env={**env, "WHYWAIT_NOTIFY_OUTBOX": str(work / f"outbox-{i}")}) for i in range(2)]
+        env = engine_env(broker, SLACK_BOT_TOKEN="xoxb-failover", WHYWAIT_SLACK_API_URL=slack.url)
+        workers = Workers(work, topo, group, 2, env, 4,
+                          args=("--not-before", str(start), "--max-clock-skew", "off")).start()
+        procs, logs = workers.procs, workers.logs
         sim = None
         out: dict[str, Any] = {"slack": slack, "logs": logs, "start": start}
         try:
-            deadline = time.time() + 120
-            while time.time() < deadline and not all("took" in p.read_text() for p in logs):
-                time.sleep(0.5)
-            time.sleep(5)
+            workers.wait_settled()
             sim = subprocess.Popen(whywait("simulate", "--scenario", str(scen), "--speed", "2",
                                            "--start-time", str(start)), env=env, cwd=REPO)
             # the incident is posted; then the worker evaluating job-e is killed
@@ -110,14 +103,7 @@ def failover(broker: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         finally:
             if sim is not None and sim.poll() is None:
                 sim.kill()
-            for p in procs:
-                if p.poll() is None:
-                    p.terminate()
-            for p in procs:
-                try:
-                    p.wait(30)
-                except subprocess.TimeoutExpired:
-                    p.kill()
+            workers.stop()
 
 
 def test_survivor_takes_over_within_30s(failover: dict[str, Any]) -> None:

@@ -13,21 +13,19 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import subprocess
-import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from whywait.agents.events import TOPIC_DIAGNOSES
 
+from tests.support.workers import REPO, Workers, engine_env, private_broker, whywait
+
 # Several engine processes on one broker take minutes each here: `make test-scaleout` runs them, `make test` does not.
 pytestmark = [pytest.mark.integration, pytest.mark.scaleout]
 
-REPO = Path(__file__).resolve().parents[2]
 PARTITIONS = 4
 DURATION = 240
 JOBS = {"train-llm": "node-01..node-06", "etl-d": "node-07..node-08", "job-e": "node-09..node-12",
@@ -49,22 +47,7 @@ faults:
 DAY = 86_400
 
 
-def whywait(*args: str) -> list[str]:
-    return [sys.executable, "-m", "whywait", *args]
-
-
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    from whywait.engine.localkafka import broker as lb
-
-    if not lb.jars_fetched():
-        pytest.skip("no Kafka jars for a private broker")
-    b = lb.LocalBroker(detached=False)
-    bootstrap = b.start(data_dir=tmp_path_factory.mktemp("scaleout-broker"))
-    try:
-        yield bootstrap
-    finally:
-        b.stop()
+broker = private_broker  # this module's own broker (test_failover imports it too)
 
 
 async def lag(bootstrap: str, group: str) -> int:
@@ -121,55 +104,29 @@ async def read_diagnoses(bootstrap: str, since: float, until: float, group: str,
 
 
 def run_workers(bootstrap: str, work: Path, n: int, start: float) -> tuple[list[dict[str, Any]], list[str]]:
-    """Start ``n`` workers in one fresh group, simulate the scenario from ``start``; return diagnoses and logs."""
+    """Start ``n`` workers in one fresh group, simulate the scenario from ``start``; return diagnoses and logs.
+
+    The group reads from the beginning and skips older event times (``--not-before``): earlier runs on this
+    broker cost a decode each, and nothing is skipped by where a consumer happened to resolve "latest".
+    """
     scen = work / "scenario.yaml"
     scen.write_text(SCENARIO)
     topo = work / f"topology-{n}.yaml"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLACK", "WHYWAIT_RECEIVERS"))}
-    env.update({"WHYWAIT_KAFKA_BOOTSTRAP": bootstrap, "PYTHONUNBUFFERED": "1", "WHYWAIT_RECEIVERS": "console"})
     from whywait.simulate.scenario import load_scenario
 
     load_scenario(scen).topology.to_yaml(topo)  # the jobs come from the placement topic
+    env = engine_env(bootstrap, WHYWAIT_RECEIVERS="console")
     group = f"scaleout-{n}-{start:.0f}"
-    logs = [work / f"worker-{n}-{i}.log" for i in range(n)]
-    procs = []
+    workers = Workers(work, topo, group, n, env, PARTITIONS, tag=f"{n}-",
+                      args=("--not-before", str(start), "--no-restore", "--max-clock-skew", "off"))
     try:
-        for i in range(n):
-            procs.append(subprocess.Popen(
-                whywait("engine", "--topology", str(topo), "--group", group, "--partitions", str(PARTITIONS),
-                        "--instance-id", "none", "--not-before", str(start), "--no-restore", "--latest",
-                        "--max-clock-skew", "off"),
-                stdout=logs[i].open("w"), stderr=subprocess.STDOUT, cwd=REPO,
-                env={**env, "WHYWAIT_NOTIFY_OUTBOX": str(work / f"outbox-{n}-{i}")}))  # one outbox each
-        deadline = time.time() + 120
-        while time.time() < deadline:  # every worker has its share before any telemetry is produced
-            texts = [p.read_text() for p in logs]
-            if all("consuming" in t for t in texts) and _settled(texts, n):
-                time.sleep(5)  # the last rebalance's restores and the placement tables settle
-                break
-            if any(p.poll() is not None for p in procs):
-                break
-            time.sleep(0.5)
+        workers.start().wait_settled()  # every worker has its share before any telemetry is produced
         subprocess.run(whywait("simulate", "--scenario", str(scen), "--speed", "0", "--start-time", str(start)),
                        env=env, cwd=REPO, check=True, timeout=300)
         diags = asyncio.run(read_diagnoses(bootstrap, start, time.time() + 420, group))
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-    return diags, [p.read_text() for p in logs]
-
-
-def _settled(texts: list[str], n: int) -> bool:
-    """Each worker's last assignment line; settled when the latest ones together hold every partition."""
-    if n == 1:
-        return True
-    lines = [[ln for ln in t.splitlines() if "consuming" in ln] for t in texts]
-    return all(lines) and sum(len(ls) for ls in lines) >= n
+        workers.stop()
+    return diags, workers.texts()
 
 
 def summary(diags: list[dict[str, Any]]) -> set[tuple[str, str, str]]:

@@ -157,6 +157,26 @@ def test_reorder_buffer_does_not_wait_for_a_hung_jobs_steps_on_a_backlog() -> No
     assert out[0] == "steps@1" and out[-1] == "net@99"  # steps 98 s behind: idle, not waited for
 
 
+def test_reorder_buffer_waits_for_an_input_another_worker_still_routes() -> None:
+    # Live here (no backlog on this worker), so held records would go after max_hold_s; but another
+    # worker's router says the steps partition it reads has records left, routed up to t=5 so far.
+    buf = ReorderBuffer({"net", "steps"}, stale_s=30)
+    buf.progress("whywait.steps.v1/2", 5.0, 400, wall=0.0)
+    buf.push("net@4", 4.0, "net", 0.0)
+    buf.push("net@9", 9.0, "net", 0.0)
+    assert buf.release(10.0, backlog=False) == ["net@4"]  # not past what that router has routed
+    buf.progress("whywait.steps.v1/2", 12.0, 0, wall=10.5)  # it caught up
+    assert buf.release(11.0, backlog=False) == ["net@9"]
+
+
+def test_reorder_buffer_forgets_a_router_that_went_silent() -> None:
+    buf = ReorderBuffer({"net"}, stale_s=30)
+    buf.progress("whywait.net.v1/0", float("-inf"), 10, wall=0.0)  # read nothing yet, records waiting
+    buf.push("net@1", 1.0, "net", 0.0)
+    assert buf.release(5.0, backlog=False) == []
+    assert buf.release(31.0, backlog=False) == ["net@1"]  # its partitions went to a worker that says anew
+
+
 def test_reorder_buffer_is_bounded() -> None:
     buf = ReorderBuffer({"net", "steps"}, max_records=10)
     buf.push("s", 0.0, "steps", 0.0)
