@@ -150,7 +150,19 @@ class Offsets:
         await self.admin.close()
 
     async def committed(self, group: str) -> dict[TP, int]:
-        got = await self.admin.list_consumer_group_offsets(group)
+        """The group's committed offsets; empty while the broker cannot say yet (the caller polls again).
+
+        A loaded broker answers "coordinator not available" (or another retriable error) for a while after a
+        group forms; that is "not caught up yet", not a failed run.
+        """
+        from aiokafka.errors import KafkaError
+
+        try:
+            got = await self.admin.list_consumer_group_offsets(group)
+        except KafkaError as exc:
+            if not getattr(exc, "retriable", False):
+                raise
+            return {}
         return {(tp.topic, tp.partition): m.offset for tp, m in got.items() if m.offset >= 0}
 
     async def commit(self, group: str, offsets: dict[TP, int]) -> None:
