@@ -233,27 +233,34 @@ async def read_range(bootstrap: str, ranges: Mapping[Any, tuple[int, int]], feed
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
                                 client_id="whywait-range-read")
     await consumer.start()
-    n = 0
     try:
         consumer.assign(list(todo))
-        for tp, (start, _) in todo.items():
-            consumer.seek(tp, start)
-        live = dict(todo)
-        while live and n < limit:
-            batch = await consumer.getmany(*live, timeout_ms=2000)
-            if not batch:
-                break
-            for tp, recs in batch.items():
-                end = todo[tp][1]
-                keep = [r for r in recs if r.offset < end]
-                if keep:
-                    feed(keep)
-                    n += len(keep)
-                if not recs or recs[-1].offset >= end - 1:
-                    live.pop(tp, None)
-                    consumer.pause(tp)
+        return await _read_ranges(consumer, todo, feed, limit)
     finally:
         await consumer.stop()
+
+
+async def _read_ranges(consumer: Any, ranges: Mapping[Any, tuple[int, int]], feed: Callable[[list[Any]], None],
+                       limit: int) -> int:
+    """With ``consumer`` assigned the partitions of ``ranges``: seek each to its start, feed the records before its
+    end, pause it there; return how many were fed (stops at ``limit``, or when a fetch brings nothing)."""
+    for tp, (start, _) in ranges.items():
+        consumer.seek(tp, start)
+    n = 0
+    live = dict(ranges)
+    while live and n < limit:
+        batch = await consumer.getmany(*live, timeout_ms=2000)
+        if not batch:
+            break
+        for tp, recs in batch.items():
+            end = ranges[tp][1]
+            keep = [r for r in recs if r.offset < end]
+            if keep:
+                feed(keep)
+                n += len(keep)
+            if not recs or recs[-1].offset >= end - 1:
+                live.pop(tp, None)
+                consumer.pause(tp)
     return n
 
 
@@ -276,7 +283,6 @@ async def read_window(bootstrap: str, group: str, tps: list[Any], window_s: floa
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
                                 client_id="whywait-window-restore")
     await consumer.start()
-    n = 0
     try:
         consumer.assign(list(todo))
         starts: dict[Any, int] = {}
@@ -290,22 +296,7 @@ async def read_window(bootstrap: str, group: str, tps: list[Any], window_s: floa
             found = await consumer.offsets_for_times({tp: max(0, target)})
             start = found[tp].offset if found.get(tp) is not None else c - 1
             starts[tp] = min(start, c)
-        for tp, start in starts.items():
-            consumer.seek(tp, start)
-        live = dict(starts)
-        while live and n < limit:
-            batch = await consumer.getmany(*live, timeout_ms=2000)
-            if not batch:
-                break
-            for tp, recs in batch.items():
-                keep = [r for r in recs if r.offset < todo[tp]]
-                if keep:
-                    feed(keep)
-                    n += len(keep)
-                if not recs or recs[-1].offset >= todo[tp] - 1:
-                    live.pop(tp, None)
-                    consumer.pause(tp)
+        return await _read_ranges(consumer, {tp: (start, todo[tp]) for tp, start in starts.items()}, feed, limit)
     finally:
         await consumer.stop()
-    return n
 
