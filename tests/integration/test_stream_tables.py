@@ -65,3 +65,36 @@ def test_read_range_feeds_exactly_the_offsets_asked_for(kafka_bootstrap: str, ka
     n, fed = asyncio.run(go())
     assert n == 4
     assert fed == [(0, 3), (0, 4), (0, 5), (0, 6)]  # an empty range reads nothing
+
+
+def test_read_window_rereads_the_event_time_window_before_the_committed_offset(kafka_bootstrap: str,
+                                                                               kafka_topic_factory: Any) -> None:
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+    from aiokafka.structs import OffsetAndMetadata
+    from whywait.engine.stream.tables import read_window
+
+    async def go() -> tuple[int, list[int]]:
+        topic = await kafka_topic_factory(partitions=1, prefix="tables")
+        tp = TopicPartition(topic, 0)
+        p = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
+        await p.start()
+        try:  # record i stamped at t0 + 10 s * i: its event time
+            for i in range(10):
+                await p.send_and_wait(topic, f"{i}".encode(), partition=0, timestamp_ms=1_700_000_000_000 + 10_000 * i)
+        finally:
+            await p.stop()
+        group = f"window-{topic}"
+        c = AIOKafkaConsumer(bootstrap_servers=kafka_bootstrap, group_id=group, enable_auto_commit=False)
+        await c.start()
+        try:  # the previous owner finished offsets 0-7
+            c.assign([tp])
+            await c.commit({tp: OffsetAndMetadata(8, "")})
+        finally:
+            await c.stop()
+        fed: list[int] = []
+        n = await read_window(kafka_bootstrap, group, [tp], 25.0, lambda recs: fed.extend(r.offset for r in recs))
+        return n, fed
+
+    n, fed = asyncio.run(go())
+    # record 7 is at +70 s: the window reaches back to +45 s, so records 5, 6 and 7; nothing at or past the commit
+    assert (n, fed) == (3, [5, 6, 7])
