@@ -27,7 +27,14 @@ from typing import Any, Awaitable, Callable
 import faust
 from faust.types import TP
 from whywait.agents.events import TOPIC_PLACEMENT, TOPICS, kind_for_topic
-from whywait.engine.stream.partitioning import ReorderBuffer, drop_jobs, is_empty, partition_for, split_snapshot
+from whywait.engine.stream.partitioning import (
+    NODE_KINDS,
+    ReorderBuffer,
+    drop_jobs,
+    is_empty,
+    partition_for,
+    split_snapshot,
+)
 from whywait.engine.stream.processor import Processor, Record
 from whywait.engine.stream.tables import PlacementTable, job_state_key, read_job_states, read_notify_state, read_window
 from whywait.engine.stream.topics import TOPIC_BY_JOB
@@ -215,6 +222,8 @@ def wire(app: faust.App, cfg: Any, processor: Processor, inputs: Any, by_job: An
     async def route(stream: faust.StreamT) -> None:
         async for events in stream.take_events(  # type: ignore[attr-defined]  # faust's stubs lag its API
                 cfg.batch_max, within=cfg.batch_within_s):
+            if any(kind_for_topic(e.message.topic) in NODE_KINDS for e in events) and not await so.table.sync():
+                processor.counts["route.placements_unsynced"] += 1  # routed with the placements known so far
             out = processor.route([record(e) for e in events], cfg.partitions)
             for key, value in out.dead_letters:
                 await send(dead, key, value, "dead_letter")

@@ -59,6 +59,9 @@ class PlacementTable:
         self.not_before = not_before
         self.caught_up = False
         self.applied = 0
+        self._consumer: Any = None  # the following consumer, while it runs
+        self._read_to: dict[Any, int] = {}  # partition -> offset read up to (its position)
+        self._no_sync_until = 0.0  # loop time before which sync() answers False at once (it just failed)
 
     async def run(self) -> None:
         """Read forever (cancelled at shutdown); a failure to start or to reach the broker is retried."""
@@ -84,14 +87,18 @@ class PlacementTable:
             tps = [TopicPartition(self.topic, p) for p in range(n)]
             c.assign(tps)
             await c.seek_to_beginning(*tps)
+            self._read_to = {}
+            self._consumer = c
             while True:
                 try:
                     batch = await c.getmany(*tps, timeout_ms=500)
                     for msgs in batch.values():
                         for m in msgs:
                             self._one(m.value)
+                    for tp in tps:
+                        self._read_to[tp] = await c.position(tp)
                     ends = await c.end_offsets(tps)
-                    self.caught_up = all([await c.position(tp) >= ends[tp] for tp in tps])
+                    self.caught_up = all(self._read_to[tp] >= ends[tp] for tp in tps)
                 except (KafkaError, asyncio.TimeoutError, OSError) as exc:
                     # A broker restarting, or a machine too busy to answer in time: the table keeps
                     # what it has (it must never stop the worker) and reads on when the broker answers.
@@ -99,7 +106,43 @@ class PlacementTable:
                     log.warning("placement table: %s: %s; retrying", type(exc).__name__, exc)
                     await asyncio.sleep(1.0)
         finally:
+            self._consumer = None
             await c.stop()
+
+    async def sync(self, timeout_s: float = 5.0) -> bool:
+        """Wait until every placement published before this call is applied; False if ``timeout_s`` passed
+        (or the table is not following yet).
+
+        Called by the router before it routes node telemetry it would otherwise key by node: a placement
+        published before that telemetry was consumed is then known, so the telemetry goes to its job's
+        worker (a job's first seconds of telemetry were keyed by node, and its worker's baselines missed them).
+        """
+        loop = asyncio.get_running_loop()
+        if loop.time() < self._no_sync_until:
+            return False  # it failed just now: do not hold every batch for the timeout while it is away
+        ok = await self._sync(loop, timeout_s)
+        if not ok:
+            self._no_sync_until = loop.time() + 10.0
+        return ok
+
+    async def _sync(self, loop: asyncio.AbstractEventLoop, timeout_s: float) -> bool:
+        deadline = loop.time() + timeout_s
+        # At start-up the table may not follow yet: wait for it too (telemetry routed before it knows
+        # any placement would all be keyed by node).
+        while self._consumer is None or not self._read_to:
+            if loop.time() >= deadline:
+                return False
+            await asyncio.sleep(0.05)
+        c = self._consumer
+        try:
+            ends = await asyncio.wait_for(c.end_offsets(list(self._read_to)), timeout_s)
+        except Exception:  # noqa: BLE001 - the broker away: route with what is known
+            return False
+        while any(self._read_to.get(tp, 0) < end for tp, end in ends.items()):
+            if loop.time() >= deadline or self._consumer is not c:
+                return False
+            await asyncio.sleep(0.05)
+        return True
 
     def _one(self, value: bytes | None) -> None:
         if value is None:

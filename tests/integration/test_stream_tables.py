@@ -98,3 +98,50 @@ def test_read_window_rereads_the_event_time_window_before_the_committed_offset(k
     n, fed = asyncio.run(go())
     # record 7 is at +70 s: the window reaches back to +45 s, so records 5, 6 and 7; nothing at or past the commit
     assert (n, fed) == (3, [5, 6, 7])
+
+
+def test_placement_table_sync_applies_every_placement_published_before_it(kafka_bootstrap: str) -> None:
+    """The router's guard against the placement race: telemetry consumed right after its job's placement
+    was published must be routed with that placement known (else it is keyed by node and the job's worker
+    never sees it). ``sync`` returns only when the table has applied what the topic held when it was called."""
+    import time
+
+    from whywait.agents.events import TOPIC_PLACEMENT, encode, envelope
+    from whywait.engine.stream.tables import PlacementTable
+    from whywait.engine.stream.topics import ensure_topics
+
+    ensure_topics(kafka_bootstrap)
+    tag = f"sync-{time.time_ns()}"
+    applied: list[str] = []
+
+    def placement(job: str) -> bytes:
+        return encode(envelope("placement", "sched", time.time() + 55 * 86_400, job=job, project="p", team="t",
+                               state="running", ranks=[{"rank": 0, "node": "node-01", "gpu": 0}]))
+
+    def produce_blocking(job: str) -> None:
+        # On another thread while this loop is blocked: the table cannot read it before sync() is called.
+        import threading
+
+        th = threading.Thread(target=lambda: asyncio.run(
+            _produce(kafka_bootstrap, TOPIC_PLACEMENT, [(0, job.encode(), placement(job))])))
+        th.start()
+        th.join()
+
+    async def go() -> tuple[bool, bool, int]:
+        produce_blocking(f"{tag}-a")
+        table = PlacementTable(kafka_bootstrap, lambda m: applied.append(m["job"]))
+        task = asyncio.ensure_future(table.run())
+        try:
+            # Called before the table follows the topic: it waits for it rather than answering at once.
+            first = await table.sync(timeout_s=60) and f"{tag}-a" in applied
+            produce_blocking(f"{tag}-b")
+            assert f"{tag}-b" not in applied
+            ok = await table.sync(timeout_s=60)  # published while the table follows: known when sync returns
+            return first, ok, applied.count(f"{tag}-b")
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    first, ok, n = asyncio.run(go())
+    assert first, applied[-5:]
+    assert ok and n == 1, applied[-5:]
