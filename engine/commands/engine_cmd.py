@@ -246,6 +246,15 @@ def run(args: argparse.Namespace) -> int:
         log.info("known jobs from the placement topic: %d", placed)
     log.info("engine: %d rule(s), %d node(s), Kafka %s, notifier %s", len(rules), len(topology.nodes()),
              bootstrap, type(notifier).__name__)
+    if args.latest:
+        from whywait.agents.events import INPUT_TOPICS
+        from whywait.engine.stream.tables import start_group_at_latest
+        from whywait.engine.stream.topics import TOPIC_BY_JOB
+
+        started = asyncio.run(start_group_at_latest(
+            bootstrap, args.group, [*INPUT_TOPICS, *([TOPIC_BY_JOB] if partitions > 1 else [])]))
+        if started is not None:
+            log.info("engine: group %s starts at the latest offsets of %d partition(s)", args.group, started)
     cfg = EngineConfig(bootstrap=bootstrap, group_id=args.group, from_beginning=not args.latest,
                        instance_id=instance_id(args.instance_id, args.group), partitions=partitions,
                        restore_window_s=args.restore_window, restore_state=not args.no_restore)

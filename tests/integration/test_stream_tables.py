@@ -145,3 +145,39 @@ def test_placement_table_sync_applies_every_placement_published_before_it(kafka_
     first, ok, n = asyncio.run(go())
     assert first, applied[-5:]
     assert ok and n == 1, applied[-5:]
+
+
+def test_start_group_at_latest_commits_every_end_once(kafka_bootstrap: str, kafka_topic_factory: Any) -> None:
+    """``whywait engine --latest``: a new group starts at the ends of every partition, committed before any
+    worker joins; a group with offsets (or members) is left alone, so a restart resumes where it was."""
+    import time
+
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+    from whywait.engine.stream.tables import committed_offsets, start_group_at_latest
+
+    group = f"latest-{time.time_ns()}"
+
+    async def go() -> tuple[int | None, dict[Any, int], int | None, int | None]:
+        topic = await kafka_topic_factory(partitions=3, prefix="tables")
+        await _produce(kafka_bootstrap, topic, [(p, None, b"x") for p in (0, 1, 1, 2, 2, 2)])
+        first = await start_group_at_latest(kafka_bootstrap, group, [topic])
+        tps = [TopicPartition(topic, p) for p in range(3)]
+        got = await committed_offsets(kafka_bootstrap, group, tps)
+        await _produce(kafka_bootstrap, topic, [(0, None, b"y")])
+        again = await start_group_at_latest(kafka_bootstrap, group, [topic])
+        # A running group (a member joined) refuses a commit from outside: left alone.
+        busy = f"{group}-busy"
+        member = AIOKafkaConsumer(topic, bootstrap_servers=kafka_bootstrap, group_id=busy,
+                                  enable_auto_commit=False, auto_offset_reset="earliest")
+        await member.start()
+        try:
+            await member.getmany(timeout_ms=3000)  # joined and assigned
+            running = await start_group_at_latest(kafka_bootstrap, busy, [topic])
+        finally:
+            await member.stop()
+        return first, {tp.partition: o for tp, o in got.items()}, again, running
+
+    first, got, again, running = asyncio.run(go())
+    assert first == 3 and got == {0: 1, 1: 2, 2: 3}
+    assert again is None
+    assert running is None
