@@ -368,12 +368,17 @@ class Pipeline(Notifier):
         while True:
             try:
                 with self._cond:
+                    went_idle = lane.busy
                     lane.busy, lane.inflight = False, None
                     if self._stopping:
                         return
                     item, wait = self._pick(lane, time.monotonic())
                     if item is None:
-                        self._cond.notify_all()
+                        # Only when this lane has just finished (flush() waiters, the scheduler): notifying on
+                        # every idle wake-up woke the scheduler, whose notify woke this thread again, and the
+                        # two ping-ponged for ever (an idle engine burnt a core in its notifier).
+                        if went_idle:
+                            self._cond.notify_all()
                         self._cond.wait(min(wait, 1.0))
                         continue
                     lane.busy, lane.inflight = True, item.seq
