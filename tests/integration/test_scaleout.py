@@ -103,11 +103,12 @@ async def read_diagnoses(bootstrap: str, since: float, until: float, group: str,
         await c.stop()
 
 
-def run_workers(bootstrap: str, work: Path, n: int, start: float) -> tuple[list[dict[str, Any]], list[str]]:
+def run_workers(bootstrap: str, work: Path, n: int, start: float,
+                latest: bool = False) -> tuple[list[dict[str, Any]], list[str]]:
     """Start ``n`` workers in one fresh group, simulate the scenario from ``start``; return diagnoses and logs.
 
-    The group reads from the beginning and skips older event times (``--not-before``): earlier runs on this
-    broker cost a decode each, and nothing is skipped by where a consumer happened to resolve "latest".
+    The group reads from the beginning and skips older event times (``--not-before``), or with ``latest``
+    starts where the topics end when the workers start (``--latest``, as an operator starts a new group).
     """
     scen = work / "scenario.yaml"
     scen.write_text(SCENARIO)
@@ -117,8 +118,9 @@ def run_workers(bootstrap: str, work: Path, n: int, start: float) -> tuple[list[
     load_scenario(scen).topology.to_yaml(topo)  # the jobs come from the placement topic
     env = engine_env(bootstrap, WHYWAIT_RECEIVERS="console")
     group = f"scaleout-{n}-{start:.0f}"
+    first = ("--latest",) if latest else ("--not-before", str(start))
     workers = Workers(work, topo, group, n, env, PARTITIONS, tag=f"{n}-",
-                      args=("--not-before", str(start), "--no-restore", "--max-clock-skew", "off"))
+                      args=(*first, "--no-restore", "--max-clock-skew", "off"))
     try:
         workers.start().wait_settled()  # every worker has its share before any telemetry is produced
         subprocess.run(whywait("simulate", "--scenario", str(scen), "--speed", "0", "--start-time", str(start)),
@@ -142,8 +144,11 @@ class Runs(dict):  # type: ignore[type-arg]
         self.broker, self.tmp = broker, tmp
         self.base = float(int(time.time()) + 50 * DAY)  # +50 d: this test's own stretch of event time
 
-    def __missing__(self, n: int) -> tuple[list[dict[str, Any]], list[str]]:
-        self[n] = run_workers(self.broker, self.tmp.mktemp(f"scaleout-{n}"), n, self.base + n * DAY)
+    def __missing__(self, n: int | str) -> tuple[list[dict[str, Any]], list[str]]:
+        if n == "latest-2":  # two workers in a new group started with --latest
+            self[n] = run_workers(self.broker, self.tmp.mktemp("scaleout-latest"), 2, self.base + 5 * DAY, latest=True)
+        else:
+            self[n] = run_workers(self.broker, self.tmp.mktemp(f"scaleout-{n}"), int(n), self.base + int(n) * DAY)
         return self[n]
 
 
@@ -177,6 +182,15 @@ def test_n_workers_give_the_same_diagnoses(runs: dict[int, Any], n: int) -> None
     assert summary(many) == one, (sorted(summary(many) ^ one), [t[-2000:] for t in logs])
     # every worker evaluated: each took partitions of the repartition topic
     assert all("took" in t for t in logs), [t[-1500:] for t in logs]
+
+
+def test_a_new_group_started_with_latest_misses_nothing_published_after(runs: dict[Any, Any]) -> None:
+    """``--latest`` with two workers joining a new group: once started, every input is evaluated (each
+    partition used to start wherever its end was when some worker first fetched it, and most was skipped)."""
+    one = summary(runs[1][0])
+    many, logs = runs["latest-2"]
+    assert summary(many) == one, (sorted(summary(many) ^ one), [t[-2000:] for t in logs])
+    assert any("starts at the latest offsets" in t for t in logs), [t[-1500:] for t in logs]
 
 
 @pytest.mark.parametrize("n", [1, 2, 3])
