@@ -313,12 +313,15 @@ async def read_window(bootstrap: str, group: str, tps: list[Any], window_s: floa
 
     The window ends at the group's committed offset C (what the previous owner finished) and
     starts at the first record whose timestamp (its event time) is at least the event time of
-    record C-1 less ``window_s``.  ``feed(records)`` gets them in batches; returns how many.
+    record C-1 less ``window_s``, and never before the offset the group started at
+    (:func:`read_group_start`: a group started with ``--latest`` re-reads nothing published before
+    it existed).  ``feed(records)`` gets them in batches; returns how many.
     Nothing is read for a partition without a committed offset: the consumer starts it from the
     beginning (or the end, with ``--latest``) and the stream itself fills the window.
     """
     from aiokafka import AIOKafkaConsumer
 
+    floor = await read_group_start(bootstrap, group)
     committed = await committed_offsets(bootstrap, group, tps)
     todo = {tp: c for tp, c in committed.items() if c > 0}
     if not todo:
@@ -338,7 +341,7 @@ async def read_window(bootstrap: str, group: str, tps: list[Any], window_s: floa
             target = int(recs[0].timestamp - window_s * 1000)
             found = await consumer.offsets_for_times({tp: max(0, target)})
             start = found[tp].offset if found.get(tp) is not None else c - 1
-            starts[tp] = min(start, c)
+            starts[tp] = max(min(start, c), floor.get(f"{tp.topic}/{tp.partition}", 0))
         return await _read_ranges(consumer, {tp: (start, todo[tp]) for tp, start in starts.items()}, feed, limit)
     finally:
         await consumer.stop()
@@ -389,6 +392,35 @@ async def _start_group_at_latest(bootstrap: str, group: str, topics: list[str]) 
         except KafkaError as exc:  # members already: someone else started the group a moment ago
             log.info("engine: group %s not started at the latest offsets here (%s): it has members", group, exc)
             return None
-        return len(tps)
     finally:
         await c.stop()
+    # Where the group started, for every worker: a worker gaining a partition re-reads a window before the
+    # committed offset, and for a new group that window is what others published before it existed.
+    from aiokafka import AIOKafkaProducer
+
+    p = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    await p.start()
+    try:
+        await p.send_and_wait(TOPIC_ENGINE_STATE, json.dumps(
+            {f"{tp.topic}/{tp.partition}": ends[tp] for tp in tps}, sort_keys=True).encode(),
+            key=group_start_key(group))
+    finally:
+        await p.stop()
+    return len(tps)
+
+
+def group_start_key(group: str) -> bytes:
+    """The compacted key under which :func:`start_group_at_latest` keeps where group ``group`` started."""
+    return f"{group}|start".encode()
+
+
+async def read_group_start(bootstrap: str, group: str) -> dict[str, int]:
+    """``"topic/partition" -> offset`` where the group was started with ``--latest``; empty if it was not."""
+    key = group_start_key(group)
+    got = await read_compacted(bootstrap, TOPIC_ENGINE_STATE, "whywait-state-read", lambda k: k == key)
+    try:
+        raw = json.loads(got.get(key) or b"{}")
+        return {str(k): int(v) for k, v in raw.items()} if isinstance(raw, dict) else {}
+    except (ValueError, TypeError, AttributeError):
+        log.warning("ignoring an unreadable start record of group %s", group[:80])
+        return {}

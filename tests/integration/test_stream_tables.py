@@ -153,7 +153,7 @@ def test_start_group_at_latest_commits_every_end_once(kafka_bootstrap: str, kafk
     import time
 
     from aiokafka import AIOKafkaConsumer, TopicPartition
-    from whywait.engine.stream.tables import committed_offsets, start_group_at_latest
+    from whywait.engine.stream.tables import committed_offsets, read_group_start, read_window, start_group_at_latest
 
     group = f"latest-{time.time_ns()}"
 
@@ -163,8 +163,21 @@ def test_start_group_at_latest_commits_every_end_once(kafka_bootstrap: str, kafk
         first = await start_group_at_latest(kafka_bootstrap, group, [topic])
         tps = [TopicPartition(topic, p) for p in range(3)]
         got = await committed_offsets(kafka_bootstrap, group, tps)
+        assert await read_group_start(kafka_bootstrap, group) == {f"{topic}/0": 1, f"{topic}/1": 2, f"{topic}/2": 3}
         await _produce(kafka_bootstrap, topic, [(0, None, b"y")])
         again = await start_group_at_latest(kafka_bootstrap, group, [topic])
+        # A worker gaining partition 0 later re-reads a window before the commit, never before the group's start.
+        c = AIOKafkaConsumer(bootstrap_servers=kafka_bootstrap, group_id=group, enable_auto_commit=False)
+        await c.start()
+        try:
+            c.assign(tps[:1])
+            await c.commit({tps[0]: 2})
+        finally:
+            await c.stop()
+        fed: list[bytes] = []
+        n = await read_window(kafka_bootstrap, group, tps[:1], 10 * 86_400.0,
+                              lambda rs: fed.extend(r.value for r in rs))
+        assert (n, fed) == (1, [b"y"])
         # A running group (a member joined) refuses a commit from outside: left alone.
         busy = f"{group}-busy"
         member = AIOKafkaConsumer(topic, bootstrap_servers=kafka_bootstrap, group_id=busy,
