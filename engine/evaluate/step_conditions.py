@@ -405,6 +405,9 @@ class RotationCondition(ConditionParams):
     max_share: Share = param(0.34, "no rank is the slow one on more than this share of those steps")
     min_distinct: Number = param(3.0, "at least this many ranks take turns")
     within: Within = param("stage", _WITHIN_DOC)
+    alpha: Number = param(0.0, "also hold on the latest steps alone when a sequential test (CUSUM of slow turns "
+                               "at rate `persist` against the job's own past rate) passes at this false-alarm "
+                               "level (0: off)")
 
 
 @condition("rotation", RotationCondition)
@@ -468,7 +471,13 @@ def _rotation(c: Condition, ctx: Ctx) -> Result:
     # The share before the rotation began, kept while the rotation lasts: a rotation longer than the
     # history (60 steps) would otherwise become its own past and end the incident while it goes on.
     key = ("rotation.p0", ctx.rule_id, c.line, ctx.job.job)
-    if share < p["persist"]:
+    seq = _rotation_sequential(p, [i for i, _, _ in slow], len(win), len(hist), key, ctx,
+                               lambda: sum(1 for _, row in hist if turn(row) is not None) / len(hist))
+    if seq is not None:
+        # The latest steps alone are evidence enough: judge the turns on them.
+        slow = [x for x in slow if x[0] >= len(win) - seq]
+        share = len(slow) / seq
+    elif share < p["persist"]:
         ctx.state.pop(key, None)
         return Result(False)
     # Against the job's own past: a large job has a slow turn on some steps anyway (GC pauses, hiccups
@@ -478,7 +487,7 @@ def _rotation(c: Condition, ctx: Ctx) -> Result:
     if p0 is None and len(hist) >= 10:
         p0 = sum(1 for _, row in hist if turn(row) is not None) / len(hist)
     if p0 is not None:
-        if share - p0 < 4.0 * math.sqrt(max(p0 * (1 - p0), 0.01) / len(win)):
+        if seq is None and share - p0 < 4.0 * math.sqrt(max(p0 * (1 - p0), 0.01) / len(win)):
             return Result(False)
         ctx.state[key] = p0
     who = Counter(r for _, r, _ in slow)
@@ -507,12 +516,46 @@ def _rotation(c: Condition, ctx: Ctx) -> Result:
         return dur, max(0.0, min(dur, vals[-1] - vals[-2]))
 
     ctx.facts.update(phase=PHASE_NAMES[phase] if excess[phase] > 0 else "step", phase_field=phase,
-                     slow_share=round(len(slow) / len(win), 3), distinct_ranks=len(who), rotation_ratio=round(ratio, 3),
+                     slow_share=round(share, 3), distinct_ranks=len(who), rotation_ratio=round(ratio, 3),
                      loss_fn=loss, aligned_steps=len(win))
     ev = Evidence("step.work_s", ctx.job.job, round(ratio, 4), "ratio", 1.0, f"ratio {p['ratio']}", None,
                   f"{len(who)} different ranks were the slow one on {len(slow)} of {len(win)} steps; "
                   f"none on more than {who.most_common(1)[0][1]}")
     return Result(True, [ctx.job.job], [ev])
+
+
+def _rotation_sequential(p: Any, slow_at: list[int], n: int, n_hist: int, key: tuple[Any, ...], ctx: Ctx,
+                         past_rate: Any) -> int | None:
+    """How many of the latest ``n`` steps a sequential test finds a rotation on; None when it does not.
+
+    A CUSUM of the log-likelihood ratio, step by step from the newest: a step with a slow turn adds
+    log(q1 / p0), one without adds log((1 - q1) / (1 - p0)), where q1 is ``persist`` (the rotation's
+    rate) and p0 the job's own rate of slow turns before the window (its upper estimate, (k + 1) /
+    (n + 2): sixty clean steps do not prove a zero rate).  It passes when some run of latest steps
+    sums past log(1 / ``alpha``).  A clean job (p0 ~ 0.02) needs about four slow turns in a row; a job
+    whose ranks hiccup often (p0 ~ 0.3) needs about as many as the fixed window.  Called only when the
+    latest ``min_distinct`` steps all have a slow turn, so a quiet job pays nothing for it.
+    """
+    alpha = float(p["alpha"])
+    k0 = int(p["min_distinct"])
+    if alpha <= 0 or n_hist < 10 or n < k0 or not all(i in set(slow_at) for i in range(n - k0, n)):
+        return None
+    p0 = ctx.state.get(key)
+    if p0 is None:
+        p0 = past_rate()
+    p0u = (p0 * n_hist + 1.0) / (n_hist + 2.0)
+    q1 = float(p["persist"])
+    if p0u >= q1:
+        return None
+    up, down = math.log(q1 / p0u), math.log((1.0 - q1) / (1.0 - p0u))
+    bar = math.log(1.0 / alpha)
+    mine = set(slow_at)
+    total = 0.0
+    for back, i in enumerate(range(n - 1, -1, -1), start=1):
+        total += up if i in mine else down
+        if total >= bar:
+            return back
+    return None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -336,3 +336,23 @@ def test_a_rotation_costs_only_its_slow_turns_not_the_noise_around_it() -> None:
     assert cost is not None
     lost = sum(x["dur"] - x["clean"] for x in truth)
     assert abs(cost["lost_s"] - lost) <= 0.015 * lost, (cost["lost_s"], lost)
+
+
+def test_a_rotation_is_found_on_its_latest_steps_by_the_sequential_test() -> None:
+    # A clean job (no slow turns before): a few slow turns by different ranks in a row are already
+    # 1 in 1,000,000 under its past rate, so the rule does not wait for 80% of a 15 s window
+    # (12 steps here before the sequential test; 7-8 with it).
+    def slow(step: int, rank: int) -> tuple[float, float]:
+        return (1.6, 0.0) if step > 40 and rank == (step * 7 + 1) % 32 else (1.0, 0.0)
+
+    diags, truth = run_job(90, slow=slow)
+    start = next(x["t"] for x in truth if x["step"] == 41) - 1.0
+    rot = firing(diags, "job.rotating-straggler")
+    assert rot and {d.rule_id for d in firing(diags)} == {"job.rotating-straggler"}
+    assert sum(1 for x in truth if start < x["t"] <= rot[0].detected_at) <= 8
+
+
+def test_hiccups_on_a_large_job_are_no_rotation_for_the_sequential_test() -> None:
+    for seed in (5, 6):
+        diags, _ = run_job(300, ranks=128, hiccups=0.01, seed=seed, jitter=0.05)
+        assert not firing(diags), [(d.rule_id, d.detected_at - T0) for d in firing(diags)]
