@@ -26,7 +26,7 @@ import math
 import statistics
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 from whywait.engine.diagnosis import Evidence
 from whywait.engine.evaluate.conditions import Ctx, Result
@@ -38,6 +38,7 @@ from whywait.engine.evaluate.steps import (
     lower_quartile,
     phase_excess,
     select,
+    sequential_onset,
     step_loss,
 )
 from whywait.engine.rules.condition_types import (
@@ -405,9 +406,9 @@ class RotationCondition(ConditionParams):
     max_share: Share = param(0.34, "no rank is the slow one on more than this share of those steps")
     min_distinct: Number = param(3.0, "at least this many ranks take turns")
     within: Within = param("stage", _WITHIN_DOC)
-    alpha: Number = param(0.0, "also hold on the latest steps alone when a sequential test (CUSUM of slow turns "
-                               "at rate `persist` against the job's own past rate) passes at this false-alarm "
-                               "level (0: off)")
+    alpha: Number = param(0.0, "also hold on the latest steps alone when a sequential test (slow turns at rate "
+                               "`persist` against the job's own past count of them) passes at this false-alarm "
+                               "level: at most one false alarm per 1 / `alpha` new steps (0: off)")
 
 
 @condition("rotation", RotationCondition)
@@ -471,11 +472,13 @@ def _rotation(c: Condition, ctx: Ctx) -> Result:
     # The share before the rotation began, kept while the rotation lasts: a rotation longer than the
     # history (60 steps) would otherwise become its own past and end the incident while it goes on.
     key = ("rotation.p0", ctx.rule_id, c.line, ctx.job.job)
-    seq = _rotation_sequential(p, [i for i, _, _ in slow], len(win), len(hist), key, ctx,
-                               lambda: sum(1 for _, row in hist if turn(row) is not None) / len(hist))
+    seq = _rotation_sequential(p, [i for i, _, _ in slow], len(win), hist, key, ctx,
+                               lambda row: turn(row) is not None)
+    judged = len(win)
     if seq is not None:
-        # The latest steps alone are evidence enough: judge the turns on them.
+        # The latest steps alone are evidence enough: judge the turns (and say the share) on them.
         slow = [x for x in slow if x[0] >= len(win) - seq]
+        judged = seq
         share = len(slow) / seq
     elif share < p["persist"]:
         ctx.state.pop(key, None)
@@ -517,45 +520,44 @@ def _rotation(c: Condition, ctx: Ctx) -> Result:
 
     ctx.facts.update(phase=PHASE_NAMES[phase] if excess[phase] > 0 else "step", phase_field=phase,
                      slow_share=round(share, 3), distinct_ranks=len(who), rotation_ratio=round(ratio, 3),
-                     loss_fn=loss, aligned_steps=len(win))
+                     loss_fn=loss, aligned_steps=judged)
     ev = Evidence("step.work_s", ctx.job.job, round(ratio, 4), "ratio", 1.0, f"ratio {p['ratio']}", None,
-                  f"{len(who)} different ranks were the slow one on {len(slow)} of {len(win)} steps; "
+                  f"{len(who)} different ranks were the slow one on {len(slow)} of {judged} steps; "
                   f"none on more than {who.most_common(1)[0][1]}")
     return Result(True, [ctx.job.job], [ev])
 
 
-def _rotation_sequential(p: Any, slow_at: list[int], n: int, n_hist: int, key: tuple[Any, ...], ctx: Ctx,
-                         past_rate: Any) -> int | None:
-    """How many of the latest ``n`` steps a sequential test finds a rotation on; None when it does not.
+def _rotation_sequential(p: Any, slow_at: list[int], n: int, hist: Steps, key: tuple[Any, ...], ctx: Ctx,
+                         is_turn: Callable[[dict[int, StepRec]], bool]) -> int | None:
+    """How many of the window's latest steps a sequential test finds a rotation on; None when it does not.
 
-    A CUSUM of the log-likelihood ratio, step by step from the newest: a step with a slow turn adds
-    log(q1 / p0), one without adds log((1 - q1) / (1 - p0)), where q1 is ``persist`` (the rotation's
-    rate) and p0 the job's own rate of slow turns before the window (its upper estimate, (k + 1) /
-    (n + 2): sixty clean steps do not prove a zero rate).  It passes when some run of latest steps
-    sums past log(1 / ``alpha``).  A clean job (p0 ~ 0.02) needs about four slow turns in a row; a job
-    whose ranks hiccup often (p0 ~ 0.3) needs about as many as the fixed window.  Called only when the
-    latest ``min_distinct`` steps all have a slow turn, so a quiet job pays nothing for it.
+    Called by ``rotation`` on each evaluation with the window's steps that had a slow turn (``slow_at``,
+    indices into the ``n`` steps of the window).  The test (:func:`sequential_onset`) weighs slow turns
+    at rate ``persist`` against the job's own past count of them: on the steps before the window, or
+    the count kept from before the rotation began (state ``key``), so a long rotation does not become
+    its own past.
     """
     alpha = float(p["alpha"])
-    k0 = int(p["min_distinct"])
-    if alpha <= 0 or n_hist < 10 or n < k0 or not all(i in set(slow_at) for i in range(n - k0, n)):
+    rate = float(p["persist"])
+    if alpha <= 0 or len(hist) < 10:
         return None
-    p0 = ctx.state.get(key)
-    if p0 is None:
-        p0 = past_rate()
-    p0u = (p0 * n_hist + 1.0) / (n_hist + 2.0)
-    q1 = float(p["persist"])
-    if p0u >= q1:
+    # Even a clean past (no slow turn on any step before) would not make this many turns enough:
+    # skip counting the past (up to 60 steps of every rank).
+    if sequential_onset([True] * len(slow_at), 0, len(hist), rate, alpha) is None:
         return None
-    up, down = math.log(q1 / p0u), math.log((1.0 - q1) / (1.0 - p0u))
-    bar = math.log(1.0 / alpha)
+    kept = ctx.state.get(key)
+    if kept is not None:
+        past_rate = float(kept)
+    else:
+        # Counted once per new step, not on every tick in between.
+        ckey = ("rotation.past", *key[1:])
+        mark = (hist[0][0], hist[-1][0])
+        cached = ctx.state.get(ckey)
+        if cached is None or cached[0] != mark:
+            cached = ctx.state[ckey] = (mark, sum(1 for _, row in hist if is_turn(row)) / len(hist))
+        past_rate = cached[1]
     mine = set(slow_at)
-    total = 0.0
-    for back, i in enumerate(range(n - 1, -1, -1), start=1):
-        total += up if i in mine else down
-        if total >= bar:
-            return back
-    return None
+    return sequential_onset([i in mine for i in range(n)], round(past_rate * len(hist)), len(hist), rate, alpha)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -17,7 +17,16 @@ from typing import Any, Callable
 
 from whywait.agents.events import envelope, validate
 from whywait.engine.evaluate.evaluator import Evaluator
-from whywait.engine.evaluate.steps import StepRec, StepTable, fast_sigma, judge_ranks, lower_quartile, select, work
+from whywait.engine.evaluate.steps import (
+    StepRec,
+    StepTable,
+    fast_sigma,
+    judge_ranks,
+    lower_quartile,
+    select,
+    sequential_onset,
+    work,
+)
 from whywait.engine.rules.loader import load_rules
 from whywait.simulate.cluster import make_cluster
 
@@ -162,6 +171,46 @@ def test_fast_sigma_is_the_whole_groups_noise() -> None:
     xs = sorted(rng.gauss(0.0, 1.0) for _ in range(4001))
     fast = xs[:2001]
     assert 0.9 < fast_sigma(fast, fast[1000]) < 1.1
+
+
+def _in_a_row(hits: int, steps: int, alpha: float = 1e-6) -> int | None:
+    """How many slow turns in a row the sequential test needs after ``hits`` of ``steps`` past steps."""
+    return next((n for n in range(1, 200) if sequential_onset([True] * n, hits, steps, 0.8, alpha)), None)
+
+
+def test_sequential_onset_asks_more_of_a_job_that_hiccups_or_has_little_past() -> None:
+    assert _in_a_row(0, 60) == 5  # a clean past: five slow turns in a row
+    assert sequential_onset([True] * 4, 0, 60, 0.8, 1e-6) is None
+    # The more slow turns the job had anyway, the more it takes; at the rotation's own rate, never.
+    needs = [_in_a_row(k, 60) for k in (0, 3, 10, 20)]
+    assert needs == sorted(needs) and needs[0] < needs[-1], needs
+    assert _in_a_row(48, 60) is None
+    # Ten clean steps do not prove a rare rate: a short past asks for more than a long one.
+    assert (_in_a_row(0, 10) or 999) > (_in_a_row(0, 30) or 0) > (_in_a_row(0, 120) or 0)
+    # It finds where the change began: the run of latest steps with the most evidence, not the
+    # shortest that passes nor the whole window.
+    flags = [False, True, False, False] + [True] * 6
+    assert sequential_onset(flags, 0, 60, 0.8, 1e-6) == 6
+    assert sequential_onset(flags, 0, 60, 0.8, 0.0) is None  # alpha 0: off
+
+
+def test_sequential_onset_false_alarms_at_most_alpha_whatever_the_past_rate() -> None:
+    # The job's true rate of slow turns is unknown and only counted on its past steps.  Drawn from
+    # that same rate (no rotation), the window passes the test at most alpha of the time (Ville's
+    # inequality for the predictive likelihood ratio); a plug-in rate ((k + 1) / (n + 2)) did not:
+    # 1.7% at alpha 1% with a rate of 0.3 and ten past steps.
+    rng = random.Random(4)
+    alpha = 0.01
+    for rate in (0.02, 0.1, 0.3, 0.5):
+        for past in (10, 60):
+            trials = 4000
+            passed = 0
+            for _ in range(trials):
+                hits = sum(rng.random() < rate for _ in range(past))
+                if sequential_onset([rng.random() < rate for _ in range(15)], hits, past, 0.8, alpha):
+                    passed += 1
+            # alpha plus three binomial standard errors of the estimate
+            assert passed / trials <= alpha + 3 * math.sqrt(alpha * (1 - alpha) / trials), (rate, past, passed)
 
 
 # ---- the rules, on a modelled job ------------------------------------------------------------------
