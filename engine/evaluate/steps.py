@@ -314,13 +314,17 @@ def sequential_onset(flags: Sequence[bool], past_hits: int, past_steps: int, rat
     B(k+1, n-k+1), order aside), not a plug-in rate.  The likelihood ratio of ``rate`` against it is
     then a nonnegative martingale under "no change", and by Ville's inequality the chance that *any*
     run of latest steps passes 1 / ``alpha`` is at most ``alpha`` per evaluation: a false alarm every
-    1 / ``alpha`` new steps at most, whatever the job's size, step time or hiccup rate.  A clean
-    job's past (0 of 60) needs five slow turns in a row at alpha 1e-6; a job that has a slow turn on
-    a sixth of its steps about twelve; one at or above ``rate``, never.
+    1 / ``alpha`` new steps at most, whatever the job's size, step time or hiccup rate.  At alpha
+    1e-6 and ``rate`` 0.8, a clean past of 60 steps needs five events in a row, 240 clean steps three;
+    a past with an event on a sixth of 60 steps about twelve; one at or above ``rate``, never.
     """
     if alpha <= 0 or not 0 < rate < 1 or past_steps <= 0 or not flags:
         return None
     a, b = past_hits + 1.0, past_steps - past_hits + 1.0
+    if a / (a + b) >= rate:
+        # One-sided: a past with events on most steps is no ground for a rise.  (Steps without one
+        # would otherwise be evidence *for* ``rate`` against it, and a quiet spell would pass.)
+        return None
     lq, lnq = math.log(rate), math.log(1.0 - rate)
     base = math.lgamma(a) + math.lgamma(b) - math.lgamma(a + b)
     best, best_m = math.log(1.0 / alpha), 0
