@@ -26,7 +26,7 @@ import math
 import statistics
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 from whywait.engine.diagnosis import Evidence
 from whywait.engine.evaluate.conditions import Ctx, Result
@@ -38,6 +38,7 @@ from whywait.engine.evaluate.steps import (
     lower_quartile,
     phase_excess,
     select,
+    sequential_onset,
     step_loss,
 )
 from whywait.engine.rules.condition_types import (
@@ -59,6 +60,10 @@ _MEASURE_DOC = "`work` (compute plus input wait), or one field of the step: `dur
 _WITHIN_DOC = "`stage`: compare with the same pipeline stage on the other replicas; `job`: with every rank"
 # How many steps before the window count as a rank's history (bounded: the table keeps ~600).
 _HISTORY_MAX = 60
+# How many steps before its window the rotation's sequential test counts slow turns on: the job's own
+# rate of them is only counted, and 60 steps leave it uncertain enough to cost a hiccupy job about
+# three more slow turns before a rotation is shown (the table keeps ~600).
+_PAST_TURNS_MAX = 240
 # How far past its own usual wander (robust z against its own history) a rank's step must be to count
 # as grown: 3 spreads, i.e. about 1 step in 700 of a steady rank by chance.
 _OWN_Z = 3.0
@@ -405,6 +410,9 @@ class RotationCondition(ConditionParams):
     max_share: Share = param(0.34, "no rank is the slow one on more than this share of those steps")
     min_distinct: Number = param(3.0, "at least this many ranks take turns")
     within: Within = param("stage", _WITHIN_DOC)
+    alpha: Number = param(0.0, "also hold on the latest steps alone when a sequential test (slow turns at rate "
+                               "`persist` against the job's own past count of them) passes at this false-alarm "
+                               "level: at most one false alarm per 1 / `alpha` new steps (0: off)")
 
 
 @condition("rotation", RotationCondition)
@@ -468,19 +476,32 @@ def _rotation(c: Condition, ctx: Ctx) -> Result:
     # The share before the rotation began, kept while the rotation lasts: a rotation longer than the
     # history (60 steps) would otherwise become its own past and end the incident while it goes on.
     key = ("rotation.p0", ctx.rule_id, c.line, ctx.job.job)
-    if share < p["persist"]:
+    got_seq = _rotation_sequential(p, [i for i, _, _ in slow], win, key, ctx, lambda row: turn(row) is not None)
+    seq = got_seq[0] if got_seq is not None else None
+    judged = len(win)
+    if seq is not None:
+        # The latest steps alone are evidence enough: judge the turns (and say the share) on them.
+        slow = [x for x in slow if x[0] >= len(win) - seq]
+        judged = seq
+        share = len(slow) / seq
+    elif share < p["persist"]:
         ctx.state.pop(key, None)
         return Result(False)
     # Against the job's own past: a large job has a slow turn on some steps anyway (GC pauses, hiccups
     # on random ranks).  The window's share must stand well above the share before it (4 binomial
     # standard errors), so a busy stretch of hiccups is not a rotation.
     p0 = ctx.state.get(key)
-    if p0 is None and len(hist) >= 10:
+    if p0 is None and got_seq is not None:
+        p0 = got_seq[1]
+    elif p0 is None and len(hist) >= 10:
         p0 = sum(1 for _, row in hist if turn(row) is not None) / len(hist)
-    if p0 is not None:
-        if share - p0 < 4.0 * math.sqrt(max(p0 * (1 - p0), 0.01) / len(win)):
-            return Result(False)
-        ctx.state[key] = p0
+    if p0 is None:
+        # No past to hold the window against (fewer than 10 steps before it): a job whose ranks
+        # hiccup on most steps looks like a rotation from its first steps on.
+        return Result(False)
+    if seq is None and share - p0 < 4.0 * math.sqrt(max(p0 * (1 - p0), 0.01) / len(win)):
+        return Result(False)
+    ctx.state[key] = p0
     who = Counter(r for _, r, _ in slow)
     if who.most_common(1)[0][1] > p["max_share"] * len(slow) or len(who) < int(p["min_distinct"]):
         return Result(False)
@@ -507,12 +528,51 @@ def _rotation(c: Condition, ctx: Ctx) -> Result:
         return dur, max(0.0, min(dur, vals[-1] - vals[-2]))
 
     ctx.facts.update(phase=PHASE_NAMES[phase] if excess[phase] > 0 else "step", phase_field=phase,
-                     slow_share=round(len(slow) / len(win), 3), distinct_ranks=len(who), rotation_ratio=round(ratio, 3),
-                     loss_fn=loss, aligned_steps=len(win))
+                     slow_share=round(share, 3), distinct_ranks=len(who), rotation_ratio=round(ratio, 3),
+                     loss_fn=loss, aligned_steps=judged)
     ev = Evidence("step.work_s", ctx.job.job, round(ratio, 4), "ratio", 1.0, f"ratio {p['ratio']}", None,
-                  f"{len(who)} different ranks were the slow one on {len(slow)} of {len(win)} steps; "
+                  f"{len(who)} different ranks were the slow one on {len(slow)} of {judged} steps; "
                   f"none on more than {who.most_common(1)[0][1]}")
     return Result(True, [ctx.job.job], [ev])
+
+
+def _rotation_sequential(p: Any, slow_at: list[int], win: Steps, key: tuple[Any, ...], ctx: Ctx,
+                         is_turn: Callable[[dict[int, StepRec]], bool]) -> tuple[int, float] | None:
+    """How many of the window's latest steps a sequential test finds a rotation on, and the past rate
+    of slow turns it was judged against; None when it finds none.
+
+    Called by ``rotation`` on each evaluation with the window's steps that had a slow turn (``slow_at``,
+    indices into ``win``).  The test (:func:`sequential_onset`) weighs slow turns at rate ``persist``
+    against the job's own past count of them: on up to :data:`_PAST_TURNS_MAX` complete steps before
+    the window, or the count kept from before the rotation began (state ``key``), so a long rotation
+    does not become its own past.  Each past step is judged once (cached by step number), so a new
+    step costs one step's judgement, not the whole past's.
+    """
+    alpha = float(p["alpha"])
+    rate = float(p["persist"])
+    if alpha <= 0:
+        return None
+    table = ctx.store.step_tables.get(ctx.job.job)
+    first = win[0][0]
+    past = [(s, row) for s, row in table.complete(ctx.now) if s < first][-_PAST_TURNS_MAX:] if table else []
+    if len(past) < 10:
+        return None
+    # Even a clean past (no slow turn on any step before) would not make this many turns enough:
+    # skip judging the past.
+    if sequential_onset([True] * len(slow_at), 0, len(past), rate, alpha) is None:
+        return None
+    kept = ctx.state.get(key)
+    if kept is not None:
+        hits = round(float(kept) * len(past))
+    else:
+        ckey = ("rotation.turns", *key[1:])
+        seen: dict[int, bool] = ctx.state.get(ckey) or {}
+        now_seen = {s: seen[s] if s in seen else is_turn(row) for s, row in past}
+        ctx.state[ckey] = now_seen  # only the past steps kept: bounded by _PAST_TURNS_MAX
+        hits = sum(now_seen.values())
+    mine = set(slow_at)
+    run = sequential_onset([i in mine for i in range(len(win))], hits, len(past), rate, alpha)
+    return None if run is None else (run, hits / len(past))
 
 
 @dataclass(frozen=True, kw_only=True)

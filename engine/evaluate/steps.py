@@ -296,3 +296,43 @@ def step_loss(row: Mapping[int, StepRec], culprits: set[int], groups: Mapping[st
         if mine and others:
             lost = max(lost, max(mine) - max(others))
     return dur, max(0.0, min(lost, dur))
+
+
+def sequential_onset(flags: Sequence[bool], past_hits: int, past_steps: int, rate: float, alpha: float) -> int | None:
+    """Where a raised rate of events began among the latest steps: how many of them; None when not shown.
+
+    Called by the ``rotation`` condition on each evaluation, with ``flags`` (oldest first) saying which
+    steps of its window had a slow turn, and the job's own past: ``past_hits`` such steps among the
+    ``past_steps`` before the window.  Each run of latest steps is weighed: the likelihood of its
+    flags at ``rate`` (the rotation's rate of slow turns) against their likelihood given the past.
+    When the best run passes 1 / ``alpha``, its length is returned (the change point's estimate,
+    which a longer rotation extends as its turns come in); None when no run passes.
+
+    The past rate is not known, only counted, and sixty clean steps do not prove it zero.  So the
+    "no change" hypothesis is the *predictive* law of the latest steps given the past count (a
+    Beta-Bernoulli with a uniform prior: s hits in m steps have probability B(k+1+s, n-k+1+m-s) /
+    B(k+1, n-k+1), order aside), not a plug-in rate.  The likelihood ratio of ``rate`` against it is
+    then a nonnegative martingale under "no change", and by Ville's inequality the chance that *any*
+    run of latest steps passes 1 / ``alpha`` is at most ``alpha`` per evaluation: a false alarm every
+    1 / ``alpha`` new steps at most, whatever the job's size, step time or hiccup rate.  At alpha
+    1e-6 and ``rate`` 0.8, a clean past of 60 steps needs five events in a row, 240 clean steps three;
+    a past with an event on a sixth of 60 steps about twelve; one at or above ``rate``, never.
+    """
+    if alpha <= 0 or not 0 < rate < 1 or past_steps <= 0 or not flags:
+        return None
+    a, b = past_hits + 1.0, past_steps - past_hits + 1.0
+    if a / (a + b) >= rate:
+        # One-sided: a past with events on most steps is no ground for a rise.  (Steps without one
+        # would otherwise be evidence *for* ``rate`` against it, and a quiet spell would pass.)
+        return None
+    lq, lnq = math.log(rate), math.log(1.0 - rate)
+    base = math.lgamma(a) + math.lgamma(b) - math.lgamma(a + b)
+    best, best_m = math.log(1.0 / alpha), 0
+    hits = 0
+    for m, hit in enumerate(reversed(flags), start=1):
+        hits += bool(hit)
+        alt = hits * lq + (m - hits) * lnq
+        null = math.lgamma(a + hits) + math.lgamma(b + m - hits) - math.lgamma(a + b + m) - base
+        if alt - null >= best:
+            best, best_m = alt - null, m
+    return best_m or None

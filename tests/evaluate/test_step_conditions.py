@@ -12,12 +12,22 @@ from __future__ import annotations
 
 import math
 import random
+import re
 from pathlib import Path
 from typing import Any, Callable
 
 from whywait.agents.events import envelope, validate
 from whywait.engine.evaluate.evaluator import Evaluator
-from whywait.engine.evaluate.steps import StepRec, StepTable, fast_sigma, judge_ranks, lower_quartile, select, work
+from whywait.engine.evaluate.steps import (
+    StepRec,
+    StepTable,
+    fast_sigma,
+    judge_ranks,
+    lower_quartile,
+    select,
+    sequential_onset,
+    work,
+)
 from whywait.engine.rules.loader import load_rules
 from whywait.simulate.cluster import make_cluster
 
@@ -162,6 +172,52 @@ def test_fast_sigma_is_the_whole_groups_noise() -> None:
     xs = sorted(rng.gauss(0.0, 1.0) for _ in range(4001))
     fast = xs[:2001]
     assert 0.9 < fast_sigma(fast, fast[1000]) < 1.1
+
+
+NEVER = 10**6
+
+
+def _in_a_row(hits: int, steps: int, alpha: float = 1e-6) -> int:
+    """How many slow turns in a row the sequential test needs after ``hits`` of ``steps`` past steps
+    (:data:`NEVER` when 200 are not enough)."""
+    return next((n for n in range(1, 200) if sequential_onset([True] * n, hits, steps, 0.8, alpha)), NEVER)
+
+
+def test_sequential_onset_asks_more_of_a_job_that_hiccups_or_has_little_past() -> None:
+    assert _in_a_row(0, 60) == 5  # a clean past: five slow turns in a row
+    assert sequential_onset([True] * 4, 0, 60, 0.8, 1e-6) is None
+    # The more slow turns the job had anyway, the more it takes; at the rotation's own rate, never.
+    needs = [_in_a_row(k, 60) for k in (0, 3, 10, 20)]
+    assert needs == sorted(needs) and needs[0] < needs[-1], needs
+    assert _in_a_row(48, 60) == NEVER
+    # One-sided: after a past with slow turns on nearly every step, steps without one show no rise.
+    assert sequential_onset([False] * 60, 60, 60, 0.8, 1e-6) is None
+    # Ten clean steps do not prove a rare rate: a short past asks for more than a long one.
+    assert _in_a_row(0, 10) > _in_a_row(0, 30) > _in_a_row(0, 120)
+    # It finds where the change began: the run of latest steps with the most evidence, not the
+    # shortest that passes nor the whole window.
+    flags = [False, True, False, False] + [True] * 6
+    assert sequential_onset(flags, 0, 60, 0.8, 1e-6) == 6
+    assert sequential_onset(flags, 0, 60, 0.8, 0.0) is None  # alpha 0: off
+
+
+def test_sequential_onset_false_alarms_at_most_alpha_whatever_the_past_rate() -> None:
+    # The job's true rate of slow turns is unknown and only counted on its past steps.  Drawn from
+    # that same rate (no rotation), the window passes the test at most alpha of the time (Ville's
+    # inequality for the predictive likelihood ratio); a plug-in rate ((k + 1) / (n + 2)) did not:
+    # 1.7% at alpha 1% with a rate of 0.3 and ten past steps.
+    rng = random.Random(4)
+    alpha = 0.01
+    for rate in (0.02, 0.1, 0.3, 0.5):
+        for past in (10, 60):
+            trials = 4000
+            passed = 0
+            for _ in range(trials):
+                hits = sum(rng.random() < rate for _ in range(past))
+                if sequential_onset([rng.random() < rate for _ in range(15)], hits, past, 0.8, alpha):
+                    passed += 1
+            # alpha plus three binomial standard errors of the estimate
+            assert passed / trials <= alpha + 3 * math.sqrt(alpha * (1 - alpha) / trials), (rate, past, passed)
 
 
 # ---- the rules, on a modelled job ------------------------------------------------------------------
@@ -336,3 +392,76 @@ def test_a_rotation_costs_only_its_slow_turns_not_the_noise_around_it() -> None:
     assert cost is not None
     lost = sum(x["dur"] - x["clean"] for x in truth)
     assert abs(cost["lost_s"] - lost) <= 0.015 * lost, (cost["lost_s"], lost)
+
+
+def _random_rotation(after: int, ranks: int, seed: int, mult: float = 1.6) -> Slow:
+    """A different rank, drawn at random, computes ``mult`` x on each step after ``after``."""
+    rng = random.Random(seed)
+    pick: dict[int, int] = {}
+
+    def slow(step: int, rank: int) -> tuple[float, float]:
+        if step <= after:
+            return (1.0, 0.0)
+        if step not in pick:
+            pick[step] = rng.randrange(ranks)
+        return (mult, 0.0) if rank == pick[step] else (1.0, 0.0)
+    return slow
+
+
+def _steps_to_detect(diags: list[Any], truth: list[dict[str, Any]], after: int) -> int | None:
+    """Steps that ended between the rotation's first slow step and the rule's first firing."""
+    rot = firing(diags, "job.rotating-straggler")
+    if not rot:
+        return None
+    start = next(x["t"] - x["dur"] for x in truth if x["step"] == after + 1)
+    return sum(1 for x in truth if start < x["t"] <= rot[0].detected_at)
+
+
+def test_a_rotation_is_found_on_its_latest_steps_by_the_sequential_test() -> None:
+    # A clean job (no slow turns before): a few slow turns by different ranks in a row are already
+    # unlikely enough under its past count, so the rule does not wait for 80% of a 15 s window
+    # (12 steps here without the sequential test).
+    diags, truth = run_job(90, slow=_random_rotation(40, 32, seed=2), seed=2)
+    assert {d.rule_id for d in firing(diags)} == {"job.rotating-straggler"}
+    n = _steps_to_detect(diags, truth, 40)
+    assert n is not None and n <= 8, n
+    # What it says adds up: the share it gives is of the steps it judged.
+    d = firing(diags, "job.rotating-straggler")[0]
+    share, steps = re.search(r"On (\d+)% of the last (\d+) steps", d.cause).groups()  # type: ignore[union-attr]
+    turns, judged = re.search(r"on (\d+) of (\d+) steps", d.evidence[0].note).groups()  # type: ignore[union-attr]
+    assert steps == judged and abs(int(share) - 100 * int(turns) / int(judged)) <= 1, (d.cause, d.evidence[0].note)
+
+
+def test_a_rotation_on_mixed_hardware_is_found_as_soon_and_names_no_straggler() -> None:
+    # Half the ranks 1.3x slower since the start: each rank is judged against its own usual level.
+    diags, truth = run_job(90, slow=_random_rotation(40, 32, seed=3), seed=3,
+                           base_mult=lambda r: 1.3 if r % 2 else 1.0)
+    assert {d.rule_id for d in firing(diags)} == {"job.rotating-straggler"}, [d.rule_id for d in firing(diags)]
+    n = _steps_to_detect(diags, truth, 40)
+    assert n is not None and n <= 8, n
+
+
+def test_a_job_that_hiccups_needs_more_slow_turns_before_a_rotation_is_shown() -> None:
+    # 128 ranks, each hiccuping (3x compute) on 0.2% of its steps: a fifth of the steps have a slow
+    # turn anyway.  The test weighs the rotation against that past rate, so it waits for more turns
+    # than on the same job without hiccups, and the hiccups alone are never a rotation.
+    kw: dict[str, Any] = {"ranks": 128, "jitter": 0.05}
+    clean = [_steps_to_detect(*run_job(120, slow=_random_rotation(60, 128, seed), seed=seed, **kw), 60)
+             for seed in (1, 2)]
+    busy = [_steps_to_detect(*run_job(120, slow=_random_rotation(60, 128, seed), seed=seed, hiccups=0.002, **kw),
+                             60) for seed in (1, 2)]
+    assert all(n is not None for n in clean + busy), (clean, busy)
+    assert sum(busy) > sum(clean), (clean, busy)  # type: ignore[arg-type]
+    for seed in (3, 4):
+        diags, _ = run_job(300, seed=seed, hiccups=0.002, **kw)
+        rot = firing(diags, "job.rotating-straggler")
+        assert not rot, [d.detected_at - T0 for d in rot]
+
+
+def test_hiccups_on_a_large_job_are_no_rotation_for_the_sequential_test() -> None:
+    # Hiccups on most steps: no past rate lets the sequential test pass, and the fixed test waits for
+    # ten steps of past before it judges a window at all (from the first steps on, this job's window
+    # had a slow turn on 80% of its steps).
+    for seed in (5, 6):
+        diags, _ = run_job(300, ranks=128, hiccups=0.01, seed=seed, jitter=0.05)
+        assert not firing(diags), [(d.rule_id, d.detected_at - T0) for d in firing(diags)]
