@@ -26,6 +26,7 @@ report's summaries) is computed by the topic's derivation in :data:`DERIVATIONS`
 from __future__ import annotations
 
 import bisect
+import logging
 import math
 import statistics
 from collections import defaultdict
@@ -38,6 +39,8 @@ import numpy as np
 from whywait.agents import events
 from whywait.engine.evaluate.steps import PHASES, StepRec, StepTable
 from whywait.engine.rules.metrics import METRICS
+
+log = logging.getLogger(__name__)
 
 THERMAL = {"hw_thermal_slowdown", "sw_thermal_slowdown"}
 POWER = {"sw_power_cap", "hw_power_brake_slowdown"}
@@ -238,10 +241,12 @@ class Rows:
         self.index: dict[str, int] = {}
         self.entity_of: list[str | None] = []
         self.free: list[int] = []
+        self.version = 0  # counts the entities added and dropped (readers cache rows of entity lists on it)
 
     def add(self, entity: str) -> int:
         r = self.index.get(entity)
         if r is None:
+            self.version += 1
             if self.free:
                 r = self.free.pop()
                 self.entity_of[r] = entity
@@ -252,6 +257,7 @@ class Rows:
         return r
 
     def drop(self, entity: str) -> int:
+        self.version += 1
         r = self.index.pop(entity)
         self.entity_of[r] = None
         self.free.append(r)
@@ -627,11 +633,46 @@ class MetricStore:
         self._levels_stored = frozenset(METRICS[m].level for m in COLUMNAR)
         # Points go straight to the columns, unless a subclass (the report's sampler) routes them through put().
         self._direct = type(self).put is MetricStore.put
+        # (level's rows, entity list) -> (the level's version, their rows): see ``rows_of``
+        self._rows_memo: dict[tuple[int, tuple[str, ...]], tuple[int, np.ndarray]] = {}
+        self._by_metric: dict[str, dict[str, Series]] = defaultdict(dict)  # the exact series, by metric
+        # The metrics stored (None: every one); see ``set_keep``.  Per list plan, what of it is kept.
+        self._keep: frozenset[str] | None = None
+        self._kept_lists: dict[int, tuple[tuple[str, ...], tuple[tuple[str, str, bool, bool], ...], bool]] = {}
+        self._job_fields: tuple[bool, ...] = (True,) * len(_JOB_FIELDS)
+        self._shares: tuple[bool, ...] = (True,) * 3
 
     # ---- writing ----------------------------------------------------------------------------------
 
+    @property
+    def keep(self) -> frozenset[str] | None:
+        """The metrics this store keeps; None: every metric of the catalogue."""
+        return self._keep
+
+    def set_keep(self, metrics: Iterable[str] | None) -> None:
+        """Keep only ``metrics`` from now on (None: all): called by the evaluator with what its rules read.
+
+        Most of a message's fields are read by no rule (an NVLink counter, a NIC's drop rate); storing
+        them cost most of ingest.  Step tables, node reports and placements are kept regardless.  A read
+        of a metric not kept adds it (and logs it): its window then fills from the next message on.
+        """
+        self._keep = None if metrics is None else frozenset(metrics)
+        self._kept_lists.clear()
+        keep = self._keep
+        self._job_fields = tuple(keep is None or f"job.{f}" in keep for f in _JOB_FIELDS)
+        self._shares = tuple(keep is None or f"job.{f}" in keep for f in ("data_wait_share", "comm_share",
+                                                                          "compute_share"))
+
+    def _read(self, metric: str) -> None:
+        """Called by every read: a metric the store was told not to keep is kept from now on."""
+        if self._keep is not None and metric not in self._keep and metric not in _AGES:
+            log.warning("metric %s was read but not kept (no loaded rule names it): keeping it from now on", metric)
+            self.set_keep(self._keep | {metric})
+
     def put(self, metric: str, entity: str, t: float, v: float) -> None:
         """Store one point of ``metric`` for ``entity`` at event time ``t`` (staged until the next read)."""
+        if self._keep is not None and metric not in self._keep:
+            return
         col = self.columns.get(metric)
         if col is None and metric in COLUMNAR:
             col = self.column(metric)
@@ -647,6 +688,7 @@ class MetricStore:
         s = self._series.get((metric, entity))
         if s is None:
             s = self._series[(metric, entity)] = Series()
+            self._by_metric[metric][entity] = s
         s.add(t, v)
 
     def column(self, metric: str) -> Column:
@@ -731,9 +773,15 @@ class MetricStore:
                 if items is not None:
                     self._rollups(lp, {}, t, node)
                 continue
-            cols = dict(zip(lp.reads, events.columns(items, lp.reads), strict=True))
+            kept = self._kept_lists.get(id(lp))
+            if kept is None:
+                kept = self._kept_lists[id(lp)] = self._kept_list(lp)
+            reads, direct, rolled = kept
+            if len(reads) == 1 and lp.entity not in ("nic", "device"):
+                continue  # nothing of this list is kept (NICs and devices still register as the node's)
+            cols = dict(zip(reads, events.columns(items, reads), strict=True))
             ents, rows = self._entities(lp.entity, msg, node, cols[lp.key])
-            for name, metric, boolean, each in lp.direct:
+            for name, metric, boolean, each in direct:
                 vs = cols[name]
                 if each:  # one point per occurrence: a repeated XID counts twice
                     for e, v in zip(ents, vs, strict=True):
@@ -742,7 +790,19 @@ class MetricStore:
                                 put(metric, e, t, float(x))
                 else:
                     self.put_many(metric, lp.entity, ents, rows, t, vs, boolean)
-            self._rollups(lp, cols, t, node)
+            if rolled:
+                self._rollups(lp, cols, t, node)
+
+    def _kept_list(self, lp: _ListPlan) -> tuple[tuple[str, ...], tuple[tuple[str, str, bool, bool], ...], bool]:
+        """What of a list's plan the store keeps: the fields to read (key first), the stored ones, any roll-up."""
+        keep = self._keep
+        if keep is None:
+            return lp.reads, lp.direct, bool(lp.rollups)
+        direct = tuple(d for d in lp.direct if d[1] in keep)
+        rolled = tuple(r for r in lp.rollups if r[1] in keep)
+        names = [lp.key] + [d[0] for d in direct]
+        names += [r[0] for r in rolled if r[0] not in names]
+        return tuple(names), direct, bool(rolled)
 
     def _entities(self, level: str, msg: Mapping[str, Any], node: str, names: Sequence[Any]
                   ) -> tuple[list[str], list[int] | None]:
@@ -776,6 +836,8 @@ class MetricStore:
         :meth:`put` for a whole list at once: the points go to the column's staging lists in three
         list extensions.  Numbers are kept as given (ints and bools become floats when applied).
         """
+        if self._keep is not None and metric not in self._keep:
+            return
         col = self.columns.get(metric)
         if col is None and metric in COLUMNAR:
             col = self.column(metric)
@@ -997,22 +1059,29 @@ class MetricStore:
             self.put_many("step.comm_s", "rank", ents, rows, t, derived)
             phases[2] = comm
         rank_last = self.rank_last
-        for r, n, dur, end, *ph in zip(ranks, nums, durs, ended, *phases, strict=True):
+        add = table.add
+        for r, n, dur, end, d, c, m, k, w, ck in zip(ranks, nums, durs, ended, *phases, strict=True):
             e = f"{job}:{r}"
             last = rank_last.get(e)
             rank_last[e] = t if last is None or t > last else last
             # A step's own end time when the producer gives it (several steps per message), else the
             # message's time; never later than the message, so a bad clock cannot run ahead of it.
             t_end = min(float(end), t) if end is not None else t
-            table.add(int(n), int(r), StepRec(t_end, float(dur), *(None if v is None else float(v) for v in ph)))
+            add(int(n), int(r), StepRec(
+                t_end, float(dur), None if d is None else float(d), None if c is None else float(c),
+                None if m is None else float(m), None if k is None else float(k), None if w is None else float(w),
+                None if ck is None else float(ck)))
         # The job's per-second buckets (medians over ranks when the second closes); an absent phase is
         # unknown, not zero: no point at all.
         buckets = self._buckets
-        for f, vs in zip(_JOB_FIELDS, (durs, *phases), strict=True):
-            got = [v for v in vs if v is not None]
+        for f, vs, kept in zip(_JOB_FIELDS, (durs, *phases), self._job_fields, strict=True):
+            got = [v for v in vs if v is not None] if kept else None
             if got:
                 buckets[(job, f)].setdefault(sec, []).extend(got)
-        for part, share in ((data, "data_wait_share"), (comm, "comm_share"), (compute, "compute_share")):
+        for part, share, kept in zip((data, comm, compute), ("data_wait_share", "comm_share", "compute_share"),
+                                     self._shares, strict=True):
+            if not kept:
+                continue
             got = [v / d for v, d in zip(part, durs, strict=True) if v is not None and d > 0]
             if got:
                 buckets[(job, share)].setdefault(sec, []).extend(got)
@@ -1063,6 +1132,7 @@ class MetricStore:
             s.trim(job_cutoff if key[0].startswith("job.") else cutoff)
             if not s.t:  # an entity gone for the whole retention (a finished job's ranks): forget it
                 del self._series[key]
+                del self._by_metric[key[0]][key[1]]
         # The rings are fixed; an entity silent for the whole retention in every metric of its level is freed.
         for rows in self.levels.values():
             cols = [c for c in self.columns.values() if c.shared is rows]
@@ -1098,6 +1168,7 @@ class MetricStore:
         if metric in _AGES:
             v = self.age(metric, entity, t1)
             return ((t1,), (v,)) if v is not None else ((), ())
+        self._read(metric)
         col = self.columns.get(metric)
         if col is not None:
             col.flush(self._upto())
@@ -1173,6 +1244,7 @@ class MetricStore:
         """
         if min_points <= 0 or metric in _AGES:
             return window_s
+        self._read(metric)
         col = self.columns.get(metric)
         if col is not None:
             r = col.rows.get(entity)
@@ -1210,6 +1282,7 @@ class MetricStore:
         The vectorised :meth:`value`: for a columnar metric, one numpy pass over every entity's slots
         (called by the conditions once per rule and job, instead of once per entity).
         """
+        self._read(metric)
         col = self.columns.get(metric)
         if col is not None:
             col.flush(self._upto())
@@ -1222,7 +1295,7 @@ class MetricStore:
             return hit
         out = None
         if col is not None and ents:
-            rows = np.fromiter((col.rows.get(e, -1) for e in ents), np.int64, len(ents))
+            rows = self.rows_of(col.shared, ents)
             known = rows >= 0
             if known.any():
                 m = col.matrix(rows[known], now - window_s, now)
@@ -1237,6 +1310,27 @@ class MetricStore:
             self._memo.clear()
         self._memo[key] = out
         return out
+
+    def rows_of(self, rows: Rows, ents: tuple[str, ...]) -> np.ndarray:
+        """The rows of ``ents`` at a level (-1: not stored), cached until the level's entities change.
+
+        Every rule reads the same entity lists of a job (its GPUs, its ranks) on every tick.
+        """
+        key = (id(rows), ents)
+        hit = self._rows_memo.get(key)
+        if hit is not None and hit[0] == rows.version:
+            return hit[1]
+        index = rows.index
+        out = np.fromiter((index.get(e, -1) for e in ents), np.int64, len(ents))
+        out.flags.writeable = False
+        if len(self._rows_memo) >= 1024:
+            self._rows_memo.clear()
+        self._rows_memo[key] = (rows.version, out)
+        return out
+
+    def occurring(self, metric: str) -> set[str]:
+        """The entities holding a series of ``metric`` kept exactly (occurrences such as XIDs)."""
+        return set(self._by_metric.get(metric, ()))
 
     def nic_entities(self, nodes: Iterable[str]) -> list[str]:
         return self.entities_at("nic", nodes)
