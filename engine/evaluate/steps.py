@@ -397,17 +397,22 @@ def judge_ranks(window: Sequence[tuple[int, dict[int, StepRec]]], history: Seque
         v_med = _col_medians(value, have)
         n_slow = slow.sum(axis=0)
         ref_med = _median(sorted(refs)) if refs else 0.0
-        used_a = np.array(used, np.int64)
+        # Per rank, as Python objects (lists read faster than numpy indexing rank by rank).
+        have_t, ratio_t, slow_t = have.T.tolist(), ratio.T.tolist(), slow.T.tolist()
+        meds_l, z_l, v_l = meds.tolist(), z_med.tolist(), v_med.tolist()
+        h_med_l, h_spread_l, h_n_l = h_med.tolist(), h_spread.tolist(), h_n.tolist()
+        n_slow_l, n_have_l = n_slow.tolist(), n_have.tolist()
         for c in present.tolist():
-            col = have[:, c]
-            xs = ratio[col, c].tolist()
-            at = used_a[col].tolist()
-            hm = float(h_med[c]) if h_n[c] >= min_history and h_n[c] else None
+            hv, rr = have_t[c], ratio_t[c]
+            at = [used[k] for k in range(w) if hv[k]]
+            xs = [rr[k] for k in range(w) if hv[k]]
+            sl = slow_t[c]
+            hm = h_med_l[c] if h_n_l[c] >= min_history and h_n_l[c] else None
             out.append(RankJudgement(
-                rank=members[c], group=g, ratio=float(meds[c]), slow_share=int(n_slow[c]) / int(n_have[c]),
-                z=float(z_med[c]), history_ratio=hm, value=float(v_med[c]), reference=ref_med,
-                slow_at=frozenset(used_a[slow[:, c]].tolist()),
-                history_spread=float(h_spread[c]) if hm is not None else None, ratios=tuple(xs),
+                rank=members[c], group=g, ratio=meds_l[c], slow_share=n_slow_l[c] / n_have_l[c],
+                z=z_l[c], history_ratio=hm, value=v_l[c], reference=ref_med,
+                slow_at=frozenset(used[k] for k in range(w) if sl[k]),
+                history_spread=h_spread_l[c] if hm is not None else None, ratios=tuple(xs),
                 ratio_at=dict(zip(at, xs, strict=True))))
     return out
 
