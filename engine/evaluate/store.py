@@ -516,9 +516,11 @@ class Column:
             return out
         return np.concatenate((a[:, start:][rows], a[:, :end - self.fine][rows]), axis=1)
 
-    def clear(self, r: int) -> None:
-        """Empty row ``r`` (its entity was dropped from the level)."""
-        if r >= len(self.newest):
+    def clear(self, r: int | np.ndarray) -> None:
+        """Empty row ``r``, or the rows of an array of them (their entities were dropped from the level)."""
+        if isinstance(r, np.ndarray):
+            r = r[r < len(self.newest)]
+        elif r >= len(self.newest):
             return
         for a in (self.v, self.n, self.cs, self.cn, self.cmin, self.cmax):
             a[r] = 0
@@ -1144,13 +1146,15 @@ class MetricStore:
             # a row with points still waiting for the clock is not silent (and its number must not be reused)
             waiting = {int(r) for c in cols if c.held is not None for r in np.unique(c.held[0])}
             waiting.update(r for c in cols for r in c.s_row)
-            for r in np.nonzero(newest < cutoff)[0]:
-                e = rows.entity_of[r]
-                if e is not None and int(r) not in waiting:
-                    rows.drop(e)
-                    self._ents.clear()  # a freed row may be handed to another entity
-                    for c in cols:
-                        c.clear(int(r))
+            gone = [r for r in np.nonzero(newest < cutoff)[0].tolist()
+                    if rows.entity_of[r] is not None and r not in waiting]
+            if gone:
+                for r in gone:
+                    rows.drop(rows.entity_of[r])  # type: ignore[arg-type]
+                self._ents.clear()  # a freed row may be handed to another entity
+                freed = np.array(gone, np.int64)
+                for c in cols:
+                    c.clear(freed)
         for s in self.node_seen.values():
             s.trim(cutoff)
         for job, table in list(self.step_tables.items()):
