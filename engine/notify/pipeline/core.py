@@ -373,7 +373,9 @@ class Pipeline(Notifier):
                         return
                     item, wait = self._pick(lane, time.monotonic())
                     if item is None:
-                        self._cond.notify_all()
+                        # Nothing to send: no notify here.  The scheduler notifies on every pass, and a
+                        # sender that notified back woke it again at once: the two threads ping-ponged
+                        # on the condition and burned a core between them.  flush() polls every 0.1 s.
                         self._cond.wait(min(wait, 1.0))
                         continue
                     lane.busy, lane.inflight = True, item.seq
