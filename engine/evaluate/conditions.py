@@ -14,7 +14,8 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, Sequence, TypeVar
+from dataclasses import fields as dataclass_fields
+from typing import Any, Iterable, Literal, Protocol, Sequence, TypeVar
 
 import numpy as np
 from whywait.engine.diagnosis import Evidence
@@ -34,7 +35,7 @@ from whywait.engine.rules.condition_types import (
     param,
 )
 from whywait.engine.rules.metrics import METRICS
-from whywait.engine.rules.schema import AllOf, AnyOf, Condition, Node, Not
+from whywait.engine.rules.schema import AllOf, AnyOf, Condition, Node, Not, leaves
 
 
 class JobView(Protocol):
@@ -512,7 +513,12 @@ def _event(c: Condition, ctx: Ctx) -> Result:
     # carry one point per occurrence with its code.
     occurrences = METRICS[p.metric].occurrences
     sums = None if occurrences else ctx.store.values(p.metric, ents, "sum", ctx.now, p.window)
-    for i in range(len(ents)) if sums is None else np.nonzero(sums > 0)[0]:
+    if sums is None:  # only the entities that ever had one can have one in the window
+        seen = ctx.store.occurring(p.metric)
+        idx: Any = [i for i, e in enumerate(ents) if e in seen] if seen else []
+    else:
+        idx = np.nonzero(sums > 0)[0]
+    for i in idx:
         e = ents[i]
         if sums is None:
             _, values = ctx.store.window(p.metric, e, ctx.now - p.window, ctx.now)
@@ -667,6 +673,35 @@ def _other_project(c: Condition, ctx: Ctx, nodes: list[str]) -> Result:
 # The step-aligned condition types live in their own module; it imports this one (for Ctx and
 # Result), so it is imported here, after them, and its ``@condition`` registrations run then.
 import whywait.engine.evaluate.step_conditions  # noqa: E402,F401
+
+# Metrics the condition code reads by name, whatever the rules say (the evaluator keeps them stored along
+# with every metric a loaded rule names; see MetricStore.set_keep): the wrong-NIC predicate's traffic and
+# link state, the step conditions' job step and checkpoint series (step_conditions.py), and the column the
+# store reads a rank's last report from; and the names step conditions give their evidence.
+# tests/evaluate/test_kept_metrics.py checks this list against the metric names quoted in engine/evaluate.
+IMPLICIT_METRICS = frozenset({"nic.tx_bytes_per_s", "nic.link_up", "job.duration_s", "job.checkpoint_s",
+                              "step.duration_s", "step.work_s", "job.step_s"})
+
+
+def rule_metrics(rules: Iterable[Any]) -> frozenset[str]:
+    """Every catalogue metric the rules' conditions name (``when``, evidence and checks), plus :data:`IMPLICIT_METRICS`.
+
+    Called by the evaluator whenever its rule set changes: what the store must keep.  Any parameter
+    whose value is a metric name counts (``metric``, a baseline's metric, lists of them).
+    """
+    out = set(IMPLICIT_METRICS)
+    for rule in rules:
+        nodes = [rule.when, *rule.evidence, *(c.when for c in rule.checks)]
+        for node in nodes:
+            for leaf in leaves(node):
+                params: Any = leaf.params  # a frozen dataclass of the condition's type
+                for f in dataclass_fields(params):
+                    v = getattr(params, f.name)
+                    for x in (v if isinstance(v, (list, tuple, frozenset, set)) else (v,)):
+                        if isinstance(x, str) and x in METRICS:
+                            out.add(x)
+    return frozenset(out)
+
 
 # Past this much event time without any input, no leaf holds.  Live, the watermark never passes the
 # newest input, so this only cuts short replays and rule tests that run the clock on after their

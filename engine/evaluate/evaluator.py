@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 from whywait.agents.events import TOPICS
 from whywait.engine.diagnosis import Diagnosis, Evidence, Owner
-from whywait.engine.evaluate.conditions import Ctx, Result, evaluate
+from whywait.engine.evaluate.conditions import Ctx, Result, evaluate, rule_metrics
 from whywait.engine.evaluate.store import MetricStore
 from whywait.engine.rules.loader import RuleSet
 from whywait.engine.rules.schema import Condition, Rule
@@ -144,11 +144,16 @@ class Evaluator:
     _inhibited_fps: set[str] = field(default_factory=set)
     # Called with each tick's duration in seconds (the live engine's histogram); None: not timed.
     tick_observer: Callable[[float], None] | None = None
+    # The rule set the store was last told to keep the metrics of (see MetricStore.set_keep).
+    _keep_for: Any = field(default=None, repr=False)
 
     # ---- feeding ---------------------------------------------------------------------------------
 
     def ingest(self, msg: Mapping[str, Any]) -> list[Diagnosis]:
         """Add one validated message; run every tick the watermark now passes; return their diagnoses."""
+        if self._keep_for is not self.rules:  # new rules (or a reload): the store keeps what they read
+            self._keep_for = self.rules
+            self.store.set_keep(rule_metrics(self.rules))
         if msg["kind"] == "placement":
             self._place(msg)
         elif msg["kind"] == "net" and self.topology is not None:

@@ -28,11 +28,14 @@ Pure: no Kafka, no faust.  Fed by :class:`whywait.engine.evaluate.store.MetricSt
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
-from collections import OrderedDict
-from dataclasses import dataclass
-from typing import Iterable, Mapping, Sequence
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
 
 PHASES = ("data_wait_s", "compute_s", "comm_s", "collective_s", "pipeline_wait_s", "checkpoint_s")
 # How a phase is named in diagnoses (the issue's words: compute, input, communication).
@@ -40,7 +43,7 @@ PHASE_NAMES = {"compute_s": "compute", "data_wait_s": "input", "comm_s": "commun
                "collective_s": "communication", "pipeline_wait_s": "communication", "duration_s": "step"}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class StepRec:
     """One rank's timings for one step; a phase the producer did not send is None (unknown, not zero)."""
 
@@ -52,11 +55,16 @@ class StepRec:
     collective_s: float | None = None
     pipeline_wait_s: float | None = None
     checkpoint_s: float | None = None
+    # :func:`work`, computed once: the step conditions read it for every rank of every step on each tick
+    work_s: float = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "work_s", work(self))
 
     def get(self, phase: str) -> float | None:
         """The value of ``phase`` (``work``, ``duration_s`` or a field name), None when unknown."""
         if phase == "work":
-            return work(self)
+            return self.work_s
         v = getattr(self, phase)
         return None if v is None else float(v)
 
@@ -74,14 +82,37 @@ def work(r: StepRec) -> float:
     return r.duration_s
 
 
+class StepRow(dict[int, StepRec]):
+    """One step of a job: ``rank -> StepRec``, with what :func:`judge_ranks` computed of it.
+
+    A plain dict to its readers.  ``stats`` holds, per (measure, group), the step's ratios and robust
+    z of each rank (:func:`_step_stats`): a step stays in the window and then the history for dozens
+    of ticks, and is judged the same way on each.  A record added to the step empties it.
+    """
+
+    __slots__ = ("stats", "table", "t_max")
+
+    def __init__(self, table: StepTable | None = None) -> None:
+        super().__init__()
+        self.stats: dict[tuple[Any, ...], Any] | None = None
+        self.table = table
+        self.t_max = -math.inf  # when its last rank ended (kept by StepTable.add)
+
+
+# Steps whose per-step statistics are kept, per job: the window and history one tick reads (60 + the
+# window's steps), with room for a longer window.  Older steps' statistics are dropped.
+_STATS_ROWS = 128
+
+
 class StepTable:
     """The last ``keep`` steps of one job: ``step -> {rank: StepRec}``, oldest first."""
 
-    __slots__ = ("keep", "steps", "ranks", "newest_t", "_memo")
+    __slots__ = ("keep", "steps", "ranks", "newest_t", "_memo", "_with_stats")
 
     def __init__(self, keep: int = 600) -> None:
         self.keep = keep
         self.steps: OrderedDict[int, dict[int, StepRec]] = OrderedDict()
+        self._with_stats: deque[StepRow] = deque()  # rows holding statistics, oldest first (bounded)
         self.ranks: set[int] = set()  # every rank that has reported (the coverage a complete step needs)
         self.newest_t = -math.inf
         # complete() is asked several times per tick (one per step-aligned leaf): the answer for one
@@ -94,16 +125,30 @@ class StepTable:
         if row is None:
             if self.steps and step < next(iter(self.steps)) and len(self.steps) >= self.keep:
                 return  # older than anything kept, and the table is full: it cannot matter
-            row = self.steps[step] = {}
+            row = self.steps[step] = StepRow(self)
             if self.steps and step < next(reversed(self.steps)):
                 self.steps = OrderedDict(sorted(self.steps.items()))  # rare: a late step arrived
             while len(self.steps) > self.keep:
                 self.steps.popitem(last=False)
+        old = row.get(rank)
         row[rank] = rec
+        if isinstance(row, StepRow):
+            row.stats = None  # a late rank changes the step's statistics
+            # the latest end over its ranks (recomputed when the record replaced was that latest one)
+            if old is not None and old.t >= row.t_max:
+                row.t_max = max(r.t for r in row.values())
+            elif rec.t > row.t_max:
+                row.t_max = rec.t
         self._memo = None
         self.ranks.add(rank)
         if rec.t > self.newest_t:
             self.newest_t = rec.t
+
+    def kept_stats(self, row: StepRow) -> None:
+        """Called when ``row`` first holds statistics: keeps at most ``_STATS_ROWS`` rows' worth per job."""
+        self._with_stats.append(row)
+        while len(self._with_stats) > _STATS_ROWS:
+            self._with_stats.popleft().stats = None
 
     def complete(self, now: float, coverage: float = 0.9) -> list[tuple[int, dict[int, StepRec]]]:
         """Steps every (``coverage`` of the) reporting ranks ended by ``now``, oldest first.
@@ -116,7 +161,8 @@ class StepTable:
         need = max(1, math.ceil(coverage * len(self.ranks)))
         out = []
         for s, row in self.steps.items():
-            if len(row) >= need and all(r.t <= now for r in row.values()):
+            if len(row) >= need and (row.t_max <= now if isinstance(row, StepRow)
+                                     else all(r.t <= now for r in row.values())):
                 out.append((s, row))
         self._memo = (now, coverage, out)
         return out
@@ -201,6 +247,96 @@ class RankJudgement:
     ratio_at: Mapping[int, float] | None = None  # the same, by index into the window
 
 
+def _median(sorted_vals: Sequence[float] | np.ndarray) -> float:
+    """:func:`statistics.median` of values already sorted (the same arithmetic, so the same float)."""
+    n = len(sorted_vals)
+    i = n // 2
+    return float(sorted_vals[i]) if n % 2 else (float(sorted_vals[i - 1]) + float(sorted_vals[i])) / 2
+
+
+def _col_medians(m: np.ndarray, have: np.ndarray) -> np.ndarray:
+    """Per column of ``m``, the median of its entries where ``have`` (NaN for a column without any).
+
+    :func:`statistics.median` column by column: the middle value, or the mean of the two middle
+    ones computed as ``(a + b) / 2``, so each result is the very float the per-rank loop gave.
+    """
+    n = have.sum(axis=0)
+    srt = np.sort(np.where(have, m, np.inf), axis=0)  # absent entries sort last
+    out = np.full(m.shape[1], np.nan)
+    ok = n > 0
+    if not ok.any():
+        return out
+    cols = np.nonzero(ok)[0]
+    k = n[ok]
+    hi = srt[k // 2, cols]
+    lo = srt[(k - 1) // 2, cols]
+    out[ok] = np.where(k % 2 == 1, hi, (lo + hi) / 2)
+    return out
+
+
+# A step of a group that cannot be judged (too few ranks with the measure, or no positive reference).
+_SKIP: tuple[Any, ...] = ()
+# Group member lists -> a small id, so per-step statistics are keyed without hashing the whole list on each
+# lookup.  Ids are never reused (a step's statistics under an id always mean the same members).
+_GROUP_IDS: dict[tuple[int, ...], int] = {}
+_NEXT_ID = itertools.count()
+
+
+def _group_id(members: Sequence[int]) -> int:
+    key = tuple(members)
+    gid = _GROUP_IDS.get(key)
+    if gid is None:
+        if len(_GROUP_IDS) >= 4096:  # bounded: jobs come and go (a forgotten list just gets a new id)
+            _GROUP_IDS.clear()
+        gid = _GROUP_IDS[key] = next(_NEXT_ID)
+    return gid
+
+
+def _step_stats(row: Mapping[int, StepRec], members: Sequence[int], measure: str, min_group: int,
+                key: tuple[Any, ...] | None) -> tuple[Any, ...]:
+    """One step judged within one group: ``(positions, values, ratios, z, reference)`` or ``_SKIP``.
+
+    ``positions`` index ``members`` (the ranks with the measure at this step).  A rank's ratio is its
+    measure over the group's lower quartile; its z is that ratio against the step's fast group (the
+    ranks at or below the median ratio): how far from their median, in units of their spread scaled
+    to the whole group's (:func:`fast_sigma`), floored at 0.02.  Kept on the row (``StepRow.stats``)
+    under ``key``: the same step is judged again on each tick while it is in a window or a history.
+    """
+    stats = row.stats if isinstance(row, StepRow) else None
+    if stats is not None and key is not None:
+        got = stats.get(key)
+        if got is not None:
+            return got  # type: ignore[no-any-return]
+    pos: list[int] = []
+    vals: list[float] = []
+    for i, r in enumerate(members):
+        rec = row.get(r)
+        if rec is not None:
+            v = rec.get(measure)
+            if v is not None:
+                pos.append(i)
+                vals.append(v)
+    out: tuple[Any, ...] = _SKIP
+    if len(vals) >= min_group:
+        ref = lower_quartile(vals)
+        if ref > 0:
+            values = np.array(vals, np.float64)
+            ratios = values / ref
+            srt = np.sort(ratios)
+            centre = _median(srt)
+            fast = srt[srt <= centre]  # sorted: the fast group
+            fmed = _median(fast)
+            scale = max(_median(np.sort(np.abs(fast - fmed))) / _HALF_MAD, 0.02)
+            out = (np.array(pos, np.int64), values, ratios, (ratios - fmed) / scale, ref)
+    if key is not None and isinstance(row, StepRow):
+        if row.stats is None:
+            row.stats = {}
+            if row.table is not None:
+                row.table.kept_stats(row)
+        row.stats[key] = out
+    return out
+
+
 def judge_ranks(window: Sequence[tuple[int, dict[int, StepRec]]], history: Sequence[tuple[int, dict[int, StepRec]]],
                 groups: Mapping[str, list[int]], measure: str, ratio_thr: float, min_history: int,
                 min_group: int = 2, z_thr: float = 4.0) -> list[RankJudgement]:
@@ -209,63 +345,75 @@ def judge_ranks(window: Sequence[tuple[int, dict[int, StepRec]]], history: Seque
     Per step, each rank's ratio to the group's lower quartile and its robust z against that step's
     fast group; a rank is *slow on a step* when both pass.  Its judgement is the median over the
     window's steps of the ratio and of the z, and the share of steps it was slow on.
+
+    Called by the step-aligned conditions on every tick for every job.  Each step's statistics are
+    computed once (:func:`_step_stats`, kept on the step) and the medians over steps are taken for
+    every rank at once (numpy over steps x ranks), with the same arithmetic as a rank-by-rank loop.
     """
     out: list[RankJudgement] = []
     for g, members in groups.items():
         if len(members) < min_group:
             continue
-        per_rank: dict[int, list[float]] = {r: [] for r in members}
-        at: dict[int, dict[int, float]] = {r: {} for r in members}
-        zs: dict[int, list[float]] = {r: [] for r in members}
-        slow_steps: dict[int, list[int]] = {r: [] for r in members}
+        m = len(members)
+        key = (measure, _group_id(members), min_group)
+        # The window: one line per step that could be judged, one column per member.
+        used: list[int] = []  # window index of each judged step
         refs: list[float] = []
-        values: dict[int, list[float]] = {r: [] for r in members}
+        lines: list[tuple[Any, ...]] = []
         for i, (_, row) in enumerate(window):
-            vals = {r: row[r].get(measure) for r in members if r in row}
-            known = {r: v for r, v in vals.items() if v is not None}
-            if len(known) < min_group:
+            st = _step_stats(row, members, measure, min_group, key)
+            if st is _SKIP:
                 continue
-            ref = lower_quartile(list(known.values()))
-            if ref <= 0:
-                continue
-            refs.append(ref)
-            # The step's own noise: the fast group's spread of ratios at this step.  A noisy stretch
-            # (everyone waiting on a slow input) widens it, so chance does not pass for a straggler.
-            ratios = {r: v / ref for r, v in known.items()}
-            centre = statistics.median(ratios.values())
-            fast = [x for x in ratios.values() if x <= centre]
-            fmed = statistics.median(fast)
-            scale = max(fast_sigma(fast, fmed), 0.02)
-            for r, x in ratios.items():
-                per_rank[r].append(x)
-                at[r][i] = x
-                values[r].append(known[r])
-                z = (x - fmed) / scale
-                zs[r].append(z)
-                if x >= ratio_thr and z >= z_thr:
-                    slow_steps[r].append(i)
-        hist: dict[int, list[float]] = {r: [] for r in members}
-        for _, row in history:
-            known = {r: v for r in members if r in row and (v := row[r].get(measure)) is not None}
-            if len(known) < min_group:
-                continue
-            ref = lower_quartile(list(known.values()))
-            if ref > 0:
-                for r, v in known.items():
-                    hist[r].append(v / ref)
-        meds = {r: statistics.median(x) for r, x in per_rank.items() if x}
-        if len(meds) < min_group:
+            used.append(i)
+            refs.append(st[4])
+            lines.append(st)
+        w = len(lines)
+        have = np.zeros((w, m), bool)
+        ratio = np.zeros((w, m))
+        value = np.zeros((w, m))
+        zed = np.zeros((w, m))
+        for k, (pos, vals, ratios, z, _) in enumerate(lines):
+            have[k, pos] = True
+            ratio[k, pos] = ratios
+            value[k, pos] = vals
+            zed[k, pos] = z
+        slow = have & (ratio >= ratio_thr) & (zed >= z_thr)
+        n_have = have.sum(axis=0)
+        present = np.nonzero(n_have > 0)[0]  # members with at least one judged step (in member order)
+        if len(present) < min_group:
             continue
-        ref_med = statistics.median(refs) if refs else 0.0
-        for r, m in meds.items():
-            h = hist[r]
-            h_med = statistics.median(h) if len(h) >= min_history else None
-            h_spread = 1.4826 * statistics.median(abs(x - h_med) for x in h) if h_med is not None else None
+        # The history: ratios only.
+        hl = [st for _, row in history if (st := _step_stats(row, members, measure, min_group, key)) is not _SKIP]
+        h_have = np.zeros((len(hl), m), bool)
+        h_ratio = np.zeros((len(hl), m))
+        for k, st in enumerate(hl):
+            h_have[k, st[0]] = True
+            h_ratio[k, st[0]] = st[2]
+        h_n = h_have.sum(axis=0)
+        h_med = _col_medians(h_ratio, h_have)
+        h_spread = 1.4826 * _col_medians(np.abs(h_ratio - h_med), h_have)
+        meds = _col_medians(ratio, have)
+        z_med = _col_medians(zed, have)
+        v_med = _col_medians(value, have)
+        n_slow = slow.sum(axis=0)
+        ref_med = _median(sorted(refs)) if refs else 0.0
+        # Per rank, as Python objects (lists read faster than numpy indexing rank by rank).
+        have_t, ratio_t, slow_t = have.T.tolist(), ratio.T.tolist(), slow.T.tolist()
+        meds_l, z_l, v_l = meds.tolist(), z_med.tolist(), v_med.tolist()
+        h_med_l, h_spread_l, h_n_l = h_med.tolist(), h_spread.tolist(), h_n.tolist()
+        n_slow_l, n_have_l = n_slow.tolist(), n_have.tolist()
+        for c in present.tolist():
+            hv, rr = have_t[c], ratio_t[c]
+            at = [used[k] for k in range(w) if hv[k]]
+            xs = [rr[k] for k in range(w) if hv[k]]
+            sl = slow_t[c]
+            hm = h_med_l[c] if h_n_l[c] >= min_history and h_n_l[c] else None
             out.append(RankJudgement(
-                rank=r, group=g, ratio=m, slow_share=len(slow_steps[r]) / len(per_rank[r]),
-                z=statistics.median(zs[r]), history_ratio=h_med,
-                value=statistics.median(values[r]), reference=ref_med, slow_at=frozenset(slow_steps[r]),
-                history_spread=h_spread, ratios=tuple(per_rank[r]), ratio_at=at[r]))
+                rank=members[c], group=g, ratio=meds_l[c], slow_share=n_slow_l[c] / n_have_l[c],
+                z=z_l[c], history_ratio=hm, value=v_l[c], reference=ref_med,
+                slow_at=frozenset(used[k] for k in range(w) if sl[k]),
+                history_spread=h_spread_l[c] if hm is not None else None, ratios=tuple(xs),
+                ratio_at=dict(zip(at, xs, strict=True))))
     return out
 
 

@@ -26,21 +26,29 @@ report's summaries) is computed by the topic's derivation in :data:`DERIVATIONS`
 from __future__ import annotations
 
 import bisect
+import logging
 import math
 import statistics
 from collections import defaultdict
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 from whywait.agents import events
-from whywait.agents.events import Event
-from whywait.engine.evaluate.steps import StepRec, StepTable
+from whywait.engine.evaluate.steps import PHASES, StepRec, StepTable
 from whywait.engine.rules.metrics import METRICS
+
+log = logging.getLogger(__name__)
 
 THERMAL = {"hw_thermal_slowdown", "sw_thermal_slowdown"}
 POWER = {"sw_power_cap", "hw_power_brake_slowdown"}
+# The fields of a PCIe link the hw derivation reads, and the metrics it stores per GPU link (in order).
+_PCIE_FIELDS = ("class", "gpu", "width", "width_max", "gen", "gen_max", "aer_correctable", "aer_nonfatal", "aer_fatal",
+                "tx_bytes_per_s", "rx_bytes_per_s", "nics")
+_PCIE_GPU_METRICS = ("gpu.pcie_width_ratio", "gpu.pcie_gen_ratio", "gpu.pcie_bandwidth_ratio", "gpu.pcie_width",
+                     "gpu.pcie_gen", "gpu.pcie_lost", "gpu.pcie_aer_errors", "gpu.pcie_bytes_per_s")
 _AGES = frozenset({"checkpoint.open_s", "step.since_last_s", "node.since_last_s"})
 _JOB_FIELDS = ("duration_s", "data_wait_s", "compute_s", "comm_s", "collective_s", "pipeline_wait_s",
                "checkpoint_s")
@@ -55,6 +63,12 @@ class _ListPlan:
     key: str  # the entry's field naming the entity
     direct: tuple[tuple[str, str, bool, bool], ...]  # (field, metric, boolean, one point per list entry)
     rollups: tuple[tuple[str, str, str], ...]  # (field, metric, "max" | "sum")
+
+    @cached_property
+    def reads(self) -> tuple[str, ...]:
+        """The fields read from each entry: the key, the stored fields, then those only rolled up."""
+        names = [self.key] + [d[0] for d in self.direct]
+        return tuple(names + [r[0] for r in self.rollups if r[0] not in names])
 
 
 @dataclass(frozen=True)
@@ -227,10 +241,12 @@ class Rows:
         self.index: dict[str, int] = {}
         self.entity_of: list[str | None] = []
         self.free: list[int] = []
+        self.version = 0  # counts the entities added and dropped (readers cache rows of entity lists on it)
 
     def add(self, entity: str) -> int:
         r = self.index.get(entity)
         if r is None:
+            self.version += 1
             if self.free:
                 r = self.free.pop()
                 self.entity_of[r] = entity
@@ -241,6 +257,7 @@ class Rows:
         return r
 
     def drop(self, entity: str) -> int:
+        self.version += 1
         r = self.index.pop(entity)
         self.entity_of[r] = None
         self.free.append(r)
@@ -499,9 +516,11 @@ class Column:
             return out
         return np.concatenate((a[:, start:][rows], a[:, :end - self.fine][rows]), axis=1)
 
-    def clear(self, r: int) -> None:
-        """Empty row ``r`` (its entity was dropped from the level)."""
-        if r >= len(self.newest):
+    def clear(self, r: int | np.ndarray) -> None:
+        """Empty row ``r``, or the rows of an array of them (their entities were dropped from the level)."""
+        if isinstance(r, np.ndarray):
+            r = r[r < len(self.newest)]
+        elif r >= len(self.newest):
             return
         for a in (self.v, self.n, self.cs, self.cn, self.cmin, self.cmax):
             a[r] = 0
@@ -611,11 +630,51 @@ class MetricStore:
         # Job-level series are one point per job per second: keeping an hour of them costs little and
         # lets a periodic slowdown (every few minutes) show several periods.
         self.job_retention_s = max(retention_s, 3600.0)
+        # (level, node or job, entry names) -> the entries' entity keys and rows (see ``_entities``)
+        self._ents: dict[tuple[str, str, tuple[Any, ...]], tuple[list[str], list[int] | None]] = {}
+        self._levels_stored = frozenset(METRICS[m].level for m in COLUMNAR)
+        # Points go straight to the columns, unless a subclass (the report's sampler) routes them through put().
+        self._direct = type(self).put is MetricStore.put
+        # (level's rows, entity list) -> (the level's version, their rows): see ``rows_of``
+        self._rows_memo: dict[tuple[int, tuple[str, ...]], tuple[int, np.ndarray]] = {}
+        self._by_metric: dict[str, dict[str, Series]] = defaultdict(dict)  # the exact series, by metric
+        # The metrics stored (None: every one); see ``set_keep``.  Per list plan, what of it is kept.
+        self._keep: frozenset[str] | None = None
+        self._kept_lists: dict[int, tuple[tuple[str, ...], tuple[tuple[str, str, bool, bool], ...], bool]] = {}
+        self._job_fields: tuple[bool, ...] = (True,) * len(_JOB_FIELDS)
+        self._shares: tuple[bool, ...] = (True,) * 3
 
     # ---- writing ----------------------------------------------------------------------------------
 
+    @property
+    def keep(self) -> frozenset[str] | None:
+        """The metrics this store keeps; None: every metric of the catalogue."""
+        return self._keep
+
+    def set_keep(self, metrics: Iterable[str] | None) -> None:
+        """Keep only ``metrics`` from now on (None: all): called by the evaluator with what its rules read.
+
+        Most of a message's fields are read by no rule (an NVLink counter, a NIC's drop rate); storing
+        them cost most of ingest.  Step tables, node reports and placements are kept regardless.  A read
+        of a metric not kept adds it (and logs it): its window then fills from the next message on.
+        """
+        self._keep = None if metrics is None else frozenset(metrics)
+        self._kept_lists.clear()
+        keep = self._keep
+        self._job_fields = tuple(keep is None or f"job.{f}" in keep for f in _JOB_FIELDS)
+        self._shares = tuple(keep is None or f"job.{f}" in keep for f in ("data_wait_share", "comm_share",
+                                                                          "compute_share"))
+
+    def _read(self, metric: str) -> None:
+        """Called by every read: a metric the store was told not to keep is kept from now on."""
+        if self._keep is not None and metric not in self._keep and metric not in _AGES:
+            log.warning("metric %s was read but not kept (no loaded rule names it): keeping it from now on", metric)
+            self.set_keep(self._keep | {metric})
+
     def put(self, metric: str, entity: str, t: float, v: float) -> None:
         """Store one point of ``metric`` for ``entity`` at event time ``t`` (staged until the next read)."""
+        if self._keep is not None and metric not in self._keep:
+            return
         col = self.columns.get(metric)
         if col is None and metric in COLUMNAR:
             col = self.column(metric)
@@ -631,6 +690,7 @@ class MetricStore:
         s = self._series.get((metric, entity))
         if s is None:
             s = self._series[(metric, entity)] = Series()
+            self._by_metric[metric][entity] = s
         s.add(t, v)
 
     def column(self, metric: str) -> Column:
@@ -698,8 +758,10 @@ class MetricStore:
     def _ingest_declared(self, plan: KindPlan, msg: Mapping[str, Any], t: float, node: str) -> None:
         """Store every field the contract declares measured, and the node roll-ups it declares.
 
-        The hot path of ingest (one point per field per list entry): each entry's row is found once for
-        all its fields, and points are appended straight to the columns' staging lists.
+        The hot path of ingest (one point per field per list entry).  Per list, the fields are read
+        column by column (:func:`whywait.agents.events.columns`), the entries' rows come from a cache
+        keyed by the list's entity names (:meth:`_entities`), and each field's values are appended to
+        its column's staging lists in one call: no Python call per point.
         """
         put = self.put
         owner = msg["job"] if plan.per_job else node
@@ -711,48 +773,101 @@ class MetricStore:
             items = msg.get(lp.name)
             if not items:
                 if items is not None:
-                    self._rollups(lp, items, t, node)
+                    self._rollups(lp, {}, t, node)
                 continue
-            members = self.members[lp.entity] if lp.entity in ("nic", "device") else None
-            typed = isinstance(items[0], Event)
-            attrs = type(items[0])._attr if typed else {}
-            # Straight to the columns, unless a subclass (the report's sampler) routes points through put().
-            direct = type(self).put is MetricStore.put
-            fields = [(attrs.get(name, name), self.column(metric) if direct and metric in COLUMNAR else None, metric,
-                       boolean, each) for name, metric, boolean, each in lp.direct]
-            rows = self.levels[lp.entity] if lp.entity in self.levels else None
-            for _, col, _, _, _ in fields:
-                if col is not None:
-                    self._staged.add(col)
-                    rows = col.shared
-            key = attrs.get(lp.key, lp.key)
-            for item in items:
-                e = _entity(lp.entity, msg, node, getattr(item, key) if typed else item[lp.key])
-                if members is not None:
-                    members[node].add(e)
-                r = rows.add(e) if rows is not None else -1
-                for attr, col, metric, boolean, each in fields:
-                    v = getattr(item, attr) if typed else item.get(attr)
-                    if v is None:
-                        continue
-                    if each:  # one point per occurrence: a repeated XID counts twice
-                        for x in v:
-                            put(metric, e, t, float(x))
-                    elif col is not None:
-                        col.s_row.append(r)
-                        col.s_t.append(t)
-                        col.s_v.append((1.0 if v else 0.0) if boolean else float(v))
-                    else:
-                        put(metric, e, t, (1.0 if v else 0.0) if boolean else float(v))
-            for _, col, _, _, _ in fields:
-                if col is not None and len(col.s_row) > _STAGE_MAX:
-                    self._relieve(col)
-            self._rollups(lp, items, t, node)
+            kept = self._kept_lists.get(id(lp))
+            if kept is None:
+                kept = self._kept_lists[id(lp)] = self._kept_list(lp)
+            reads, direct, rolled = kept
+            if len(reads) == 1 and lp.entity not in ("nic", "device"):
+                continue  # nothing of this list is kept (NICs and devices still register as the node's)
+            cols = dict(zip(reads, events.columns(items, reads), strict=True))
+            ents, rows = self._entities(lp.entity, msg, node, cols[lp.key])
+            for name, metric, boolean, each in direct:
+                vs = cols[name]
+                if each:  # one point per occurrence: a repeated XID counts twice
+                    for e, v in zip(ents, vs, strict=True):
+                        if v is not None:
+                            for x in v:
+                                put(metric, e, t, float(x))
+                else:
+                    self.put_many(metric, lp.entity, ents, rows, t, vs, boolean)
+            if rolled:
+                self._rollups(lp, cols, t, node)
 
-    def _rollups(self, lp: _ListPlan, items: Sequence[Any], t: float, node: str) -> None:
-        """The node roll-ups of one list: the ``max`` or ``sum`` of a field over its entries."""
+    def _kept_list(self, lp: _ListPlan) -> tuple[tuple[str, ...], tuple[tuple[str, str, bool, bool], ...], bool]:
+        """What of a list's plan the store keeps: the fields to read (key first), the stored ones, any roll-up."""
+        keep = self._keep
+        if keep is None:
+            return lp.reads, lp.direct, bool(lp.rollups)
+        direct = tuple(d for d in lp.direct if d[1] in keep)
+        rolled = tuple(r for r in lp.rollups if r[1] in keep)
+        names = [lp.key] + [d[0] for d in direct]
+        names += [r[0] for r in rolled if r[0] not in names]
+        return tuple(names), direct, bool(rolled)
+
+    def _entities(self, level: str, msg: Mapping[str, Any], node: str, names: Sequence[Any]
+                  ) -> tuple[list[str], list[int] | None]:
+        """The entity keys of a list's entries (``names``: their key field) and their rows at ``level``.
+
+        Cached by (level, node or job, names): a node sends the same GPUs and NICs every second, so
+        each entry's key string and row are built once, not once per message.  The cache is emptied
+        when a row is freed (:meth:`trim`).  Rows are None while the level has no column yet.
+        """
+        key = (level, msg["job"] if level == "rank" else node, tuple(names))
+        hit = self._ents.get(key)
+        if hit is not None:
+            return hit
+        ents = [_entity(level, msg, node, n) for n in names]
+        if level in ("nic", "device"):
+            self.members[level][node].update(ents)
+        rows = self.levels.get(level)
+        if rows is None and level in self._levels_stored:  # the level's columns (made later) share these rows
+            rows = self.levels[level] = Rows()
+        out = (ents, [rows.add(e) for e in ents] if rows is not None else None)
+        if rows is not None:
+            if len(self._ents) >= 1 << 16:  # bounded: a churn of node or job names cannot grow it
+                self._ents.clear()
+            self._ents[key] = out
+        return out
+
+    def put_many(self, metric: str, level: str, ents: Sequence[str], rows: Sequence[int] | None, t: float,
+                 values: Sequence[Any], boolean: bool = False) -> None:
+        """Store ``values[i]`` for ``ents[i]`` at ``t`` (None: no point), ``rows`` their rows at ``level``.
+
+        :meth:`put` for a whole list at once: the points go to the column's staging lists in three
+        list extensions.  Numbers are kept as given (ints and bools become floats when applied).
+        """
+        if self._keep is not None and metric not in self._keep:
+            return
+        col = self.columns.get(metric)
+        if col is None and metric in COLUMNAR:
+            col = self.column(metric)
+        if col is None or rows is None or not self._direct or col.shared is not self.levels.get(level):
+            put = self.put
+            for e, v in zip(ents, values, strict=True):
+                if v is not None:
+                    put(metric, e, t, (1.0 if v else 0.0) if boolean else float(v))
+            return
+        if boolean:
+            values = [None if v is None else (1.0 if v else 0.0) for v in values]
+        if None in values:
+            keep = [i for i, v in enumerate(values) if v is not None]
+            if not keep:
+                return
+            rows = [rows[i] for i in keep]
+            values = [values[i] for i in keep]
+        col.s_row += rows
+        col.s_t += [t] * len(rows)
+        col.s_v += values
+        self._staged.add(col)
+        if len(col.s_row) > _STAGE_MAX:
+            self._relieve(col)
+
+    def _rollups(self, lp: _ListPlan, cols: Mapping[str, Sequence[Any]], t: float, node: str) -> None:
+        """The node roll-ups of one list: the ``max`` or ``sum`` of a field over its entries (``cols``)."""
         for name, metric, how in lp.rollups:
-            vals = [float(v) for v in (item.get(name) for item in items) if v is not None]
+            vals = [float(v) for v in cols.get(name, ()) if v is not None]
             if how == "sum":  # an empty list, or entries without the field, add nothing: 0
                 self.put(metric, node, t, math.fsum(vals))
             elif vals:
@@ -761,16 +876,20 @@ class MetricStore:
     # ---- derivations: what no single declared field gives -----------------------------------------
 
     def _derive_gpu(self, msg: Mapping[str, Any], t: float, node: str) -> None:
-        put = self.put
-        for g in msg["gpus"]:
-            e = f"{node}/gpu{g['gpu']}"
-            if g.get("sm_clock_max_mhz"):
-                put("gpu.sm_clock_ratio", e, t, g["sm_clock_mhz"] / g["sm_clock_max_mhz"])
-            if g.get("power_limit_w"):
-                put("gpu.power_ratio", e, t, g["power_w"] / g["power_limit_w"])
-            reasons = set(g.get("throttle_reasons") or ())
-            put("gpu.thermal_throttle", e, t, 1.0 if reasons & THERMAL else 0.0)
-            put("gpu.power_throttle", e, t, 1.0 if reasons & POWER else 0.0)
+        gpus = msg["gpus"]
+        if not gpus:
+            return
+        idx, clock, clock_max, power, limit, reasons = events.columns(
+            gpus, ("gpu", "sm_clock_mhz", "sm_clock_max_mhz", "power_w", "power_limit_w", "throttle_reasons"))
+        ents, rows = self._entities("gpu", msg, node, idx)
+        many = self.put_many
+        many("gpu.sm_clock_ratio", "gpu", ents, rows, t,
+             [c / m if m else None for c, m in zip(clock, clock_max, strict=True)])
+        many("gpu.power_ratio", "gpu", ents, rows, t, [w / m if m else None for w, m in zip(power, limit, strict=True)])
+        many("gpu.thermal_throttle", "gpu", ents, rows, t,
+             [1.0 if r and not THERMAL.isdisjoint(r) else 0.0 for r in reasons])
+        many("gpu.power_throttle", "gpu", ents, rows, t,
+             [1.0 if r and not POWER.isdisjoint(r) else 0.0 for r in reasons])
 
     def _derive_net(self, msg: Mapping[str, Any], t: float, node: str) -> None:
         put = self.put
@@ -807,35 +926,38 @@ class MetricStore:
         # rules read them from NVML), hung tasks, lockups and OOM (symptoms, not hardware) stay out.
         kernel_hw = ("mce", "pcie_aer_uncorrected", "gpu_lost", "nic_fw", "fs_readonly", "fs_error", "io_error")
         degraded = 0
-        for link in msg.get("pcie") or ():
-            lost = link["width"] == 0
-            ratios = (link["width"] / link["width_max"] if link["width_max"] else 1.0,
-                      link["gen"] / link["gen_max"] if link["gen_max"] else 1.0,
-                      _lane_gbps(link["gen"]) * link["width"] / (_lane_gbps(link["gen_max"]) * link["width_max"])
-                      if link["width_max"] and _lane_gbps(link["gen_max"]) else 1.0)
-            if link["class"] == "gpu" and link.get("gpu") is not None:
-                e = f"{node}/gpu{link['gpu']}"
-                for name, v in zip(("gpu.pcie_width_ratio", "gpu.pcie_gen_ratio", "gpu.pcie_bandwidth_ratio"),
-                                   ratios, strict=True):
-                    put(name, e, t, v)
-                put("gpu.pcie_width", e, t, float(link["width"]))
-                put("gpu.pcie_gen", e, t, float(link["gen"]))
-                put("gpu.pcie_lost", e, t, 1.0 if lost else 0.0)
-                aer = sum(link.get(f) or 0 for f in ("aer_correctable", "aer_nonfatal", "aer_fatal"))
-                put("gpu.pcie_aer_errors", e, t, float(aer))
-                if link.get("tx_bytes_per_s") is not None or link.get("rx_bytes_per_s") is not None:
-                    put("gpu.pcie_bytes_per_s", e, t,
-                        float((link.get("tx_bytes_per_s") or 0.0) + (link.get("rx_bytes_per_s") or 0.0)))
+        links = msg.get("pcie") or ()
+        # GPU links: each metric's values over the GPUs, stored per list (put_many)
+        gpu_of: list[Any] = []
+        per_gpu: dict[str, list[float | None]] = {m: [] for m in _PCIE_GPU_METRICS}
+        for (cls, gpu, width, width_max, gen, gen_max, aer_c, aer_n, aer_f, tx, rx, nics) in zip(
+                *events.columns(links, _PCIE_FIELDS), strict=True):
+            lost = width == 0
+            ratios = (width / width_max if width_max else 1.0,
+                      gen / gen_max if gen_max else 1.0,
+                      _lane_gbps(gen) * width / (_lane_gbps(gen_max) * width_max)
+                      if width_max and _lane_gbps(gen_max) else 1.0)
+            if cls == "gpu" and gpu is not None:
+                gpu_of.append(gpu)
+                for m, v in zip(_PCIE_GPU_METRICS, (
+                        *ratios, float(width), float(gen), 1.0 if lost else 0.0,
+                        float(sum(x or 0 for x in (aer_c, aer_n, aer_f))),
+                        float((tx or 0.0) + (rx or 0.0)) if tx is not None or rx is not None else None), strict=True):
+                    per_gpu[m].append(v)
                 continue
             if lost or ratios[0] < 1.0 or ratios[1] < 1.0:
                 degraded += 1
-            for nic in link.get("nics") or ():
+            for nic in nics or ():
                 e = f"{node}/{nic}"
                 self.nics[node].add(e)
                 for name, v in zip(("nic.pcie_width_ratio", "nic.pcie_gen_ratio", "nic.pcie_bandwidth_ratio"),
                                    ratios, strict=True):
                     put(name, e, t, v)
                 put("nic.pcie_lost", e, t, 1.0 if lost else 0.0)
+        if gpu_of:
+            ents, rows = self._entities("gpu", msg, node, gpu_of)
+            for m, vs in per_gpu.items():
+                self.put_many(m, "gpu", ents, rows, t, vs)
         if msg.get("pcie") is not None:
             put("node.pcie_links_degraded", node, t, float(degraded))
         ports = msg.get("ports")
@@ -909,46 +1031,62 @@ class MetricStore:
                 put("bmc.exhaust_temp_c", node, t, max(exhaust))
             if power:
                 put("bmc.power_w", node, t, power)
-        for h in msg.get("nvml") or ():
-            e = f"{node}/gpu{h['gpu']}"
-            put("gpu.nvml_unresponsive", e, t, 0.0 if h["responsive"] else 1.0)
-            put("gpu.nvml_latency_ms", e, t, h["latency_ms"])
-            put("gpu.nvml_errors", e, t, float(h["errors"]))
-            put("gpu.nvml_timeouts", e, t, float(h["timeouts"]))
+        nvml = msg.get("nvml")
+        if nvml:
+            gpu, responsive, latency, errors, timeouts = events.columns(
+                nvml, ("gpu", "responsive", "latency_ms", "errors", "timeouts"))
+            ents, rows = self._entities("gpu", msg, node, gpu)
+            self.put_many("gpu.nvml_unresponsive", "gpu", ents, rows, t, [0.0 if r else 1.0 for r in responsive])
+            self.put_many("gpu.nvml_latency_ms", "gpu", ents, rows, t, latency)
+            self.put_many("gpu.nvml_errors", "gpu", ents, rows, t, errors)
+            self.put_many("gpu.nvml_timeouts", "gpu", ents, rows, t, timeouts)
 
     def _derive_steps(self, msg: Mapping[str, Any], t: float, node: str) -> None:
         """The step tables, the ranks' last reports, ``comm_s`` where only its parts came, and the job buckets."""
         job = msg["job"]
-        put = self.put
+        steps = msg["steps"]
+        if not steps:
+            return
         sec = int(t)
         table = self.step_tables.get(job)
         if table is None:
             table = self.step_tables[job] = StepTable()
-        for s in msg["steps"]:
-            e = f"{job}:{s['rank']}"
-            self.rank_last[e] = max(t, self.rank_last.get(e, t))
-            dur = s["duration_s"]
-            if s.get("comm_s") is None and (s.get("collective_s") is not None or s.get("pipeline_wait_s") is not None):
-                s = {**s, "comm_s": (s.get("collective_s") or 0.0) + (s.get("pipeline_wait_s") or 0.0)}
-                put("step.comm_s", e, t, s["comm_s"])  # the declared field was absent: its parts' sum
-            ended = s.get("ended_at")
+        ranks, nums, durs, ended, *phases = events.columns(steps, ("rank", "step", "duration_s", "ended_at") + PHASES)
+        data, compute, comm, collective, pipeline, _ = phases
+        if None in comm:  # the declared field absent: its parts' sum, where a part came
+            comm = tuple(c if c is not None or (k is None and w is None) else (k or 0.0) + (w or 0.0)
+                         for c, k, w in zip(comm, collective, pipeline, strict=True))
+            ents, rows = self._entities("rank", msg, node, ranks)
+            derived = [c if c is not None and sent is None else None for c, sent in zip(comm, phases[2], strict=True)]
+            self.put_many("step.comm_s", "rank", ents, rows, t, derived)
+            phases[2] = comm
+        rank_last = self.rank_last
+        add = table.add
+        for r, n, dur, end, d, c, m, k, w, ck in zip(ranks, nums, durs, ended, *phases, strict=True):
+            e = f"{job}:{r}"
+            last = rank_last.get(e)
+            rank_last[e] = t if last is None or t > last else last
             # A step's own end time when the producer gives it (several steps per message), else the
             # message's time; never later than the message, so a bad clock cannot run ahead of it.
-            t_end = min(float(ended), t) if ended is not None else t
-            table.add(int(s["step"]), int(s["rank"]), StepRec(
-                t_end, float(dur), *(None if s.get(f) is None else float(s[f]) for f in
-                                     ("data_wait_s", "compute_s", "comm_s", "collective_s", "pipeline_wait_s",
-                                      "checkpoint_s"))))
-            for f in _JOB_FIELDS:
-                v = s.get(f)
-                if v is None:  # an absent phase is unknown, not zero: no point at all
-                    continue
-                self._buckets[(job, f)].setdefault(sec, []).append(v)
-            if dur > 0:
-                for f, share in (("data_wait_s", "data_wait_share"), ("comm_s", "comm_share"),
-                                 ("compute_s", "compute_share")):
-                    if s.get(f) is not None:
-                        self._buckets[(job, share)].setdefault(sec, []).append(s[f] / dur)
+            t_end = min(float(end), t) if end is not None else t
+            add(int(n), int(r), StepRec(
+                t_end, float(dur), None if d is None else float(d), None if c is None else float(c),
+                None if m is None else float(m), None if k is None else float(k), None if w is None else float(w),
+                None if ck is None else float(ck)))
+        # The job's per-second buckets (medians over ranks when the second closes); an absent phase is
+        # unknown, not zero: no point at all.
+        buckets = self._buckets
+        for f, vs, kept in zip(_JOB_FIELDS, (durs, *phases), self._job_fields, strict=True):
+            got = [v for v in vs if v is not None] if kept else None
+            if got:
+                buckets[(job, f)].setdefault(sec, []).extend(got)
+        for part, share, kept in zip((data, comm, compute), ("data_wait_share", "comm_share", "compute_share"),
+                                     self._shares, strict=True):
+            if not kept:
+                continue
+            got = [v / d for v, d in zip(part, durs, strict=True) if v is not None and d > 0]
+            if got:
+                buckets[(job, share)].setdefault(sec, []).extend(got)
 
     def _derive_checkpoint(self, msg: Mapping[str, Any], t: float, node: str) -> None:
         job, cid, phase = msg["job"], msg["checkpoint_id"], msg["phase"]
@@ -996,6 +1134,7 @@ class MetricStore:
             s.trim(job_cutoff if key[0].startswith("job.") else cutoff)
             if not s.t:  # an entity gone for the whole retention (a finished job's ranks): forget it
                 del self._series[key]
+                del self._by_metric[key[0]][key[1]]
         # The rings are fixed; an entity silent for the whole retention in every metric of its level is freed.
         for rows in self.levels.values():
             cols = [c for c in self.columns.values() if c.shared is rows]
@@ -1007,12 +1146,15 @@ class MetricStore:
             # a row with points still waiting for the clock is not silent (and its number must not be reused)
             waiting = {int(r) for c in cols if c.held is not None for r in np.unique(c.held[0])}
             waiting.update(r for c in cols for r in c.s_row)
-            for r in np.nonzero(newest < cutoff)[0]:
-                e = rows.entity_of[r]
-                if e is not None and int(r) not in waiting:
-                    rows.drop(e)
-                    for c in cols:
-                        c.clear(int(r))
+            gone = [r for r in np.nonzero(newest < cutoff)[0].tolist()
+                    if rows.entity_of[r] is not None and r not in waiting]
+            if gone:
+                for r in gone:
+                    rows.drop(rows.entity_of[r])  # type: ignore[arg-type]
+                self._ents.clear()  # a freed row may be handed to another entity
+                freed = np.array(gone, np.int64)
+                for c in cols:
+                    c.clear(freed)
         for s in self.node_seen.values():
             s.trim(cutoff)
         for job, table in list(self.step_tables.items()):
@@ -1030,6 +1172,7 @@ class MetricStore:
         if metric in _AGES:
             v = self.age(metric, entity, t1)
             return ((t1,), (v,)) if v is not None else ((), ())
+        self._read(metric)
         col = self.columns.get(metric)
         if col is not None:
             col.flush(self._upto())
@@ -1105,6 +1248,7 @@ class MetricStore:
         """
         if min_points <= 0 or metric in _AGES:
             return window_s
+        self._read(metric)
         col = self.columns.get(metric)
         if col is not None:
             r = col.rows.get(entity)
@@ -1142,6 +1286,7 @@ class MetricStore:
         The vectorised :meth:`value`: for a columnar metric, one numpy pass over every entity's slots
         (called by the conditions once per rule and job, instead of once per entity).
         """
+        self._read(metric)
         col = self.columns.get(metric)
         if col is not None:
             col.flush(self._upto())
@@ -1154,7 +1299,7 @@ class MetricStore:
             return hit
         out = None
         if col is not None and ents:
-            rows = np.fromiter((col.rows.get(e, -1) for e in ents), np.int64, len(ents))
+            rows = self.rows_of(col.shared, ents)
             known = rows >= 0
             if known.any():
                 m = col.matrix(rows[known], now - window_s, now)
@@ -1169,6 +1314,27 @@ class MetricStore:
             self._memo.clear()
         self._memo[key] = out
         return out
+
+    def rows_of(self, rows: Rows, ents: tuple[str, ...]) -> np.ndarray:
+        """The rows of ``ents`` at a level (-1: not stored), cached until the level's entities change.
+
+        Every rule reads the same entity lists of a job (its GPUs, its ranks) on every tick.
+        """
+        key = (id(rows), ents)
+        hit = self._rows_memo.get(key)
+        if hit is not None and hit[0] == rows.version:
+            return hit[1]
+        index = rows.index
+        out = np.fromiter((index.get(e, -1) for e in ents), np.int64, len(ents))
+        out.flags.writeable = False
+        if len(self._rows_memo) >= 1024:
+            self._rows_memo.clear()
+        self._rows_memo[key] = (rows.version, out)
+        return out
+
+    def occurring(self, metric: str) -> set[str]:
+        """The entities holding a series of ``metric`` kept exactly (occurrences such as XIDs)."""
+        return set(self._by_metric.get(metric, ()))
 
     def nic_entities(self, nodes: Iterable[str]) -> list[str]:
         return self.entities_at("nic", nodes)
