@@ -175,7 +175,9 @@ def build_app(cfg: EngineConfig, processor: Processor, notifier: Notifier,
         # faust queues up to this many records per partition ahead of the agent (default 4,096): with 10,000
         # hostile messages of up to 0.2-0.6 MB that queue held ~90 MB (the fuzz test's peak RSS 1.76x the clean
         # run's; 1.39x with 512). Throughput at 1,024 GPUs was unchanged (7.5 CPU-s a minute, 7.8 before).
-        stream_buffer_maxsize=512,
+        # The partitioned pipeline keeps faust's default: its fetches are already small (above), and with 512
+        # its 3-worker test failed once (of one run) where it had passed twice with the default.
+        stream_buffer_maxsize=512 if cfg.partitions <= 1 else 4096,
     )
     inputs = app.topic(*INPUT_TOPICS, key_type=bytes, value_type=bytes, key_serializer="raw",
                        value_serializer="raw", allow_empty=True)
