@@ -69,6 +69,9 @@ _PAST_TURNS_MAX = 240
 _OWN_Z = 3.0
 # A straggler of steps longer than its window is judged on this many of the latest steps.
 _LONG_STEPS = 3
+# How many steps before its window a rotation with no "before" (uneven from the job's first steps) must
+# have been as uneven as the window to be told as one: a long past, so a busy stretch is not enough.
+_STEADY_PAST = 30
 # The fewest slow points (seconds, or steps when steps are longer) a periodic slowdown's burst holds.
 _BURST_POINTS = 3
 
@@ -499,9 +502,17 @@ def _rotation(c: Condition, ctx: Ctx) -> Result:
         # No past to hold the window against (fewer than 10 steps before it): a job whose ranks
         # hiccup on most steps looks like a rotation from its first steps on.
         return Result(False)
-    if seq is None and share - p0 < 4.0 * math.sqrt(max(p0 * (1 - p0), 0.01) / len(win)):
+    # A rotation from the job's first steps has no "before" to stand out from: its past is as uneven
+    # as its window.  It is still one, and costs as much: held on its level instead, when the window
+    # and a long past (_STEADY_PAST steps or more) both have a slow turn on at least ``persist`` of
+    # their steps.  Hiccups on random ranks touch a third of a large job's steps at most; 80% of 38
+    # steps is past any such rate by many standard errors.
+    steady = (seq is None and share >= p["persist"] and p0 >= p["persist"] and ctx.state.get(key) is None
+              and len(hist) >= _STEADY_PAST)
+    if seq is None and not steady and share - p0 < 4.0 * math.sqrt(max(p0 * (1 - p0), 0.01) / len(win)):
         return Result(False)
-    ctx.state[key] = p0
+    if not steady:
+        ctx.state[key] = p0
     who = Counter(r for _, r, _ in slow)
     if who.most_common(1)[0][1] > p["max_share"] * len(slow) or len(who) < int(p["min_distinct"]):
         return Result(False)
@@ -529,7 +540,7 @@ def _rotation(c: Condition, ctx: Ctx) -> Result:
 
     ctx.facts.update(phase=PHASE_NAMES[phase] if excess[phase] > 0 else "step", phase_field=phase,
                      slow_share=round(share, 3), distinct_ranks=len(who), rotation_ratio=round(ratio, 3),
-                     loss_fn=loss, aligned_steps=judged)
+                     loss_fn=loss, aligned_steps=judged, steady_since=hist[0][0] if steady else None)
     ev = Evidence("step.work_s", ctx.job.job, round(ratio, 4), "ratio", 1.0, f"ratio {p['ratio']}", None,
                   f"{len(who)} different ranks were the slow one on {len(slow)} of {judged} steps; "
                   f"none on more than {who.most_common(1)[0][1]}")
@@ -584,7 +595,8 @@ class PeriodicCondition(ConditionParams):
                                                   "time")
     zscore: Comparison = param(Compare(">", 5.0), "... and this far above it in robust z")
     min_bursts: Number = param(3.0, "at least this many bursts")
-    tolerance: Number = param(0.25, "the start-to-start intervals agree within this share of their median")
+    tolerance: Number = param(0.25, "the start-to-start intervals agree with their mean and with each other "
+                                    "within this share of the period")
 
 
 @condition("periodic", PeriodicCondition)
@@ -658,7 +670,13 @@ def _periodic(c: Condition, ctx: Ctx) -> Result:
     if len(bursts) < int(p["min_bursts"]):
         return Result(False)
     lengths = [b[-1][0] - b[0][0] + gap for b in bursts]
-    if max(lengths) > 3 * min(lengths):  # the same thing recurring lasts about as long each time
+    # The same thing recurring lasts about as long each time.  A burst still going on (slow at the
+    # latest point) has lasted *at least* its length so far: held only to be no longer than 3x the
+    # shortest finished one, so the third spell is confirmed as it begins, not once it is a third
+    # as long as the others (which cost 10-20 s of a 20-30 s spell).
+    ongoing = bursts[-1][-1][0] >= pts[-1][0]
+    done = lengths[:-1] if ongoing else lengths
+    if max(done) > 3 * min(done) or (ongoing and lengths[-1] > 3 * min(done)):
         return Result(False)
     # On, then off: between two bursts the job runs at its normal pace for at least as long as a burst
     # lasts.  One long slowdown with dips in it is split into bursts with short gaps, not a period.
@@ -677,6 +695,11 @@ def _periodic(c: Condition, ctx: Ctx) -> Result:
     # The span over the count, not one interval: each burst's start is jittered by a step or two.
     period = (starts[-1] - starts[0]) / (len(starts) - 1)
     if period < 4 * gap or any(abs(g - period) > p["tolerance"] * period for g in gaps):
+        return Result(False)
+    # ...and against each other: with three bursts each interval is within a quarter of their mean
+    # when one is 117 s and the other 74 s (random bursts in a job that hiccups).  A schedule repeats
+    # to within the tolerance, give or take the points' own spacing at either end.
+    if max(gaps) - min(gaps) > p["tolerance"] * period + 2 * gap:
         return Result(False)
     if ctx.now - bursts[-1][-1][0] > 1.5 * period:
         return Result(False)

@@ -74,6 +74,7 @@ TEMPLATE_VARS: dict[str, str] = {
     "n_replicas": "data-parallel replicas", "imbalance": "stage_imbalance: the stage's work over the others'",
     "slow_share": "rotation: share of steps with a slow rank", "distinct_ranks": "rotation: ranks taking turns",
     "rotation_ratio": "rotation: the slow rank's typical ratio",
+    "steady_since": "rotation: the first step of a past as uneven as the window (none: a change)",
     "period_s": "periodic: the period", "burst_s": "periodic: how long each slowdown lasts",
     "bursts": "periodic: slowdowns seen", "periodic_ratio": "periodic: step time in a slowdown over normal",
     "step_s": "what_if: the job's step time now", "whatif_step_s": "what_if: its step time without the culprit",

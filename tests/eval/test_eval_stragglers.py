@@ -102,14 +102,19 @@ def test_rotating_straggler_has_no_culprit_and_a_phase() -> None:
     assert ev.score([_run("r", [truth], [blamed])]).classes["rotating-straggler"].root_cause_ok == 0
 
 
-def test_periodic_slowdown_period_and_latency_from_its_second_spell() -> None:
+def test_periodic_slowdown_period_and_latency_from_its_third_spell() -> None:
+    # One interval is no period: the third spell on schedule is the first moment one can be seen.
     truth = _truth("periodic-slowdown", culprit="", kind="none", ranks=(), cause="job.periodic-slowdown",
                    start=100, end=500, detail={"period_s": 120.0, "spells": [100.0, 220.0, 340.0, 460.0]})
-    good = _diag(226, cause="job.periodic-slowdown", culprit=None, ranks=(), period_s="118")
-    wrong = _diag(226, cause="job.periodic-slowdown", culprit=None, ranks=(), period_s="60")
+    good = _diag(346, cause="job.periodic-slowdown", culprit=None, ranks=(), period_s="118")
+    wrong = _diag(346, cause="job.periodic-slowdown", culprit=None, ranks=(), period_s="60")
     c = ev.score([_run("p", [truth], [good], duration=600)]).classes["periodic-slowdown"]
-    assert c.root_cause_ok == 1 and c.latencies == [126.0] and c.onset_latencies == [6.0] and c.on_time == 1
+    assert c.root_cause_ok == 1 and c.latencies == [246.0] and c.onset_latencies == [6.0] and c.on_time == 1
+    assert c.second_spell_latencies == [126.0]
     assert ev.score([_run("p", [truth], [wrong], duration=600)]).classes["periodic-slowdown"].root_cause_ok == 0
+    late = ev.score([_run("p", [truth], [_diag(366, cause="job.periodic-slowdown", culprit=None, ranks=(),
+                                                period_s="120")], duration=600)]).classes["periodic-slowdown"]
+    assert late.onset_latencies == [26.0] and late.on_time == 0
 
 
 def test_a_whole_job_slowdown_taken_over_by_the_period_is_scored_as_part_of_it() -> None:
@@ -136,11 +141,15 @@ def test_latency_in_steps_and_on_time_within_five_long_steps() -> None:
     ends = [60.0 + 40 * k for k in range(12)]  # 40 s steps ending at 60, 100, 140, ...
     truth = _truth("straggler-compute", whatif=40.0, start=100, end=600)
     fast = _run("f", [truth], [_diag(250, phase="compute")], step_ends=ends, duration=700)
-    slow = _run("s", [truth], [_diag(330, phase="compute")], step_ends=ends, duration=700)
+    fifth = _run("s", [truth], [_diag(330, phase="compute")], step_ends=ends, duration=700)
+    slow = _run("s", [truth], [_diag(350, phase="compute")], step_ends=ends, duration=700)
     a = ev.score([fast]).classes["straggler-compute"]
-    b = ev.score([slow]).classes["straggler-compute"]
+    b = ev.score([fifth]).classes["straggler-compute"]
+    c = ev.score([slow]).classes["straggler-compute"]
     assert a.latency_steps == [3] and a.on_time == 1  # steps ended at 140, 180, 220; 150 s <= 5 x 40 s
-    assert b.latency_steps == [5] and b.on_time == 0  # ... 260, 300; 230 s > 5 x 40 s
+    # ... 260, 300: 230 s is more than 5 healthy steps, but only 5 of the job's steps had ended
+    assert b.latency_steps == [5] and b.on_time == 1
+    assert c.latency_steps == [6] and c.on_time == 0  # ... 340: the sixth
 
 
 def test_cost_is_read_from_the_incidents_last_diagnosis_and_right_within_20_percent() -> None:
