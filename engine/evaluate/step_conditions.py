@@ -33,12 +33,15 @@ from whywait.engine.evaluate.conditions import Ctx, Result
 from whywait.engine.evaluate.steps import (
     PHASE_NAMES,
     StepRec,
+    column_medians,
     groups_of,
     judge_ranks,
     lower_quartile,
     phase_excess,
+    rank_matrix,
     select,
     sequential_onset,
+    slow_turns,
     step_loss,
 )
 from whywait.engine.rules.condition_types import (
@@ -438,37 +441,24 @@ def _rotation(c: Condition, ctx: Ctx) -> Result:
     excess = {"compute_s": 0.0, "data_wait_s": 0.0}
     # Each rank against its own usual level first: a rank that is always slower (an older GPU) is
     # heterogeneity, and must not be "the slow one" on every step it happens to top.
-    usual: dict[int, float] = {}
-    for r in ranks:
-        xs = [v for _, row in win if r in row and (v := row[r].get(p["measure"])) is not None]
-        if xs:
-            usual[r] = statistics.median(xs)
+    mat = rank_matrix(win, ranks, p["measure"])
+    usual_v = column_medians(mat)
+    usual = {r: float(u) for r, u in zip(ranks, usual_v.tolist(), strict=True) if not math.isnan(u)}
+    col = {r: i for i, r in enumerate(ranks)}
+    group_cols = [[col[r] for r in members if r in col] for members in groups.values()]
 
     def turn(row: dict[int, StepRec]) -> tuple[float, int] | None:
-        """This step's slow rank and its ratio, when one rank stands out; else None."""
-        best: tuple[float, int] | None = None
-        for members in groups.values():
-            known = {r: v / usual[r] for r in members
-                     if r in row and (v := row[r].get(p["measure"])) is not None and usual.get(r)}
-            if len(known) < 4:
-                continue
-            vals = sorted(known.values())
-            ref = lower_quartile(vals)
-            centre = statistics.median(vals)
-            fast = [v for v in vals if v <= centre]
-            fmed = statistics.median(fast)
-            scale = max(1.4826 * statistics.median(abs(v - fmed) for v in fast), 0.02 * ref, 1e-9)
-            top = max(known, key=lambda r: known[r])
-            q, z = known[top] / ref if ref > 0 else 0.0, (known[top] - fmed) / scale
-            if p["ratio"](q) and p["zscore"](z) and (best is None or q > best[0]):
-                best = (q, top)
-        return best
+        """This step's slow rank and its ratio, when one rank stands out; else None.  (One step at a
+        time, for steps outside the window: the past the sequential test counts, the cost's steps.)"""
+        got = slow_turns(rank_matrix([(0, row)], ranks, p["measure"]), usual_v, group_cols, p["ratio"],
+                         p["zscore"])[0]
+        return None if got is None else (got[0], ranks[got[1]])
 
-    for i, (_, row) in enumerate(win):
-        got_turn = turn(row)
+    for i, got_turn in enumerate(slow_turns(mat, usual_v, group_cols, p["ratio"], p["zscore"])):
         if got_turn is None:
             continue
-        q, top = got_turn
+        q, top = got_turn[0], ranks[got_turn[1]]
+        row = win[i][1]
         slow.append((i, top, q))
         for f in excess:
             mine = row[top].get(f)

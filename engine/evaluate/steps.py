@@ -417,6 +417,118 @@ def judge_ranks(window: Sequence[tuple[int, dict[int, StepRec]]], history: Seque
     return out
 
 
+def rank_matrix(rows: Sequence[tuple[int, Mapping[int, StepRec]]], ranks: Sequence[int], measure: str) -> np.ndarray:
+    """Steps x ranks: each step's ``measure`` per rank, NaN where a rank did not report it.
+
+    Called by the ``rotation`` condition on every tick for its window.  A step's line is kept on the
+    step (``StepRow.stats``, emptied when a record is added): it stays in the window for many ticks,
+    and reading every rank's record again on each cost as much as the judgement itself.
+    """
+    key = ("line", measure, _group_id(ranks))
+    out = np.full((len(rows), len(ranks)), np.nan)
+    for i, (_, row) in enumerate(rows):
+        stats = row.stats if isinstance(row, StepRow) else None
+        line = stats.get(key) if stats is not None else None
+        if line is None:
+            line = np.array([v if (rec := row.get(r)) is not None and (v := rec.get(measure)) is not None else np.nan
+                             for r in ranks], np.float64)
+            if isinstance(row, StepRow):
+                if row.stats is None:
+                    row.stats = {}
+                    if row.table is not None:
+                        row.table.kept_stats(row)
+                row.stats[key] = line
+        out[i] = line
+    return out
+
+
+def column_medians(m: np.ndarray) -> np.ndarray:
+    """Per column of ``m``, the median of its non-NaN entries (NaN for a column with none); the very
+    floats :func:`statistics.median` gives."""
+    have = ~np.isnan(m)
+    return _col_medians(np.where(have, m, 0.0), have)
+
+
+def _turn_of(known: Sequence[float]) -> tuple[float, float, int] | None:
+    """One step's slow turn within one group, from its ranks' values (member order): ``(ratio to the
+    lower quartile, robust z against the fast ranks, position of the slowest)``; None under 4 values."""
+    if len(known) < 4:
+        return None
+    vals = sorted(known)
+    ref = lower_quartile(vals)
+    centre = statistics.median(vals)
+    fast = [v for v in vals if v <= centre]
+    fmed = statistics.median(fast)
+    scale = max(1.4826 * statistics.median(abs(v - fmed) for v in fast), 0.02 * ref, 1e-9)
+    top = max(range(len(known)), key=lambda i: known[i])
+    return (known[top] / ref if ref > 0 else 0.0), (known[top] - fmed) / scale, top
+
+
+def _sorted_medians(srt: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """Per line of ``srt`` (sorted ascending), the median of its first ``k`` entries."""
+    rows = np.arange(len(srt))
+    hi = srt[rows, k // 2]
+    lo = srt[rows, (k - 1) // 2]
+    return np.where(k % 2 == 1, hi, (lo + hi) / 2)
+
+
+def slow_turns(vals: np.ndarray, usual: np.ndarray, groups: Sequence[Sequence[int]], is_ratio: Any,
+               is_z: Any) -> list[tuple[float, int] | None]:
+    """Per step (line of ``vals``, steps x ranks), its slow turn: ``(ratio, column)`` of the group's slowest
+    rank when its ratio passes ``is_ratio`` and its z ``is_z`` (the largest ratio over the groups), else None.
+
+    Each rank's value is first taken over its ``usual`` level (a rank with no usual level, or 0, is left
+    out); then, per group (column indices), the slowest against the group's lower quartile (ratio) and
+    against the fast half's median in units of its spread (1.4826 x MAD, at least 2% of the quartile):
+    :func:`_turn_of`.  Called by the ``rotation`` condition on every tick for the steps of its window:
+    lines where every member reported are judged all at once (numpy), the others one by one, with the
+    same arithmetic, so the result is the very one the step-by-step loop gave.
+    """
+    n_steps = vals.shape[0]
+    best: list[tuple[float, int] | None] = [None] * n_steps
+    ok_usual = ~np.isnan(usual) & (usual != 0)
+    for members in groups:
+        cols = np.asarray([c for c in members if ok_usual[c]], np.int64)
+        if len(cols) < 4:
+            continue
+        x = vals[:, cols] / usual[cols]
+        full = ~np.isnan(x).any(axis=1)
+        got: list[tuple[float, float, int] | None] = [None] * n_steps
+        if full.any():
+            xf = x[full]
+            n = xf.shape[1]
+            srt = np.sort(xf, axis=1)
+            pos = 0.25 * (n - 1)
+            lo = int(pos)
+            ref = srt[:, lo] + (srt[:, min(lo + 1, n - 1)] - srt[:, lo]) * (pos - lo)
+            centre = srt[:, n // 2] if n % 2 else (srt[:, n // 2 - 1] + srt[:, n // 2]) / 2
+            k = (srt <= centre[:, None]).sum(axis=1)
+            fmed = _sorted_medians(srt, k)
+            dev = np.abs(srt - fmed[:, None])
+            dev[np.arange(n)[None, :] >= k[:, None]] = np.inf
+            mad = _sorted_medians(np.sort(dev, axis=1), k)
+            scale = np.maximum(np.maximum(1.4826 * mad, 0.02 * ref), 1e-9)
+            top = np.argmax(xf, axis=1)  # the first of equal maxima, in member order, as max() gives
+            topv = xf[np.arange(len(xf)), top]
+            safe = np.where(ref > 0, ref, 1.0)
+            q = np.where(ref > 0, topv / safe, 0.0)
+            z = (topv - fmed) / scale
+            for i, qi, zi, ti in zip(np.nonzero(full)[0].tolist(), q.tolist(), z.tolist(), top.tolist(), strict=True):
+                got[i] = (qi, zi, ti)
+        for i in np.nonzero(~full)[0].tolist():
+            line = x[i]
+            keep = ~np.isnan(line)
+            t = _turn_of(line[keep].tolist())
+            if t is not None:
+                got[i] = (t[0], t[1], int(np.nonzero(keep)[0][t[2]]))
+        for i, g in enumerate(got):
+            if g is not None and is_ratio(g[0]) and is_z(g[1]):
+                b = best[i]
+                if b is None or g[0] > b[0]:
+                    best[i] = (g[0], int(cols[g[2]]))
+    return best
+
+
 def phase_excess(window: Sequence[tuple[int, dict[int, StepRec]]], ranks: Sequence[int], peers: Sequence[int],
                  phases: Sequence[str] = ("compute_s", "data_wait_s", "comm_s")) -> dict[str, tuple[float, float]]:
     """Per phase, ``(the culprits' median, the peers' median)`` over the window; unknown phases left out."""

@@ -20,9 +20,12 @@ from whywait.engine.evaluate.steps import (
     RankJudgement,
     StepRec,
     StepTable,
+    column_medians,
     fast_sigma,
     judge_ranks,
     lower_quartile,
+    rank_matrix,
+    slow_turns,
 )
 from whywait.engine.evaluate.store import MetricStore
 
@@ -131,6 +134,73 @@ def test_judge_ranks_equals_the_loop_over_ranks_to_the_bit(seed: int) -> None:
                 for a, b in zip(got, want, strict=True):  # exact floats, and plain Python types
                     assert (type(a.ratio), type(a.z), type(a.value)) == (float, float, float)
                     assert list(a.ratio_at or {}) == list(b.ratio_at or {})
+
+
+def _reference_turns(win: Any, ranks: list[int], groups: dict[str, list[int]], measure: str,
+                     is_ratio: Any, is_z: Any) -> list[tuple[float, int] | None]:
+    """The rotation's slow turn per step, as the per-step loop over groups it replaced computed it."""
+    usual: dict[int, float] = {}
+    for r in ranks:
+        xs = [v for _, row in win if r in row and (v := row[r].get(measure)) is not None]
+        if xs:
+            usual[r] = statistics.median(xs)
+    out: list[tuple[float, int] | None] = []
+    for _, row in win:
+        best: tuple[float, int] | None = None
+        for members in groups.values():
+            known = {r: v / usual[r] for r in members
+                     if r in row and (v := row[r].get(measure)) is not None and usual.get(r)}
+            if len(known) < 4:
+                continue
+            vals = sorted(known.values())
+            ref = lower_quartile(vals)
+            centre = statistics.median(vals)
+            fast = [v for v in vals if v <= centre]
+            fmed = statistics.median(fast)
+            scale = max(1.4826 * statistics.median(abs(v - fmed) for v in fast), 0.02 * ref, 1e-9)
+            top = max(known, key=lambda r: known[r])
+            q, z = known[top] / ref if ref > 0 else 0.0, (known[top] - fmed) / scale
+            if is_ratio(q) and is_z(z) and (best is None or q > best[0]):
+                best = (q, top)
+        out.append(best)
+    return out
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_slow_turns_equal_the_loop_over_steps_to_the_bit(seed: int) -> None:
+    rng = random.Random(100 + seed)
+    ranks = rng.choice((3, 8, 17, 64))
+    tab = _table(rng, ranks, steps=rng.randint(3, 60), split=seed % 3 != 0, gaps=rng.choice((0.0, 0.05, 0.3)))
+    win = [(s, row) for s, row in tab.steps.items()]
+    members = list(range(ranks))
+    groups = {"": members} if seed % 2 else {"0": members[::2], "1": members[1::2]}
+    col = {r: i for i, r in enumerate(members)}
+    cols = [[col[r] for r in m] for m in groups.values()]
+    for measure in ("work", "duration_s", "compute_s"):
+        for thr_q, thr_z in ((1.0, 0.0), (1.05, 2.0), (1.15, 8.0)):
+            want = _reference_turns(win, members, groups, measure, lambda q: q > thr_q, lambda z: z > thr_z)
+            for _ in range(2):  # the second time from the lines kept on the steps
+                mat = rank_matrix(win, members, measure)
+                got = slow_turns(mat, column_medians(mat), cols, lambda q: q > thr_q, lambda z: z > thr_z)
+                assert [None if g is None else (g[0], members[g[1]]) for g in got] == want
+                assert all(g is None or (type(g[0]), type(g[1])) == (float, int) for g in got)
+
+
+def test_slow_turns_with_ties_and_a_rank_that_never_reported() -> None:
+    # Equal values (the first of equal maxima is the slow one, as max() picks), and a rank with no usual
+    # level at all (never reported the measure: left out, not a NaN that poisons the group).
+    rows = []
+    for s in range(6):
+        row = {r: StepRec(float(s), 1.0, compute_s=1.0, data_wait_s=0.0, comm_s=0.0) for r in range(6)}
+        row[2 + s % 3] = StepRec(float(s), 1.0, compute_s=2.0, data_wait_s=0.0, comm_s=0.0)
+        row[6] = StepRec(float(s), 1.0)  # no split: no compute_s
+        rows.append((s, row))
+    members = list(range(7))
+    want = _reference_turns(rows, members, {"": members}, "compute_s", lambda q: q > 1.1, lambda z: z > 3)
+    mat = rank_matrix(rows, members, "compute_s")
+    got = slow_turns(mat, column_medians(mat), [members], lambda q: q > 1.1, lambda z: z > 3)
+    assert [None if g is None else (g[0], g[1]) for g in got] == want
+    assert [g[1] for g in want if g] == [2, 3, 4, 2, 3, 4]
 
 
 def test_a_late_rank_renews_the_steps_statistics() -> None:
