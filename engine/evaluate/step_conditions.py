@@ -443,7 +443,6 @@ def _rotation(c: Condition, ctx: Ctx) -> Result:
     # heterogeneity, and must not be "the slow one" on every step it happens to top.
     mat = rank_matrix(win, ranks, p["measure"])
     usual_v = column_medians(mat)
-    usual = {r: float(u) for r, u in zip(ranks, usual_v.tolist(), strict=True) if not math.isnan(u)}
     col = {r: i for i, r in enumerate(ranks)}
     group_cols = [[col[r] for r in members if r in col] for members in groups.values()]
 

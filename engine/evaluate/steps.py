@@ -469,7 +469,8 @@ def _sorted_medians(srt: np.ndarray, k: np.ndarray) -> np.ndarray:
     rows = np.arange(len(srt))
     hi = srt[rows, k // 2]
     lo = srt[rows, (k - 1) // 2]
-    return np.where(k % 2 == 1, hi, (lo + hi) / 2)
+    out: np.ndarray = np.where(k % 2 == 1, hi, (lo + hi) / 2)
+    return out
 
 
 def slow_turns(vals: np.ndarray, usual: np.ndarray, groups: Sequence[Sequence[int]], is_ratio: Any,

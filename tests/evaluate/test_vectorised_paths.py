@@ -178,10 +178,15 @@ def test_slow_turns_equal_the_loop_over_steps_to_the_bit(seed: int) -> None:
     cols = [[col[r] for r in m] for m in groups.values()]
     for measure in ("work", "duration_s", "compute_s"):
         for thr_q, thr_z in ((1.0, 0.0), (1.05, 2.0), (1.15, 8.0)):
-            want = _reference_turns(win, members, groups, measure, lambda q: q > thr_q, lambda z: z > thr_z)
+            def is_q(q: float, thr: float = thr_q) -> bool:
+                return q > thr
+
+            def is_z(z: float, thr: float = thr_z) -> bool:
+                return z > thr
+            want = _reference_turns(win, members, groups, measure, is_q, is_z)
             for _ in range(2):  # the second time from the lines kept on the steps
                 mat = rank_matrix(win, members, measure)
-                got = slow_turns(mat, column_medians(mat), cols, lambda q: q > thr_q, lambda z: z > thr_z)
+                got = slow_turns(mat, column_medians(mat), cols, is_q, is_z)
                 assert [None if g is None else (g[0], members[g[1]]) for g in got] == want
                 assert all(g is None or (type(g[0]), type(g[1])) == (float, int) for g in got)
 
