@@ -25,7 +25,9 @@ pytestmark = pytest.mark.integration
 
 # Event time of this test's data: its own stretch, after every other integration test's (+25..+55 days).  It is
 # kept to a few messages per topic: another test's replay reading a whole partition stops at 16 in a row past its
-# window (whywait.engine.replay._PAST_RUN), and these lie past every other window.
+# window (whywait.engine.replay._PAST_RUN), and these lie past every other window.  Like
+# test_replay_project_kafka's (+50 days), they are ahead of the live engine in tests/integration/test_replay_kafka.py:
+# the suite runs tests/integration first; a selection of both must too (`pytest tests/integration tests/replay`).
 OFFSET_S = 86_400 * 60
 HOLD_S = 2.0
 
