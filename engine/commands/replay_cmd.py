@@ -121,6 +121,26 @@ async def topic_partitions(bootstrap: str, topics: list[str]) -> dict[str, list[
         await admin.close()
 
 
+async def seek_to_log_start(c: Any, tps: list[Any]) -> dict[Any, int]:
+    """Position each of ``tps`` (assigned to consumer ``c``) at its log start offset; return those offsets.
+
+    Called by the replay and notifier-state readers before their first fetch.  Never
+    ``seek_to_beginning``: on ``assign`` aiokafka (0.14) starts resetting every new partition in the
+    background with the consumer's ``auto_offset_reset``, and ``seek_to_beginning`` only asks for
+    another reset; when the background answer arrives after that request, aiokafka applies it as the
+    answer to it (it checks that a reset is pending, not which one).  With the default "latest" that
+    put a partition at its END, and the reader saw nothing of it: the one placement a ``whywait
+    bench`` replay intermittently missed.  An explicit ``seek`` ends any pending reset, so an answer
+    arriving later is dropped.
+    """
+    if not tps:
+        return {}
+    begins: dict[Any, int] = await c.beginning_offsets(tps)
+    for tp in tps:
+        c.seek(tp, begins[tp])
+    return begins
+
+
 def kafka_batches(bootstrap: str, window: Window, merge: EventTimeMerge, batch: int = 5000,
                   prefetch: int = 4) -> Iterator[Any]:
     """Yield the window's messages from Kafka in event-time order (through ``merge``), a partition at a time.
@@ -188,8 +208,11 @@ async def _kafka_agen(bootstrap: str, window: Window, merge: EventTimeMerge,
 
     if not probe(bootstrap, timeout=3.0):
         raise BrokerUnavailable(bootstrap, "no answer within 3s")
+    # Every partition is positioned explicitly below (seek_to_log_start, seek); "earliest" only decides where a
+    # position that falls out of range while reading (retention deleting under the reader) goes on: to the oldest
+    # record still there, never silently to the end.
     c = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None,
-                         request_timeout_ms=15000)
+                         request_timeout_ms=15000, auto_offset_reset="earliest")
     try:
         await asyncio.wait_for(c.start(), 20)
         topics = await c.topics()
@@ -210,18 +233,15 @@ async def _kafka_agen(bootstrap: str, window: Window, merge: EventTimeMerge,
         ends = await c.end_offsets(tps)
         # Producer timestamps trail event time by little on live clusters; seek a margin earlier.
         starts = await c.offsets_for_times({tp: max(0, int((window.read_from - 600) * 1000)) for tp in tps})
-        pos: dict[Any, int] = {}
+        # Placements are compacted (a job's may be far older than the window).  No record stamped after the
+        # window's start means producer time and event time disagree (a backfill, a skewed clock): such
+        # partitions are read from their start and filtered by event time.
+        whole = [tp for tp in tps if tp.topic == TOPIC_PLACEMENT or starts.get(tp) is None]
+        pos: dict[Any, int] = await seek_to_log_start(c, whole)
         for tp in tps:
-            off = starts.get(tp)
-            if tp.topic == TOPIC_PLACEMENT or off is None:
-                # Placements are compacted (a job's may be far older than the window).  No record stamped
-                # after the window's start means producer time and event time disagree (a backfill, a
-                # skewed clock): read the partition from its start and filter by event time.
-                await c.seek_to_beginning(tp)
-                pos[tp] = await c.position(tp)
-            else:
-                c.seek(tp, off.offset)
-                pos[tp] = off.offset
+            if tp not in pos:
+                pos[tp] = starts[tp].offset
+                c.seek(tp, pos[tp])
             if pos[tp] >= ends[tp]:
                 merge.close(ids[tp])
         empty = Counter[str]()
@@ -337,9 +357,9 @@ async def notify_records(bootstrap: str) -> list[dict[str, Any]]:
         if not tps:
             return out
         c.assign(tps)
-        await c.seek_to_beginning(*tps)
+        begins = await seek_to_log_start(c, tps)
         ends = await c.end_offsets(tps)
-        pending = {tp for tp in tps if ends[tp] > await c.position(tp)}
+        pending = {tp for tp in tps if ends[tp] > begins[tp]}
         while pending:
             batch = await c.getmany(*pending, timeout_ms=2000)
             if not batch:

@@ -41,15 +41,12 @@ def test_bench_produces_every_figure(tmp_path: Path) -> None:
         assert fig["peak_rss_bytes"] > 10 * 2**20, (reader, fig)
     for ratio in ("ratio_engine_raw", "ratio_replay_raw"):
         assert size[ratio]["n"] == 2 and size[ratio]["median"] > 0 and size[ratio]["spread"] is not None
-    # Every reader read every message written: raw and replay count them themselves.
-    short = [x for x in size["runs"] if x["extra"].get("incomplete")]
-    # Known open (issue 11/13 note, session 6): now and then a replay reads one message fewer than were written
-    # (seen before and after this session's changes; widening its window to the written event times did not
-    # help). Reported as an expected failure at the end, after every other check; any other shortfall fails.
-    known_short = bool(short) and all(x["what"] == "replay" and x["messages"] == size["messages"] - 1 for x in short)
-    assert not short or known_short, size["runs"]
+    # Every reader read every message written: raw and replay count them themselves.  (A replay one short, its
+    # job's placement, was aiokafka's start-up reset racing seek_to_beginning: tests/replay/
+    # test_replay_offset_reset_kafka.py forces that race.)
+    assert not [x for x in size["runs"] if x["extra"].get("incomplete")], size["runs"]
     assert {x["what"] for x in size["runs"]} == {"raw", "engine", "replay"}, size["runs"]
-    assert all(x["messages"] == size["messages"] for x in size["runs"] if x not in short), size["runs"]
+    assert all(x["messages"] == size["messages"] for x in size["runs"]), size["runs"]
     assert size["latency_s"]["n"] >= 1 and size["latency_s"]["p50"] >= 0 and size["latency_s"]["p99"] is not None
     assert [w["workers"] for w in res["workers"]] == [1, 2]
     one, two = res["workers"]
@@ -63,5 +60,3 @@ def test_bench_produces_every_figure(tmp_path: Path) -> None:
     # The terminal table names every column (rich renders it even when not a terminal).
     for col in ("engine / raw", "replay / raw", "latency"):
         assert col in r.stdout, r.stdout
-    if known_short:
-        pytest.xfail(f"known: {short[0]['extra']['incomplete']}")
