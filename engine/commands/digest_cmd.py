@@ -42,7 +42,8 @@ async def read_period(bootstrap: str, since: float, until: float, digest: Any) -
 
     if not probe(bootstrap, timeout=3.0):
         raise BrokerUnavailable(bootstrap, "no answer within 3s")
-    c = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None)
+    c = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None,
+                         auto_offset_reset="earliest")
     try:
         await asyncio.wait_for(c.start(), 20)
         topics = await c.topics()
@@ -54,11 +55,14 @@ async def read_period(bootstrap: str, since: float, until: float, digest: Any) -
         c.assign(tps)
         ends = await c.end_offsets(tps)
         starts = await c.offsets_for_times({tp: max(0, int((since - 86400) * 1000)) for tp in tps})
+        # Explicit seeks, never seek_to_beginning: see replay_cmd.seek_to_log_start (a background reset
+        # to "latest" could land after it and put a placement partition at its end, unread).
+        from whywait.engine.commands.replay_cmd import seek_to_log_start
+
+        await seek_to_log_start(c, [tp for tp in tps if tp.topic == TOPIC_PLACEMENT or starts.get(tp) is None])
         for tp in tps:
             off = starts.get(tp)
-            if tp.topic == TOPIC_PLACEMENT or off is None:
-                await c.seek_to_beginning(tp)
-            else:
+            if not (tp.topic == TOPIC_PLACEMENT or off is None):
                 c.seek(tp, off.offset)
         pending = {tp for tp in tps if await c.position(tp) < ends[tp]}
         while pending:
