@@ -680,6 +680,7 @@ import whywait.engine.evaluate.step_conditions  # noqa: E402,F401
 # store reads a rank's last report from; and the names step conditions give their evidence.
 # tests/evaluate/test_kept_metrics.py checks this list against the metric names quoted in engine/evaluate.
 IMPLICIT_METRICS = frozenset({"nic.tx_bytes_per_s", "nic.link_up", "job.duration_s", "job.checkpoint_s",
+                              "checkpoint.duration_s",
                               "step.duration_s", "step.work_s", "job.step_s"})
 
 

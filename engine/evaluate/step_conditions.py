@@ -711,6 +711,9 @@ class WhatIfCondition(ConditionParams):
     window: Duration = param(10.0, "the last `window` or the last `steps` steps, whichever is longer")
     steps: Number = param(5.0, "see `window`")
     within: Within = param("stage", _WITHIN_DOC)
+    cost_of: Literal["steps", "saves"] = param(
+        "steps", "`steps`: the training steps (and any stretch with no step at all); `saves`: each checkpoint save's "
+                 "time over the job's quickest save before the incident")
 
 
 @condition("what_if", WhatIfCondition)
@@ -725,6 +728,8 @@ def _what_if(c: Condition, ctx: Ctx) -> Result:
     """
     p = c.params
     losses = ctx.facts.get("step_losses")
+    if losses is None and p["cost_of"] == "saves":
+        losses = ctx.facts["step_losses"] = _save_losses(ctx)
     if losses is None:
         table = ctx.store.step_tables.get(ctx.job.job)
         if table is None:
@@ -740,23 +745,23 @@ def _what_if(c: Condition, ctx: Ctx) -> Result:
             fn = peers
             # Is it the culprits' own work that holds the step back (a slow GPU, a starved loader)?
             # If not, the waiting is in what every rank shares (a lossy NIC slows every all-reduce,
-            # a slow pool every read): the step is measured against the job's own past instead.
-            # Unless another rank's own work holds it back (a second fault elsewhere in the job): then
-            # these culprits cost only the steps they are the slowest on, not the other fault's time.
+            # a slow pool every read): the step is measured against the job's own past instead, less
+            # whatever some rank's own work added on that step (a hiccup, a second fault elsewhere).
             recent = table.complete(ctx.now)[-max(int(p["steps"]), 1):]
             mine = sum(1 for _, row in recent if peers(row) is not None)
-            done = table.complete(ctx.now)
-            since = ctx.facts.get("incident_since", ctx.now)
-            usual = _usual_ratios([row for _, row in done if max(r.t for r in row.values()) < since - 10.0][-30:],
-                                  groups, p["measure"])
-            other = sum(1 for _, row in recent if _held_elsewhere(row, culprits, groups, p["measure"], usual))
-            if recent and mine < len(recent) / 2 and other < len(recent) / 2:
-                fn = _against_own_past(ctx, table.complete(ctx.now)) or peers
+            if recent and mine < len(recent) / 2:
+                fn = _against_own_past(ctx, table.complete(ctx.now), groups, p["measure"]) or peers
         elif fn is None:
-            fn = _against_own_past(ctx, table.complete(ctx.now))
+            groups = groups_of(ctx.job.ranks, _coords(ctx), p["within"])
+            fn = _against_own_past(ctx, table.complete(ctx.now), groups, p["measure"])
             if fn is None:
                 return Result(False)
         losses = _losses(table.complete(ctx.now), fn, ctx.facts.get("cost_until", -math.inf), int(p["steps"]))
+        if getattr(fn, "signed", None) is not None:
+            # measured against the job's own past (no rank's own work to blame): a stretch with no
+            # step at all is this incident's too.  Not a straggler's: its own slow work does not hang
+            # the job, and a stall then is some other fault's (a flapping link's).
+            losses += _stall(ctx, table.complete(ctx.now))
         ctx.facts["step_losses"] = losses
     if not losses:
         return Result(False)
@@ -771,63 +776,61 @@ def _what_if(c: Condition, ctx: Ctx) -> Result:
     return Result(True, [], [ev])
 
 
-# A rank whose own work per step is this far over its group's lower quartile is a straggler of its own
-# (step_outlier's default ratio).
-_OTHER_STRAGGLER = 1.1
+def _straggle(row: dict[int, StepRec], groups: dict[str, list[int]], measure: str) -> float:
+    """How far the step's slowest rank's own work stood above its group's median, as a share of it.
 
-
-def _usual_ratios(rows: list[dict[int, StepRec]], groups: dict[str, list[int]], measure: str) -> dict[int, float]:
-    """Each rank's median ratio to its group's lower quartile over ``rows`` (the steps before an incident)."""
-    acc: dict[int, list[float]] = {}
-    for row in rows:
-        for members in groups.values():
-            vals = {r: v for r in members if r in row and (v := row[r].get(measure)) is not None}
-            if len(vals) < 4:
-                continue
-            ref = lower_quartile(list(vals.values()))
-            if ref > 0:
-                for r, v in vals.items():
-                    acc.setdefault(r, []).append(v / ref)
-    return {r: statistics.median(xs) for r, xs in acc.items()}
-
-
-def _held_elsewhere(row: dict[int, StepRec], culprits: set[int], groups: dict[str, list[int]], measure: str,
-                    usual: dict[int, float] | None = None) -> bool:
-    """Whether a rank other than ``culprits`` holds this step back by its own work.
-
-    True when the slowest rank of some group is not a culprit, is slower than every culprit, and
-    stands past ``_OTHER_STRAGGLER`` times its group's lower quartile, and that much past its own
-    ``usual`` ratio (before the incident): another fault (a starved loader, a hot GPU) sets the pace,
-    not what every rank shares.  A rank that was always that slow (an older GPU) set the pace before
-    too, so the job's own past still measures what the culprits cost.
+    In a synchronous job the step waits for its slowest rank: this is what some rank's own work (a
+    hiccup, a GC pause, a starved loader) added to the step on top of the group's typical work; 0 when
+    no group has four ranks with the measure.  Relative, so a whole job that computes slower (every
+    rank's work scaled) does not read as one rank holding the others back.
     """
-    usual = usual or {}
-    mine = [v for r in culprits if r in row and (v := row[r].get(measure)) is not None]
+    most = 0.0
     for members in groups.values():
-        vals = {r: v for r in members if r in row and (v := row[r].get(measure)) is not None}
+        vals = [v for r in members if r in row and (v := row[r].get(measure)) is not None]
         if len(vals) < 4:
             continue
-        top = max(vals, key=lambda r: vals[r])
-        ref = lower_quartile(list(vals.values()))
-        bar = _OTHER_STRAGGLER * ref * max(1.0, usual.get(top, 1.0))
-        if top not in culprits and ref > 0 and vals[top] > max(bar, max(mine, default=0.0)):
-            return True
-    return False
+        mid = statistics.median(vals)
+        if mid > 0:
+            most = max(most, (max(vals) - mid) / mid)
+    return most
 
 
-def _against_own_past(ctx: Ctx, done: Steps) -> Any:
+def _mid_work(row: dict[int, StepRec], groups: dict[str, list[int]], measure: str) -> float:
+    """The step's typical work: the largest of the groups' median work (the pace-setting group's)."""
+    mids = [statistics.median(vals) for members in groups.values()
+            if len(vals := [v for r in members if r in row and (v := row[r].get(measure)) is not None]) >= 4]
+    return max(mids, default=0.0)
+
+
+def _against_own_past(ctx: Ctx, done: Steps, groups: dict[str, list[int]], measure: str) -> Any:
     """A per-step loss against the job's own step time before the incident (no rank to blame).
 
     The whole job is slower (a slow pool, a shared switch, a code change): a step loses what it
-    takes over the median step of the history before the incident began.  The baseline is kept per
-    incident, so a long incident does not become its own baseline.
+    takes over the job's steps before the incident began.  Both are taken less what the step's slowest
+    rank's own work added over its group's median (:func:`_straggle`): a hiccup on a random rank of a
+    192-rank job, or a second fault elsewhere (a starved loader, a hot GPU), lengthens the step by one
+    rank's work, and that is not this incident's time.  (Before, a step whose slowest rank was not the
+    culprit was charged nothing at all: a large job has a hiccup somewhere on most steps, so the
+    measure flipped tick to tick and a lossy NIC's cost came out 35-45% short.)
+
+    The returned function answers only for a step past the job's own noise (walking back stops
+    where the incident began); its ``signed`` twin answers for every step, a quicker one with a
+    negative loss, and counts the steps after the first tick: a slowdown of a few percent (a NIC on
+    the wrong switch) hides under the noise step by step but not in their sum, and the noise sums to
+    nothing.  The baseline is kept per incident, so a long incident does not become its own baseline.
     """
     since = ctx.facts.get("incident_since", ctx.now)
     key = ("what_if.baseline", ctx.rule_id, ctx.job.job)
+
+    def own(row: dict[int, StepRec]) -> float:
+        # a checkpoint save in the step is the save's time, not this incident's; nor is what the
+        # slowest rank's own work added
+        return _training_s(row) - _straggle(row, groups, measure) * _mid_work(row, groups, measure)
+
     base = ctx.state.get(key)
     if base is None or ctx.facts.get("cost_until", -math.inf) == -math.inf:
         # the history: steps that ended well before the incident began
-        before = [_training_s(row) for _, row in done if max(r.t for r in row.values()) < since - 10.0][-60:]
+        before = [own(row) for _, row in done if max(r.t for r in row.values()) < since - 10.0][-60:]
         if len(before) < 5:
             return None
         base = statistics.median(before)
@@ -837,11 +840,92 @@ def _against_own_past(ctx: Ctx, done: Steps) -> Any:
         ctx.state[key + ("noise",)] = 1.4826 * statistics.median(abs(b - base) for b in before)
     gate = base + max(4 * ctx.state.get(key + ("noise",), 0.0), 0.05 * base)
 
+    def signed(row: dict[int, StepRec]) -> tuple[float, float]:
+        return statistics.median(r.duration_s for r in row.values()), own(row) - base
+
     def fn(row: dict[int, StepRec]) -> tuple[float, float] | None:
-        dur = statistics.median(r.duration_s for r in row.values())
-        train = _training_s(row)  # a checkpoint save in the step is the save's time, not this incident's
-        return (dur, train - base) if train > gate else None
+        dur, lost = signed(row)
+        return (dur, lost) if lost > gate - base else None
+    fn.signed = signed  # type: ignore[attr-defined]
     return fn
+
+
+def _stall(ctx: Ctx, done: Steps) -> list[tuple[float, float, float]]:
+    """The time the job has made no step at all, as one entry ``(now, seconds since its last step,
+    seconds lost since last counted)``; [] while steps come as usual.
+
+    A hung collective (a failed GPU, a silent rank) or a save that never ends completes no step, so
+    no step carries the loss: every GPU of the job waits from when the next step was due (the last
+    step's end plus a usual step).  Checkpoint saves since then are excused (the job trains not at
+    all meanwhile, by design), a save still running up to the job's usual save; with no save seen
+    before, a running one is not judged.  Counted once past twice the usual step and 2 s (steps reach
+    the engine in batches), and then from when the step was due.
+    """
+    if len(done) < 5:
+        return []
+    last = max(r.t for r in done[-1][1].values())
+    usual = statistics.median(_training_s(row) for _, row in done[-20:])
+    excused = 0.0
+    for start, end in (ctx.store.checkpoint_spans.get(ctx.job.job) or {}).values():
+        if start is None:
+            continue
+        lo, hi = max(start, last), min(end if end is not None else ctx.now, ctx.now)
+        if hi <= lo:
+            continue
+        if end is None or end > ctx.now:
+            saves = ctx.store.window("checkpoint.duration_s", ctx.job.job, ctx.now - 3600.0, ctx.now)[1]
+            if not saves:
+                return []
+            hi = min(hi, max(lo, start + statistics.median(saves)))
+        excused += hi - lo
+    quiet = ctx.now - last - excused
+    if quiet <= 2 * usual + 2.0:
+        return []
+    lost = ctx.now - max(ctx.facts.get("cost_until", -math.inf), last + usual + excused)
+    return [(ctx.now, quiet, lost)] if lost > 0 else []
+
+
+def _save_losses(ctx: Ctx) -> list[tuple[float, float, float]]:
+    """``(end, save time, seconds lost)`` for each checkpoint save the incident has not counted yet.
+
+    A save blocks training on every rank: what it takes over the job's quickest save before the
+    incident began (``checkpoint.duration_s`` over the hour before; saves vary less than they grow)
+    is lost.  Read from the saves' end events, not from the steps: a rule that holds on the tick a
+    save ends must count it then (the step that carries it is complete only later, and the rule may
+    no longer hold).  The first time, every save back to the first one no more than 5% over that
+    baseline counts (saves are minutes apart); later, only the saves after the last one counted, and
+    one no longer than the baseline counts as nothing.
+    """
+    since = ctx.facts.get("incident_since", ctx.now)
+    counted = ctx.facts.get("cost_until", -math.inf)
+    key = ("what_if.save_baseline", ctx.rule_id, ctx.job.job)
+    base = ctx.state.get(key) if counted != -math.inf else None
+    if base is None:
+        before = ctx.store.window("checkpoint.duration_s", ctx.job.job, since - 3600.0, since)[1]
+        if not before:
+            return []
+        base = ctx.state[key] = min(before)
+    times, values = ctx.store.window("checkpoint.duration_s", ctx.job.job, ctx.now - 3600.0, ctx.now)
+    saves = [(t, v, v - base if v > 1.05 * base else 0.0) for t, v in zip(times, values, strict=True)]
+    # A save still running past the baseline is lost time already (the job trains not at all
+    # meanwhile): counted up to now, from where it should have ended, and never twice.
+    running: list[tuple[float, float, float]] = []
+    age = ctx.store.age("checkpoint.open_s", ctx.job.job, ctx.now)
+    if age is not None and age > 1.05 * base:
+        start = ctx.now - age
+        done = [x for x in saves if x[0] > start]  # its own end, should it be in already
+        if not done:
+            running = [(ctx.now, age, ctx.now - max(start + base, counted))]
+    if counted != -math.inf:
+        # a save that ended after it was counted while running: only the part after that
+        return [(t, v, min(lost, t - counted)) for t, v, lost in saves if t > counted] + \
+            [x for x in running if x[2] > 0]
+    out: list[tuple[float, float, float]] = []
+    for x in reversed(saves):  # back to the first save that took no longer than usual
+        if x[2] <= 0:
+            break
+        out.append(x)
+    return out[::-1] + running
 
 
 def _training_s(row: dict[int, StepRec]) -> float:
@@ -871,11 +955,16 @@ def _losses(done: Steps, fn: Any, counted: float, recent: int, max_miss: int = 4
             out.append((max(r.t for r in row.values()), *got))
         out.reverse()
         return out
+    signed = getattr(fn, "signed", None)  # a measure whose noise sums to nothing counts every step
     for i, (_, row) in enumerate(done):
         t = max(r.t for r in row.values())
         if t > counted or i >= len(done) - recent:
-            got = fn(row)
-            if got is not None:
+            got = signed(row) if signed is not None and t > counted else fn(row)
+            if got is not None and t > counted:
+                # never more than the time since the last counted point: a step that ends a stall
+                # spans it, and the stall is counted already (:func:`_stall`)
+                out.append((t, got[0], min(got[1], t - counted)))
+            elif got is not None:
                 out.append((t, *got))
             elif t > counted:
                 # Judged and not lost to this incident: counted as nothing, so that a later tick that

@@ -361,22 +361,90 @@ def test_a_long_rotation_stays_one_open_incident() -> None:
     assert rot and all(d.status == "firing" for d in rot), [(d.status, d.detected_at - T0) for d in rot]
 
 
-def test_a_step_held_back_by_another_ranks_work_is_not_the_culprits_cost() -> None:
-    from whywait.engine.evaluate.step_conditions import _held_elsewhere
+class _CostStore:
+    """The store reads the cost code makes, at the library boundary: saves' end events and spans."""
 
-    def row(works: dict[int, float]) -> dict[int, StepRec]:
-        return {r: StepRec(1.0, 2.0, compute_s=w, data_wait_s=0.0) for r, w in works.items()}
+    def __init__(self, saves: list[tuple[float, float]], spans: dict[str, list[float | None]] | None = None) -> None:
+        self.saves = saves
+        self.checkpoint_spans = {"train": spans or {}}
+
+    def window(self, metric: str, entity: str, t0: float, t1: float) -> tuple[list[float], list[float]]:
+        assert metric == "checkpoint.duration_s" and entity == "train"
+        got = [(t, v) for t, v in self.saves if t0 < t <= t1]
+        return [t for t, _ in got], [v for _, v in got]
+
+    def age(self, metric: str, entity: str, now: float) -> float | None:
+        starts = [s for s, e in self.checkpoint_spans["train"].values() if s is not None and s <= now
+                  and (e is None or e > now)]
+        return now - min(starts) if starts else None
+
+
+def _cost_ctx(store: _CostStore, now: float, since: float, counted: float = -math.inf) -> Any:
+    from types import SimpleNamespace
+    return SimpleNamespace(store=store, now=now, job=SimpleNamespace(job="train"), rule_id="r", state={},
+                           facts={"incident_since": since, "cost_until": counted})
+
+
+def _steps_row(t: float, works: dict[int, float], comm: float) -> dict[int, StepRec]:
+    """One synchronous step: every rank ends when the slowest rank's work and the all-reduce are done."""
+    dur = max(works.values()) + comm
+    return {r: StepRec(t, dur, compute_s=w, data_wait_s=0.0, comm_s=dur - w) for r, w in works.items()}
+
+
+def test_a_hiccup_elsewhere_is_not_what_every_rank_shares_but_a_slower_all_reduce_is() -> None:
+    from whywait.engine.evaluate.step_conditions import _against_own_past
 
     groups = {"": list(range(16))}
-    base = {r: 1.0 + 0.01 * (r % 3) for r in range(16)}
-    # rank 3 (the culprit, 1.2x) waits behind rank 12's starved loader (1.8x): not its cost
-    assert _held_elsewhere(row({**base, 3: 1.2, 12: 1.8}), {3}, groups, "work")
-    # the culprit itself is the slowest: its own cost
-    assert not _held_elsewhere(row({**base, 3: 1.8, 12: 1.2}), {3}, groups, "work")
-    # nobody's work stands out (a lossy NIC slows everyone's all-reduce): measured against the past
-    assert not _held_elsewhere(row(base), {3}, groups, "work")
-    # ...unless that rank was always that slow (an older GPU): it set the pace before the incident too
-    assert not _held_elsewhere(row({**base, 3: 1.2, 12: 1.8}), {3}, groups, "work", {12: 1.75})
+    works = {r: 1.0 + 0.01 * (r % 3) for r in range(16)}
+    past = [(i, _steps_row(float(i), works, 0.3)) for i in range(40)]
+    fn = _against_own_past(_cost_ctx(_CostStore([]), 60.0, 60.0), past, groups, "work")
+    # a lossy NIC: every all-reduce 0.4 s longer, nobody's own work changed: 0.4 s lost
+    assert abs(fn(_steps_row(60.0, works, 0.7))[1] - 0.4) < 1e-6
+    # one rank's hiccup (1.8x its work) lengthens the step as much, but it is that rank's own work
+    assert fn(_steps_row(61.0, {**works, 12: 1.8}, 0.3)) is None
+    # ...and with both, only the all-reduce's 0.4 s is this incident's (the hiccup is not)
+    assert abs(fn(_steps_row(62.0, {**works, 12: 1.8}, 0.7))[1] - 0.4) < 0.02
+    # a step quicker than usual counts negative after the first tick: noise sums to nothing
+    assert fn.signed(_steps_row(63.0, works, 0.25))[1] < 0
+
+
+def test_a_job_that_makes_no_step_loses_the_time_from_when_the_next_was_due() -> None:
+    from whywait.engine.evaluate.step_conditions import _stall
+
+    # 1 s steps, the last ending at t=100
+    done = [(i, _steps_row(float(100 - 20 + i), {r: 0.7 for r in range(8)}, 0.3)) for i in range(21)]
+    # hung since 100: from 101 (the next step was due) to 130
+    assert _stall(_cost_ctx(_CostStore([]), 130.0, 110.0), done) == [(130.0, 30.0, 29.0)]
+    # counted up to 125 on an earlier tick: only the 5 s since
+    assert _stall(_cost_ctx(_CostStore([]), 130.0, 110.0, counted=125.0), done)[0][2] == 5.0
+    # a 10 s save since the last step is the job's design, not a stall: only what is left of the wait
+    got = _stall(_cost_ctx(_CostStore([(90.0, 10.0)], {"c1": [101.0, 111.0]}), 130.0, 110.0), done)
+    assert got == [(130.0, 20.0, 19.0)]
+    # a save still running is excused up to the job's usual save (10 s), then it is lost time
+    got = _stall(_cost_ctx(_CostStore([(90.0, 10.0)], {"c1": [101.0, None]}), 130.0, 110.0), done)
+    assert got == [(130.0, 20.0, 19.0)]
+    # ...and with no save seen before, a running one is not judged
+    assert _stall(_cost_ctx(_CostStore([], {"c1": [101.0, None]}), 130.0, 110.0), done) == []
+    # steps coming as usual: nothing
+    assert _stall(_cost_ctx(_CostStore([]), 101.5, 90.0), done) == []
+
+
+def test_saves_growing_cost_their_time_over_the_jobs_quickest_save_the_running_one_included() -> None:
+    from whywait.engine.evaluate.step_conditions import _save_losses
+
+    saves = [(50.0, 10.0), (95.0, 14.0), (139.0, 18.0)]
+    # fired as the third save ended: it and the one before are over the 10 s baseline
+    got = _save_losses(_cost_ctx(_CostStore(saves), 140.0, 139.0))
+    assert got == [(95.0, 14.0, 4.0), (139.0, 18.0, 8.0)]
+    # later, a save running for 30 s (since 240): 20 s over the baseline, counted up to now
+    ctx = _cost_ctx(_CostStore(saves + [(190.0, 25.0)], {"c": [240.0, None]}), 270.0, 139.0, counted=139.0)
+    ctx.state[("what_if.save_baseline", "r", "train")] = 10.0
+    assert _save_losses(ctx) == [(190.0, 25.0, 15.0), (270.0, 30.0, 20.0)]
+    # it ends at 285 (45 s) after being counted up to 270: only the 15 s since
+    ctx = _cost_ctx(_CostStore(saves + [(190.0, 25.0), (285.0, 45.0)], {"c": [240.0, 285.0]}), 286.0, 139.0,
+                    counted=270.0)
+    ctx.state[("what_if.save_baseline", "r", "train")] = 10.0
+    assert _save_losses(ctx) == [(285.0, 45.0, 15.0)]
 
 
 def test_a_rotation_costs_only_its_slow_turns_not_the_noise_around_it() -> None:
