@@ -734,7 +734,8 @@ def _what_if(c: Condition, ctx: Ctx) -> Result:
         table = ctx.store.step_tables.get(ctx.job.job)
         if table is None:
             return Result(False)
-        fn = ctx.facts.get("loss_fn")
+        done = table.complete(ctx.now)
+        fn: Any = ctx.facts.get("loss_fn")
         culprits = set(ctx.culprit_ranks())  # a rank itself, the rank on a GPU, the ranks on a node
         if fn is None and culprits and len(culprits) < len(ctx.job.ranks):
             groups = groups_of(ctx.job.ranks, _coords(ctx), p["within"])
@@ -747,21 +748,21 @@ def _what_if(c: Condition, ctx: Ctx) -> Result:
             # If not, the waiting is in what every rank shares (a lossy NIC slows every all-reduce,
             # a slow pool every read): the step is measured against the job's own past instead, less
             # whatever some rank's own work added on that step (a hiccup, a second fault elsewhere).
-            recent = table.complete(ctx.now)[-max(int(p["steps"]), 1):]
+            recent = done[-max(int(p["steps"]), 1):]
             mine = sum(1 for _, row in recent if peers(row) is not None)
             if recent and mine < len(recent) / 2:
-                fn = _against_own_past(ctx, table.complete(ctx.now), groups, p["measure"]) or peers
+                fn = _against_own_past(ctx, done, groups, p["measure"]) or peers
         elif fn is None:
             groups = groups_of(ctx.job.ranks, _coords(ctx), p["within"])
-            fn = _against_own_past(ctx, table.complete(ctx.now), groups, p["measure"])
+            fn = _against_own_past(ctx, done, groups, p["measure"])
             if fn is None:
                 return Result(False)
-        losses = _losses(table.complete(ctx.now), fn, ctx.facts.get("cost_until", -math.inf), int(p["steps"]))
-        if getattr(fn, "signed", None) is not None:
+        losses = _losses(done, fn, ctx.facts.get("cost_until", -math.inf), int(p["steps"]))
+        if isinstance(fn, _OwnPast):
             # measured against the job's own past (no rank's own work to blame): a stretch with no
             # step at all is this incident's too.  Not a straggler's: its own slow work does not hang
             # the job, and a stall then is some other fault's (a flapping link's).
-            losses += _stall(ctx, table.complete(ctx.now))
+            losses += _stall(ctx, done)
         ctx.facts["step_losses"] = losses
     if not losses:
         return Result(False)
@@ -776,61 +777,72 @@ def _what_if(c: Condition, ctx: Ctx) -> Result:
     return Result(True, [], [ev])
 
 
-def _straggle(row: dict[int, StepRec], groups: dict[str, list[int]], measure: str) -> float:
-    """How far the step's slowest rank's own work stood above its group's median, as a share of it.
+def _straggle_s(row: dict[int, StepRec], groups: dict[str, list[int]], measure: str) -> float:
+    """Seconds the step's slowest rank's own work added on top of its group's typical work.
 
-    In a synchronous job the step waits for its slowest rank: this is what some rank's own work (a
-    hiccup, a GC pause, a starved loader) added to the step on top of the group's typical work; 0 when
-    no group has four ranks with the measure.  Relative, so a whole job that computes slower (every
-    rank's work scaled) does not read as one rank holding the others back.
+    In a synchronous job the step waits for its slowest rank: a hiccup, a GC pause or a starved
+    loader lengthens it by that rank's work over the group's median.  Taken as the largest share over
+    any group's median, times the largest group median (the pace-setting group's work); 0 when no
+    group has four ranks with the measure.
     """
-    most = 0.0
+    most = mid_max = 0.0
     for members in groups.values():
         vals = [v for r in members if r in row and (v := row[r].get(measure)) is not None]
         if len(vals) < 4:
             continue
         mid = statistics.median(vals)
+        mid_max = max(mid_max, mid)
         if mid > 0:
             most = max(most, (max(vals) - mid) / mid)
-    return most
+    return most * mid_max
 
 
-def _mid_work(row: dict[int, StepRec], groups: dict[str, list[int]], measure: str) -> float:
-    """The step's typical work: the largest of the groups' median work (the pace-setting group's)."""
-    mids = [statistics.median(vals) for members in groups.values()
-            if len(vals := [v for r in members if r in row and (v := row[r].get(measure)) is not None]) >= 4]
-    return max(mids, default=0.0)
-
-
-def _against_own_past(ctx: Ctx, done: Steps, groups: dict[str, list[int]], measure: str) -> Any:
+class _OwnPast:
     """A per-step loss against the job's own step time before the incident (no rank to blame).
 
     The whole job is slower (a slow pool, a shared switch, a code change): a step loses what it
     takes over the job's steps before the incident began.  Both are taken less what the step's slowest
-    rank's own work added over its group's median (:func:`_straggle`): a hiccup on a random rank of a
-    192-rank job, or a second fault elsewhere (a starved loader, a hot GPU), lengthens the step by one
+    rank's own work added over its group's median (:func:`_straggle_s`): a hiccup on a random rank of
+    a 192-rank job, or a second fault elsewhere (a starved loader, a hot GPU), lengthens the step by one
     rank's work, and that is not this incident's time.  (Before, a step whose slowest rank was not the
     culprit was charged nothing at all: a large job has a hiccup somewhere on most steps, so the
     measure flipped tick to tick and a lossy NIC's cost came out 35-45% short.)
 
-    The returned function answers only for a step past the job's own noise (walking back stops
-    where the incident began); its ``signed`` twin answers for every step, a quicker one with a
-    negative loss, and counts the steps after the first tick: a slowdown of a few percent (a NIC on
-    the wrong switch) hides under the noise step by step but not in their sum, and the noise sums to
-    nothing.  The baseline is kept per incident, so a long incident does not become its own baseline.
+    Called as a function it answers only for a step past the job's own noise (walking back stops
+    where the incident began); :meth:`signed` answers for every step, a quicker one with a negative
+    loss, and counts the steps after the first tick: a slowdown of a few percent (a NIC on the wrong
+    switch) hides under the noise step by step but not in their sum, and the noise sums to nothing.
+    """
+
+    def __init__(self, base: float, gate: float, groups: dict[str, list[int]], measure: str) -> None:
+        self.base, self.gate, self.groups, self.measure = base, gate, groups, measure
+
+    def own(self, row: dict[int, StepRec]) -> float:
+        """The step's own time: a checkpoint save in it is the save's, and what the slowest rank's own
+        work added is that rank's, not this incident's."""
+        return _training_s(row) - _straggle_s(row, self.groups, self.measure)
+
+    def signed(self, row: dict[int, StepRec]) -> tuple[float, float]:
+        """``(step time, seconds lost)``, negative for a step quicker than the baseline."""
+        return statistics.median(r.duration_s for r in row.values()), self.own(row) - self.base
+
+    def __call__(self, row: dict[int, StepRec]) -> tuple[float, float] | None:
+        dur, lost = self.signed(row)
+        return (dur, lost) if lost > self.gate - self.base else None
+
+
+def _against_own_past(ctx: Ctx, done: Steps, groups: dict[str, list[int]], measure: str) -> _OwnPast | None:
+    """The :class:`_OwnPast` measure of this incident; None with fewer than 5 steps before it began.
+
+    The baseline is kept per incident, so a long incident does not become its own baseline.
     """
     since = ctx.facts.get("incident_since", ctx.now)
     key = ("what_if.baseline", ctx.rule_id, ctx.job.job)
-
-    def own(row: dict[int, StepRec]) -> float:
-        # a checkpoint save in the step is the save's time, not this incident's; nor is what the
-        # slowest rank's own work added
-        return _training_s(row) - _straggle(row, groups, measure) * _mid_work(row, groups, measure)
-
     base = ctx.state.get(key)
     if base is None or ctx.facts.get("cost_until", -math.inf) == -math.inf:
         # the history: steps that ended well before the incident began
-        before = [own(row) for _, row in done if max(r.t for r in row.values()) < since - 10.0][-60:]
+        probe = _OwnPast(0.0, 0.0, groups, measure)
+        before = [probe.own(row) for _, row in done if max(r.t for r in row.values()) < since - 10.0][-60:]
         if len(before) < 5:
             return None
         base = statistics.median(before)
@@ -839,15 +851,7 @@ def _against_own_past(ctx: Ctx, done: Steps, groups: dict[str, list[int]], measu
         ctx.state[key] = base
         ctx.state[key + ("noise",)] = 1.4826 * statistics.median(abs(b - base) for b in before)
     gate = base + max(4 * ctx.state.get(key + ("noise",), 0.0), 0.05 * base)
-
-    def signed(row: dict[int, StepRec]) -> tuple[float, float]:
-        return statistics.median(r.duration_s for r in row.values()), own(row) - base
-
-    def fn(row: dict[int, StepRec]) -> tuple[float, float] | None:
-        dur, lost = signed(row)
-        return (dur, lost) if lost > gate - base else None
-    fn.signed = signed  # type: ignore[attr-defined]
-    return fn
+    return _OwnPast(base, gate, groups, measure)
 
 
 def _stall(ctx: Ctx, done: Steps) -> list[tuple[float, float, float]]:
@@ -955,7 +959,7 @@ def _losses(done: Steps, fn: Any, counted: float, recent: int, max_miss: int = 4
             out.append((max(r.t for r in row.values()), *got))
         out.reverse()
         return out
-    signed = getattr(fn, "signed", None)  # a measure whose noise sums to nothing counts every step
+    signed = fn.signed if isinstance(fn, _OwnPast) else None  # its noise sums to nothing: every step counts
     for i, (_, row) in enumerate(done):
         t = max(r.t for r in row.values())
         if t > counted or i >= len(done) - recent:
