@@ -711,6 +711,10 @@ class WhatIfCondition(ConditionParams):
     window: Duration = param(10.0, "the last `window` or the last `steps` steps, whichever is longer")
     steps: Number = param(5.0, "see `window`")
     within: Within = param("stage", _WITHIN_DOC)
+    against: Literal["auto", "peers", "past"] = param(
+        "auto", "`peers`: the culprits' own work over the slowest other rank's (a fault in their own compute or "
+                "input); `past`: the step against the job's own steps before the incident (a fault in what every "
+                "rank shares); `auto`: `peers` while the culprits' own work holds most recent steps back, else `past`")
     cost_of: Literal["steps", "saves"] = param(
         "steps", "`steps`: the training steps (and any stretch with no step at all); `saves`: each checkpoint save's "
                  "time over the job's quickest save before the incident")
@@ -748,9 +752,12 @@ def _what_if(c: Condition, ctx: Ctx) -> Result:
             # If not, the waiting is in what every rank shares (a lossy NIC slows every all-reduce,
             # a slow pool every read): the step is measured against the job's own past instead, less
             # whatever some rank's own work added on that step (a hiccup, a second fault elsewhere).
+            # A rule that knows its fault is in the culprits' own work (a throttled GPU) says so
+            # (`against: peers`): a culprit only 15% slower is not the slowest on every step, and on the
+            # others the job's past would charge it another fault's time (a flapping link's stalls).
             recent = done[-max(int(p["steps"]), 1):]
             mine = sum(1 for _, row in recent if peers(row) is not None)
-            if recent and mine < len(recent) / 2:
+            if p["against"] == "past" or (p["against"] == "auto" and recent and mine < len(recent) / 2):
                 fn = _against_own_past(ctx, done, groups, p["measure"]) or peers
         elif fn is None:
             groups = groups_of(ctx.job.ranks, _coords(ctx), p["within"])
