@@ -424,7 +424,8 @@ class Simulation:
                     rec["_silent"] = True
                 js.pending[js.node_of[r]].append((s + end, rec, truth))
             if active:
-                self._tally(js, active, own, data0, comp0, oneoff, transfer0, ckpt_s, ckpt_delta, t_done)
+                self._tally(js, active, own, data0, comp0, oneoff, transfer0, ckpt_s, ckpt_delta, t_done,
+                            self.duration_s - s)
             js.step += 1
             js.next_start = s + end_max + 0.002  # the launcher's gap between steps
             if plan is not None:
@@ -461,8 +462,14 @@ class Simulation:
 
     def _tally(self, js: JobState, active: list[Fault], own: list[StepEffects], data0: list[float],
                comp0: list[float], oneoff: list[float], transfer0: float, ckpt_s: float,
-               ckpt_delta: dict[int, float], t_done: float) -> None:
-        """Charge each active fault what it cost this step: the step's length minus its length without it."""
+               ckpt_delta: dict[int, float], t_done: float, horizon: float = math.inf) -> None:
+        """Charge each active fault what it cost this step: the step's length minus its length without it.
+
+        Only what is lost by the end of the run (``horizon``: seconds from the step's start to it): a
+        save still running when the run ends has cost the time it has taken so far over its length
+        without the fault, not what it will cost once it ends, which nobody watching the run has seen
+        (an incident still open at the end is scored on its figure at the last tick).
+        """
         n = len(data0)
         for i, f in enumerate(active):
             rest = _combine([fx for j, fx in enumerate(own) if j != i], n)
@@ -471,7 +478,7 @@ class Simulation:
             transfer = transfer0 * rest.comm_mult + rest.comm_add_s
             ckpt = ckpt_s - ckpt_delta.get(id(f), 0.0) if ckpt_s else 0.0
             without, _ = self._layout(js, data, comp, oneoff, transfer, ckpt)
-            f.tally(js.spec.job, max(0.0, t_done - without), t_done, without)
+            f.tally(js.spec.job, max(0.0, min(t_done, horizon) - without), t_done, without)
 
     def _checkpoint_plan(self, js: JobState, s: float) -> tuple[CheckpointPlan, dict[int, float]]:
         """Plan the save starting at ``s``: the plan, and each fault's change to its duration (by ``id``)."""

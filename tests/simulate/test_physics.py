@@ -193,6 +193,19 @@ def test_a_hang_costs_its_whole_stall():
     assert gt.gpu_hours_lost == pytest.approx(30 * 32 / 3600, rel=0.05) and gt.phase == "none"
 
 
+def test_a_save_still_running_when_the_run_ends_costs_only_what_it_has_taken_so_far():
+    def truth(duration: float) -> float:
+        sim, _ = run_sim([make_fault("checkpoint-growth", "train-llm", 10, 60, growth=3.0)], duration=duration,
+                         nodes=4, jobs=lambda t: [make_job(t, checkpoint_every_s=30)])
+        (gt,) = sim.ground_truth()
+        return gt.gpu_hours_lost
+
+    # The save that starts near 30 s lasts 3x the usual; a run ending in the middle of it has lost the
+    # time so far over the usual save, and one second more of the run adds one second of loss.
+    a, b = truth(45.0), truth(46.0)
+    assert b - a == pytest.approx(1.0 * 32 / 3600, rel=0.02)
+
+
 @pytest.mark.parametrize(("job", "fault", "message"), [
     ({}, ("stage-imbalance", "train-llm"), "has no pipeline (pp=1)"),
     ({"pp": 3}, None, "do not split into pp=3 stages"),
