@@ -85,8 +85,9 @@ FAULT_CLASSES = ("nic-packet-loss", "link-flap", "wrong-nic", "uplink-oversubscr
                  "storage-slow", "storage-client-slow", "cpu-bound-loader", "checkpoint-growth",
                  "checkpoint-stall", "checkpoint-failed", "gpu-thermal", "gpu-power", "gpu-ecc-xid",
                  "whole-job-slow", "rank-silent") + STRAGGLER_CLASSES + HW_CLASSES
-# Classes whose diagnosis must carry a cost (Diagnosis.cost["gpu_hours_lost"]) to be right on cost.
-COST_CLASSES = STRAGGLER_CLASSES
+# Classes whose diagnosis must carry a cost (Diagnosis.cost["gpu_hours_lost"]) to be right on cost: every
+# class, wherever the truth lost anything (an incident that says nothing of its cost is a miss on cost).
+COST_CLASSES = FAULT_CLASSES
 _CHECKPOINT_CLASSES = {"checkpoint-growth", "checkpoint-stall", "checkpoint-failed"}
 # Classes whose first evidence can only come with a checkpoint save: their latency from the fault's
 # start includes the wait for the next save (up to the checkpoint interval), whatever the rule does.

@@ -615,8 +615,10 @@ class Evaluator:
                     del self.counted_until[fp]
         coords = getattr(job, "coords", None) or {}
         gpus = sum(float((coords.get(r) or {}).get("gpu_share", 1.0)) for r in job.ranks)
-        out = {"gpus": round(gpus, 3), "gpu_hours_lost": round(inc.cost_lost_s * gpus / 3600.0, 4),
-               "lost_s": round(inc.cost_lost_s, 3)}
+        # Steps quicker than the job's past count negative (its noise sums to nothing), so the running sum
+        # may dip below zero while nothing is lost: it is kept signed and shown as no loss.
+        lost_s = max(0.0, inc.cost_lost_s)
+        out = {"gpus": round(gpus, 3), "gpu_hours_lost": round(lost_s * gpus / 3600.0, 4), "lost_s": round(lost_s, 3)}
         for k in ("step_s", "whatif_step_s", "slowdown_pct"):
             if facts.get(k) is not None:
                 out[k] = facts[k]

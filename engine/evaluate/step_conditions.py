@@ -764,7 +764,8 @@ def _what_if(c: Condition, ctx: Ctx) -> Result:
             fn = _against_own_past(ctx, done, groups, p["measure"])
             if fn is None:
                 return Result(False)
-        losses = _losses(done, fn, ctx.facts.get("cost_until", -math.inf), int(p["steps"]))
+        losses = _losses(done, fn, ctx.facts.get("cost_until", -math.inf), int(p["steps"]),
+                         since=ctx.facts.get("incident_since", ctx.now))
         if isinstance(fn, _OwnPast):
             # measured against the job's own past (no rank's own work to blame): a stretch with no
             # step at all is this incident's too.  Not a straggler's: its own slow work does not hang
@@ -944,13 +945,20 @@ def _training_s(row: dict[int, StepRec]) -> float:
     return statistics.median(r.duration_s - (r.checkpoint_s or 0.0) for r in row.values())
 
 
-def _losses(done: Steps, fn: Any, counted: float, recent: int, max_miss: int = 4) -> list[tuple[float, float, float]]:
+def _losses(done: Steps, fn: Any, counted: float, recent: int, max_miss: int = 4,
+            since: float = math.inf) -> list[tuple[float, float, float]]:
     """``(end, step time, seconds lost)`` for the steps the incident has not counted yet.
 
     The first time (nothing counted) it walks back from the newest step while the pattern holds
     (``fn`` answers for a step; up to ``max_miss`` steps in a row without it), so the cost starts where
     the waiting began, not when the rule fired.  Later only the steps after ``counted`` (one that
     ``fn`` does not answer for as 0 s lost), plus the last ``recent`` steps for the current figures.
+
+    The job's-past measure (:class:`_OwnPast`) walks back only to find where the waiting began, and
+    then counts every step from there, or from ``since`` (when the incident's condition began to hold)
+    if that is earlier, signed as it does later: a slowdown under the job's step-to-step noise (a NIC
+    whose port runs at a quarter of its speed adds 3% to a step) passes no step's gate, and the walk
+    back alone would give no cost at all, ever.
     """
     out: list[tuple[float, float, float]] = []
     if counted == -math.inf:
@@ -965,6 +973,9 @@ def _losses(done: Steps, fn: Any, counted: float, recent: int, max_miss: int = 4
             misses = 0
             out.append((max(r.t for r in row.values()), *got))
         out.reverse()
+        if isinstance(fn, _OwnPast):
+            start = min(out[0][0] if out else math.inf, since)
+            return [(t, *fn.signed(row)) for _, row in done if (t := max(r.t for r in row.values())) >= start]
         return out
     signed = fn.signed if isinstance(fn, _OwnPast) else None  # its noise sums to nothing: every step counts
     for i, (_, row) in enumerate(done):

@@ -187,6 +187,16 @@ def test_an_older_class_is_wrong_only_when_its_phase_label_is_wrong() -> None:
         assert c.root_cause_ok == ok and c.cost_truths == 0  # no cost truth, no cost scored
 
 
+def test_every_class_must_give_its_cost_where_the_truth_lost_time() -> None:
+    truth = {**_truth("gpu-thermal", culprit="node-03 gpu 2", kind="gpu", ranks=(18,),
+                      cause="gpu.thermal-throttle"), "gpu_hours_lost": 0.1}
+    d = _diag(105, cause="gpu.thermal-throttle", gpu="node-03/gpu2")
+    rep = ev.score([_run("g", [truth], [d])])
+    c = rep.classes["gpu-thermal"]
+    assert (c.cost_truths, c.cost_right) == (1, 0)
+    assert "no cost given (truth 0.1 GPU-h)" in ev.format_details(rep)
+
+
 def test_the_table_shows_steps_on_time_and_cost_columns() -> None:
     rep = ev.score([_run("a", [_truth("straggler-compute")],
                          [_diag(105, phase="compute"), _diag(170, status="resolved", phase="compute", cost=0.1)],

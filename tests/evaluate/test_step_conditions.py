@@ -16,6 +16,7 @@ import re
 from pathlib import Path
 from typing import Any, Callable
 
+import pytest
 from whywait.agents.events import envelope, validate
 from whywait.engine.evaluate.evaluator import Evaluator
 from whywait.engine.evaluate.steps import (
@@ -409,6 +410,21 @@ def test_a_hiccup_elsewhere_is_not_what_every_rank_shares_but_a_slower_all_reduc
     assert got is not None and abs(got[1] - 0.4) < 0.02
     # a step quicker than usual counts negative after the first tick: noise sums to nothing
     assert fn.signed(_steps_row(63.0, works, 0.25))[1] < 0
+
+
+def test_a_slowdown_under_the_step_to_step_noise_is_still_costed_from_when_the_incident_began() -> None:
+    from whywait.engine.evaluate.step_conditions import _against_own_past, _losses
+
+    groups = {"": list(range(16))}
+    works = {r: 1.0 + 0.01 * (r % 3) for r in range(16)}
+    past = [(i, _steps_row(float(i), works, 0.30 + 0.01 * (i % 5))) for i in range(60)]
+    # from t=60 on, every all-reduce 0.04 s longer: 3% of a step, under the 5% gate of every single step
+    slow = [(60 + i, _steps_row(60.0 + i, works, 0.34 + 0.01 * (i % 5))) for i in range(20)]
+    fn = _against_own_past(_cost_ctx(_CostStore([]), 80.0, 60.0), past + slow, groups, "work")
+    assert fn is not None and all(fn(row) is None for _, row in slow)
+    got = _losses(past + slow, fn, -math.inf, 5, since=60.0)
+    assert [t for t, _, _ in got] == [60.0 + i for i in range(20)]
+    assert sum(lost for _, _, lost in got) == pytest.approx(20 * 0.04, abs=0.05)
 
 
 def test_a_job_that_makes_no_step_loses_the_time_from_when_the_next_was_due() -> None:
