@@ -279,11 +279,13 @@ def load_rules(paths: Iterable[str | Path]) -> RuleSet:
     rules: dict[str, Rule] = {}
     files = rule_files(p for p in given if p.exists())
     docs: list[_Doc] = []
+    broken: set[str] = set()  # ids of rules whose files were refused (a rule's id is its file's name)
     for f in files:
         try:
             y = yamlio.load(f)
         except YamlError as e:
             errors.append(_yaml_error(e))
+            broken.add(f.stem)
             continue
         docs.append(_Doc(f, y.data, y.lines, spans=y.spans,
                          texts={p: y.source_text(sp) for p, sp in y.spans.items() if sp.last > sp.first}))
@@ -291,6 +293,8 @@ def load_rules(paths: Iterable[str | Path]) -> RuleSet:
         rule, errs = parse_rule(doc.data, str(doc.file), doc.lines, macros, expected_id=doc.expected_id)
         errors += [_attribute(e, doc) for e in errs]
         if rule is None:
+            # its own errors say what is wrong; the rules that inhibit or supersede it need not say it again
+            broken.add(str(doc.data.get("id") or doc.expected_id) if isinstance(doc.data, dict) else "")
             continue
         if rule.id in rules:
             errors.append(RuleSchemaError(str(doc.file), doc.lines.get(("id",), 1), rule.id, "id",
@@ -300,11 +304,11 @@ def load_rules(paths: Iterable[str | Path]) -> RuleSet:
         rules[rule.id] = rule
     for rule in rules.values():
         for i, target in enumerate(rule.inhibits):
-            if target not in rules:
+            if target not in rules and target not in broken:
                 errors.append(RuleSchemaError(rule.file, rule.inhibits_line, rule.id, f"inhibits[{i}]",
                                               f"must name a loaded rule (got {target!r})"))
         for i, target in enumerate(rule.supersedes):
-            if target not in rules or target == rule.id:
+            if (target not in rules and target not in broken) or target == rule.id:
                 errors.append(RuleSchemaError(rule.file, rule.supersedes_line, rule.id, f"supersedes[{i}]",
                                               f"must name another loaded rule (got {target!r})"))
     if errors:

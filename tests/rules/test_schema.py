@@ -168,3 +168,17 @@ def test_evidence_conditions_parse_and_must_be_conditions(tmp_path: Path) -> Non
     with pytest.raises(RuleLoadError) as exc:
         load_rules([f])
     assert "'evidence[0]' must be a condition mapping (got 'drops')" in str(exc.value)
+
+
+def test_a_refused_rule_is_named_once_not_again_by_every_rule_that_inhibits_it(tmp_path: Path) -> None:
+    broken = GOOD.replace("network.test-rule", "storage.broken").replace("window: 5s", "window: 5")
+    (tmp_path / "storage.broken.yaml").write_text(broken)
+    (tmp_path / "storage.unparsable.yaml").write_text("id: [storage.unparsable\n")
+    (tmp_path / "network.test-rule.yaml").write_text(
+        GOOD + "inhibits: [storage.broken, storage.unparsable]\nsupersedes: [storage.broken]\n")
+    with pytest.raises(RuleLoadError) as exc:
+        load_rules([tmp_path])
+    lines = str(exc.value).splitlines()
+    assert any("storage.broken.yaml:10:" in x and "'when.all[0].window' must be a duration" in x for x in lines)
+    assert any("storage.unparsable.yaml" in x for x in lines)
+    assert not any("network.test-rule.yaml" in x for x in lines), lines
