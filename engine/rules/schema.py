@@ -201,8 +201,10 @@ def _parse_node(ctx: _Ctx, v: Any, path: Path_, macros: dict[str, Any], depth: i
         if k == "macro":
             name = v[k]
             if name not in macros:
-                ctx.err(path + (k,), f"must name a defined macro ({', '.join(sorted(macros)) or 'none defined'}) "
-                                     f"(got {name!r})")
+                # With none at all, the usual slip is a sub-folder loaded without the macros.yaml above it.
+                have = (', '.join(sorted(macros)) if macros else
+                        "none defined: load the folder holding macros.yaml too, e.g. --rules rules")
+                ctx.err(path + (k,), f"must name a defined macro ({have}) (got {name!r})")
                 return None
             return _parse_node(ctx, macros[name], path + (k,), macros, depth + 1)
         if k == "not":

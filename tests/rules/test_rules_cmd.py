@@ -157,3 +157,12 @@ def test_check_of_the_shipped_rules_counts_their_tests(capsys: pytest.CaptureFix
 def test_check_of_a_missing_path_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["rules", "check", str(tmp_path / "nope")]) == 2
     assert capsys.readouterr().err == f"whywait rules: {tmp_path / 'nope'}: no such file or folder\n"
+
+
+def test_a_sub_folder_without_its_macros_says_how_to_load_them(capsys: pytest.CaptureFixture[str]) -> None:
+    # `whywait rules test rules/job` loads no macros.yaml (it sits one folder up): every macro a rule names
+    # is then unknown, and the line must say how to load them rather than only that none is defined.
+    assert main(["rules", "check", str(RULES / "job")]) != 0
+    got = capsys.readouterr()
+    err = got.out + got.err
+    assert "job.straggler.yaml:" in err and "load the folder holding macros.yaml too, e.g. --rules rules" in err
