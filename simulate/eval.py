@@ -279,6 +279,10 @@ def _straggler_scenario(cls: str, rng: random.Random, shape: Shape, step_s: floa
             params["stage"] = float(rng.choice([-1, rng.randrange(pp)]))
         elif cls in ("rotating-straggler", "periodic-slowdown"):
             params["input"] = float(variant % 2)  # both phases, alternately
+            if cls == "rotating-straggler" and variant // 2 % 2 == 1:
+                # Uneven batches on every rank rather than one heavy batch a step, in both phases: no rank
+                # stands out, the spread across ranks does (real sequence-length imbalance looks like this).
+                params["spread"] = round(rng.uniform(0.15, 0.3), 3)
         if cls == "periodic-slowdown":
             period = float(max(rng.randint(60, 150), math.ceil(8 * base)))
             slow = float(min(max(rng.randint(15, 30), math.ceil(3 * base)), period / 2))

@@ -1172,19 +1172,41 @@ class StageImbalance(_PatternFault):
 
 
 class RotatingStraggler(_PatternFault):
-    """A different rank is slow each step (sequence-length or input imbalance): no rank is to blame."""
+    """A different rank is slow each step (sequence-length or input imbalance): no rank is to blame.
+
+    Two shapes, because real imbalance comes in both: one heavy batch a step (``spread`` 0: one rank
+    drawn at random does ``compute_mult`` times its work), or uneven batches everywhere (``spread`` >
+    0: every rank's work this step is its usual work times a lognormal draw of mean 1 and shape
+    ``spread``, as token counts vary with unpacked sequence lengths).  In the second no rank stands
+    far out from the others: the slowest of 64 is only ~2.4 spreads up, but the ranks' work is spread
+    several times wider than the job's own jitter, and the whole job waits for the slowest each step.
+    """
 
     name = "rotating-straggler"
     cause = "job.rotating-straggler"
     signals = ("steps.compute_s or steps.data_wait_s (a different rank highest each step)", "steps.duration_s")
-    PARAMS = {"compute_mult": 1.6, "input": 0.0}
+    PARAMS = {"compute_mult": 1.6, "input": 0.0, "spread": 0.0}
     doc = ("each step one rank, drawn at random, computes × compute_mult (input=1: waits (compute_mult - 1) × the "
-           "healthy step for input instead); the phase is compute or input.")
+           "healthy step for input instead); with spread > 0, every rank's work varies each step instead (× a "
+           "lognormal of mean 1 and shape spread; input=1: the heavier half of the draws wait for input); the "
+           "phase is compute or input.")
 
     def truth_phase(self) -> str:
         return "input" if self.params["input"] else "compute"
 
     def on_step(self, t: float, job: JobState, fx: StepEffects) -> None:
+        spread = self.params["spread"]
+        if spread > 0:
+            # Mean 1: the job's total work is unchanged, only shared out unevenly.
+            mu = -spread * spread / 2
+            for r in range(len(job.ranks)):
+                m = self.rng.lognormvariate(mu, spread)
+                if self.params["input"]:
+                    # A light batch loads no faster than the loader's usual pace; a heavy one waits.
+                    fx.data_add_s[r] += max(0.0, m - 1.0) * job.spec.base_step_s
+                else:
+                    fx.compute_mult[r] *= m
+            return
         r = self.rng.randrange(len(job.ranks))
         m = self.params["compute_mult"] * self.rng.lognormvariate(0.0, 0.08)
         if self.params["input"]:

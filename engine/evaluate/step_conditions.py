@@ -24,10 +24,12 @@ from __future__ import annotations
 
 import math
 import statistics
+import warnings
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Literal
 
+import numpy as np
 from whywait.engine.diagnosis import Evidence
 from whywait.engine.evaluate.conditions import Ctx, Result
 from whywait.engine.evaluate.steps import (
@@ -42,6 +44,7 @@ from whywait.engine.evaluate.steps import (
     select,
     sequential_onset,
     slow_turns,
+    spread_lines,
     step_loss,
 )
 from whywait.engine.rules.condition_types import (
@@ -172,6 +175,12 @@ def _step_outlier(c: Condition, ctx: Ctx) -> Result:
     judged = judge_ranks(win, hist, groups, p["measure"], thr, int(p["history"]), z_thr=p["zscore"].value)
     if len(judged) < int(p["min_ranks"]):
         return Result(False)
+    # A rank grew against its own past only if it grew by more than the job's other ranks did on the same
+    # steps, past how widely their growth varies.  Ratios are to the group's lower quartile, which drops
+    # when batches become uneven on every rank; and then every rank's 5-step median wanders by a tenth or
+    # more.  Without this, an older GPU's ranks "grew" by half the moment batches became uneven, and were
+    # told as stragglers.  (With even batches the others' growth is 1 +- 2%, and a straggler's is far out.)
+    growth_z = _growth_z(judged)
     flagged = []
     for j in judged:
         key = (ctx.rule_id, c.line, ctx.job.job, j.rank)
@@ -188,6 +197,11 @@ def _step_outlier(c: Condition, ctx: Ctx) -> Result:
                 # wanders by +-10% (its 5-step median with it), which is no new fault.
                 bar = max(base * thr, base + _OWN_Z * spread)
                 ok = sum(1 for x in j.ratios if x > bar) >= p["persist"] * len(j.ratios)
+            if ok and base is not None:
+                # 3 spreads of the others' growth, as for its own wander (_OWN_Z): growth is a ratio of two
+                # noisy ratios, so at `zscore` (4) a 1.15x straggler on 4% jitter was missed.
+                z = growth_z(j, base)
+                ok = z is None or z >= _OWN_Z
         if ok:
             if base is not None:
                 ctx.state[key] = base
@@ -236,6 +250,51 @@ def _step_outlier(c: Condition, ctx: Ctx) -> Result:
                      aligned_steps=len(win), steady=any(s["history_ratio"] is None for s in stragglers))
     _set_phase(ctx, win, [j.rank for j, _ in flagged], ranks)
     return res
+
+
+def _growth_z(judged: list[Any]) -> Callable[[Any, float], float | None]:
+    """A function giving a rank's growth against its own past as a robust z among the job's ranks.
+
+    On each window step, every rank with a past grew by (that step's ratio / its past ratio); the
+    step's typical growth is their median and its noise their spread (1.4826 x MAD of growth over the
+    typical, floored at 0.02).  A rank's z is the median over the steps of (its growth over the typical
+    - 1) / the step's noise, its growth taken against ``base`` (its frozen past ratio while flagged).
+    Judged step by step, so a step where batches were uneven on every rank (wide noise) counts for
+    little and a step of ordinary jitter for much.  None with fewer than 4 ranks with a past.  Called
+    by ``step_outlier`` for a rank about to be flagged (computed on first use, once per evaluation).
+    """
+    cache: dict[int, tuple[float, float]] = {}
+    built: list[bool] = []
+
+    def build() -> None:
+        built.append(True)
+        per_step: dict[int, list[float]] = {}
+        n = 0
+        for j in judged:
+            if j.history_ratio and j.ratio_at:
+                n += 1
+                for i, x in j.ratio_at.items():
+                    per_step.setdefault(i, []).append(x / j.history_ratio)
+        if n < 4:
+            return
+        for i, gs in per_step.items():
+            if len(gs) < 4:
+                continue
+            typ = statistics.median(gs)
+            if typ <= 0:
+                continue
+            rel = [g / typ for g in gs]
+            cache[i] = (typ, max(1.4826 * statistics.median(abs(r - 1.0) for r in rel), 0.02))
+
+    def z(j: Any, base: float) -> float | None:
+        if not built:
+            build()
+        if not cache or not base or base <= 0:
+            return None
+        zs = [(x / (base * cache[i][0]) - 1.0) / cache[i][1] for i, x in j.ratio_at.items() if i in cache]
+        return statistics.median(zs) if zs else None
+
+    return z
 
 
 def _set_phase(ctx: Ctx, win: Steps, culprits: list[int], ranks: list[int]) -> list[Evidence]:
@@ -416,6 +475,10 @@ class RotationCondition(ConditionParams):
     max_share: Share = param(0.34, "no rank is the slow one on more than this share of those steps")
     min_distinct: Number = param(3.0, "at least this many ranks take turns")
     within: Within = param("stage", _WITHIN_DOC)
+    spread: Number = param(0.0, "also a slow turn: a step whose ranks' work is spread this many times wider than in "
+                                "the job's own past (interquartile range, each rank over its usual level), its "
+                                "slowest rank passing `ratio`: uneven batches on every rank rather than one heavy "
+                                "one, where no rank stands out by `zscore` (0: off)")
     alpha: Number = param(0.0, "also hold on the latest steps alone when a sequential test (slow turns at rate "
                                "`persist` against the job's own past count of them) passes at this false-alarm "
                                "level: at most one false alarm per 1 / `alpha` new steps (0: off)")
@@ -446,17 +509,59 @@ def _rotation(c: Condition, ctx: Ctx) -> Result:
     col = {r: i for i, r in enumerate(ranks)}
     group_cols = [[col[r] for r in members if r in col] for members in groups.values()]
 
-    def turn(row: dict[int, StepRec]) -> tuple[float, int] | None:
-        """This step's slow rank and its ratio, when one rank stands out; else None.  (One step at a
-        time, for steps outside the window: the past the sequential test counts, the cost's steps.)"""
-        got = slow_turns(rank_matrix([(0, row)], ranks, p["measure"]), usual_v, group_cols, p["ratio"],
-                         p["zscore"])[0]
-        return None if got is None else (got[0], ranks[got[1]])
+    # Uneven batches on every rank (unpacked sequence lengths) make no rank stand out by `zscore`: the
+    # slowest of 64 ranks drawn with a 25% spread is only ~2.4 spreads up.  What shows is the spread
+    # itself, several times the job's own jitter: judged against the job's past level (kept, like p0,
+    # while the rotation lasts, or it would become its own past), with `top_excess` the past's usual
+    # slowest-over-median, what an even step still loses to the noise (the cost's what-if).
+    spread_f = float(p["spread"])
+    skey = ("rotation.spread0", ctx.rule_id, c.line, ctx.job.job)
+    level: float | None = None
+    top_excess = 0.0
+    past_usual = usual_v
+    if spread_f > 0 and len(hist) >= 10:
+        h_mat = rank_matrix(hist, ranks, p["measure"])
+        # Steps outside the window are taken over each rank's usual level in the past: over the window's
+        # (eight uneven draws each), the past's even steps looked twice as spread as they were, and were
+        # counted as the slow turns the rotation had to rise above.
+        past_usual = column_medians(h_mat)
+        if skey in ctx.state:
+            level, top_excess = float(ctx.state[skey]), float(ctx.state.get(skey + ("top",), 0.0))
+        else:
+            h_disp = spread_lines(h_mat, past_usual, group_cols)[0]
+            h_disp = h_disp[~np.isnan(h_disp)]
+            if len(h_disp) >= 10:
+                # The lower quartile of the past's spreads, not their median: a long-step job has few steps
+                # of past, and by the time ten are there a rotation that began early fills part of them.
+                level = float(np.percentile(h_disp, 25.0))
+                with np.errstate(all="ignore"), warnings.catch_warnings():
+                    warnings.simplefilter("ignore", RuntimeWarning)
+                    tops = np.nanmax(h_mat, axis=1) / np.nanmedian(h_mat, axis=1) - 1.0
+                tops = tops[np.isfinite(tops)]
+                top_excess = float(np.median(tops)) if len(tops) else 0.0
 
-    for i, got_turn in enumerate(slow_turns(mat, usual_v, group_cols, p["ratio"], p["zscore"])):
+    def turns_of(m: np.ndarray, spread_usual: np.ndarray) -> list[tuple[float, int, bool] | None]:
+        """Per line of ``m``: ``(ratio, rank, by spread)`` of its slow turn, or None."""
+        out: list[tuple[float, int, bool] | None] = [
+            None if g is None else (g[0], ranks[g[1]], False)
+            for g in slow_turns(m, usual_v, group_cols, p["ratio"], p["zscore"])]
+        if level is not None and level > 0:
+            disp, q, col = spread_lines(m, spread_usual, group_cols)
+            for i in range(len(out)):
+                if out[i] is None and disp[i] > spread_f * level and p["ratio"](float(q[i])):
+                    out[i] = (float(q[i]), ranks[int(col[i])], True)
+        return out
+
+    def turn(row: dict[int, StepRec]) -> tuple[float, int, bool] | None:
+        """This step's slow rank and its ratio, when one rank stands out or the ranks are spread wide;
+        else None.  (One step at a time, for steps outside the window: the past the sequential test
+        counts, the cost's steps.)"""
+        return turns_of(rank_matrix([(0, row)], ranks, p["measure"]), past_usual)[0]
+
+    for i, got_turn in enumerate(turns_of(mat, usual_v)):
         if got_turn is None:
             continue
-        q, top = got_turn[0], ranks[got_turn[1]]
+        q, top = got_turn[0], got_turn[1]
         row = win[i][1]
         slow.append((i, top, q))
         for f in excess:
@@ -478,6 +583,8 @@ def _rotation(c: Condition, ctx: Ctx) -> Result:
         share = len(slow) / seq
     elif share < p["persist"]:
         ctx.state.pop(key, None)
+        ctx.state.pop(skey, None)
+        ctx.state.pop(skey + ("top",), None)
         return Result(False)
     # Against the job's own past: a large job has a slow turn on some steps anyway (GC pauses, hiccups
     # on random ranks).  The window's share must stand well above the share before it (4 binomial
@@ -502,6 +609,9 @@ def _rotation(c: Condition, ctx: Ctx) -> Result:
         return Result(False)
     if not steady:
         ctx.state[key] = p0
+        if level is not None:
+            ctx.state[skey] = level
+            ctx.state[skey + ("top",)] = top_excess
     who = Counter(r for _, r, _ in slow)
     if who.most_common(1)[0][1] > p["max_share"] * len(slow) or len(who) < int(p["min_distinct"]):
         return Result(False)
@@ -512,6 +622,13 @@ def _rotation(c: Condition, ctx: Ctx) -> Result:
         return Result(False)
     phase = max(excess, key=lambda f: excess[f])
     ratio = statistics.median(q for _, _, q in slow)
+    # Uneven batches everywhere (the window's ranks spread wide on most steps), not one heavy batch a step:
+    # then even the second slowest rank was slowed, and the top-two gap would undercount.
+    uneven = False
+    if level is not None and level > 0:
+        w_disp = spread_lines(mat, usual_v, group_cols)[0]
+        w_disp = w_disp[~np.isnan(w_disp)]
+        uneven = len(w_disp) > 0 and float(np.median(w_disp)) > spread_f * level
 
     def loss(row: dict[int, StepRec]) -> tuple[float, float] | None:
         # Were the slow rank of the step as fast as the others, the step would end when the next
@@ -519,12 +636,19 @@ def _rotation(c: Condition, ctx: Ctx) -> Result:
         # and robust z) loses anything: the slowest of 192 ranks is 1.15x the lower quartile by chance
         # alone, and charging those steps' top-two gap before and after the rotation (the walk back,
         # keep_firing_for) overstated a 73 s rotation's cost by a quarter.
-        if turn(row) is None:
+        got = turn(row)
+        if got is None and not uneven:
             return None
         vals = sorted(v for r in row if (v := row[r].get(p["measure"])) is not None)
         if len(vals) < 4:
             return None
         dur = statistics.median(r.duration_s for r in row.values())
+        if uneven:
+            # Every step of it loses what the spread adds over the job's usual noise, turn or no turn: a
+            # step whose slowest draw happened to stay under the bar lost less, not nothing.
+            # Uneven batches everywhere: with even ones each rank would do its usual work, and the step
+            # would end when the slowest of those did (the median rank's, plus the usual noise's top).
+            return dur, max(0.0, min(dur, vals[-1] - statistics.median(vals) * (1.0 + top_excess)))
         return dur, max(0.0, min(dur, vals[-1] - vals[-2]))
 
     ctx.facts.update(phase=PHASE_NAMES[phase] if excess[phase] > 0 else "step", phase_field=phase,

@@ -31,6 +31,7 @@ from __future__ import annotations
 import itertools
 import math
 import statistics
+import warnings
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
@@ -471,6 +472,54 @@ def _sorted_medians(srt: np.ndarray, k: np.ndarray) -> np.ndarray:
     lo = srt[rows, (k - 1) // 2]
     out: np.ndarray = np.where(k % 2 == 1, hi, (lo + hi) / 2)
     return out
+
+
+def spread_lines(vals: np.ndarray, usual: np.ndarray,
+                 groups: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per step (line of ``vals``, steps x ranks): how widely its ranks' work is spread, and its slowest rank.
+
+    Called by the ``rotation`` condition for its window and for the job's past (the level a spread is
+    judged against).  Each rank's value is taken over its ``usual`` level (so an older GPU's steady
+    excess is no spread), then over its group's median that step (so stages are compared with their
+    own kind and a slower step of the whole job is no spread), and pooled over the groups of 4 or
+    more.  Returns ``(interquartile range of the pooled values, the slowest one over the pooled lower
+    quartile, the slowest one's column)``: NaN, NaN, -1 for a step with fewer than 4 values.
+    """
+    n_steps = vals.shape[0]
+    disp = np.full(n_steps, np.nan)
+    ratio = np.full(n_steps, np.nan)
+    col = np.full(n_steps, -1, np.int64)
+    ok_usual = ~np.isnan(usual) & (usual != 0)
+    parts: list[np.ndarray] = []
+    part_cols: list[np.ndarray] = []
+    for members in groups:
+        cols = np.asarray([c for c in members if ok_usual[c]], np.int64)
+        if len(cols) < 4:
+            continue
+        x = vals[:, cols] / usual[cols]
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # a step where no member reported: all NaN
+            med = np.nanmedian(x, axis=1)
+        parts.append(x / np.where(med > 0, med, np.nan)[:, None])
+        part_cols.append(cols)
+    if not parts:
+        return disp, ratio, col
+    pooled = np.concatenate(parts, axis=1)
+    where = np.concatenate(part_cols)
+    counts = (~np.isnan(pooled)).sum(axis=1)
+    good = counts >= 4
+    if not good.any():
+        return disp, ratio, col
+    y = pooled[good]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        q25, q75 = np.nanpercentile(y, [25.0, 75.0], axis=1)
+    top = np.argmax(np.where(np.isnan(y), -np.inf, y), axis=1)
+    topv = y[np.arange(len(y)), top]
+    disp[good] = q75 - q25
+    ratio[good] = np.where(q25 > 0, topv / np.where(q25 > 0, q25, 1.0), np.nan)
+    col[good] = where[top]
+    return disp, ratio, col
 
 
 def slow_turns(vals: np.ndarray, usual: np.ndarray, groups: Sequence[Sequence[int]], is_ratio: Any,

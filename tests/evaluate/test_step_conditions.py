@@ -563,6 +563,52 @@ def test_hiccups_on_a_large_job_are_no_rotation_for_the_sequential_test() -> Non
             [(d.rule_id, d.detected_at - T0, d.cause) for d in got]
 
 
+def _uneven_batches(after: int, spread: float, seed: int) -> Slow:
+    """Every rank's work, each step after ``after``, times a lognormal draw of mean 1 and shape ``spread``."""
+    rng = random.Random(seed)
+    draws: dict[tuple[int, int], float] = {}
+
+    def slow(step: int, rank: int) -> tuple[float, float]:
+        if step <= after:
+            return (1.0, 0.0)
+        if (step, rank) not in draws:
+            draws[(step, rank)] = rng.lognormvariate(-spread * spread / 2, spread)
+        return (draws[(step, rank)], 0.0)
+    return slow
+
+
+def test_uneven_batches_on_every_rank_are_a_rotation_not_stragglers() -> None:
+    # Real sequence-length imbalance: every rank's batch is heavier or lighter each step, so no rank stands
+    # out from the rest by the one-heavy-batch test (z > 8) on most steps, but the ranks are spread several
+    # times wider than the job's own jitter.  The job runs on mixed hardware (two nodes 30% slower since the
+    # start): the moment batches became uneven, their ranks' ratio to the fast quartile jumped, and they
+    # were told as stragglers (3 ranks, 2.3x) before the rule looked at the spread.
+    older = {0, 1}
+    diags, truth = run_job(150, ranks=64, seed=3, slow=_uneven_batches(60, 0.25, seed=3),
+                           base_mult=lambda r: 1.3 if r // 8 in older else 1.0)
+    got = firing(diags)
+    assert got and {d.rule_id for d in got} == {"job.rotating-straggler"}, \
+        [(d.rule_id, d.culprit, d.detected_at - T0) for d in got]
+    # Found within a dozen steps of the first uneven one, as no single culprit.
+    n = _steps_to_detect(diags, truth, 60)
+    assert n is not None and n <= 12 and got[0].culprit is None, n
+    # Its cost: the steps' time over the same steps with even batches (the truth), within 20%.
+    last = [d for d in diags if d.rule_id == "job.rotating-straggler"][-1]
+    lost_s = sum(x["dur"] - x["clean"] for x in truth if x["step"] > 61 and x["t"] <= last.detected_at)
+    got_s = last.cost["lost_s"]
+    assert abs(got_s - lost_s) <= 0.2 * lost_s, (got_s, lost_s)
+
+
+def test_a_job_whose_batches_were_always_uneven_is_no_rotation_that_began() -> None:
+    # The same spread from the first step: judged against its own past, nothing changed.  (It is still the
+    # job's steady unevenness if a slow turn is seen on most steps; never a rotation that began, nor a
+    # straggler.)
+    diags, _ = run_job(150, ranks=64, seed=4, slow=_uneven_batches(-1, 0.25, seed=4))
+    got = firing(diags)
+    assert all(d.rule_id == "job.rotating-straggler" and "not a change" in d.cause for d in got), \
+        [(d.rule_id, d.culprit, d.detected_at - T0, d.cause) for d in got]
+
+
 def test_a_rotation_from_the_jobs_first_steps_is_told_as_steady() -> None:
     # Uneven batches from step 1: there is no "before" for the rotation to stand out from, so neither
     # the rise over the past nor the sequential test can see it.  Held on its level (a slow turn on

@@ -109,6 +109,32 @@ def test_a_rotating_straggler_has_a_different_slow_rank_each_step():
     assert (gt.culprit, gt.culprit_kind, gt.phase) == ("", "none", "compute")
 
 
+def test_uneven_batches_spread_every_rank_but_keep_the_job_s_work():
+    # Sequence-length imbalance: every rank's work varies each step (mean 1, so the total is unchanged), no
+    # rank is slow for long, and the job pays for the slowest draw each step.
+    sim, msgs = _run([make_fault("rotating-straggler", "train-llm", 40, 140, spread=0.25)])
+
+    def iqr(recs: list[dict[str, Any]]) -> float:
+        q = statistics.quantiles([s["compute_s"] for s in recs], n=4)
+        return (q[2] - q[0]) / q[1]
+
+    before = [iqr(r) for r in _by_step(steps(msgs, 5, 38)).values() if len(r) == 32]
+    during = [iqr(r) for r in _by_step(steps(msgs, 45, 140)).values() if len(r) == 32]
+    assert statistics.median(during) > 3 * statistics.median(before)
+    comp_before = statistics.mean(s["compute_s"] for s in steps(msgs, 5, 38))
+    comp_during = statistics.mean(s["compute_s"] for s in steps(msgs, 45, 140))
+    assert abs(comp_during / comp_before - 1) < 0.03  # the work is shared out unevenly, not grown
+    slowest = [max(r, key=lambda s: s["compute_s"])["rank"] for r in _by_step(steps(msgs, 45, 140)).values()]
+    assert slowest.count(statistics.mode(slowest)) < 0.15 * len(slowest)
+    (gt,) = sim.ground_truth()
+    assert gt.gpu_hours_lost > 0 and gt.phase == "compute"
+    # Input: a heavy batch waits for its loader, a light one no less than usual.
+    sim, msgs = _run([make_fault("rotating-straggler", "train-llm", 40, 140, spread=0.25, input=1)])
+    waits = [s["data_wait_s"] for s in steps(msgs, 45, 140)]
+    healthy = statistics.median(s["data_wait_s"] for s in steps(msgs, 5, 38))
+    assert min(waits) > 0 and statistics.quantiles(waits, n=4)[2] > 2 * healthy
+
+
 def test_a_periodic_slowdown_repeats_with_its_period():
     sim, msgs = _run([make_fault("periodic-slowdown", "train-llm", 30, 290, period_s=60, slow_s=15,
                                  compute_mult=1.6)], duration=300)
