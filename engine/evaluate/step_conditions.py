@@ -518,27 +518,45 @@ def _rotation(c: Condition, ctx: Ctx) -> Result:
     skey = ("rotation.spread0", ctx.rule_id, c.line, ctx.job.job)
     level: float | None = None
     top_excess = 0.0
-    past_usual = usual_v
-    if spread_f > 0 and len(hist) >= 10:
-        h_mat = rank_matrix(hist, ranks, p["measure"])
+    past: dict[str, np.ndarray] = {}  # the past's matrix and each rank's usual level in it, built when asked
+
+    def past_usual() -> np.ndarray:
         # Steps outside the window are taken over each rank's usual level in the past: over the window's
         # (eight uneven draws each), the past's even steps looked twice as spread as they were, and were
         # counted as the slow turns the rotation had to rise above.
-        past_usual = column_medians(h_mat)
+        if "usual" not in past:
+            past["mat"] = rank_matrix(hist, ranks, p["measure"])
+            past["usual"] = column_medians(past["mat"]) if len(hist) >= 10 else usual_v
+        return past["usual"]
+
+    if spread_f > 0 and len(hist) >= 10:
         if skey in ctx.state:
             level, top_excess = float(ctx.state[skey]), float(ctx.state.get(skey + ("top",), 0.0))
         else:
-            h_disp = spread_lines(h_mat, past_usual, group_cols)[0]
-            h_disp = h_disp[~np.isnan(h_disp)]
-            if len(h_disp) >= 10:
-                # The lower quartile of the past's spreads, not their median: a long-step job has few steps
-                # of past, and by the time ten are there a rotation that began early fills part of them.
-                level = float(np.percentile(h_disp, 25.0))
-                with np.errstate(all="ignore"), warnings.catch_warnings():
-                    warnings.simplefilter("ignore", RuntimeWarning)
-                    tops = np.nanmax(h_mat, axis=1) / np.nanmedian(h_mat, axis=1) - 1.0
-                tops = tops[np.isfinite(tops)]
-                top_excess = float(np.median(tops)) if len(tops) else 0.0
+            # The past's level, judged again only when a step joins it (numbers only: the engine's snapshot).
+            ckey = ("rotation.spread_at", *skey[1:])
+            at = (float(hist[-1][0]), float(len(hist)))
+            if (ctx.state.get(ckey), ctx.state.get(ckey + ("n",))) == at:
+                got_level = ctx.state.get(ckey + ("level",))
+                level = None if got_level is None or got_level < 0 else float(got_level)
+                top_excess = float(ctx.state.get(ckey + ("top",), 0.0))
+            else:
+                h_usual = past_usual()
+                h_mat = past["mat"]
+                h_disp = spread_lines(h_mat, h_usual, group_cols)[0]
+                h_disp = h_disp[~np.isnan(h_disp)]
+                if len(h_disp) >= 10:
+                    # The lower quartile of the past's spreads, not their median: a long-step job has few
+                    # steps of past, and by the time ten are there a rotation that began early fills part.
+                    level = float(np.percentile(h_disp, 25.0))
+                    with np.errstate(all="ignore"), warnings.catch_warnings():
+                        warnings.simplefilter("ignore", RuntimeWarning)
+                        tops = np.nanmax(h_mat, axis=1) / np.nanmedian(h_mat, axis=1) - 1.0
+                    tops = tops[np.isfinite(tops)]
+                    top_excess = float(np.median(tops)) if len(tops) else 0.0
+                ctx.state[ckey], ctx.state[ckey + ("n",)] = at
+                ctx.state[ckey + ("level",)] = -1.0 if level is None else level
+                ctx.state[ckey + ("top",)] = top_excess
 
     def turns_of(m: np.ndarray, spread_usual: np.ndarray) -> list[tuple[float, int, bool] | None]:
         """Per line of ``m``: ``(ratio, rank, by spread)`` of its slow turn, or None."""
@@ -547,6 +565,8 @@ def _rotation(c: Condition, ctx: Ctx) -> Result:
             for g in slow_turns(m, usual_v, group_cols, p["ratio"], p["zscore"])]
         if level is not None and level > 0:
             disp, q, col = spread_lines(m, spread_usual, group_cols)
+            if m is mat:
+                past["win_disp"] = disp
             for i in range(len(out)):
                 if out[i] is None and disp[i] > spread_f * level and p["ratio"](float(q[i])):
                     out[i] = (float(q[i]), ranks[int(col[i])], True)
@@ -556,7 +576,7 @@ def _rotation(c: Condition, ctx: Ctx) -> Result:
         """This step's slow rank and its ratio, when one rank stands out or the ranks are spread wide;
         else None.  (One step at a time, for steps outside the window: the past the sequential test
         counts, the cost's steps.)"""
-        return turns_of(rank_matrix([(0, row)], ranks, p["measure"]), past_usual)[0]
+        return turns_of(rank_matrix([(0, row)], ranks, p["measure"]), past_usual() if level else usual_v)[0]
 
     for i, got_turn in enumerate(turns_of(mat, usual_v)):
         if got_turn is None:
@@ -626,7 +646,7 @@ def _rotation(c: Condition, ctx: Ctx) -> Result:
     # then even the second slowest rank was slowed, and the top-two gap would undercount.
     uneven = False
     if level is not None and level > 0:
-        w_disp = spread_lines(mat, usual_v, group_cols)[0]
+        w_disp = past["win_disp"] if "win_disp" in past else spread_lines(mat, usual_v, group_cols)[0]
         w_disp = w_disp[~np.isnan(w_disp)]
         uneven = len(w_disp) > 0 and float(np.median(w_disp)) > spread_f * level
 

@@ -26,6 +26,7 @@ from whywait.engine.evaluate.steps import (
     lower_quartile,
     rank_matrix,
     slow_turns,
+    spread_lines,
 )
 from whywait.engine.evaluate.store import MetricStore
 
@@ -329,3 +330,50 @@ def test_rows_are_cached_per_list_and_renewed_when_rows_are_freed() -> None:
     t, v = store.window("gpu.temp_c", "node-01/gpu0", T0 + 200, T0 + 206)
     assert list(t) == [T0 + 206] and list(store.window("gpu.temp_c", "node-02/gpu0", T0 + 205, T0 + 206)[0]) == []
     assert np.isfinite(v).all()
+
+
+def _spread_reference(vals: np.ndarray, usual: np.ndarray, groups: list[list[int]]) -> tuple[list[float], list[float],
+                                                                                          list[int]]:
+    """spread_lines written the obvious way: NaN-aware numpy, one step at a time."""
+    disp, ratio, col = [], [], []
+    for line in vals:
+        pooled: list[float] = []
+        where: list[int] = []
+        for members in groups:
+            cols = [c for c in members if not np.isnan(usual[c]) and usual[c] != 0]
+            if len(cols) < 4:
+                continue
+            x = np.array([line[c] / usual[c] for c in cols])
+            med = np.nanmedian(x) if (~np.isnan(x)).any() else np.nan
+            for c, v in zip(cols, x, strict=True):
+                if not np.isnan(v) and med > 0:
+                    pooled.append(v / med)
+                    where.append(c)
+        if len(pooled) < 4:
+            disp.append(np.nan)
+            ratio.append(np.nan)
+            col.append(-1)
+            continue
+        q25, q75 = np.percentile(pooled, [25.0, 75.0])
+        top = int(np.argmax(pooled))
+        disp.append(q75 - q25)
+        ratio.append(pooled[top] / q25)
+        col.append(where[top])
+    return disp, ratio, col
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_spread_lines_sorts_complete_steps_as_the_nan_aware_quantiles_do(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    vals = rng.lognormal(0.0, 0.2, size=(30, 24))
+    vals[3, 5] = vals[7, 0] = vals[7, 11] = np.nan  # ranks that did not report a step
+    vals[9, :] = np.nan  # a step nobody reported
+    vals[12, 2:] = np.nan  # a step with two values only
+    usual = np.nanmedian(vals, axis=0)
+    usual[4] = np.nan  # a rank with no usual level
+    groups = [list(range(0, 12)), list(range(12, 24)), [0, 1]]
+    got = spread_lines(vals, usual, groups)
+    want = _spread_reference(vals, usual, groups)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-12, equal_nan=True)
+    np.testing.assert_allclose(got[1], want[1], rtol=1e-12, equal_nan=True)
+    assert got[2].tolist() == want[2]
