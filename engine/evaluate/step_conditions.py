@@ -523,10 +523,10 @@ def _rotation(c: Condition, ctx: Ctx) -> Result:
     def past_usual() -> np.ndarray:
         # Steps outside the window are taken over each rank's usual level in the past: over the window's
         # (eight uneven draws each), the past's even steps looked twice as spread as they were, and were
-        # counted as the slow turns the rotation had to rise above.
+        # counted as the slow turns the rotation had to rise above.  (Only asked for with 10+ past steps.)
         if "usual" not in past:
             past["mat"] = rank_matrix(hist, ranks, p["measure"])
-            past["usual"] = column_medians(past["mat"]) if len(hist) >= 10 else usual_v
+            past["usual"] = column_medians(past["mat"])
         return past["usual"]
 
     if spread_f > 0 and len(hist) >= 10:
@@ -558,15 +558,15 @@ def _rotation(c: Condition, ctx: Ctx) -> Result:
                 ctx.state[ckey + ("level",)] = -1.0 if level is None else level
                 ctx.state[ckey + ("top",)] = top_excess
 
-    def turns_of(m: np.ndarray, spread_usual: np.ndarray) -> list[tuple[float, int, bool] | None]:
-        """Per line of ``m``: ``(ratio, rank, by spread)`` of its slow turn, or None."""
+    def turns_of(m: np.ndarray, spread: tuple[np.ndarray, np.ndarray, np.ndarray] | None
+                 ) -> list[tuple[float, int, bool] | None]:
+        """Per line of ``m``: ``(ratio, rank, by spread)`` of its slow turn, or None; ``spread`` is
+        :func:`spread_lines` of ``m`` (None when the spread test is off or has no level)."""
         out: list[tuple[float, int, bool] | None] = [
             None if g is None else (g[0], ranks[g[1]], False)
             for g in slow_turns(m, usual_v, group_cols, p["ratio"], p["zscore"])]
-        if level is not None and level > 0:
-            disp, q, col = spread_lines(m, spread_usual, group_cols)
-            if m is mat:
-                past["win_disp"] = disp
+        if spread is not None and level:
+            disp, q, col = spread
             for i in range(len(out)):
                 if out[i] is None and disp[i] > spread_f * level and p["ratio"](float(q[i])):
                     out[i] = (float(q[i]), ranks[int(col[i])], True)
@@ -576,9 +576,11 @@ def _rotation(c: Condition, ctx: Ctx) -> Result:
         """This step's slow rank and its ratio, when one rank stands out or the ranks are spread wide;
         else None.  (One step at a time, for steps outside the window: the past the sequential test
         counts, the cost's steps.)"""
-        return turns_of(rank_matrix([(0, row)], ranks, p["measure"]), past_usual() if level else usual_v)[0]
+        m = rank_matrix([(0, row)], ranks, p["measure"])
+        return turns_of(m, spread_lines(m, past_usual(), group_cols) if level else None)[0]
 
-    for i, got_turn in enumerate(turns_of(mat, usual_v)):
+    win_spread = spread_lines(mat, usual_v, group_cols) if level else None
+    for i, got_turn in enumerate(turns_of(mat, win_spread)):
         if got_turn is None:
             continue
         q, top = got_turn[0], got_turn[1]
@@ -645,9 +647,8 @@ def _rotation(c: Condition, ctx: Ctx) -> Result:
     # Uneven batches everywhere (the window's ranks spread wide on most steps), not one heavy batch a step:
     # then even the second slowest rank was slowed, and the top-two gap would undercount.
     uneven = False
-    if level is not None and level > 0:
-        w_disp = past["win_disp"] if "win_disp" in past else spread_lines(mat, usual_v, group_cols)[0]
-        w_disp = w_disp[~np.isnan(w_disp)]
+    if win_spread is not None and level:
+        w_disp = win_spread[0][~np.isnan(win_spread[0])]
         uneven = len(w_disp) > 0 and float(np.median(w_disp)) > spread_f * level
 
     def loss(row: dict[int, StepRec]) -> tuple[float, float] | None:
@@ -656,18 +657,17 @@ def _rotation(c: Condition, ctx: Ctx) -> Result:
         # and robust z) loses anything: the slowest of 192 ranks is 1.15x the lower quartile by chance
         # alone, and charging those steps' top-two gap before and after the rotation (the walk back,
         # keep_firing_for) overstated a 73 s rotation's cost by a quarter.
-        got = turn(row)
-        if got is None and not uneven:
+        if not uneven and turn(row) is None:
             return None
         vals = sorted(v for r in row if (v := row[r].get(p["measure"])) is not None)
         if len(vals) < 4:
             return None
         dur = statistics.median(r.duration_s for r in row.values())
         if uneven:
-            # Every step of it loses what the spread adds over the job's usual noise, turn or no turn: a
-            # step whose slowest draw happened to stay under the bar lost less, not nothing.
             # Uneven batches everywhere: with even ones each rank would do its usual work, and the step
             # would end when the slowest of those did (the median rank's, plus the usual noise's top).
+            # Every step counts, turn or no turn: one whose slowest draw stayed under the bar lost less,
+            # not nothing.
             return dur, max(0.0, min(dur, vals[-1] - statistics.median(vals) * (1.0 + top_excess)))
         return dur, max(0.0, min(dur, vals[-1] - vals[-2]))
 
