@@ -482,6 +482,9 @@ class RotationCondition(ConditionParams):
     alpha: Number = param(0.0, "also hold on the latest steps alone when a sequential test (slow turns at rate "
                                "`persist` against the job's own past count of them) passes at this false-alarm "
                                "level: at most one false alarm per 1 / `alpha` new steps (0: off)")
+    levels: Number = param(1.0, "the sequential test judges slow turns at this many sizes: past `ratio`'s excess, "
+                                "then twice, four times... it, each against the job's own past count of turns that "
+                                "large, `alpha` split evenly between them (1: one size, `ratio`)")
 
 
 @condition("rotation", RotationCondition)
@@ -595,7 +598,8 @@ def _rotation(c: Condition, ctx: Ctx) -> Result:
     # The share before the rotation began, kept while the rotation lasts: a rotation longer than the
     # history (60 steps) would otherwise become its own past and end the incident while it goes on.
     key = ("rotation.p0", ctx.rule_id, c.line, ctx.job.job)
-    got_seq = _rotation_sequential(p, [i for i, _, _ in slow], win, key, ctx, lambda row: turn(row) is not None)
+    got_seq = _rotation_sequential(p, {i: q for i, _, q in slow}, win, key, ctx,
+                                   lambda row: 0.0 if (t := turn(row)) is None else t[0])
     seq = got_seq[0] if got_seq is not None else None
     judged = len(win)
     if seq is not None:
@@ -605,6 +609,8 @@ def _rotation(c: Condition, ctx: Ctx) -> Result:
         share = len(slow) / seq
     elif share < p["persist"]:
         ctx.state.pop(key, None)
+        for k in range(1, _levels(p)):
+            ctx.state.pop(key + (k,), None)
         ctx.state.pop(skey, None)
         ctx.state.pop(skey + ("top",), None)
         return Result(False)
@@ -631,6 +637,10 @@ def _rotation(c: Condition, ctx: Ctx) -> Result:
         return Result(False)
     if not steady:
         ctx.state[key] = p0
+        if got_seq is not None:
+            # Each size's past rate, kept like p0 (numbers only: the engine's snapshot keeps them).
+            for k, rate_k in enumerate(got_seq[2][1:], start=1):
+                ctx.state.setdefault(key + (k,), rate_k)
         if level is not None:
             ctx.state[skey] = level
             ctx.state[skey + ("top",)] = top_excess
@@ -680,22 +690,40 @@ def _rotation(c: Condition, ctx: Ctx) -> Result:
     return Result(True, [ctx.job.job], [ev])
 
 
-def _rotation_sequential(p: Any, slow_at: list[int], win: Steps, key: tuple[Any, ...], ctx: Ctx,
-                         is_turn: Callable[[dict[int, StepRec]], bool]) -> tuple[int, float] | None:
-    """How many of the window's latest steps a sequential test finds a rotation on, and the past rate
-    of slow turns it was judged against; None when it finds none.
+def _levels(p: Any) -> int:
+    """How many sizes of slow turn the rotation's sequential test judges (its ``levels``, at least 1)."""
+    return max(1, int(p["levels"]))
 
-    Called by ``rotation`` on each evaluation with the window's steps that had a slow turn (``slow_at``,
-    indices into ``win``).  The test (:func:`sequential_onset`) weighs slow turns at rate ``persist``
-    against the job's own past count of them: on up to :data:`_PAST_TURNS_MAX` complete steps before
-    the window, or the count kept from before the rotation began (state ``key``), so a long rotation
-    does not become its own past.  Each past step is judged once (cached by step number), so a new
-    step costs one step's judgement, not the whole past's.
+
+def _rotation_sequential(p: Any, slow_at: dict[int, float], win: Steps, key: tuple[Any, ...], ctx: Ctx,
+                         turn_ratio: Callable[[dict[int, StepRec]], float]
+                         ) -> tuple[int, float, list[float]] | None:
+    """How many of the window's latest steps a sequential test finds a rotation on, the past rate of
+    slow turns (of any size) it was judged against, and each size's past rate; None when it finds none.
+
+    Called by ``rotation`` on each evaluation with the window's steps that had a slow turn and their
+    ratios (``slow_at``: index into ``win`` -> ratio).  The test (:func:`sequential_onset`) weighs slow
+    turns at rate ``persist`` against the job's own past count of them: on up to
+    :data:`_PAST_TURNS_MAX` complete steps before the window, or the counts kept from before the
+    rotation began (state ``key``), so a long rotation does not become its own past.  Each past step is
+    judged once (its ratio cached by step number), so a new step costs one step's judgement.
+
+    With ``levels`` > 1 the test runs once per size of turn: past ``ratio``'s excess, twice it, four
+    times it..., each size's flags against the past's count of turns at least that large, at
+    ``alpha / levels`` each, so the chance that any of them alarms falsely stays at most ``alpha``
+    (Bonferroni).  Why: a large job's past is full of *small* turns (a GC pause on one of 192 ranks
+    adds 20-30% to a step), which made a turn on a seventh of its steps ordinary and held the test to
+    nine steps; the heavy batches of a rotation mostly stand above them, where the past has a turn on
+    one step in thirty, and four or five such turns in a row are as unlikely as nine small ones.
+    Turns of one size only pay the split: about half a step more at four sizes.  The run returned is
+    the longest any size found (the change point's earliest estimate).
     """
     alpha = float(p["alpha"])
     rate = float(p["persist"])
     if alpha <= 0:
         return None
+    n_levels = _levels(p)
+    alpha_k = alpha / n_levels
     table = ctx.store.step_tables.get(ctx.job.job)
     first = win[0][0]
     past = [(s, row) for s, row in table.complete(ctx.now) if s < first][-_PAST_TURNS_MAX:] if table else []
@@ -703,20 +731,27 @@ def _rotation_sequential(p: Any, slow_at: list[int], win: Steps, key: tuple[Any,
         return None
     # Even a clean past (no slow turn on any step before) would not make this many turns enough:
     # skip judging the past.
-    if sequential_onset([True] * len(slow_at), 0, len(past), rate, alpha) is None:
+    if sequential_onset([True] * len(slow_at), 0, len(past), rate, alpha_k) is None:
         return None
+    base = float(p["ratio"].value)
+    bars = [1.0 + (base - 1.0) * 2.0 ** k for k in range(n_levels)]
     kept = ctx.state.get(key)
     if kept is not None:
-        hits = round(float(kept) * len(past))
+        rates = [float(kept)] + [float(ctx.state.get(key + (k,), kept)) for k in range(1, n_levels)]
+        hits = [round(r * len(past)) for r in rates]
     else:
         ckey = ("rotation.turns", *key[1:])
-        seen: dict[int, bool] = ctx.state.get(ckey) or {}
-        now_seen = {s: seen[s] if s in seen else is_turn(row) for s, row in past}
+        seen: dict[int, float] = ctx.state.get(ckey) or {}
+        now_seen = {s: seen[s] if s in seen else float(turn_ratio(row)) for s, row in past}
         ctx.state[ckey] = now_seen  # only the past steps kept: bounded by _PAST_TURNS_MAX
-        hits = sum(now_seen.values())
-    mine = set(slow_at)
-    run = sequential_onset([i in mine for i in range(len(win))], hits, len(past), rate, alpha)
-    return None if run is None else (run, hits / len(past))
+        hits = [sum(1 for q in now_seen.values() if q > 0 and (k == 0 or q > bar)) for k, bar in enumerate(bars)]
+    best: int | None = None
+    for k, bar in enumerate(bars):
+        flags = [i in slow_at and (k == 0 or slow_at[i] > bar) for i in range(len(win))]
+        run = sequential_onset(flags, hits[k], len(past), rate, alpha_k)
+        if run is not None and (best is None or run > best):
+            best = run
+    return None if best is None else (best, hits[0] / len(past), [h / len(past) for h in hits])
 
 
 @dataclass(frozen=True, kw_only=True)

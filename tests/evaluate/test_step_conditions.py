@@ -55,16 +55,18 @@ def _job(ranks: int, gpus: int = 8, pp: int = 1) -> tuple[Any, dict[str, Any]]:
 def run_job(seconds: float, step_s: float = 1.0, ranks: int = 32, pp: int = 1, split: bool = True,
             slow: Slow | None = None, jitter: float = 0.04, seed: int = 1, hiccups: float = 0.0,
             base_mult: Callable[[int], float] | None = None,
-            save: Callable[[int], float] | None = None) -> tuple[list[Any], list[dict[str, Any]]]:
-    """Simulate a synchronous job and feed it to the Evaluator with the shipped rules.
+            save: Callable[[int], float] | None = None, gc: float = 0.0,
+            rules: Path = RULES) -> tuple[list[Any], list[dict[str, Any]]]:
+    """Simulate a synchronous job and feed it to the Evaluator with the shipped rules (or ``rules``).
 
     ``save(step)`` gives the seconds of a checkpoint save inside that step (every rank waits for it).
+    ``hiccups`` is each rank-step's chance of computing 3x, ``gc`` its chance of a small pause (1.3x).
 
     Returns the diagnoses and the truth per step (``dur``, ``dur_without_fault``).
     """
     rng = random.Random(seed)
     topo, place = _job(ranks, pp=pp)
-    ev = Evaluator(load_rules([RULES]), topo)
+    ev = Evaluator(load_rules([rules]), topo)
     out = list(ev.ingest(place))
     truth: list[dict[str, Any]] = []
     t = T0
@@ -79,6 +81,8 @@ def run_job(seconds: float, step_s: float = 1.0, ranks: int = 32, pp: int = 1, s
             data = 0.05 * step_s
             if hiccups and rng.random() < hiccups:
                 comp *= 3.0
+            if gc and rng.random() < gc:
+                comp *= 1.3
             clean = comp + data
             if slow is not None:
                 m, extra = slow(step, r)
@@ -561,6 +565,43 @@ def test_hiccups_on_a_large_job_are_no_rotation_for_the_sequential_test() -> Non
         got = firing(diags)
         assert all(d.rule_id == "job.rotating-straggler" and "not a change" in d.cause for d in got), \
             [(d.rule_id, d.detected_at - T0, d.cause) for d in got]
+
+
+def _one_size_rules(tmp: Path) -> Path:
+    """The shipped rules with the rotating rule's sequential test at one size of turn (``levels: 1``)."""
+    import shutil
+
+    out = tmp / "rules"
+    shutil.copytree(RULES, out)
+    f = out / "job" / "job.rotating-straggler.yaml"
+    text = f.read_text()
+    assert "      levels: 4\n" in text
+    f.write_text(text.replace("      levels: 4\n", "      levels: 1\n"))
+    return out
+
+
+def test_heavy_batches_stand_above_a_large_jobs_small_turns(tmp_path: Path) -> None:
+    # 128 ranks with small GC pauses (1.3x on 0.1% of rank-steps): a slow turn of ~1.3x on about 12% of
+    # the steps anyway.  Judged at one size, a rotation of heavy batches (1.8x) must beat that rate and
+    # took ~9 steps; judged at four sizes, its turns are counted against the past's turns as large as
+    # theirs (almost none), the alpha split four ways: it is found in fewer steps.
+    one = _one_size_rules(tmp_path)
+    kw: dict[str, Any] = {"ranks": 128, "jitter": 0.05, "gc": 0.001}
+    for seed in (1, 2):
+        sized = _steps_to_detect(*run_job(110, slow=_random_rotation(60, 128, seed, mult=1.8), seed=seed, **kw), 60)
+        flat = _steps_to_detect(*run_job(110, slow=_random_rotation(60, 128, seed, mult=1.8), seed=seed, rules=one,
+                                         **kw), 60)
+        assert sized is not None and flat is not None, (seed, sized, flat)
+        assert sized <= 7 and sized < flat, (seed, sized, flat)
+
+
+def test_small_turns_and_rare_heavy_hiccups_are_no_rotation_at_any_size() -> None:
+    # The same large job with its small pauses and, rarely, a heavy hiccup (3x on 0.02% of rank-steps):
+    # each size's past count holds its own rate, so neither size alarms over five minutes.
+    for seed in (3, 4):
+        diags, _ = run_job(300, ranks=128, jitter=0.05, gc=0.001, hiccups=0.0002, seed=seed)
+        rot = firing(diags, "job.rotating-straggler")
+        assert not rot, [d.detected_at - T0 for d in rot]
 
 
 def _uneven_batches(after: int, spread: float, seed: int) -> Slow:
