@@ -34,8 +34,12 @@ from whywait.engine.rules.loader import RuleSet
 
 # Placements sort before the telemetry of the same second, so a job is known when its first steps arrive.
 _KIND_ORDER = {"placement": 0, "checkpoint": 1, "steps": 2}
-# How far past event time ``end`` the evaluator is advanced at the end, to close every window.
-_CLOSE_S = 3600.0
+# How far past event time ``end`` the evaluator is advanced at the end, to close every window: ticked through
+# (never more than the evaluator's ``max_gap_s``, past which it would skip the gap), so the range's last seconds
+# are evaluated as the live engine would, and each incident resolves when its keep_firing_for runs out (every
+# rule's is under 900 s); one still holding then stays open.  It was an hour, skipped to its last 15 minutes:
+# the last seconds of data were never evaluated.
+_CLOSE_S = 900.0
 # A stream is done once this many valid messages in a row are past the window (plus the slack): one message
 # stamped far in the future (a wrong clock, a hostile producer) must not end it, nor where a fetch happened to
 # end decide what was read.
@@ -250,10 +254,29 @@ def replay(messages: Iterable[dict[str, Any]], rules: RuleSet, topology: Any, *,
             res.interrupted = True
     if first.end is not None and not first.interrupted:
         for ev, res in zip(evs, results, strict=True):
-            res.diagnoses += ev.advance(first.end + _CLOSE_S)  # incidents holding at the end stay open
+            res.diagnoses += _close(ev, first.end)
     for res in results[1:]:
         res.messages, res.start, res.end = first.messages, first.start, first.end
     return first, (results[1] if against else None)
+
+
+def _close(ev: Evaluator, end: float) -> list[Diagnosis]:
+    """Tick ``ev`` past the range's last event time ``end`` so its incidents resolve as the live engine's would.
+
+    Called once at the end of a replay.  First the range's last seconds (held back by the lateness),
+    then on, ten seconds at a time, while any incident is open and until the longest keep_firing_for
+    of the rules has run out (at most :data:`_CLOSE_S`): an incident still firing then holds without
+    data and stays open.  Not ticking further keeps the replay's cost where it was (ticks over windows
+    that still hold the range's data are not free).
+    """
+    out = ev.advance(end)
+    keep = max((r.keep_firing_for_s for r in ev.rules.rules.values()), default=0.0)
+    until = end + min(_CLOSE_S, ev.max_gap_s, keep + 2 * ev.step_s)
+    t = end
+    while t < until and ev.incidents:
+        t = min(until, t + 10.0)
+        out += ev.advance(t)
+    return out
 
 
 def _first_line(exc: Exception) -> str:

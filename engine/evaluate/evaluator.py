@@ -395,7 +395,7 @@ class Evaluator:
                     del self.incidents[fp]
                     self._inhibited_fps.discard(fp)
                     if inc.announced and inc.last is not None:
-                        done = replace(inc.last, status="resolved", ends_at=now)
+                        done = replace(inc.last, status="resolved", ends_at=self._ended_at(inc, rule, now))
                         out.append(done)
                         self._remember_closed(inc, done)
                 continue
@@ -438,6 +438,18 @@ class Evaluator:
                 if targets <= set(self.topology.nodes_under(place)):
                     return True
         return False
+
+    def _ended_at(self, inc: Incident, rule: Rule | None, now: float) -> float:
+        """When a resolving incident ended: once ``keep_firing_for`` (at least one tick) ran out after its
+        condition last held, and never later than ``now``.
+
+        Called as the incident resolves.  The same as ``now`` while ticks come every second; after a gap
+        in event time that was skipped (the end of a replay, an engine down for an hour) ``now`` is the
+        first tick after it, and an incident over at 19:01 was said to have ended at 19:46.
+        """
+        if rule is None or not inc.firing or not math.isfinite(inc.last_true):
+            return now
+        return min(now, inc.last_true + max(rule.keep_firing_for_s, self.step_s))
 
     def _remember_closed(self, inc: Incident, done: Diagnosis) -> None:
         """Keep a resolved incident a while, for a ``supersedes`` rule that may take it over later."""

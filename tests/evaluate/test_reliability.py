@@ -128,3 +128,21 @@ def test_one_batch_runs_a_bounded_number_of_ticks_and_gaps_are_skipped() -> None
     ev.begin_batch()
     ev.catch_up()
     assert ev.next_tick is not None and ev.next_tick > 1e10 - 2000
+
+
+def test_an_incident_resolved_after_a_skipped_gap_ended_when_it_stopped_holding(scenario: Any) -> None:
+    # The data ends mid-fault (as a replay's range does) and the clock is then moved an hour on: the
+    # gap is skipped, and the first tick after it resolves the incident.  It ended when its
+    # keep_firing_for ran out after the condition last held, not at that tick, 45 minutes later.
+    topo, msgs = scenario
+    ev = fresh(topo, msgs)
+    out = feed(ev, [m for m in msgs if m["time"] < START + 300])
+    [inc] = [i for i in ev.incidents.values() if i.rule_id == RULE and i.firing]
+    last_true = inc.last_true
+    keep = ev.rules.rules[RULE].keep_firing_for_s
+    out += ev.advance(START + 300 + 3600)
+    assert ev.skipped_gap_s > 0
+    [done] = [d for d in out if d.rule_id == RULE and d.status == "resolved"]
+    assert done.ends_at is not None
+    assert done.ends_at == last_true + max(keep, ev.step_s), (done.ends_at - START, last_true - START, keep)
+    assert done.ends_at < START + 300 + keep + 2

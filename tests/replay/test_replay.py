@@ -70,6 +70,19 @@ def test_replay_finds_the_incident_with_utc_times(one_fault: tuple[Topology, lis
     assert START + 195 <= s.end <= START + 240
 
 
+def test_a_range_that_ends_as_the_fault_ends_closes_the_incident_when_it_stopped(
+        one_fault: tuple[Topology, list]) -> None:
+    # The range stops 5 s after the fault (120-200 s): the incident is still in its keep_firing_for.  It
+    # resolves when that runs out after the condition last held, not at the first tick after the hour the
+    # replay used to skip to (before: 45 minutes after the data, on a 60 s range).
+    infra, msgs = one_fault
+    cut = [(tp, m) for tp, m in msgs if m["time"] < START + 205]
+    res, _ = replay(merged(cut, Window(START, START + 205)), load_rules([RULES]), infra)
+    [s] = [s for s in incidents(res.diagnoses, res.end) if s.first.rule_id == "network.straggler-retransmits"]
+    keep = load_rules([RULES]).rules["network.straggler-retransmits"].keep_firing_for_s
+    assert s.resolved and START + 195 <= s.end <= START + 205 + keep + 2, s.end - START
+
+
 def test_output_is_byte_identical_whatever_the_partitions_and_batches(one_fault: tuple[Topology, list]) -> None:
     _, msgs = one_fault
     w = Window(START, START + 260)
