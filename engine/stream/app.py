@@ -28,6 +28,7 @@ import asyncio
 import json
 import logging
 import os
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -52,6 +53,7 @@ class EngineConfig:
     batch_max: int = 2000
     batch_within_s: float = 0.2
     checkpoint_every_s: float = 10.0
+    drain_timeout_s: float = 10.0  # how long a stopping engine waits to write its last checkpoint
     from_beginning: bool = True
     reload_every_s: float = 3.0
     lag_every_s: float = 5.0  # how often the consumer lag is read from the broker (metrics and /readyz)
@@ -138,6 +140,85 @@ async def _pending_kinds(app: faust.App, done: dict[tuple[str, int], int]) -> se
     if "*" in pending:
         pending = (pending - {"*"}) | _ALL_KINDS
     return pending
+
+
+def kafka_errors_in_one_line(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """The engine loop's exception handler: an aiokafka error nobody awaited is one warning line.
+
+    Installed when the worker starts.  aiokafka runs some requests as tasks of their own (the offset
+    commit as the worker stops, a heartbeat while the broker restarts); when the connection goes
+    first, their exception reaches asyncio's default handler as "Task exception was never retrieved"
+    and a twenty-line traceback on the console of a process that is fine.  Anything else goes to
+    the default handler, traceback and all.
+    """
+    from aiokafka.errors import KafkaError
+
+    exc = context.get("exception")
+    if isinstance(exc, KafkaError):
+        task = context.get("future")
+        name = getattr(getattr(task, "get_coro", lambda: None)(), "__qualname__", None) or "a Kafka request"
+        log.warning("Kafka: %s (in %s; the consumer retries or the engine is stopping)", exc, name)
+        return
+    loop.default_exception_handler(context)
+
+
+class _OneLineKafkaErrorsPolicy(asyncio.DefaultEventLoopPolicy):
+    """Every loop made from here on (the worker's, and faust's consumer and producer threads' own) reports
+    an unawaited Kafka error with :func:`kafka_errors_in_one_line`."""
+
+    def new_event_loop(self) -> asyncio.AbstractEventLoop:
+        loop = super().new_event_loop()
+        loop.set_exception_handler(kafka_errors_in_one_line)
+        return loop
+
+
+def _thread_excepthook(args: Any) -> None:
+    """A faust service thread that dies stopping (its consumer's fetch cancelled, the broker gone) is one line."""
+    from aiokafka.errors import KafkaError
+
+    if args.exc_type is not None and issubclass(args.exc_type, (asyncio.CancelledError, KafkaError)):
+        name = args.thread.name if args.thread is not None else "a thread"
+        why = f"{args.exc_type.__name__}: {args.exc_value}" if str(args.exc_value or "") else args.exc_type.__name__
+        log.warning("Kafka: faust's %s stopped on %s (the broker went before it did)", name, why)
+        return
+    _DEFAULT_THREAD_EXCEPTHOOK(args)
+
+
+_DEFAULT_THREAD_EXCEPTHOOK = threading.excepthook
+
+
+class _OneLineStopErrors(logging.Filter):
+    """A faust, mode or aiokafka log record carrying a timeout, a cancellation or a Kafka error: its message and
+    the error's name on one line, as a warning.  (Stopping with the broker gone, mode logs each service that
+    did not stop in time with the whole traceback of the wait.)"""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from aiokafka.errors import KafkaError
+
+        exc = record.exc_info[1] if record.exc_info else None
+        if record.name.split(".", 1)[0] in ("faust", "mode", "aiokafka") and isinstance(
+                exc, (asyncio.TimeoutError, asyncio.CancelledError, KafkaError)):
+            record.msg = f"{record.getMessage()} ({type(exc).__name__})"
+            record.args = ()
+            record.exc_info = None
+            record.exc_text = None
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
+
+
+def quiet_kafka_errors() -> None:
+    """Make aiokafka's unawaited errors, faust's threads stopping on them and mode's stop timeouts one line each.
+
+    Called by ``whywait engine`` before it builds the faust app.  Why both: aiokafka runs its group
+    coordinator and fetcher in faust's consumer thread, with a loop of its own; when the broker is gone
+    as the worker stops, that thread's commit task and fetcher end in tracebacks nobody can act on.
+    """
+    if not isinstance(asyncio.get_event_loop_policy(), _OneLineKafkaErrorsPolicy):
+        asyncio.set_event_loop_policy(_OneLineKafkaErrorsPolicy())
+    threading.excepthook = _thread_excepthook
+    for h in logging.getLogger().handlers:
+        if not any(isinstance(f, _OneLineStopErrors) for f in h.filters):
+            h.addFilter(_OneLineStopErrors())
 
 
 def build_app(cfg: EngineConfig, processor: Processor, notifier: Notifier,
@@ -366,7 +447,14 @@ def build_app(cfg: EngineConfig, processor: Processor, notifier: Notifier,
 
     @app.on_before_shutdown.connect  # type: ignore[misc,arg-type]
     async def _drain(app: faust.App, **kwargs: Any) -> None:
-        await checkpoint()  # a restarted engine resumes the incidents as they stand now
+        # A restarted engine resumes the incidents as they stand now.  Bounded: with the broker gone the
+        # send waits for it for ever, and a SIGTERM'd engine never exited (a new one resumes from the last
+        # checkpoint that was written, at most ``checkpoint_every_s`` old).
+        try:
+            await asyncio.wait_for(checkpoint(), cfg.drain_timeout_s)
+        except Exception as exc:  # noqa: BLE001 - stopping: say it and go on stopping
+            log.warning("engine: the last checkpoint was not written before stopping (%s); a restart resumes "
+                        "from the one before", type(exc).__name__ if not str(exc) else exc)
         await asyncio.get_running_loop().run_in_executor(pool, notifier.flush)
 
     return app
