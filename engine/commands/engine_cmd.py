@@ -176,7 +176,7 @@ def run(args: argparse.Namespace) -> int:
     from whywait.engine.notify import make_notifier, receiver_names
     from whywait.engine.rules.loader import load_rules
     from whywait.engine.rules.reload import RuleReloader
-    from whywait.engine.stream.app import EngineConfig, build_app, quiet_kafka_errors
+    from whywait.engine.stream.app import EngineConfig, bound_consumer_thread_stop, build_app, quiet_kafka_errors
     from whywait.engine.stream.processor import Processor
     from whywait.engine.stream.topics import engine_partitions
 
@@ -263,6 +263,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         server, metrics, readiness = observe(processor, notifier, addr)  # a port already taken: one line
         quiet_kafka_errors()  # a broker gone as the worker stops: one line, not faust's threads' tracebacks
+        bound_consumer_thread_stop(cfg.thread_stop_s)
         app = build_app(cfg, processor, notifier, RuleReloader(rule_paths), metrics, readiness)
         # Keep whywait's own logging (one line per event worth saying) and no terminal spinner.
         worker = faust.Worker(app, quiet=True, redirect_stdouts=False, override_logging=False)

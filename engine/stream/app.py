@@ -54,6 +54,7 @@ class EngineConfig:
     batch_within_s: float = 0.2
     checkpoint_every_s: float = 10.0
     drain_timeout_s: float = 10.0  # how long a stopping engine waits to write its last checkpoint
+    thread_stop_s: float = 10.0  # ... and for faust's consumer thread (bound_consumer_thread_stop)
     from_beginning: bool = True
     reload_every_s: float = 3.0
     lag_every_s: float = 5.0  # how often the consumer lag is read from the broker (metrics and /readyz)
@@ -219,6 +220,19 @@ def quiet_kafka_errors() -> None:
     for h in logging.getLogger().handlers:
         if not any(isinstance(f, _OneLineStopErrors) for f in h.filters):
             h.addFilter(_OneLineStopErrors())
+
+
+def bound_consumer_thread_stop(seconds: float) -> None:
+    """Wait at most ``seconds`` for faust's consumer thread as the worker stops (mode's default: 60 s).
+
+    Called by ``whywait engine`` before the worker starts; a class attribute of faust's driver, so it
+    holds for the process.  A healthy thread stops in a second or two (commit, leave the group); one that
+    died on its cancelled fetch with the broker gone never says it stopped, and the engine waited the
+    whole minute, past Kubernetes' default 30 s grace before SIGKILL.
+    """
+    from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
+
+    AIOKafkaConsumerThread.shutdown_timeout = float(seconds)
 
 
 def build_app(cfg: EngineConfig, processor: Processor, notifier: Notifier,

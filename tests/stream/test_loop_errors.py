@@ -97,3 +97,16 @@ def test_mode_s_stop_timeouts_are_one_warning_line() -> None:
     assert f.filter(mine) and mine.exc_info is not None and mine.levelname == "ERROR"
     other = record("mode.services", ValueError("a bug"))
     assert f.filter(other) and other.exc_info is not None
+
+
+def test_the_consumer_thread_is_waited_for_a_bounded_time() -> None:
+    from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
+    from whywait.engine.stream.app import EngineConfig, bound_consumer_thread_stop
+
+    old = AIOKafkaConsumerThread.shutdown_timeout
+    try:
+        bound_consumer_thread_stop(EngineConfig(bootstrap="x").thread_stop_s)
+        # under Kubernetes' default 30 s grace with the checkpoint's own bound (mode's default was 60 s)
+        assert AIOKafkaConsumerThread.shutdown_timeout + EngineConfig(bootstrap="x").drain_timeout_s < 30
+    finally:
+        AIOKafkaConsumerThread.shutdown_timeout = old
