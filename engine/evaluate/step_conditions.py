@@ -733,8 +733,9 @@ def _rotation_sequential(p: Any, slow_at: dict[int, float], win: Steps, key: tup
     # skip judging the past.
     if sequential_onset([True] * len(slow_at), 0, len(past), rate, alpha_k) is None:
         return None
+    # Each size's bar on a turn's ratio; the first is any turn (every turn passed `ratio` already).
     base = float(p["ratio"].value)
-    bars = [1.0 + (base - 1.0) * 2.0 ** k for k in range(n_levels)]
+    bars = [0.0] + [1.0 + (base - 1.0) * 2.0 ** k for k in range(1, n_levels)]
     kept = ctx.state.get(key)
     if kept is not None:
         rates = [float(kept)] + [float(ctx.state.get(key + (k,), kept)) for k in range(1, n_levels)]
@@ -744,10 +745,10 @@ def _rotation_sequential(p: Any, slow_at: dict[int, float], win: Steps, key: tup
         seen: dict[int, float] = ctx.state.get(ckey) or {}
         now_seen = {s: seen[s] if s in seen else float(turn_ratio(row)) for s, row in past}
         ctx.state[ckey] = now_seen  # only the past steps kept: bounded by _PAST_TURNS_MAX
-        hits = [sum(1 for q in now_seen.values() if q > 0 and (k == 0 or q > bar)) for k, bar in enumerate(bars)]
+        hits = [sum(1 for q in now_seen.values() if q > bar) for bar in bars]
     best: int | None = None
     for k, bar in enumerate(bars):
-        flags = [i in slow_at and (k == 0 or slow_at[i] > bar) for i in range(len(win))]
+        flags = [slow_at.get(i, 0.0) > bar for i in range(len(win))]
         run = sequential_onset(flags, hits[k], len(past), rate, alpha_k)
         if run is not None and (best is None or run > best):
             best = run

@@ -144,12 +144,12 @@ async def _pending_kinds(app: faust.App, done: dict[tuple[str, int], int]) -> se
 
 
 def kafka_errors_in_one_line(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
-    """The engine loop's exception handler: an aiokafka error nobody awaited is one warning line.
+    """The exception handler of the engine's loops: an aiokafka error nobody awaited is one warning line.
 
-    Installed when the worker starts.  aiokafka runs some requests as tasks of their own (the offset
-    commit as the worker stops, a heartbeat while the broker restarts); when the connection goes
-    first, their exception reaches asyncio's default handler as "Task exception was never retrieved"
-    and a twenty-line traceback on the console of a process that is fine.  Anything else goes to
+    Set on every loop made after :func:`quiet_kafka_errors` (the worker's and faust's threads' own). aiokafka runs
+    some requests as tasks of their own (the offset commit as the worker stops, a heartbeat while the broker
+    restarts); when the connection goes first, their exception reaches asyncio's default handler as "Task exception
+    was never retrieved" and a twenty-line traceback on the console of a process that is fine. Anything else goes to
     the default handler, traceback and all.
     """
     from aiokafka.errors import KafkaError
@@ -210,7 +210,7 @@ class _OneLineStopErrors(logging.Filter):
 def quiet_kafka_errors() -> None:
     """Make aiokafka's unawaited errors, faust's threads stopping on them and mode's stop timeouts one line each.
 
-    Called by ``whywait engine`` before it builds the faust app.  Why both: aiokafka runs its group
+    Called by ``whywait engine`` before it builds the faust app.  Why every loop: aiokafka runs its group
     coordinator and fetcher in faust's consumer thread, with a loop of its own; when the broker is gone
     as the worker stops, that thread's commit task and fetcher end in tracebacks nobody can act on.
     """
