@@ -1,8 +1,9 @@
 """The shipped Grafana dashboard and Prometheus alert rules: they parse, and every metric they query is one whywait
 exports (engine names against :data:`METRIC_NAMES`, agent names against a real agent's scrape).
 
-``tests/integration/test_metrics.py`` checks the same names against a running engine's /metrics; ``promtool check
-rules`` runs when promtool is installed (``go install github.com/prometheus/prometheus/cmd/promtool@latest``).
+``tests/integration/test_metrics.py`` checks the same names against a running engine's /metrics.  ``promtool check
+rules`` and ``promtool test rules`` run with the promtool on PATH, else one built once with Go into
+``~/.cache/whywait/promtool/`` (:mod:`tests.support.promtool`); they skip only without Go.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,8 @@ from whywait.agents.collectors import HostCollector
 from whywait.agents.observe import agent_registry
 from whywait.agents.publisher import MemoryPublisher
 from whywait.engine.observe.metrics import METRIC_NAMES
+
+from tests.support.promtool import promtool_binary
 
 REPO = Path(__file__).resolve().parents[2]
 DASHBOARD = REPO / "deploy" / "grafana" / "whywait.json"
@@ -104,13 +106,47 @@ def test_alert_rules_parse_and_cover_whywaits_own_health() -> None:
         assert wanted in names
 
 
-@pytest.mark.skipif(shutil.which("promtool") is None and not (Path.home() / "go" / "bin" / "promtool").exists(),
-                    reason="promtool not installed (go install github.com/prometheus/prometheus/cmd/promtool@latest)")
-def test_promtool_checks_and_unit_tests_the_alert_rules() -> None:
-    promtool = shutil.which("promtool") or str(Path.home() / "go" / "bin" / "promtool")
-    r = subprocess.run([promtool, "check", "rules", str(ALERTS)], capture_output=True, text=True, timeout=60)
+@pytest.fixture(scope="module")
+def promtool() -> str:
+    """promtool from PATH, else the cached build (built now when missing: minutes, once); skips only without Go."""
+    try:
+        return str(promtool_binary())
+    except FileNotFoundError as e:  # neither a promtool nor Go; a failed build is an error, not a skip
+        pytest.skip(str(e))
+
+
+def run_promtool(promtool: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([promtool, *args], capture_output=True, text=True, timeout=120)
+
+
+def test_promtool_checks_and_unit_tests_the_alert_rules(promtool: str) -> None:
+    r = run_promtool(promtool, "check", "rules", str(ALERTS))
     assert r.returncode == 0, r.stdout + r.stderr
     assert "SUCCESS: 14 rules found" in r.stdout, r.stdout
     # and the alerts fire on the series they are written for (and not on healthy ones): promtool's unit tests
-    r = subprocess.run([promtool, "test", "rules", str(ALERT_TESTS)], capture_output=True, text=True, timeout=60)
+    r = run_promtool(promtool, "test", "rules", str(ALERT_TESTS))
     assert r.returncode == 0 and "SUCCESS" in r.stdout, r.stdout + r.stderr
+    # every shipped alert has a unit test that sees it fire and one that sees it stay quiet
+    rules = [rule["alert"] for g in yaml.safe_load(ALERTS.read_text())["groups"] for rule in g["rules"]]
+    evals = [e for t in yaml.safe_load(ALERT_TESTS.read_text())["tests"] for e in t["alert_rule_test"]]
+    for name in rules:
+        assert any(e["alertname"] == name and e["exp_alerts"] for e in evals), f"{name}: no test sees it fire"
+        assert any(e["alertname"] == name and not e["exp_alerts"] for e in evals), f"{name}: no test sees it quiet"
+
+
+def test_the_alert_unit_tests_fail_when_an_alert_cannot_fire(promtool: str, tmp_path: Path) -> None:
+    """The unit tests are not vacuous: with any one alert's expression replaced by one that never matches,
+    ``promtool test rules`` fails (each alert's firing case really depends on its expression)."""
+    (tmp_path / ALERT_TESTS.name).write_text(ALERT_TESTS.read_text())
+    doc = yaml.safe_load(ALERTS.read_text())
+    names = [r["alert"] for g in doc["groups"] for r in g["rules"]]
+    for name in names:
+        broken = yaml.safe_load(ALERTS.read_text())
+        for g in broken["groups"]:
+            for rule in g["rules"]:
+                if rule["alert"] == name:
+                    rule["expr"] = "vector(1) == 0"
+        (tmp_path / ALERTS.name).write_text(yaml.safe_dump(broken, sort_keys=False))
+        r = run_promtool(promtool, "test", "rules", str(tmp_path / ALERT_TESTS.name))
+        assert r.returncode != 0, f"{name}: the unit tests still pass with an alert that never fires"
+        assert name in r.stdout + r.stderr, r.stdout + r.stderr
