@@ -27,7 +27,8 @@ import statistics
 import warnings
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Callable, Literal
+from types import MappingProxyType
+from typing import Any, Callable, Literal, Mapping
 
 import numpy as np
 from whywait.engine.diagnosis import Evidence
@@ -38,6 +39,7 @@ from whywait.engine.evaluate.steps import (
     column_medians,
     groups_of,
     judge_ranks,
+    keep_stat,
     lower_quartile,
     phase_excess,
     rank_matrix,
@@ -83,7 +85,10 @@ _BURST_POINTS = 3
 
 
 def _coords(ctx: Ctx) -> Any:
-    return getattr(ctx.job, "coords", None) or {}
+    return getattr(ctx.job, "coords", None) or _NO_COORDS
+
+
+_NO_COORDS: Mapping[int, Mapping[str, float]] = MappingProxyType({})  # one object: what is kept per coords finds it
 
 
 def _window(c: Condition, ctx: Ctx) -> tuple[Steps, Steps] | None:
@@ -108,7 +113,22 @@ def _long_steps(win: Steps, hist: Steps, window_s: float) -> bool:
     make a straggler.
     """
     rows = hist[-20:] + win
-    return lower_quartile([statistics.median(r.duration_s for r in row.values()) for _, row in rows]) >= window_s
+    return lower_quartile([_median_duration(row) for _, row in rows]) >= window_s
+
+
+def _median_duration(row: dict[int, Any]) -> float:
+    """The median step time of one step's ranks; kept on the step (``StepRow.stats``) while it is
+    unchanged, since a step is in the window or the history of dozens of ticks (and at 10,240 ranks
+    each median is a sort of 10,240 floats)."""
+    stats = getattr(row, "stats", None)
+    got = stats.get(_DUR_MEDIAN) if stats is not None else None
+    if got is None:
+        got = statistics.median(r.duration_s for r in row.values())
+        keep_stat(row, _DUR_MEDIAN, got)
+    return float(got)
+
+
+_DUR_MEDIAN = ("median", "duration_s")
 
 
 def _ent(ctx: Ctx, rank: int) -> str:
@@ -169,7 +189,8 @@ def _step_outlier(c: Condition, ctx: Ctx) -> Result:
     if len(win) > _LONG_STEPS and _long_steps(win, hist, p["window"]):
         hist = (hist + win[:-_LONG_STEPS])[-_HISTORY_MAX:]
         win = win[-_LONG_STEPS:]
-    ranks = [r for r in ctx.job.ranks if any(r in row for _, row in win)]
+    seen = set().union(*(row.keys() for _, row in win))
+    ranks = [r for r in ctx.job.ranks if r in seen]
     groups = groups_of(ranks, _coords(ctx), p["within"])
     thr = p["ratio"].value
     judged = judge_ranks(win, hist, groups, p["measure"], thr, int(p["history"]), z_thr=p["zscore"].value)
@@ -182,12 +203,16 @@ def _step_outlier(c: Condition, ctx: Ctx) -> Result:
     # told as stragglers.  (With even batches the others' growth is 1 +- 2%, and a straggler's is far out.)
     growth_z = _growth_z(judged)
     flagged = []
+    is_ratio, is_z, persist = p["ratio"], p["zscore"], p["persist"]
+    prefix = (ctx.rule_id, c.line, ctx.job.job)
     for j in judged:
-        key = (ctx.rule_id, c.line, ctx.job.job, j.rank)
+        key = (*prefix, j.rank)
+        ok = is_ratio(j.ratio) and is_z(j.z) and j.slow_share >= persist
+        if not ok and key not in ctx.state:
+            continue  # the usual case, for all but a few of thousands of ranks: nothing to forget either
         # Frozen while flagged, as two numbers (the engine's snapshot keeps numeric state only).
         base = ctx.state.get(key, j.history_ratio)
         spread = ctx.state.get(key + ("spread",), j.history_spread) if key in ctx.state else j.history_spread
-        ok = p["ratio"](j.ratio) and p["zscore"](j.z) and j.slow_share >= p["persist"]
         if ok and j.ratio < p["steady_ratio"]:
             # Modestly slower: a fault only if it grew against its own past.  Without a past (the job,
             # or the rank, just started) it may be a slower GPU model: wait for history.
@@ -250,6 +275,23 @@ def _step_outlier(c: Condition, ctx: Ctx) -> Result:
                      aligned_steps=len(win), steady=any(s["history_ratio"] is None for s in stragglers))
     _set_phase(ctx, win, [j.rank for j, _ in flagged], ranks)
     return res
+
+
+def _excess_over_peers(row: dict[int, StepRec], top: int, phase: str) -> float | None:
+    """Rank ``top``'s ``phase`` over the median of the step's other ranks (None when either is unknown).
+
+    Kept on the step: the rotation asks it for every slow turn of its window on every tick, and at
+    10,240 ranks each answer reads every rank's record.
+    """
+    key = ("excess", phase, top)
+    stats = getattr(row, "stats", None)
+    if stats is not None and key in stats:
+        return stats[key]  # type: ignore[no-any-return]
+    mine = row[top].get(phase)
+    peers = [v for r, rec in row.items() if r != top and (v := rec.get(phase)) is not None]
+    out = mine - statistics.median(peers) if mine is not None and peers else None
+    keep_stat(row, key, out)
+    return out
 
 
 def _growth_z(judged: list[Any]) -> Callable[[Any, float], float | None]:
@@ -343,6 +385,28 @@ def _phase(c: Condition, ctx: Ctx) -> Result:
     return Result(holds, [], ev if holds else [])
 
 
+_LAYOUTS: dict[int, tuple[Any, dict[int, dict[int, list[int]]]]] = {}
+
+
+def _layout(coords: Mapping[int, Mapping[str, Any]]) -> dict[int, dict[int, list[int]]]:
+    """A job's pipeline layout, ``replica -> stage -> ranks``, from its ranks' coordinates.
+
+    Kept per coordinates object (a placement brings a new one), for the few latest jobs: the stage
+    rules ask on every tick, and at 10,240 ranks building it was a tenth of the rule's tick.
+    """
+    kept = _LAYOUTS.get(id(coords))
+    if kept is not None and kept[0] is coords:
+        return kept[1]
+    layout: dict[int, dict[int, list[int]]] = {}
+    for r, co in coords.items():
+        if co.get("pp") is not None:
+            layout.setdefault(int(co.get("dp", 0) or 0), {}).setdefault(int(co["pp"]), []).append(int(r))
+    if len(_LAYOUTS) >= 64:
+        _LAYOUTS.pop(next(iter(_LAYOUTS)))
+    _LAYOUTS[id(coords)] = (coords, layout)
+    return layout
+
+
 @dataclass(frozen=True, kw_only=True)
 class StageImbalanceCondition(ConditionParams):
     """One pipeline stage slower than the others on (nearly) every data-parallel replica."""
@@ -371,15 +435,25 @@ def _stage_imbalance(c: Condition, ctx: Ctx) -> Result:
     if got is None or not coords:
         return Result(False)
     win, _ = got
-    layout: dict[int, dict[int, list[int]]] = {}  # replica -> stage -> ranks
-    for r, co in coords.items():
-        if co.get("pp") is not None:
-            layout.setdefault(int(co.get("dp", 0) or 0), {}).setdefault(int(co["pp"]), []).append(int(r))
+    layout = _layout(coords)
     stages = {s for st in layout.values() for s in st}
     if len(stages) < 2:
         return Result(False)
+    # What one step says is kept on the step for the ticks it stays in the window.  Keyed by this
+    # condition and the job's coordinates; the kept value holds the coordinates, so their id is not reused.
+    row_key = ("stage_imbalance", ctx.rule_id, c.line, id(coords))
+
     def imbalanced(row: dict[int, StepRec]) -> tuple[int, float] | None:
         """The stage slowest on (nearly) every replica in this step, and its median ratio; None if none."""
+        stats = getattr(row, "stats", None)
+        kept = stats.get(row_key) if stats is not None else None
+        if kept is not None and kept[0] is coords:
+            return kept[1]  # type: ignore[no-any-return]
+        out = _imbalanced(row)
+        keep_stat(row, row_key, (coords, out))
+        return out
+
+    def _imbalanced(row: dict[int, StepRec]) -> tuple[int, float] | None:
         slowest: Counter[int] = Counter()
         step_ratios: dict[int, list[float]] = {}
         n_rep = 0
@@ -590,10 +664,9 @@ def _rotation(c: Condition, ctx: Ctx) -> Result:
         row = win[i][1]
         slow.append((i, top, q))
         for f in excess:
-            mine = row[top].get(f)
-            peers = [v for r, rec in row.items() if r != top and (v := rec.get(f)) is not None]
-            if mine is not None and peers:
-                excess[f] += mine - statistics.median(peers)
+            got_excess = _excess_over_peers(row, top, f)
+            if got_excess is not None:
+                excess[f] += got_excess
     share = len(slow) / len(win)
     # The share before the rotation began, kept while the rotation lasts: a rotation longer than the
     # history (60 steps) would otherwise become its own past and end the incident while it goes on.

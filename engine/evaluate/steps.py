@@ -200,6 +200,10 @@ def groups_of(ranks: Iterable[int], coords: Mapping[int, Mapping[str, float]], b
     Pipeline stages do different work by design, so a rank is compared with the same stage on the
     other replicas.  Ranks without coordinates form one group.
     """
+    ranks = tuple(ranks)
+    kept = _GROUPS.get((id(coords), by))
+    if kept is not None and kept[0] is coords and kept[1] == ranks:
+        return kept[2]
     out: dict[str, list[int]] = {}
     for r in sorted(ranks):
         key = ""
@@ -207,7 +211,16 @@ def groups_of(ranks: Iterable[int], coords: Mapping[int, Mapping[str, float]], b
             pp = (coords.get(r) or {}).get("pp")
             key = "" if pp is None else str(int(pp))
         out.setdefault(key, []).append(r)
+    if len(_GROUPS) >= 64:
+        _GROUPS.pop(next(iter(_GROUPS)))
+    _GROUPS[(id(coords), by)] = (coords, ranks, out)
     return out
+
+
+# The latest jobs' groups, by their coordinates object (kept in the value, so its id is not reused) and
+# the grouping: every step rule asks on every tick, and at 10,240 ranks grouping took 10 ms.  Callers
+# only read the lists.
+_GROUPS: dict[tuple[int, str], tuple[Any, tuple[int, ...], dict[str, list[int]]]] = {}
 
 
 # The median absolute deviation of the lower half of a normal sample, in units of the whole sample's
@@ -227,24 +240,100 @@ def fast_sigma(fast: Sequence[float], centre: float) -> float:
     return statistics.median(abs(x - centre) for x in fast) / _HALF_MAD
 
 
-@dataclass
-class RankJudgement:
-    """How one rank compares with its group over the window."""
+_FIELDS = ("rank", "group", "ratio", "slow_share", "z", "history_ratio", "value", "reference", "slow_at",
+           "history_spread", "ratios", "ratio_at")
 
-    rank: int
-    group: str
-    ratio: float  # median over the window's steps of (its measure / the group's lower quartile)
-    slow_share: float  # share of the window's steps in which it passed both the ratio and the z threshold
-    z: float  # median over the steps of its robust z against the step's fast group
-    history_ratio: float | None  # the same ratio over the history steps, when there are enough
-    value: float  # its median measure over the window
-    reference: float  # the group's median lower quartile over the window
-    slow_at: frozenset[int] = frozenset()  # indexes (into the window) of the steps it was slow on
-    # The rank's own step-to-step spread of that ratio over the history (1.4826 x MAD), when there is one:
-    # a rank that is always 2x slower wanders by more than a fast one, so its growth is judged in its units.
-    history_spread: float | None = None
-    ratios: tuple[float, ...] = ()  # its ratio on each step of the window it reported (window order)
-    ratio_at: Mapping[int, float] | None = None  # the same, by index into the window
+
+class _Block:
+    """One group's window matrices, shared by its ranks' judgements (see :class:`RankJudgement`)."""
+
+    __slots__ = ("used", "have", "ratio", "slow", "_lists")
+
+    def __init__(self, used: list[int], have: np.ndarray, ratio: np.ndarray, slow: np.ndarray) -> None:
+        self.used, self.have, self.ratio, self.slow = used, have, ratio, slow
+        self._lists: tuple[list[list[bool]], list[list[float]], list[list[bool]]] | None = None
+
+    def per_step(self, c: int) -> tuple[frozenset[int], tuple[float, ...], dict[int, float]]:
+        """Member ``c``'s slow steps, ratios and ratios by window index."""
+        if self._lists is None:  # per rank, as Python lists: they read faster than numpy indexing rank by rank
+            self._lists = (self.have.T.tolist(), self.ratio.T.tolist(), self.slow.T.tolist())
+        have_t, ratio_t, slow_t = self._lists
+        hv, rr, sl, used = have_t[c], ratio_t[c], slow_t[c], self.used
+        w = len(used)
+        at = [used[k] for k in range(w) if hv[k]]
+        xs = [rr[k] for k in range(w) if hv[k]]
+        return frozenset(used[k] for k in range(w) if sl[k]), tuple(xs), dict(zip(at, xs, strict=True))
+
+
+class RankJudgement:
+    """How one rank compares with its group over the window.
+
+    Made by :func:`judge_ranks` for every rank on every tick, and most are read for ``ratio``,
+    ``z`` and ``slow_share`` alone (a healthy rank fails the first test).  Its per-step fields
+    (``slow_at``, ``ratios``, ``ratio_at``) are therefore built on first use from the group's
+    matrices: at 10,240 ranks building them for every rank was most of a straggler rule's tick.
+    Compares equal to a judgement built with the same values given outright.
+    """
+
+    __slots__ = ("rank", "group", "ratio", "slow_share", "z", "history_ratio", "value", "reference",
+                 "history_spread", "_slow_at", "_ratios", "_ratio_at", "_src")
+
+    def __init__(self, rank: int, group: str, ratio: float, slow_share: float, z: float,
+                 history_ratio: float | None, value: float, reference: float,
+                 slow_at: frozenset[int] = frozenset(), history_spread: float | None = None,
+                 ratios: tuple[float, ...] = (), ratio_at: Mapping[int, float] | None = None,
+                 *, src: tuple[_Block, int] | None = None) -> None:
+        self.rank = rank
+        self.group = group
+        self.ratio = ratio  # median over the window's steps of (its measure / the group's lower quartile)
+        self.slow_share = slow_share  # share of the window's steps in which it passed both thresholds
+        self.z = z  # median over the steps of its robust z against the step's fast group
+        self.history_ratio = history_ratio  # the same ratio over the history steps, when there are enough
+        self.value = value  # its median measure over the window
+        self.reference = reference  # the group's median lower quartile over the window
+        # The rank's own step-to-step spread of that ratio over the history (1.4826 x MAD), when there is
+        # one: a rank always 2x slower wanders by more than a fast one, so its growth is judged in its units.
+        self.history_spread = history_spread
+        self._src = src
+        self._slow_at, self._ratios, self._ratio_at = (None, None, None) if src else (slow_at, ratios, ratio_at)
+
+    def _fill(self) -> None:
+        assert self._src is not None
+        block, c = self._src
+        self._slow_at, self._ratios, self._ratio_at = block.per_step(c)
+        self._src = None
+
+    @property
+    def slow_at(self) -> frozenset[int]:
+        """Indexes (into the window) of the steps it was slow on."""
+        if self._src is not None:
+            self._fill()
+        return self._slow_at  # type: ignore[return-value]
+
+    @property
+    def ratios(self) -> tuple[float, ...]:
+        """Its ratio on each step of the window it reported (window order)."""
+        if self._src is not None:
+            self._fill()
+        return self._ratios  # type: ignore[return-value]
+
+    @property
+    def ratio_at(self) -> Mapping[int, float] | None:
+        """The same ratios, by index into the window."""
+        if self._src is not None:
+            self._fill()
+        return self._ratio_at
+
+    def _key(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, f) for f in _FIELDS)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RankJudgement) and self._key() == other._key()
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, like the dataclass it replaced
+
+    def __repr__(self) -> str:
+        return "RankJudgement(" + ", ".join(f"{f}={getattr(self, f)!r}" for f in _FIELDS) + ")"
 
 
 def _median(sorted_vals: Sequence[float] | np.ndarray) -> float:
@@ -328,13 +417,25 @@ def _step_stats(row: Mapping[int, StepRec], members: Sequence[int], measure: str
             fmed = _median(fast)
             scale = max(_median(np.sort(np.abs(fast - fmed))) / _HALF_MAD, 0.02)
             out = (np.array(pos, np.int64), values, ratios, (ratios - fmed) / scale, ref)
-    if key is not None and isinstance(row, StepRow):
-        if row.stats is None:
-            row.stats = {}
-            if row.table is not None:
-                row.table.kept_stats(row)
-        row.stats[key] = out
+    if key is not None:
+        keep_stat(row, key, out)
     return out
+
+
+def keep_stat(row: Mapping[int, StepRec], key: tuple[Any, ...], value: Any) -> None:
+    """Keep ``value`` on the step ``row`` under ``key`` (a no-op for a plain dict of records).
+
+    Called by the step conditions for what they compute of one step and read again on later ticks;
+    a record added to the step empties what was kept, and only the latest ``_STATS_ROWS`` steps of
+    a job keep anything.
+    """
+    if not isinstance(row, StepRow):
+        return
+    if row.stats is None:
+        row.stats = {}
+        if row.table is not None:
+            row.table.kept_stats(row)
+    row.stats[key] = value
 
 
 def judge_ranks(window: Sequence[tuple[int, dict[int, StepRec]]], history: Sequence[tuple[int, dict[int, StepRec]]],
@@ -397,23 +498,15 @@ def judge_ranks(window: Sequence[tuple[int, dict[int, StepRec]]], history: Seque
         v_med = _col_medians(value, have)
         n_slow = slow.sum(axis=0)
         ref_med = _median(sorted(refs)) if refs else 0.0
-        # Per rank, as Python objects (lists read faster than numpy indexing rank by rank).
-        have_t, ratio_t, slow_t = have.T.tolist(), ratio.T.tolist(), slow.T.tolist()
+        block = _Block(used, have, ratio, slow)
         meds_l, z_l, v_l = meds.tolist(), z_med.tolist(), v_med.tolist()
         h_med_l, h_spread_l, h_n_l = h_med.tolist(), h_spread.tolist(), h_n.tolist()
         n_slow_l, n_have_l = n_slow.tolist(), n_have.tolist()
         for c in present.tolist():
-            hv, rr = have_t[c], ratio_t[c]
-            at = [used[k] for k in range(w) if hv[k]]
-            xs = [rr[k] for k in range(w) if hv[k]]
-            sl = slow_t[c]
             hm = h_med_l[c] if h_n_l[c] >= min_history and h_n_l[c] else None
             out.append(RankJudgement(
-                rank=members[c], group=g, ratio=meds_l[c], slow_share=n_slow_l[c] / n_have_l[c],
-                z=z_l[c], history_ratio=hm, value=v_l[c], reference=ref_med,
-                slow_at=frozenset(used[k] for k in range(w) if sl[k]),
-                history_spread=h_spread_l[c] if hm is not None else None, ratios=tuple(xs),
-                ratio_at=dict(zip(at, xs, strict=True))))
+                members[c], g, meds_l[c], n_slow_l[c] / n_have_l[c], z_l[c], hm, v_l[c], ref_med,
+                history_spread=h_spread_l[c] if hm is not None else None, src=(block, c)))
     return out
 
 
@@ -432,12 +525,7 @@ def rank_matrix(rows: Sequence[tuple[int, Mapping[int, StepRec]]], ranks: Sequen
         if line is None:
             line = np.array([v if (rec := row.get(r)) is not None and (v := rec.get(measure)) is not None else np.nan
                              for r in ranks], np.float64)
-            if isinstance(row, StepRow):
-                if row.stats is None:
-                    row.stats = {}
-                    if row.table is not None:
-                        row.table.kept_stats(row)
-                row.stats[key] = line
+            keep_stat(row, key, line)
         out[i] = line
     return out
 
