@@ -185,6 +185,9 @@ def _threshold(c: Condition, ctx: Ctx) -> Result:
     level = METRICS[p.metric].level
     res = Result(False)
     ents = ctx.entities(level, c.on)
+    if not p.steps and p.agg != "count" and not _vec(p.value, _ZERO)[0] and ctx.store.zero_in(p.metric, ctx.now,
+                                                                                             p.window):
+        return res  # every aggregate is 0 or missing, and 0 does not pass
     vals = _aggregates(ctx, p.metric, ents, p.agg, p.window, p.steps)
     with np.errstate(invalid="ignore"):
         hits = np.nonzero(~np.isnan(vals) & _vec(p.value, vals))[0]
@@ -195,6 +198,9 @@ def _threshold(c: Condition, ctx: Ctx) -> Result:
     n = len(res.entities)
     res.holds = n >= max(1.0, p.min_entities) and (not ents or n / len(ents) >= p.min_share)
     return res
+
+
+_ZERO = np.zeros(1)
 
 
 def _vec(cmp: Compare, x: np.ndarray) -> np.ndarray:
@@ -512,6 +518,8 @@ def _event(c: Condition, ctx: Ctx) -> Result:
     # Counters carry a count per sample (summed over the window, for every entity at once); XID series
     # carry one point per occurrence with its code.
     occurrences = METRICS[p.metric].occurrences
+    if not occurrences and ctx.store.zero_in(p.metric, ctx.now, p.window):
+        return res  # no count above 0 anywhere in the window
     sums = None if occurrences else ctx.store.values(p.metric, ents, "sum", ctx.now, p.window)
     if sums is None:  # only the entities that ever had one can have one in the window
         seen = ctx.store.occurring(p.metric)

@@ -285,6 +285,9 @@ class Column:
         # points ahead of the clock, waiting for it (see ``flush``): rows, times, values; and their earliest time
         self.held: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self.held_from = math.inf
+        # The newest slot that received a value other than 0 (NaN counts as other): error counters and
+        # flags are 0 almost always, and a window after it needs no read at all (MetricStore.zero_in).
+        self.nonzero_until = -math.inf
 
     def _alloc(self, rows: int) -> None:
         self.v = np.zeros((rows, self.fine), np.float64)
@@ -350,6 +353,9 @@ class Column:
             rows, times, vals = rows[now], times[now], vals[now]
         self.version += 1
         slots = np.ceil(times).astype(np.int64)
+        nonzero = vals != 0
+        if nonzero.any():
+            self.nonzero_until = max(self.nonzero_until, float(slots[nonzero].max()))
         # The usual batch holds one point per row (one second of telemetry): plain fancy assignment is
         # then exact and several times faster than the unbuffered ``ufunc.at``.
         unique = bool(np.bincount(rows).max() == 1)
@@ -1306,6 +1312,8 @@ class MetricStore:
                 if m is not None:
                     out = np.full(len(ents), np.nan)
                     out[known] = aggregate_rows(agg, *m)
+        if out is None and col is None and metric in COLUMNAR:
+            out = np.full(len(ents), np.nan)  # a columnar metric without a column never had a point
         if out is None:
             vals = [aggregate(agg, *self.window(metric, e, now - window_s, now)) for e in ents]
             out = np.array([np.nan if v is None else v for v in vals], np.float64)
@@ -1314,6 +1322,20 @@ class MetricStore:
             self._memo.clear()
         self._memo[key] = out
         return out
+
+    def zero_in(self, metric: str, now: float, window_s: float) -> bool:
+        """Whether no entity has a point of ``metric`` other than 0 in ``(now - window_s, now]``.
+
+        Called by the conditions before reading a window of every entity: then every aggregate but a
+        count is 0 or missing, whatever the entities (an XID counter, an unresponsive flag at 10,240 GPUs).
+        False when it cannot tell (a metric kept as series, not columns).
+        """
+        self._read(metric)
+        col = self.columns.get(metric)
+        if col is None:
+            return metric in COLUMNAR  # a columnar metric without its column never had a point
+        col.flush(self._upto())
+        return col.nonzero_until <= math.floor(now - window_s)
 
     def rows_of(self, rows: Rows, ents: tuple[str, ...]) -> np.ndarray:
         """The rows of ``ents`` at a level (-1: not stored), cached until the level's entities change.

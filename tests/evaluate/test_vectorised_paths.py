@@ -377,3 +377,32 @@ def test_spread_lines_sorts_complete_steps_as_the_nan_aware_quantiles_do(seed: i
     np.testing.assert_allclose(got[0], want[0], rtol=1e-12, equal_nan=True)
     np.testing.assert_allclose(got[1], want[1], rtol=1e-12, equal_nan=True)
     assert got[2].tolist() == want[2]
+
+
+def test_zero_in_sees_a_point_other_than_zero_until_it_leaves_the_window() -> None:
+    store = MetricStore()
+    assert store.zero_in("gpu.nvml_timeouts", 100.0, 60.0)  # never stored: nothing above 0 anywhere
+    for t in range(1, 121):
+        for g in range(4):
+            store.put("gpu.nvml_timeouts", f"n1/gpu{g}", float(t), 3.0 if (t, g) == (50, 2) else 0.0)
+    assert not store.zero_in("gpu.nvml_timeouts", 100.0, 60.0)  # (40, 100] holds the 3 at 50
+    assert not store.zero_in("gpu.nvml_timeouts", 50.0, 1.0)  # (49, 50]
+    assert store.zero_in("gpu.nvml_timeouts", 120.0, 70.0)  # (50, 120]: only zeros
+    store.put("gpu.nvml_timeouts", "n1/gpu0", 121.0, float("nan"))  # unknown is not "zero"
+    assert not store.zero_in("gpu.nvml_timeouts", 121.0, 10.0)
+
+
+@pytest.mark.parametrize("fault", ["gpu-ecc-xid", "gpu-nvml-hang", "pcie-downgrade", "nic-speed-low"])
+def test_skipping_windows_of_zeros_changes_no_diagnosis(fault: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The threshold and event conditions skip reading a window that holds nothing but zeros
+    (MetricStore.zero_in); with the skip turned off every shipped rule concludes the same."""
+    from whywait.engine.rules.loader import load_rules
+    from whywait.simulate.eval import build_suite, run_scenario
+
+    rules = load_rules(["rules"])
+    sc = next(s for s in build_suite(quick=True, classes=[fault]) if not s.fault_free)
+    fast = run_scenario(rules, sc).diagnoses
+    monkeypatch.setattr(MetricStore, "zero_in", lambda self, metric, now, window_s: False)
+    slow = run_scenario(rules, sc).diagnoses
+    assert fast == slow
+    assert fast, f"{sc.name}: the scenario should give diagnoses to compare"
