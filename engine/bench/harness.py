@@ -483,6 +483,11 @@ async def measure_sustained(cfg: BenchConfig, bootstrap: str, work: Path, start:
     return {"nodes": cfg.sustained_nodes, "gpus": cfg.sustained_nodes * 8, "seconds": cfg.sustained_seconds,
             "speed": cfg.sustained_speed, "messages": w.messages, "feed_wall_s": fed,
             "kept_pace": fed <= cfg.sustained_seconds / max(cfg.sustained_speed, 1e-9) * 1.05,
+            # The engine kept up when it caught up soon after the feed ended; an engine that fell behind
+            # shows at most one core used, so the cores a real-time feed needs are its CPU-seconds per
+            # event second.
+            "engine_kept_up": r.wall_s - fed <= max(30.0, 0.1 * fed),
+            "cores_needed": r.cpu_s / cfg.sustained_seconds if cfg.sustained_seconds > 0 else math.nan,
             "cores_used": cores,
             "cores_at_real_time": cores / cfg.sustained_speed if cfg.sustained_speed > 0 else math.nan,
             "caught_up_after_feed_s": r.wall_s - fed,

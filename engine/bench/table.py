@@ -54,8 +54,10 @@ def render(result: dict[str, Any], console: Any = None) -> None:
     s = result.get("sustained")
     if s:
         con.print(f"sustained: {s['gpus']:,} GPUs ({s['nodes']:,} nodes), {s['seconds']:g} s of event time fed at "
-                  f"{s['speed']:g}x real time ({'kept pace' if s['kept_pace'] else 'the feed fell behind'}): "
-                  f"{_f(s['cores_used'])} cores ({_f(s['cores_at_real_time'])} per real-time second), "
+                  f"{s['speed']:g}x real time ({'the feed kept pace' if s['kept_pace'] else 'the feed fell behind'}"
+                  f"; {'the engine kept up' if s.get('engine_kept_up', True) else 'the engine fell behind'}): "
+                  f"{_f(s['cores_used'])} cores used, {_f(s.get('cores_needed', math.nan))} needed at real time "
+                  f"(CPU-s per event second), "
                   f"steady RSS {_f(s['steady_rss_bytes'] / 2**20, '{:,.0f}')} MiB, "
                   f"peak {s['peak_rss_bytes'] / 2**20:,.0f} MiB, "
                   f"caught up {_f(s['caught_up_after_feed_s'], '{:.1f}')} s "

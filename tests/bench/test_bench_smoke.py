@@ -56,6 +56,10 @@ def test_bench_produces_every_figure(tmp_path: Path) -> None:
     s = res["sustained"]
     assert s["messages"] > 0 and s["cores_used"] is not None and not math.isnan(s["cores_used"])
     assert s["steady_rss_bytes"] > 10 * 2**20 and s["peak_rss_bytes"] >= s["steady_rss_bytes"]
+    # 4 nodes at 4x real time: a few percent of a core per event second, and the engine keeps up.
+    assert 0 < s["cores_needed"] < 1 and s["engine_kept_up"] is True, s
+    text = " ".join(r.stdout.split())  # rich wraps long lines at the console's width
+    assert "the engine kept up" in text and "needed at real time" in text, r.stdout
     assert res["machine"]["load_at_start"] >= 0
     # The terminal table names every column (rich renders it even when not a terminal).
     for col in ("engine / raw", "replay / raw", "latency"):
