@@ -21,13 +21,9 @@ itself notified (firing, then resolved)::
 
 from __future__ import annotations
 
-import fcntl
 import json
-import os
-import shutil
 import socket
 import subprocess
-import tempfile
 import threading
 import time
 import urllib.parse
@@ -36,50 +32,24 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Callable
 
+from tests.support import gobuild
+
 VERSION = "v0.28.1"
 MODULE = "github.com/prometheus/alertmanager/cmd/alertmanager"
 NO_GO = "Go is not installed (needed once to build Alertmanager " + VERSION + " for the receiver tests)"
 
 
-class AlertmanagerBuildError(RuntimeError):
-    """``go install`` failed; the message holds the tail of its output."""
+go_available = gobuild.go_available  # the tests' skip condition
 
 
 def cache_dir() -> Path:
     """Where the binary is kept: ``$WHYWAIT_CACHE/alertmanager/VERSION`` (``~/.cache/whywait`` by default)."""
-    base = os.environ.get("WHYWAIT_CACHE")
-    root = Path(base).expanduser() if base else Path.home() / ".cache" / "whywait"
-    return root / "alertmanager" / VERSION
-
-
-def go_available() -> bool:
-    return shutil.which("go") is not None
+    return gobuild.cache_dir("alertmanager", VERSION)
 
 
 def alertmanager_binary(*, timeout: float = 900.0) -> Path:
-    """The cached Alertmanager binary, built now if missing.  Raises :class:`AlertmanagerBuildError`
-    when the build fails and ``FileNotFoundError`` (with :data:`NO_GO`) when Go is absent."""
-    target = cache_dir() / "alertmanager"
-    if target.is_file() and os.access(target, os.X_OK):
-        return target
-    if not go_available():
-        raise FileNotFoundError(NO_GO)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target.parent / "build.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # another test process may be building it right now
-        if target.is_file() and os.access(target, os.X_OK):
-            return target
-        with tempfile.TemporaryDirectory(dir=target.parent) as gobin:
-            env = {**os.environ, "GOBIN": gobin, "GOFLAGS": "-mod=mod"}
-            proc = subprocess.run(["go", "install", f"{MODULE}@{VERSION}"], env=env, capture_output=True,
-                                  text=True, timeout=timeout, cwd=gobin)
-            built = Path(gobin) / "alertmanager"
-            if proc.returncode != 0 or not built.is_file():
-                tail = (proc.stdout + proc.stderr).strip().splitlines()[-15:]
-                raise AlertmanagerBuildError(f"go install {MODULE}@{VERSION} failed (exit {proc.returncode}):\n"
-                                             + "\n".join(tail))
-            os.replace(built, target)  # atomic: a half-written binary is never found
-    return target
+    """The cached Alertmanager binary, built now if missing (:func:`tests.support.gobuild.go_install`)."""
+    return gobuild.go_install(MODULE, VERSION, "alertmanager", timeout=timeout, no_go=NO_GO)
 
 
 def free_port() -> int:
