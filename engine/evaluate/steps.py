@@ -295,7 +295,9 @@ class RankJudgement:
         # one: a rank always 2x slower wanders by more than a fast one, so its growth is judged in its units.
         self.history_spread = history_spread
         self._src = src
-        self._slow_at, self._ratios, self._ratio_at = (None, None, None) if src else (slow_at, ratios, ratio_at)
+        self._slow_at: frozenset[int] | None = None if src else slow_at
+        self._ratios: tuple[float, ...] | None = None if src else ratios
+        self._ratio_at: Mapping[int, float] | None = None if src else ratio_at
 
     def _fill(self) -> None:
         assert self._src is not None
