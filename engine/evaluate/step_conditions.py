@@ -39,8 +39,9 @@ from whywait.engine.evaluate.steps import (
     column_medians,
     groups_of,
     judge_ranks,
-    keep_stat,
+    kept_stat,
     lower_quartile,
+    per_coords,
     phase_excess,
     rank_matrix,
     select,
@@ -117,15 +118,8 @@ def _long_steps(win: Steps, hist: Steps, window_s: float) -> bool:
 
 
 def _median_duration(row: dict[int, Any]) -> float:
-    """The median step time of one step's ranks; kept on the step (``StepRow.stats``) while it is
-    unchanged, since a step is in the window or the history of dozens of ticks (and at 10,240 ranks
-    each median is a sort of 10,240 floats)."""
-    stats = getattr(row, "stats", None)
-    got = stats.get(_DUR_MEDIAN) if stats is not None else None
-    if got is None:
-        got = statistics.median(r.duration_s for r in row.values())
-        keep_stat(row, _DUR_MEDIAN, got)
-    return float(got)
+    """The median step time of one step's ranks, kept on the step (a sort of 10,240 floats at 10,240 ranks)."""
+    return float(kept_stat(row, _DUR_MEDIAN, lambda: statistics.median(r.duration_s for r in row.values())))
 
 
 _DUR_MEDIAN = ("median", "duration_s")
@@ -278,20 +272,14 @@ def _step_outlier(c: Condition, ctx: Ctx) -> Result:
 
 
 def _excess_over_peers(row: dict[int, StepRec], top: int, phase: str) -> float | None:
-    """Rank ``top``'s ``phase`` over the median of the step's other ranks (None when either is unknown).
+    """Rank ``top``'s ``phase`` over the median of the step's other ranks (None when either is unknown);
+    kept on the step, as the rotation asks it for every slow turn of its window on every tick."""
+    def compute() -> float | None:
+        mine = row[top].get(phase)
+        peers = [v for r, rec in row.items() if r != top and (v := rec.get(phase)) is not None]
+        return mine - statistics.median(peers) if mine is not None and peers else None
 
-    Kept on the step: the rotation asks it for every slow turn of its window on every tick, and at
-    10,240 ranks each answer reads every rank's record.
-    """
-    key = ("excess", phase, top)
-    stats = getattr(row, "stats", None)
-    if stats is not None and key in stats:
-        return stats[key]  # type: ignore[no-any-return]
-    mine = row[top].get(phase)
-    peers = [v for r, rec in row.items() if r != top and (v := rec.get(phase)) is not None]
-    out = mine - statistics.median(peers) if mine is not None and peers else None
-    keep_stat(row, key, out)
-    return out
+    return kept_stat(row, ("excess", phase, top), compute)  # type: ignore[no-any-return]
 
 
 def _growth_z(judged: list[Any]) -> Callable[[Any, float], float | None]:
@@ -385,26 +373,20 @@ def _phase(c: Condition, ctx: Ctx) -> Result:
     return Result(holds, [], ev if holds else [])
 
 
-_LAYOUTS: dict[int, tuple[Any, dict[int, dict[int, list[int]]]]] = {}
+_LAYOUTS: dict[int, tuple[Any, Any, Any]] = {}  # _layout's, by coordinates object (see per_coords)
 
 
 def _layout(coords: Mapping[int, Mapping[str, Any]]) -> dict[int, dict[int, list[int]]]:
-    """A job's pipeline layout, ``replica -> stage -> ranks``, from its ranks' coordinates.
+    """A job's pipeline layout, ``replica -> stage -> ranks``, from its ranks' coordinates (kept per
+    coordinates object: the stage rules ask on every tick)."""
+    def build() -> dict[int, dict[int, list[int]]]:
+        layout: dict[int, dict[int, list[int]]] = {}
+        for r, co in coords.items():
+            if co.get("pp") is not None:
+                layout.setdefault(int(co.get("dp", 0) or 0), {}).setdefault(int(co["pp"]), []).append(int(r))
+        return layout
 
-    Kept per coordinates object (a placement brings a new one), for the few latest jobs: the stage
-    rules ask on every tick, and at 10,240 ranks building it was a tenth of the rule's tick.
-    """
-    kept = _LAYOUTS.get(id(coords))
-    if kept is not None and kept[0] is coords:
-        return kept[1]
-    layout: dict[int, dict[int, list[int]]] = {}
-    for r, co in coords.items():
-        if co.get("pp") is not None:
-            layout.setdefault(int(co.get("dp", 0) or 0), {}).setdefault(int(co["pp"]), []).append(int(r))
-    if len(_LAYOUTS) >= 64:
-        _LAYOUTS.pop(next(iter(_LAYOUTS)))
-    _LAYOUTS[id(coords)] = (coords, layout)
-    return layout
+    return per_coords(_LAYOUTS, None, coords, build)  # type: ignore[no-any-return]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -445,13 +427,7 @@ def _stage_imbalance(c: Condition, ctx: Ctx) -> Result:
 
     def imbalanced(row: dict[int, StepRec]) -> tuple[int, float] | None:
         """The stage slowest on (nearly) every replica in this step, and its median ratio; None if none."""
-        stats = getattr(row, "stats", None)
-        kept = stats.get(row_key) if stats is not None else None
-        if kept is not None and kept[0] is coords:
-            return kept[1]  # type: ignore[no-any-return]
-        out = _imbalanced(row)
-        keep_stat(row, row_key, (coords, out))
-        return out
+        return kept_stat(row, row_key, lambda: (coords, _imbalanced(row)))[1]  # type: ignore[no-any-return]
 
     def _imbalanced(row: dict[int, StepRec]) -> tuple[int, float] | None:
         slowest: Counter[int] = Counter()

@@ -33,7 +33,7 @@ import math
 import statistics
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -201,9 +201,10 @@ def groups_of(ranks: Iterable[int], coords: Mapping[int, Mapping[str, float]], b
     other replicas.  Ranks without coordinates form one group.
     """
     ranks = tuple(ranks)
-    kept = _GROUPS.get((id(coords), by))
-    if kept is not None and kept[0] is coords and kept[1] == ranks:
-        return kept[2]
+    return per_coords(_GROUPS, (by, ranks), coords, lambda: _groups(ranks, coords, by))  # type: ignore[no-any-return]
+
+
+def _groups(ranks: tuple[int, ...], coords: Mapping[int, Mapping[str, float]], by: str) -> dict[str, list[int]]:
     out: dict[str, list[int]] = {}
     for r in sorted(ranks):
         key = ""
@@ -211,16 +212,28 @@ def groups_of(ranks: Iterable[int], coords: Mapping[int, Mapping[str, float]], b
             pp = (coords.get(r) or {}).get("pp")
             key = "" if pp is None else str(int(pp))
         out.setdefault(key, []).append(r)
-    if len(_GROUPS) >= 64:
-        _GROUPS.pop(next(iter(_GROUPS)))
-    _GROUPS[(id(coords), by)] = (coords, ranks, out)
     return out
 
 
-# The latest jobs' groups, by their coordinates object (kept in the value, so its id is not reused) and
-# the grouping: every step rule asks on every tick, and at 10,240 ranks grouping took 10 ms.  Callers
-# only read the lists.
-_GROUPS: dict[tuple[int, str], tuple[Any, tuple[int, ...], dict[str, list[int]]]] = {}
+def per_coords(cache: dict[int, tuple[Any, Any, Any]], key: Any, coords: Any, build: Callable[[], Any]) -> Any:
+    """``build()``, kept in ``cache`` for one job's coordinates object and ``key``.
+
+    For what the step rules derive from a job's coordinates on every tick (its groups, its pipeline
+    layout): a placement brings a new coordinates object (immutable), so its identity says when to
+    build again.  The kept value holds the object, so its id is not reused while kept; the cache holds
+    the latest 64.  Callers only read what it returns.
+    """
+    kept = cache.get(id(coords))
+    if kept is not None and kept[0] is coords and kept[1] == key:
+        return kept[2]
+    out = build()
+    if len(cache) >= 64:
+        cache.pop(next(iter(cache)))
+    cache[id(coords)] = (coords, key, out)
+    return out
+
+
+_GROUPS: dict[int, tuple[Any, Any, Any]] = {}  # groups_of's, by coordinates object (see per_coords)
 
 
 # The median absolute deviation of the lower half of a normal sample, in units of the whole sample's
@@ -421,6 +434,20 @@ def _step_stats(row: Mapping[int, StepRec], members: Sequence[int], measure: str
             out = (np.array(pos, np.int64), values, ratios, (ratios - fmed) / scale, ref)
     if key is not None:
         keep_stat(row, key, out)
+    return out
+
+
+def kept_stat(row: Mapping[int, StepRec], key: tuple[Any, ...], compute: Callable[[], Any]) -> Any:
+    """What ``compute()`` gives for the step ``row``, kept on it under ``key`` (:func:`keep_stat`).
+
+    Called by the step conditions for what one step says, which they read again on every tick the
+    step stays in a window or a history (at 10,240 ranks each answer reads every rank's record).
+    """
+    stats = getattr(row, "stats", None)
+    if stats is not None and key in stats:
+        return stats[key]
+    out = compute()
+    keep_stat(row, key, out)
     return out
 
 
