@@ -28,13 +28,14 @@ import warnings
 from collections import Counter
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Callable, Literal, Mapping
+from typing import Any, Callable, Literal, Mapping, Sequence
 
 import numpy as np
 from whywait.engine.diagnosis import Evidence
 from whywait.engine.evaluate.conditions import Ctx, Result
 from whywait.engine.evaluate.steps import (
     PHASE_NAMES,
+    FrozenRow,
     StepRec,
     column_medians,
     groups_of,
@@ -44,6 +45,8 @@ from whywait.engine.evaluate.steps import (
     per_coords,
     phase_excess,
     rank_matrix,
+    row_end,
+    row_median,
     select,
     sequential_onset,
     slow_turns,
@@ -62,7 +65,7 @@ from whywait.engine.rules.condition_types import (
 )
 from whywait.engine.rules.schema import Condition
 
-Steps = list[tuple[int, dict[int, StepRec]]]
+Steps = Sequence[tuple[int, Mapping[int, StepRec]]]
 Measure = Literal["work", "duration_s", "compute_s", "data_wait_s", "comm_s"]
 Within = Literal["stage", "job"]
 _MEASURE_DOC = "`work` (compute plus input wait), or one field of the step: `duration_s`, `compute_s`, ..."
@@ -113,13 +116,13 @@ def _long_steps(win: Steps, hist: Steps, window_s: float) -> bool:
     5 s window, and judging a rank on its last three steps then let one hiccup and one unlucky step
     make a straggler.
     """
-    rows = hist[-20:] + win
+    rows = [*hist[-20:], *win]
     return lower_quartile([_median_duration(row) for _, row in rows]) >= window_s
 
 
-def _median_duration(row: dict[int, Any]) -> float:
+def _median_duration(row: Mapping[int, Any]) -> float:
     """The median step time of one step's ranks, kept on the step (a sort of 10,240 floats at 10,240 ranks)."""
-    return float(kept_stat(row, _DUR_MEDIAN, lambda: statistics.median(r.duration_s for r in row.values())))
+    return float(kept_stat(row, _DUR_MEDIAN, lambda: row_median(row)))
 
 
 _DUR_MEDIAN = ("median", "duration_s")
@@ -181,7 +184,7 @@ def _step_outlier(c: Condition, ctx: Ctx) -> Result:
     # Steps each longer than the whole window (8 s, 45 s steps): no hiccup lasts a step that long, so the
     # latest _LONG_STEPS of them are evidence enough, and waiting for more would cost minutes.
     if len(win) > _LONG_STEPS and _long_steps(win, hist, p["window"]):
-        hist = (hist + win[:-_LONG_STEPS])[-_HISTORY_MAX:]
+        hist = [*hist, *win[:-_LONG_STEPS]][-_HISTORY_MAX:]
         win = win[-_LONG_STEPS:]
     seen = set().union(*(row.keys() for _, row in win))
     ranks = [r for r in ctx.job.ranks if r in seen]
@@ -271,7 +274,7 @@ def _step_outlier(c: Condition, ctx: Ctx) -> Result:
     return res
 
 
-def _excess_over_peers(row: dict[int, StepRec], top: int, phase: str) -> float | None:
+def _excess_over_peers(row: Mapping[int, StepRec], top: int, phase: str) -> float | None:
     """Rank ``top``'s ``phase`` over the median of the step's other ranks (None when either is unknown);
     kept on the step, as the rotation asks it for every slow turn of its window on every tick."""
     def compute() -> float | None:
@@ -425,11 +428,11 @@ def _stage_imbalance(c: Condition, ctx: Ctx) -> Result:
     # condition and the job's coordinates; the kept value holds the coordinates, so their id is not reused.
     row_key = ("stage_imbalance", ctx.rule_id, c.line, id(coords))
 
-    def imbalanced(row: dict[int, StepRec]) -> tuple[int, float] | None:
+    def imbalanced(row: Mapping[int, StepRec]) -> tuple[int, float] | None:
         """The stage slowest on (nearly) every replica in this step, and its median ratio; None if none."""
         return kept_stat(row, row_key, lambda: (coords, _imbalanced(row)))[1]  # type: ignore[no-any-return]
 
-    def _imbalanced(row: dict[int, StepRec]) -> tuple[int, float] | None:
+    def _imbalanced(row: Mapping[int, StepRec]) -> tuple[int, float] | None:
         slowest: Counter[int] = Counter()
         step_ratios: dict[int, list[float]] = {}
         n_rep = 0
@@ -463,13 +466,13 @@ def _stage_imbalance(c: Condition, ctx: Ctx) -> Result:
         return Result(False)
     ratio = statistics.median(ratios[stage])
 
-    def loss(row: dict[int, StepRec]) -> tuple[float, float] | None:
+    def loss(row: Mapping[int, StepRec]) -> tuple[float, float] | None:
         # Were the stage as fast as its peers, the pipeline would run at their pace: the step
         # shrinks by the stage's ratio.
         got_step = imbalanced(row)
         if got_step is None or got_step[0] != stage:
             return None
-        dur = statistics.median(r.duration_s for r in row.values())
+        dur = row_median(row)
         paced = _pipeline_loss(row, layout, stage)
         if paced is not None:
             return dur, max(0.0, min(dur, paced))
@@ -488,7 +491,7 @@ def _stage_imbalance(c: Condition, ctx: Ctx) -> Result:
     return Result(True, [ctx.job.job], [ev])
 
 
-def _pipeline_loss(row: dict[int, StepRec], layout: dict[int, dict[int, list[int]]], stage: int) -> float | None:
+def _pipeline_loss(row: Mapping[int, StepRec], layout: dict[int, dict[int, list[int]]], stage: int) -> float | None:
     """Seconds the step would be shorter were ``stage`` no slower than the job's next slowest stage.
 
     A pipeline moves each microbatch at the pace of its slowest rank (the slowest tensor-parallel
@@ -625,7 +628,7 @@ def _rotation(c: Condition, ctx: Ctx) -> Result:
                     out[i] = (float(q[i]), ranks[int(col[i])], True)
         return out
 
-    def turn(row: dict[int, StepRec]) -> tuple[float, int, bool] | None:
+    def turn(row: Mapping[int, StepRec]) -> tuple[float, int, bool] | None:
         """This step's slow rank and its ratio, when one rank stands out or the ranks are spread wide;
         else None.  (One step at a time, for steps outside the window: the past the sequential test
         counts, the cost's steps.)"""
@@ -710,7 +713,7 @@ def _rotation(c: Condition, ctx: Ctx) -> Result:
         w_disp = win_spread[0][~np.isnan(win_spread[0])]
         uneven = len(w_disp) > 0 and float(np.median(w_disp)) > spread_f * level
 
-    def loss(row: dict[int, StepRec]) -> tuple[float, float] | None:
+    def loss(row: Mapping[int, StepRec]) -> tuple[float, float] | None:
         # Were the slow rank of the step as fast as the others, the step would end when the next
         # slowest rank's work was done.  Only a step with a slow turn (the same test as above: ratio
         # and robust z) loses anything: the slowest of 192 ranks is 1.15x the lower quartile by chance
@@ -721,7 +724,7 @@ def _rotation(c: Condition, ctx: Ctx) -> Result:
         vals = sorted(v for r in row if (v := row[r].get(p["measure"])) is not None)
         if len(vals) < 4:
             return None
-        dur = statistics.median(r.duration_s for r in row.values())
+        dur = row_median(row)
         if uneven:
             # Uneven batches everywhere: with even ones each rank would do its usual work, and the step
             # would end when the slowest of those did (the median rank's, plus the usual noise's top).
@@ -745,7 +748,7 @@ def _levels(p: Any) -> int:
 
 
 def _rotation_sequential(p: Any, slow_at: dict[int, float], win: Steps, key: tuple[Any, ...], ctx: Ctx,
-                         turn_ratio: Callable[[dict[int, StepRec]], float]
+                         turn_ratio: Callable[[Mapping[int, StepRec]], float]
                          ) -> tuple[int, float, list[float]] | None:
     """How many of the window's latest steps a sequential test finds a rotation on, the past rate of
     slow turns (of any size) it was judged against, and each size's past rate; None when it finds none.
@@ -973,7 +976,7 @@ def _what_if(c: Condition, ctx: Ctx) -> Result:
         if fn is None and culprits and len(culprits) < len(ctx.job.ranks):
             groups = groups_of(ctx.job.ranks, _coords(ctx), p["within"])
 
-            def peers(row: dict[int, StepRec]) -> tuple[float, float] | None:
+            def peers(row: Mapping[int, StepRec]) -> tuple[float, float] | None:
                 dur, lost = step_loss(row, culprits, groups, p["measure"])
                 return (dur, lost) if lost > 0.02 * _training_s(row) else None
             fn = peers
@@ -1014,7 +1017,7 @@ def _what_if(c: Condition, ctx: Ctx) -> Result:
     return Result(True, [], [ev])
 
 
-def _straggle_s(row: dict[int, StepRec], groups: dict[str, list[int]], measure: str) -> float:
+def _straggle_s(row: Mapping[int, StepRec], groups: dict[str, list[int]], measure: str) -> float:
     """Seconds the step's slowest rank's own work added on top of its group's typical work.
 
     In a synchronous job the step waits for its slowest rank: a hiccup, a GC pause or a starved
@@ -1054,16 +1057,16 @@ class _OwnPast:
     def __init__(self, base: float, gate: float, groups: dict[str, list[int]], measure: str) -> None:
         self.base, self.gate, self.groups, self.measure = base, gate, groups, measure
 
-    def own(self, row: dict[int, StepRec]) -> float:
+    def own(self, row: Mapping[int, StepRec]) -> float:
         """The step's own time: a checkpoint save in it is the save's, and what the slowest rank's own
         work added is that rank's, not this incident's."""
         return _training_s(row) - _straggle_s(row, self.groups, self.measure)
 
-    def signed(self, row: dict[int, StepRec]) -> tuple[float, float]:
+    def signed(self, row: Mapping[int, StepRec]) -> tuple[float, float]:
         """``(step time, seconds lost)``, negative for a step quicker than the baseline."""
-        return statistics.median(r.duration_s for r in row.values()), self.own(row) - self.base
+        return row_median(row), self.own(row) - self.base
 
-    def __call__(self, row: dict[int, StepRec]) -> tuple[float, float] | None:
+    def __call__(self, row: Mapping[int, StepRec]) -> tuple[float, float] | None:
         dur, lost = self.signed(row)
         return (dur, lost) if lost > self.gate - self.base else None
 
@@ -1079,7 +1082,7 @@ def _against_own_past(ctx: Ctx, done: Steps, groups: dict[str, list[int]], measu
     if base is None or ctx.facts.get("cost_until", -math.inf) == -math.inf:
         # the history: steps that ended well before the incident began
         probe = _OwnPast(0.0, 0.0, groups, measure)
-        before = [probe.own(row) for _, row in done if max(r.t for r in row.values()) < since - 10.0][-60:]
+        before = [probe.own(row) for _, row in done if row_end(row) < since - 10.0][-60:]
         if len(before) < 5:
             return None
         base = statistics.median(before)
@@ -1104,7 +1107,7 @@ def _stall(ctx: Ctx, done: Steps) -> list[tuple[float, float, float]]:
     """
     if len(done) < 5:
         return []
-    last = max(r.t for r in done[-1][1].values())
+    last = row_end(done[-1][1])
     usual = statistics.median(_training_s(row) for _, row in done[-20:])
     excused = 0.0
     for start, end in (ctx.store.checkpoint_spans.get(ctx.job.job) or {}).values():
@@ -1169,8 +1172,12 @@ def _save_losses(ctx: Ctx) -> list[tuple[float, float, float]]:
     return out[::-1] + running
 
 
-def _training_s(row: dict[int, StepRec]) -> float:
+def _training_s(row: Mapping[int, StepRec]) -> float:
     """The step's time less any checkpoint save in it (median over the ranks)."""
+    if isinstance(row, FrozenRow):  # the same floats, a column at a time
+        ck = row.cols.get("checkpoint_s")
+        dur = row.cols["duration_s"]
+        return float(statistics.median((dur - np.nan_to_num(ck, nan=0.0) if ck is not None else dur).tolist()))
     return statistics.median(r.duration_s - (r.checkpoint_s or 0.0) for r in row.values())
 
 
@@ -1200,15 +1207,15 @@ def _losses(done: Steps, fn: Any, counted: float, recent: int, max_miss: int = 4
                     break
                 continue
             misses = 0
-            out.append((max(r.t for r in row.values()), *got))
+            out.append((row_end(row), *got))
         out.reverse()
         if isinstance(fn, _OwnPast):
             start = min(out[0][0] if out else math.inf, since)
-            return [(t, *fn.signed(row)) for _, row in done if (t := max(r.t for r in row.values())) >= start]
+            return [(t, *fn.signed(row)) for _, row in done if (t := row_end(row)) >= start]
         return out
     signed = fn.signed if isinstance(fn, _OwnPast) else None  # its noise sums to nothing: every step counts
     for i, (_, row) in enumerate(done):
-        t = max(r.t for r in row.values())
+        t = row_end(row)
         if t > counted or i >= len(done) - recent:
             got = signed(row) if signed is not None and t > counted else fn(row)
             if got is not None and t > counted:
@@ -1221,5 +1228,5 @@ def _losses(done: Steps, fn: Any, counted: float, recent: int, max_miss: int = 4
                 # Judged and not lost to this incident: counted as nothing, so that a later tick that
                 # measures differently (against the job's past, once another fault is gone) does not
                 # charge the incident for steps it was judged innocent of.
-                out.append((t, statistics.median(r.duration_s for r in row.values()), 0.0))
+                out.append((t, row_median(row), 0.0))
     return out

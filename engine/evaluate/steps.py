@@ -33,7 +33,7 @@ import math
 import statistics
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -102,22 +102,136 @@ class StepRow(dict[int, StepRec]):
 # Steps whose per-step statistics are kept, per job: the window and history one tick reads (60 + the
 # window's steps), with room for a longer window.  Older steps' statistics are dropped.
 _STATS_ROWS = 128
+# Steps of a job kept as records (StepRow); older ones are frozen into arrays (FrozenRow).  The same
+# as the steps that keep statistics: what one tick reads record by record stays records.
+_HOT_ROWS = _STATS_ROWS
+# The record fields a frozen step keeps as columns (``t`` and ``duration_s`` always; a phase only when
+# some rank of the step sent it).
+_REC_FIELDS = ("t", "duration_s", *PHASES)
+
+
+class FrozenRow(Mapping[int, StepRec]):
+    """One step older than a job's newest ``_HOT_ROWS``: ``rank -> StepRec`` read from arrays.
+
+    Why: a 10,240-rank job's 600 kept steps as records were 6M StepRec objects of ~290 bytes (with
+    their floats and dict entries), 1.7 GiB, most of the engine's memory at 1,280 nodes.  As columns
+    they are 8 bytes per field a rank sent plus 4 for the rank (44 bytes for the usual split): only
+    the newest steps, which every tick reads record by record, stay records.  The values are the
+    very floats the records held (float64, NaN standing for a phase not sent: the contract admits
+    finite numbers only), so a step judged after it froze is judged exactly as before.  Iterating
+    it gives the ranks in ascending order; the readers that matter at scale take a column at once
+    (:meth:`column`, :func:`row_end`, :func:`row_median`) instead of building records.
+    """
+
+    __slots__ = ("ranks", "cols", "stats", "table", "t_max")
+
+    def __init__(self, row: Mapping[int, StepRec], table: StepTable | None = None) -> None:
+        items = sorted(row.items())
+        self.ranks = np.fromiter((r for r, _ in items), np.int32, len(items))
+        self.cols: dict[str, np.ndarray] = {}
+        for f in _REC_FIELDS:
+            vals = [getattr(rec, f) for _, rec in items]
+            if f in ("t", "duration_s") or any(v is not None for v in vals):
+                self.cols[f] = np.array([math.nan if v is None else v for v in vals], np.float64)
+        self.stats: dict[tuple[Any, ...], Any] | None = getattr(row, "stats", None)
+        self.table = table
+        self.t_max = float(self.cols["t"].max()) if len(items) else -math.inf
+
+    def _at(self, rank: int) -> int:
+        i = int(np.searchsorted(self.ranks, rank))
+        return i if i < len(self.ranks) and int(self.ranks[i]) == rank else -1
+
+    def _rec(self, i: int) -> StepRec:
+        vals = {f: (None if math.isnan(x := float(c[i])) else x) for f, c in self.cols.items()}
+        return StepRec(**vals)  # type: ignore[arg-type]  # t and duration_s are always columns
+
+    def __getitem__(self, rank: int) -> StepRec:
+        i = self._at(rank) if isinstance(rank, (int, np.integer)) else -1
+        if i < 0:
+            raise KeyError(rank)
+        return self._rec(i)
+
+    def __contains__(self, rank: object) -> bool:
+        return isinstance(rank, (int, np.integer)) and self._at(int(rank)) >= 0
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.ranks.tolist())
+
+    def __len__(self) -> int:
+        return len(self.ranks)
+
+    def records(self) -> dict[int, StepRec]:
+        """Every rank's record (built: called when a late rank thaws the step, and by rare readers)."""
+        return {int(r): self._rec(i) for i, r in enumerate(self.ranks)}
+
+    def column(self, measure: str) -> np.ndarray:
+        """``measure`` (``work``, ``duration_s`` or a phase) for every rank in :attr:`ranks` order, NaN where unknown.
+
+        ``work`` follows :func:`work` element by element (the same operations on the same floats).
+        """
+        if measure != "work":
+            got = self.cols.get(measure)
+            return got if got is not None else np.full(len(self.ranks), math.nan)
+        dur = self.cols["duration_s"]
+        out = dur.copy()
+        comm = self.cols.get("comm_s")
+        if comm is not None:
+            ck = self.cols.get("checkpoint_s")
+            rest = dur - comm - (np.nan_to_num(ck, nan=0.0) if ck is not None else 0.0)
+            has = ~np.isnan(comm)
+            out[has] = np.maximum(0.0, rest[has])
+        comp = self.cols.get("compute_s")
+        if comp is not None:
+            dw = self.cols.get("data_wait_s")
+            tot = comp + (np.nan_to_num(dw, nan=0.0) if dw is not None else 0.0)
+            has = ~np.isnan(comp)
+            out[has] = tot[has]
+        return out
+
+    def of(self, members: Sequence[int], measure: str) -> np.ndarray:
+        """``measure`` for each of ``members`` (NaN for a rank the step lacks, or without it)."""
+        m = np.asarray(members, np.int64)
+        col = self.column(measure)
+        if not len(self.ranks):
+            return np.full(len(m), math.nan)
+        idx = np.minimum(np.searchsorted(self.ranks, m), len(self.ranks) - 1)
+        found = self.ranks[idx] == m
+        return np.where(found, col[idx], math.nan)
+
+
+StepRows = (StepRow, FrozenRow)  # the rows a StepTable holds (isinstance checks)
+
+
+def row_end(row: Mapping[int, StepRec]) -> float:
+    """When the step's last rank ended: kept by the table's rows, else computed."""
+    t = getattr(row, "t_max", None)
+    return float(t) if t is not None else max(r.t for r in row.values())
+
+
+def row_median(row: Mapping[int, StepRec], field_name: str = "duration_s") -> float:
+    """The median over the step's ranks of one record field (every rank has ``t`` and ``duration_s``)."""
+    if isinstance(row, FrozenRow):
+        return float(statistics.median(row.cols[field_name].tolist()))
+    return float(statistics.median(getattr(r, field_name) for r in row.values()))
 
 
 class StepTable:
-    """The last ``keep`` steps of one job: ``step -> {rank: StepRec}``, oldest first."""
+    """The last ``keep`` steps of one job: ``step -> {rank: StepRec}``, oldest first.
+
+    The newest ``_HOT_ROWS`` steps are :class:`StepRow` (records); older ones :class:`FrozenRow` (arrays).
+    """
 
     __slots__ = ("keep", "steps", "ranks", "newest_t", "_memo", "_with_stats")
 
     def __init__(self, keep: int = 600) -> None:
         self.keep = keep
-        self.steps: OrderedDict[int, dict[int, StepRec]] = OrderedDict()
-        self._with_stats: deque[StepRow] = deque()  # rows holding statistics, oldest first (bounded)
+        self.steps: OrderedDict[int, Mapping[int, StepRec]] = OrderedDict()
+        self._with_stats: deque[Any] = deque()  # rows holding statistics, oldest first (bounded)
         self.ranks: set[int] = set()  # every rank that has reported (the coverage a complete step needs)
         self.newest_t = -math.inf
         # complete() is asked several times per tick (one per step-aligned leaf): the answer for one
         # (now, coverage) holds until a record arrives.
-        self._memo: tuple[float, float, list[tuple[int, dict[int, StepRec]]]] | None = None
+        self._memo: tuple[float, float, list[tuple[int, Mapping[int, StepRec]]]] | None = None
 
     def add(self, step: int, rank: int, rec: StepRec) -> None:
         """Called by the store for each step record; keeps the table bounded by ``keep`` steps."""
@@ -130,8 +244,15 @@ class StepTable:
                 self.steps = OrderedDict(sorted(self.steps.items()))  # rare: a late step arrived
             while len(self.steps) > self.keep:
                 self.steps.popitem(last=False)
+            self._freeze()
+        elif isinstance(row, FrozenRow):  # rare: a rank reported a step long after the others
+            thawed = StepRow(self)
+            thawed.update(row.records())
+            row = self.steps[step] = thawed
+            thawed.t_max = max(r.t for r in thawed.values())
+            self._drop_stats_of(row)
         old = row.get(rank)
-        row[rank] = rec
+        row[rank] = rec  # type: ignore[index]  # a StepRow here
         if isinstance(row, StepRow):
             row.stats = None  # a late rank changes the step's statistics
             # the latest end over its ranks (recomputed when the record replaced was that latest one)
@@ -144,13 +265,30 @@ class StepTable:
         if rec.t > self.newest_t:
             self.newest_t = rec.t
 
-    def kept_stats(self, row: StepRow) -> None:
+    def _freeze(self) -> None:
+        """Freeze the record rows older than the newest ``_HOT_ROWS`` steps (one per new step, as a rule)."""
+        if len(self.steps) <= _HOT_ROWS:
+            return
+        for i, s in enumerate(reversed(self.steps)):
+            if i < _HOT_ROWS:
+                continue
+            row = self.steps[s]
+            if not isinstance(row, StepRow):
+                break  # frozen already, and so is everything older
+            frozen = self.steps[s] = FrozenRow(row, self)
+            if row.stats is not None:  # its statistics move with it (the bounded list names the new row)
+                self._with_stats = deque(frozen if r is row else r for r in self._with_stats)
+
+    def _drop_stats_of(self, row: Any) -> None:
+        self._with_stats = deque(r for r in self._with_stats if r is not row)
+
+    def kept_stats(self, row: Any) -> None:
         """Called when ``row`` first holds statistics: keeps at most ``_STATS_ROWS`` rows' worth per job."""
         self._with_stats.append(row)
         while len(self._with_stats) > _STATS_ROWS:
             self._with_stats.popleft().stats = None
 
-    def complete(self, now: float, coverage: float = 0.9) -> list[tuple[int, dict[int, StepRec]]]:
+    def complete(self, now: float, coverage: float = 0.9) -> list[tuple[int, Mapping[int, StepRec]]]:
         """Steps every (``coverage`` of the) reporting ranks ended by ``now``, oldest first.
 
         A step still missing ranks is left out until they report, so the slowest rank of a step
@@ -161,15 +299,14 @@ class StepTable:
         need = max(1, math.ceil(coverage * len(self.ranks)))
         out = []
         for s, row in self.steps.items():
-            if len(row) >= need and (row.t_max <= now if isinstance(row, StepRow)
-                                     else all(r.t <= now for r in row.values())):
+            if len(row) >= need and row_end(row) <= now:
                 out.append((s, row))
         self._memo = (now, coverage, out)
         return out
 
 
-def select(steps: Sequence[tuple[int, dict[int, StepRec]]], now: float, window_s: float, min_steps: int
-           ) -> tuple[list[tuple[int, dict[int, StepRec]]], list[tuple[int, dict[int, StepRec]]]]:
+def select(steps: Sequence[tuple[int, Mapping[int, StepRec]]], now: float, window_s: float, min_steps: int
+           ) -> tuple[list[tuple[int, Mapping[int, StepRec]]], list[tuple[int, Mapping[int, StepRec]]]]:
     """Split complete steps into ``(window, history)``.
 
     The window holds the steps that ended in the last ``window_s`` seconds, but at least the last
@@ -178,7 +315,7 @@ def select(steps: Sequence[tuple[int, dict[int, StepRec]]], now: float, window_s
     """
     n = 0
     for _, row in reversed(steps):  # newest first: stop at the first step older than the window
-        if n >= min_steps and max(r.t for r in row.values()) <= now - window_s:
+        if n >= min_steps and row_end(row) <= now - window_s:
             break
         n += 1
     return list(steps[len(steps) - n:]), list(steps[:len(steps) - n])
@@ -406,20 +543,25 @@ def _step_stats(row: Mapping[int, StepRec], members: Sequence[int], measure: str
     to the whole group's (:func:`fast_sigma`), floored at 0.02.  Kept on the row (``StepRow.stats``)
     under ``key``: the same step is judged again on each tick while it is in a window or a history.
     """
-    stats = row.stats if isinstance(row, StepRow) else None
+    stats = row.stats if isinstance(row, StepRows) else None
     if stats is not None and key is not None:
         got = stats.get(key)
         if got is not None:
             return got  # type: ignore[no-any-return]
     pos: list[int] = []
     vals: list[float] = []
-    for i, r in enumerate(members):
-        rec = row.get(r)
-        if rec is not None:
-            v = rec.get(measure)
-            if v is not None:
-                pos.append(i)
-                vals.append(v)
+    if isinstance(row, FrozenRow):
+        line = row.of(members, measure)
+        have = np.nonzero(~np.isnan(line))[0]
+        pos, vals = have.tolist(), line[have].tolist()
+    else:
+        for i, r in enumerate(members):
+            rec = row.get(r)
+            if rec is not None:
+                v = rec.get(measure)
+                if v is not None:
+                    pos.append(i)
+                    vals.append(v)
     out: tuple[Any, ...] = _SKIP
     if len(vals) >= min_group:
         ref = lower_quartile(vals)
@@ -458,7 +600,7 @@ def keep_stat(row: Mapping[int, StepRec], key: tuple[Any, ...], value: Any) -> N
     a record added to the step empties what was kept, and only the latest ``_STATS_ROWS`` steps of
     a job keep anything.
     """
-    if not isinstance(row, StepRow):
+    if not isinstance(row, StepRows):
         return
     if row.stats is None:
         row.stats = {}
@@ -467,7 +609,8 @@ def keep_stat(row: Mapping[int, StepRec], key: tuple[Any, ...], value: Any) -> N
     row.stats[key] = value
 
 
-def judge_ranks(window: Sequence[tuple[int, dict[int, StepRec]]], history: Sequence[tuple[int, dict[int, StepRec]]],
+def judge_ranks(window: Sequence[tuple[int, Mapping[int, StepRec]]],
+                history: Sequence[tuple[int, Mapping[int, StepRec]]],
                 groups: Mapping[str, list[int]], measure: str, ratio_thr: float, min_history: int,
                 min_group: int = 2, z_thr: float = 4.0) -> list[RankJudgement]:
     """Compare every rank with its group on each step of the window (and of the history).
@@ -549,11 +692,12 @@ def rank_matrix(rows: Sequence[tuple[int, Mapping[int, StepRec]]], ranks: Sequen
     key = ("line", measure, _group_id(ranks))
     out = np.full((len(rows), len(ranks)), np.nan)
     for i, (_, row) in enumerate(rows):
-        stats = row.stats if isinstance(row, StepRow) else None
+        stats = row.stats if isinstance(row, StepRows) else None
         line = stats.get(key) if stats is not None else None
         if line is None:
-            line = np.array([v if (rec := row.get(r)) is not None and (v := rec.get(measure)) is not None else np.nan
-                             for r in ranks], np.float64)
+            line = row.of(ranks, measure) if isinstance(row, FrozenRow) else np.array(
+                [v if (rec := row.get(r)) is not None and (v := rec.get(measure)) is not None else np.nan
+                 for r in ranks], np.float64)
             keep_stat(row, key, line)
         out[i] = line
     return out
@@ -727,7 +871,7 @@ def slow_turns(vals: np.ndarray, usual: np.ndarray, groups: Sequence[Sequence[in
     return best
 
 
-def phase_excess(window: Sequence[tuple[int, dict[int, StepRec]]], ranks: Sequence[int], peers: Sequence[int],
+def phase_excess(window: Sequence[tuple[int, Mapping[int, StepRec]]], ranks: Sequence[int], peers: Sequence[int],
                  phases: Sequence[str] = ("compute_s", "data_wait_s", "comm_s")) -> dict[str, tuple[float, float]]:
     """Per phase, ``(the culprits' median, the peers' median)`` over the window; unknown phases left out."""
     out: dict[str, tuple[float, float]] = {}
@@ -746,7 +890,7 @@ def step_loss(row: Mapping[int, StepRec], culprits: set[int], groups: Mapping[st
     In a synchronous job the step ends when the slowest rank's work is done, so the step would be
     shorter by how far the culprits' work exceeds the slowest *other* rank of their group.
     """
-    dur = statistics.median(r.duration_s for r in row.values())
+    dur = row_median(row)
     lost = 0.0
     for members in groups.values():
         mine = [v for r in members if r in culprits and r in row and (v := row[r].get(measure)) is not None]

@@ -16,15 +16,21 @@ import msgspec
 import numpy as np
 import pytest
 from whywait.agents.events import columns, decode, encode, envelope
+from whywait.engine.evaluate import steps as steps_module
 from whywait.engine.evaluate.steps import (
+    _HOT_ROWS,
+    FrozenRow,
     RankJudgement,
     StepRec,
+    StepRow,
     StepTable,
     column_medians,
     fast_sigma,
     judge_ranks,
     lower_quartile,
     rank_matrix,
+    row_end,
+    row_median,
     slow_turns,
     spread_lines,
 )
@@ -236,6 +242,72 @@ def test_kept_step_statistics_are_bounded_per_job() -> None:
     judge_ranks(rows[-300:], [], {"": list(range(16))}, "work", 1.1, 0)
     held = sum(1 for _, row in rows if getattr(row, "stats", None))
     assert 0 < held <= 128
+
+
+def _records(row: Any) -> dict[int, StepRec]:
+    return dict(row.items())
+
+
+@pytest.mark.parametrize("split", [True, False])
+def test_steps_older_than_the_hot_ones_are_frozen_and_read_the_same(split: bool, monkeypatch: pytest.MonkeyPatch
+                                                                     ) -> None:
+    tab = _table(random.Random(11), 24, steps=_HOT_ROWS + 90, split=split, gaps=0.1)
+    kinds = [type(row) for row in tab.steps.values()]
+    assert kinds == [FrozenRow] * 90 + [StepRow] * _HOT_ROWS
+    # the same records again (the same seed), in a table that freezes nothing: what it held before
+    monkeypatch.setattr(steps_module, "_HOT_ROWS", 10**9)
+    again = list(_table(random.Random(11), 24, steps=_HOT_ROWS + 90, split=split, gaps=0.1).steps.items())
+    assert all(isinstance(row, StepRow) for _, row in again)
+    copies = [(s, dict(sorted(_records(row).items()))) for s, row in again]
+    for (_, row), (_, want) in zip(tab.steps.items(), copies, strict=True):
+        if isinstance(row, FrozenRow):
+            assert _records(row) == want and len(row) == len(want) and list(row) == sorted(want)
+            assert row_end(row) == max(r.t for r in want.values())
+            assert row_median(row) == statistics.median(r.duration_s for r in want.values())
+            for measure in ("work", "duration_s", "compute_s", "data_wait_s", "comm_s"):
+                got = row.of(range(26), measure)  # ranks 24 and 25 never reported
+                ref = [np.nan if r not in want or want[r].get(measure) is None else want[r].get(measure)
+                       for r in range(26)]
+                np.testing.assert_array_equal(got, np.array(ref, np.float64))
+            assert 99 not in row and row.get(99) is None and "x" not in row
+    rows = list(tab.steps.items())
+    members = {"": list(range(24))}
+    for measure in ("work", "duration_s"):
+        judged = judge_ranks(rows[-60:], rows[:-60], members, measure, 1.1, 20)
+        assert judged == _reference_judge(copies[-60:], copies[:-60], members, measure, 1.1, 20)
+        np.testing.assert_array_equal(rank_matrix(rows, list(range(24)), measure),
+                                      rank_matrix(copies, list(range(24)), measure))
+
+
+def test_a_rank_reporting_a_frozen_step_thaws_it() -> None:
+    tab = _table(random.Random(4), 8, steps=_HOT_ROWS + 5, split=True, gaps=0.0)
+    judge_ranks(list(tab.steps.items())[:5], [], {"": list(range(9))}, "work", 1.1, 0)
+    assert isinstance(tab.steps[0], FrozenRow) and tab.steps[0].stats  # judged frozen: its statistics kept
+    tab.add(0, 8, StepRec(T0 + 9.0, 3.0, compute_s=3.0))  # rank 8 reports step 0 very late, and slow
+    row = tab.steps[0]
+    assert isinstance(row, StepRow) and row.stats is None and len(row) == 9 and row.t_max == T0 + 9.0
+    assert all(r is not row for r in tab._with_stats)
+    rows = list(tab.steps.items())
+    assert judge_ranks(rows, [], {"": list(range(9))}, "work", 1.1, 0)[-1].rank == 8
+
+
+def test_a_frozen_step_takes_its_statistics_along_and_stays_bounded() -> None:
+    tab = StepTable()
+    for s in range(_HOT_ROWS + 200):
+        for r in range(4):
+            tab.add(s, r, StepRec(T0 + s, 1.0, compute_s=0.5 + 0.1 * r))
+        judge_ranks(list(tab.steps.items())[-1:], [], {"": [0, 1, 2, 3]}, "work", 1.1, 0)
+    held = [row for row in tab.steps.values() if row.stats]  # type: ignore[attr-defined]
+    assert len(held) == 128 and all(isinstance(r, (StepRow, FrozenRow)) for r in held)
+    assert set(map(id, held)) == set(map(id, tab._with_stats))
+
+
+def test_frozen_steps_hold_a_fraction_of_the_records_memory() -> None:
+    tab = _table(random.Random(2), 64, steps=_HOT_ROWS + 10, split=True, gaps=0.0)
+    frozen = tab.steps[0]
+    assert isinstance(frozen, FrozenRow)
+    held = frozen.ranks.nbytes + sum(c.nbytes for c in frozen.cols.values())
+    assert held == 64 * (4 + 8 * 5)  # t, duration and the three phases sent; the other three not kept
 
 
 def test_step_rec_work_is_computed_once_and_read_by_get() -> None:
