@@ -38,9 +38,11 @@ from whywait.engine.evaluate.steps import (
     FrozenRow,
     StepRec,
     column_medians,
+    column_of,
     groups_of,
     judge_ranks,
     kept_stat,
+    known,
     lower_quartile,
     per_coords,
     phase_excess,
@@ -278,8 +280,9 @@ def _excess_over_peers(row: Mapping[int, StepRec], top: int, phase: str) -> floa
     """Rank ``top``'s ``phase`` over the median of the step's other ranks (None when either is unknown);
     kept on the step, as the rotation asks it for every slow turn of its window on every tick."""
     def compute() -> float | None:
-        mine = row[top].get(phase)
-        peers = [v for r, rec in row.items() if r != top and (v := rec.get(phase)) is not None]
+        rec = row.get(top)
+        mine = rec.get(phase) if rec is not None else None
+        peers = known(row, None, phase, skip=top)
         return mine - statistics.median(peers) if mine is not None and peers else None
 
     return kept_stat(row, ("excess", phase, top), compute)  # type: ignore[no-any-return]
@@ -438,7 +441,7 @@ def _stage_imbalance(c: Condition, ctx: Ctx) -> Result:
         n_rep = 0
         for st in layout.values():
             w = {s: statistics.median(v) for s, rs in st.items()
-                 if (v := [x for r in rs if r in row and (x := row[r].get(p["measure"])) is not None])}
+                 if (v := known(row, rs, p["measure"]))}
             if len(w) < 2:
                 continue
             n_rep += 1
@@ -478,7 +481,7 @@ def _stage_imbalance(c: Condition, ctx: Ctx) -> Result:
             return dur, max(0.0, min(dur, paced))
         # Without the full split: only the pipelined part of the step runs at the bottleneck's pace
         # (the data-parallel collective after it does not shrink), by the stage's ratio.
-        coll = [c for r in row.values() if (c := r.collective_s) is not None]
+        coll = known(row, None, "collective_s")
         pipe = dur - (statistics.median(coll) if coll else 0.0)
         return dur, max(0.0, pipe) * (1 - 1 / got_step[1])
 
@@ -501,17 +504,18 @@ def _pipeline_loss(row: Mapping[int, StepRec], layout: dict[int, dict[int, list[
     median: the next slowest stage sets the pace then).  Needs every rank's compute and pipeline
     wait; None without them.
     """
-    recs = [row[r] for st in layout.values() for rs in st.values() for r in rs if r in row]
-    if not recs or any(x.compute_s is None or x.pipeline_wait_s is None for x in recs):
+    present = [r for st in layout.values() for rs in st.values() for r in rs if r in row]
+    comp, pipe, wait = (column_of(row, present, m) for m in ("compute_s", "pipeline_wait_s", "data_wait_s"))
+    if not present or np.isnan(comp).any() or np.isnan(pipe).any():
         return None
-    top = [c for st in layout.values() for r in st.get(stage, ()) if r in row and (c := row[r].compute_s) is not None]
-    rest = [c for st in layout.values() for s, rs in st.items() if s != stage
-            for r in rs if r in row and (c := row[r].compute_s) is not None]
+    top = known(row, [r for st in layout.values() for r in st.get(stage, ())], "compute_s")
+    rest = known(row, [r for st in layout.values() for s, rs in st.items() if s != stage for r in rs], "compute_s")
     if not top or not rest or max(top) <= 0:
         return None
-    begin = max(x.data_wait_s or 0.0 for x in recs)
+    wait = np.nan_to_num(wait, nan=0.0)
+    begin = float(wait.max())
     # A rank is ready for the all-reduce when its replica's pipeline drains: its waits plus its own work.
-    ready = max((x.pipeline_wait_s or 0.0) + (x.data_wait_s or 0.0) + (x.compute_s or 0.0) for x in recs)
+    ready = float((pipe + wait + comp).max())
     return max(0.0, ready - begin) * (1.0 - min(1.0, max(rest) / max(top)))
 
 
@@ -721,7 +725,7 @@ def _rotation(c: Condition, ctx: Ctx) -> Result:
         # keep_firing_for) overstated a 73 s rotation's cost by a quarter.
         if not uneven and turn(row) is None:
             return None
-        vals = sorted(v for r in row if (v := row[r].get(p["measure"])) is not None)
+        vals = sorted(known(row, None, p["measure"]))
         if len(vals) < 4:
             return None
         dur = row_median(row)
@@ -1027,7 +1031,7 @@ def _straggle_s(row: Mapping[int, StepRec], groups: dict[str, list[int]], measur
     """
     most = mid_max = 0.0
     for members in groups.values():
-        vals = [v for r in members if r in row and (v := row[r].get(measure)) is not None]
+        vals = known(row, members, measure)
         if len(vals) < 4:
             continue
         mid = statistics.median(vals)

@@ -102,9 +102,10 @@ class StepRow(dict[int, StepRec]):
 # Steps whose per-step statistics are kept, per job: the window and history one tick reads (60 + the
 # window's steps), with room for a longer window.  Older steps' statistics are dropped.
 _STATS_ROWS = 128
-# Steps of a job kept as records (StepRow); older ones are frozen into arrays (FrozenRow).  The same
-# as the steps that keep statistics: what one tick reads record by record stays records.
-_HOT_ROWS = _STATS_ROWS
+# Steps of a job kept as records (StepRow): the newest, which its ranks are still reporting.  Older ones
+# are frozen into arrays (FrozenRow), which the step conditions read a column at a time (faster than
+# the records: a searchsorted instead of 10,240 dict lookups); a rank reporting one late is put in place.
+_HOT_ROWS = 16
 # The record fields a frozen step keeps as columns (``t`` and ``duration_s`` always; a phase only when
 # some rank of the step sent it).
 _REC_FIELDS = ("t", "duration_s", *PHASES)
@@ -160,8 +161,29 @@ class FrozenRow(Mapping[int, StepRec]):
     def __len__(self) -> int:
         return len(self.ranks)
 
+    def put(self, rank: int, rec: StepRec) -> None:
+        """Add (or replace) one rank's record: a rank that reports a step long after the others."""
+        i = int(np.searchsorted(self.ranks, rank))
+        new = i >= len(self.ranks) or int(self.ranks[i]) != rank
+        for f in _REC_FIELDS:
+            v = getattr(rec, f)
+            col = self.cols.get(f)
+            if col is None:
+                if v is None:
+                    continue
+                col = np.full(len(self.ranks), math.nan)
+            x = math.nan if v is None else float(v)
+            if new:
+                col = np.insert(col, i, x)
+            else:
+                col[i] = x
+            self.cols[f] = col
+        if new:
+            self.ranks = np.insert(self.ranks, i, rank)
+        self.t_max = float(self.cols["t"].max())
+
     def records(self) -> dict[int, StepRec]:
-        """Every rank's record (built: called when a late rank thaws the step, and by rare readers)."""
+        """Every rank's record (built: for readers that need whole records)."""
         return {int(r): self._rec(i) for i, r in enumerate(self.ranks)}
 
     def column(self, measure: str) -> np.ndarray:
@@ -208,6 +230,33 @@ def row_end(row: Mapping[int, StepRec]) -> float:
     return float(t) if t is not None else max(r.t for r in row.values())
 
 
+def known(row: Mapping[int, StepRec], ranks: Iterable[int] | None, measure: str, skip: int | None = None
+          ) -> list[float]:
+    """The values of ``measure`` the step holds for ``ranks`` (every rank of the step when None, less
+    ``skip``), in their order; a rank without it is left out.
+
+    Called by the step conditions that read one phase of many ranks of a step; a frozen step answers
+    from its column.
+    """
+    if isinstance(row, FrozenRow):
+        col = row.column(measure) if ranks is None else row.of(list(ranks), measure)
+        keep = ~np.isnan(col)
+        if skip is not None and ranks is None:
+            keep &= row.ranks != skip
+        return col[keep].tolist()  # type: ignore[no-any-return]
+    if ranks is None:
+        return [v for r, rec in row.items() if r != skip and (v := rec.get(measure)) is not None]
+    return [v for r in ranks if r != skip and (rec := row.get(r)) is not None and (v := rec.get(measure)) is not None]
+
+
+def column_of(row: Mapping[int, StepRec], ranks: Sequence[int], measure: str) -> np.ndarray:
+    """``measure`` for each of ``ranks`` in their order, NaN where the step lacks the rank or its value."""
+    if isinstance(row, FrozenRow):
+        return row.of(ranks, measure)
+    return np.array([v if (rec := row.get(r)) is not None and (v := rec.get(measure)) is not None else math.nan
+                     for r in ranks], np.float64)
+
+
 def row_median(row: Mapping[int, StepRec], field_name: str = "duration_s") -> float:
     """The median over the step's ranks of one record field (every rank has ``t`` and ``duration_s``)."""
     if isinstance(row, FrozenRow):
@@ -245,12 +294,15 @@ class StepTable:
             while len(self.steps) > self.keep:
                 self.steps.popitem(last=False)
             self._freeze()
-        elif isinstance(row, FrozenRow):  # rare: a rank reported a step long after the others
-            thawed = StepRow(self)
-            thawed.update(row.records())
-            row = self.steps[step] = thawed
-            thawed.t_max = max(r.t for r in thawed.values())
-            self._drop_stats_of(row)
+        elif isinstance(row, FrozenRow):  # a rank reported a step long after the others
+            row.put(rank, rec)
+            if row.stats is not None:  # its statistics change
+                row.stats = None
+                self._with_stats = deque(r for r in self._with_stats if r is not row)
+            self._memo = None
+            self.ranks.add(rank)
+            self.newest_t = max(self.newest_t, rec.t)
+            return
         old = row.get(rank)
         row[rank] = rec  # type: ignore[index]  # a StepRow here
         if isinstance(row, StepRow):
@@ -274,13 +326,10 @@ class StepTable:
                 continue
             row = self.steps[s]
             if not isinstance(row, StepRow):
-                break  # frozen already, and so is everything older
+                continue  # frozen already (a late step, sorted in, may have left a record row behind it)
             frozen = self.steps[s] = FrozenRow(row, self)
             if row.stats is not None:  # its statistics move with it (the bounded list names the new row)
                 self._with_stats = deque(frozen if r is row else r for r in self._with_stats)
-
-    def _drop_stats_of(self, row: Any) -> None:
-        self._with_stats = deque(r for r in self._with_stats if r is not row)
 
     def kept_stats(self, row: Any) -> None:
         """Called when ``row`` first holds statistics: keeps at most ``_STATS_ROWS`` rows' worth per job."""
@@ -695,9 +744,7 @@ def rank_matrix(rows: Sequence[tuple[int, Mapping[int, StepRec]]], ranks: Sequen
         stats = row.stats if isinstance(row, StepRows) else None
         line = stats.get(key) if stats is not None else None
         if line is None:
-            line = row.of(ranks, measure) if isinstance(row, FrozenRow) else np.array(
-                [v if (rec := row.get(r)) is not None and (v := rec.get(measure)) is not None else np.nan
-                 for r in ranks], np.float64)
+            line = column_of(row, ranks, measure)
             keep_stat(row, key, line)
         out[i] = line
     return out
@@ -876,8 +923,8 @@ def phase_excess(window: Sequence[tuple[int, Mapping[int, StepRec]]], ranks: Seq
     """Per phase, ``(the culprits' median, the peers' median)`` over the window; unknown phases left out."""
     out: dict[str, tuple[float, float]] = {}
     for ph in phases:
-        mine = [v for _, row in window for r in ranks if r in row and (v := row[r].get(ph)) is not None]
-        theirs = [v for _, row in window for r in peers if r in row and (v := row[r].get(ph)) is not None]
+        mine = [v for _, row in window for v in known(row, ranks, ph)]
+        theirs = [v for _, row in window for v in known(row, peers, ph)]
         if mine and theirs:
             out[ph] = (statistics.median(mine), statistics.median(theirs))
     return out
@@ -893,8 +940,8 @@ def step_loss(row: Mapping[int, StepRec], culprits: set[int], groups: Mapping[st
     dur = row_median(row)
     lost = 0.0
     for members in groups.values():
-        mine = [v for r in members if r in culprits and r in row and (v := row[r].get(measure)) is not None]
-        others = [v for r in members if r not in culprits and r in row and (v := row[r].get(measure)) is not None]
+        mine = known(row, [r for r in members if r in culprits], measure)
+        others = known(row, [r for r in members if r not in culprits], measure)
         if mine and others:
             lost = max(lost, max(mine) - max(others))
     return dur, max(0.0, min(lost, dur))

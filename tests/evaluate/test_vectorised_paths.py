@@ -25,8 +25,10 @@ from whywait.engine.evaluate.steps import (
     StepRow,
     StepTable,
     column_medians,
+    column_of,
     fast_sigma,
     judge_ranks,
+    known,
     lower_quartile,
     rank_matrix,
     row_end,
@@ -269,6 +271,9 @@ def test_steps_older_than_the_hot_ones_are_frozen_and_read_the_same(split: bool,
                 ref = [np.nan if r not in want or want[r].get(measure) is None else want[r].get(measure)
                        for r in range(26)]
                 np.testing.assert_array_equal(got, np.array(ref, np.float64))
+                np.testing.assert_array_equal(column_of(row, range(26), measure), column_of(want, range(26), measure))
+                assert known(row, None, measure, skip=3) == known(want, None, measure, skip=3)
+                assert known(row, [5, 1, 25], measure) == known(want, [5, 1, 25], measure)
             assert 99 not in row and row.get(99) is None and "x" not in row
     rows = list(tab.steps.items())
     members = {"": list(range(24))}
@@ -279,13 +284,17 @@ def test_steps_older_than_the_hot_ones_are_frozen_and_read_the_same(split: bool,
                                       rank_matrix(copies, list(range(24)), measure))
 
 
-def test_a_rank_reporting_a_frozen_step_thaws_it() -> None:
+def test_a_rank_reporting_a_frozen_step_late_is_put_in_place() -> None:
     tab = _table(random.Random(4), 8, steps=_HOT_ROWS + 5, split=True, gaps=0.0)
     judge_ranks(list(tab.steps.items())[:5], [], {"": list(range(9))}, "work", 1.1, 0)
     assert isinstance(tab.steps[0], FrozenRow) and tab.steps[0].stats  # judged frozen: its statistics kept
     tab.add(0, 8, StepRec(T0 + 9.0, 3.0, compute_s=3.0))  # rank 8 reports step 0 very late, and slow
+    tab.add(0, 3, StepRec(T0 + 0.5, 1.5, compute_s=1.5, checkpoint_s=0.25))  # rank 3 corrects its report
     row = tab.steps[0]
-    assert isinstance(row, StepRow) and row.stats is None and len(row) == 9 and row.t_max == T0 + 9.0
+    assert isinstance(row, FrozenRow) and row.stats is None and len(row) == 9 and row.t_max == T0 + 9.0
+    assert row[8] == StepRec(T0 + 9.0, 3.0, compute_s=3.0)
+    assert row[3] == StepRec(T0 + 0.5, 1.5, compute_s=1.5, checkpoint_s=0.25)
+    assert row[2].checkpoint_s is None and row[2].comm_s == 0.3  # the others keep what they sent
     assert all(r is not row for r in tab._with_stats)
     rows = list(tab.steps.items())
     assert judge_ranks(rows, [], {"": list(range(9))}, "work", 1.1, 0)[-1].rank == 8
