@@ -533,41 +533,54 @@ class Topology:
                 return index[key]
         return None
 
-    def canonical_net(self, msg: Mapping[str, Any]) -> dict[str, Any]:
+    def canonical_net(self, msg: Mapping[str, Any]) -> Mapping[str, Any]:
         """A ``net`` message whose NIC names are the topology's (an agent's ``mlx5_0/1`` → ``HCA-1``).
 
         Called by the evaluator before it stores a ``net`` message, so a rule that compares a NIC's
         traffic with :meth:`expected_nic` sees one name per adapter whatever source named it.  NICs
-        the topology cannot match, and nodes it does not hold, keep their reported names.
+        the topology cannot match, and nodes it does not hold, keep their reported names.  Returns
+        ``msg`` itself when no name changes (the usual case: copying a decoded message into a dict
+        cost more than storing it), else a new dict; ``msg`` is never modified.
         """
         node = str(msg.get("node", ""))
         if node not in self._hosts or not msg.get("nics"):
-            return dict(msg)
+            return msg
         nics = []
+        renamed = False
         for n in msg["nics"]:
             nic = self.resolve_nic(node, str(n["nic"]), n.get("port_guid") or n.get("node_guid"), n.get("pci_bus_id"))
-            nics.append({**n, "nic": nic.name} if nic is not None and nic.name != n["nic"] else n)
-        return {**msg, "nics": nics}
+            if nic is not None and nic.name != n["nic"]:
+                renamed = True
+                nics.append({**n, "nic": nic.name})
+            else:
+                nics.append(n)
+        return {**msg, "nics": nics} if renamed else msg
 
-    def canonical_gpu(self, msg: Mapping[str, Any]) -> dict[str, Any]:
+    def canonical_gpu(self, msg: Mapping[str, Any]) -> Mapping[str, Any]:
         """A ``gpu`` message whose GPU indexes are the topology's, matched by PCI bus id where both have it.
 
         NVML numbers GPUs in its own order; NCCL's XML and ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` in bus
         order.  When a sample carries ``pci_bus_id`` and the topology knows the node's GPU bus ids,
         the sample takes the index the topology gives that bus id.  Called by the evaluator before
-        it stores a ``gpu`` message; anything unmatched keeps its index.
+        it stores a ``gpu`` message; anything unmatched keeps its index.  Returns ``msg`` itself when no
+        index changes, else a new dict; ``msg`` is never modified.
         """
         node = str(msg.get("node", ""))
         host = self._hosts.get(node)
         if host is None or not host.gpu_pci or not msg.get("gpus"):
-            return dict(msg)
+            return msg
         by_bus = self._cached(("gpu_by_bus", node), lambda: {b: g for g, b in host.gpu_pci.items()})
         gpus = []
+        renamed = False
         for g in msg["gpus"]:
             bus = normalise_pci(str(g.get("pci_bus_id") or ""))
             idx = by_bus.get(bus) if bus else None
-            gpus.append({**g, "gpu": idx} if idx is not None and idx != g.get("gpu") else g)
-        return {**msg, "gpus": gpus}
+            if idx is not None and idx != g.get("gpu"):
+                renamed = True
+                gpus.append({**g, "gpu": idx})
+            else:
+                gpus.append(g)
+        return {**msg, "gpus": gpus} if renamed else msg
 
     # ------------------------------------------------------------------ jobs
 

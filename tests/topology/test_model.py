@@ -113,3 +113,9 @@ def test_agent_names_and_nvml_indexes_map_onto_the_topology():
         {"gpu": 0, "pci_bus_id": "00000000:3B:00.0"}, {"gpu": 1, "pci_bus_id": "00000000:1A:00.0"}, {"gpu": 5}]})
     assert [g["gpu"] for g in gpu["gpus"]] == [1, 0, 5]
     assert t.canonical_net({"kind": "net", "node": "other", "nics": [{"nic": "x"}]})["nics"] == [{"nic": "x"}]
+    # Nothing to rename: the message itself comes back (no copy of every message), never modified.
+    same = {"kind": "net", "node": "n1", "nics": [{"nic": "HCA-1"}, {"nic": "eth1"}]}
+    assert t.canonical_net(same) is same
+    same_gpu = {"kind": "gpu", "node": "n1", "gpus": [{"gpu": 0, "pci_bus_id": "0000:1a:00.0"}]}
+    assert t.canonical_gpu(same_gpu) is same_gpu
+    assert net is not None and gpu["gpus"][2] == {"gpu": 5}
