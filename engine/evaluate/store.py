@@ -619,7 +619,6 @@ class MetricStore:
         self._memo: dict[tuple[Any, ...], np.ndarray] = {}  # values() results of the tick at _memo_now
         self._memo_now = math.nan
         self.node_last: dict[str, float] = {}
-        self.rank_last: dict[str, float] = {}
         # level -> node -> entity keys seen, for the levels a job's placement does not name (NICs,
         # block devices and mounts): a condition at that level judges the entities of the job's nodes.
         self.members: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
@@ -1051,7 +1050,7 @@ class MetricStore:
             self.put_many("gpu.nvml_timeouts", "gpu", ents, rows, t, timeouts)
 
     def _derive_steps(self, msg: Mapping[str, Any], t: float, node: str) -> None:
-        """The step tables, the ranks' last reports, ``comm_s`` where only its parts came, and the job buckets."""
+        """The step tables, ``comm_s`` where only its parts came, and the job buckets."""
         job = msg["job"]
         steps = msg["steps"]
         if not steps:
@@ -1069,12 +1068,8 @@ class MetricStore:
             derived = [c if c is not None and sent is None else None for c, sent in zip(comm, phases[2], strict=True)]
             self.put_many("step.comm_s", "rank", ents, rows, t, derived)
             phases[2] = comm
-        rank_last = self.rank_last
         add = table.add
         for r, n, dur, end, d, c, m, k, w, ck in zip(ranks, nums, durs, ended, *phases, strict=True):
-            e = f"{job}:{r}"
-            last = rank_last.get(e)
-            rank_last[e] = t if last is None or t > last else last
             # A step's own end time when the producer gives it (several steps per message), else the
             # message's time; never later than the message, so a bad clock cannot run ahead of it.
             t_end = min(float(end), t) if end is not None else t
