@@ -146,6 +146,9 @@ class Evaluator:
     tick_observer: Callable[[float], None] | None = None
     # The rule set the store was last told to keep the metrics of (see MetricStore.set_keep).
     _keep_for: Any = field(default=None, repr=False)
+    # The offline watermark, kept until an input's newest time moves (see ``watermark``): it was computed
+    # for every message, although it changes about once per input per second.
+    _offline_wm: tuple[tuple[float, ...], float, float, float] | None = field(default=None, repr=False)
 
     # ---- feeding ---------------------------------------------------------------------------------
 
@@ -211,8 +214,16 @@ class Evaluator:
                 return -math.inf
             active = [t for k, t in self.kind_max.items() if not self._idle(k, now)]
             return min(active or self.kind_max.values()) - self.lateness_s
-        top = max(self.kind_max.values())
-        return min(t for k, t in self.kind_max.items() if top - t <= _IDLE_S.get(k, self.idle_s)) - self.lateness_s
+        # Sorted input: a function of the inputs' newest times (and two settings) only, so it is kept
+        # until one of them moves.
+        times = tuple(self.kind_max.values())
+        kept = self._offline_wm
+        if kept is not None and kept[0] == times and kept[1] == self.lateness_s and kept[2] == self.idle_s:
+            return kept[3]
+        top = max(times)
+        wm = min(t for k, t in self.kind_max.items() if top - t <= _IDLE_S.get(k, self.idle_s)) - self.lateness_s
+        self._offline_wm = (times, self.lateness_s, self.idle_s, wm)
+        return wm
 
     def _idle(self, kind: str, now: float) -> bool:
         return kind not in self.pending_kinds and self._idle_since(self.kind_arrival.get(kind), now)
