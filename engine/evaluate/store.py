@@ -203,8 +203,10 @@ def aggregate(agg: str, times: Sequence[float], values: Sequence[float]) -> floa
 #
 # * a fine ring of ``fine_s`` one-second slots (sum and count per slot): exact for every window a
 #   rule reads over recent data (the longest recent telemetry window in the shipped rules is 180 s);
-# * a coarse ring of ``bucket_s`` buckets (sum, count, min, max) over the whole retention, for long
-#   baselines: a window reaching past the fine ring reads the buckets for its older part.
+# * a coarse ring of ``bucket_s`` buckets (sum and count) over the whole retention, for long
+#   baselines: a window reaching past the fine ring reads the buckets for its older part (as one point
+#   per bucket, its mean).  The buckets kept a float32 minimum and maximum too until nothing had read
+#   them in eleven sessions: ~9% of the columns' memory and four numpy passes in every flush.
 #
 # A point at time ``t`` lands in slot ``ceil(t)``, the slot covering ``(s - 1, s]``, so a window
 # ``(now - w, now]`` with whole-second ends (every tick's) holds exactly the points it held as a list.
@@ -297,8 +299,6 @@ class Column:
         self.newest = np.full(rows, _EMPTY, np.int64)  # newest slot written, per row
         self.cs = np.zeros((rows, self.buckets), np.float64)
         self.cn = np.zeros((rows, self.buckets), np.uint16)
-        self.cmin = np.zeros((rows, self.buckets), np.float32)
-        self.cmax = np.zeros((rows, self.buckets), np.float32)
         self.cnewest = np.full(rows, _EMPTY, np.int64)  # newest bucket written, per row
 
     def _fit(self) -> None:
@@ -307,12 +307,10 @@ class Column:
         k = len(self.newest)
         if need <= k:
             return
-        old: tuple[np.ndarray, ...] = (self.v, self.n, self.newest, self.cs, self.cn, self.cmin, self.cmax,
-                                       self.cnewest)
+        old: tuple[np.ndarray, ...] = (self.v, self.n, self.newest, self.cs, self.cn, self.cnewest)
         # grow by an eighth (at least 64 rows): doubling would leave up to half of a 10k-row column empty
         self._alloc(max(need, k + max(64, k // 8)))
-        now: tuple[np.ndarray, ...] = (self.v, self.n, self.newest, self.cs, self.cn, self.cmin, self.cmax,
-                                       self.cnewest)
+        now: tuple[np.ndarray, ...] = (self.v, self.n, self.newest, self.cs, self.cn, self.cnewest)
         for new, prev in zip(now, old, strict=True):
             new[:k] = prev
 
@@ -371,27 +369,15 @@ class Column:
             np.add.at(self.v, (r, pos), x)
             np.add.at(self.n, (r, pos), 1)
         b = (slots - 1) // self.bucket_s
-        self._advance(rows, b, self.cnewest, self.buckets, (self.cs, self.cn, self.cmin, self.cmax), unique)
+        self._advance(rows, b, self.cnewest, self.buckets, (self.cs, self.cn), unique)
         keep = b > self.cnewest[rows] - self.buckets
         r, b, x = rows[keep], b[keep] % self.buckets, vals[keep]
-        with np.errstate(over="ignore"):  # beyond float32 (a ratio over a denormal rate): ±inf, as a bound
-            x32 = x.astype(np.float32)
         if unique:
-            first = self.cn[r, b] == 0
-            self.cmin[r, b] = np.where(first, x32, np.minimum(self.cmin[r, b], x32))
-            self.cmax[r, b] = np.where(first, x32, np.maximum(self.cmax[r, b], x32))
             self.cs[r, b] += x
             self.cn[r, b] += 1
-            return self.held is not None
-        first = self.cn[r, b] == 0
-        # a bucket's first point sets its min and max (fancy assignment: the last of equal indexes wins,
-        # and the minimum/maximum below then fold in every point of the batch)
-        self.cmin[r[first], b[first]] = x32[first]
-        self.cmax[r[first], b[first]] = x32[first]
-        np.add.at(self.cs, (r, b), x)
-        np.add.at(self.cn, (r, b), 1)
-        np.minimum.at(self.cmin, (r, b), x32)
-        np.maximum.at(self.cmax, (r, b), x32)
+        else:
+            np.add.at(self.cs, (r, b), x)
+            np.add.at(self.cn, (r, b), 1)
         return self.held is not None
 
     @staticmethod
@@ -530,15 +516,14 @@ class Column:
             r = r[r < len(self.newest)]
         elif r >= len(self.newest):
             return
-        for a in (self.v, self.n, self.cs, self.cn, self.cmin, self.cmax):
+        for a in (self.v, self.n, self.cs, self.cn):
             a[r] = 0
         self.newest[r] = _EMPTY
         self.cnewest[r] = _EMPTY
 
     def nbytes(self) -> int:
         held = sum(a.nbytes for a in self.held) if self.held is not None else 0
-        return held + sum(a.nbytes for a in (self.v, self.n, self.newest, self.cs, self.cn, self.cmin, self.cmax,
-                                             self.cnewest))
+        return held + sum(a.nbytes for a in (self.v, self.n, self.newest, self.cs, self.cn, self.cnewest))
 
 
 def aggregate_rows(agg: str, times: np.ndarray, vals: np.ndarray, cnt: np.ndarray) -> np.ndarray:
