@@ -19,16 +19,21 @@ import hashlib
 import logging
 import math
 import time
+import typing
 from collections import Counter
 from dataclasses import dataclass, field, replace
+from dataclasses import fields as dataclass_fields
+from functools import cache
 from typing import Any, Callable, Iterable, Mapping
 
 from whywait.agents.events import TOPICS
 from whywait.engine.diagnosis import Diagnosis, Evidence, Owner
-from whywait.engine.evaluate.conditions import Ctx, Result, evaluate, rule_metrics
+from whywait.engine.evaluate.conditions import IMPLICIT_METRICS, Ctx, Result, evaluate, rule_metrics
 from whywait.engine.evaluate.store import MetricStore
+from whywait.engine.rules.condition_types import Kind
 from whywait.engine.rules.loader import RuleSet
-from whywait.engine.rules.schema import Condition, Rule
+from whywait.engine.rules.metrics import METRICS
+from whywait.engine.rules.schema import Condition, Rule, leaves
 from whywait.engine.rules.templating import render as _render
 
 log = logging.getLogger(__name__)
@@ -157,6 +162,7 @@ class Evaluator:
         if self._keep_for is not self.rules:  # new rules (or a reload): the store keeps what they read
             self._keep_for = self.rules
             self.store.set_keep(rule_metrics(self.rules))
+            self.store.set_spans(rule_spans(self.rules))
         if msg["kind"] == "placement":
             self._place(msg)
         elif msg["kind"] == "net" and self.topology is not None:
@@ -721,6 +727,50 @@ class Evaluator:
         self.counted_until.update({str(k): float(v) for k, v in (snap.get("counted_until") or {}).items()})
         self._restoring = bool(self.incidents)
         self.restored_at = None
+
+
+# Parameters that count a window in points (steps) rather than seconds: a leaf with any of them set may
+# read further back than its durations say (a job with 40 s steps), so its metrics get no span.
+_POINT_COUNTS = ("steps", "baseline_steps", "history", "count", "min_segment", "min_baseline_points")
+
+
+@cache
+def _durations(params_type: type) -> tuple[str, ...]:
+    """The fields of a condition type's parameters that are durations (declared ``Duration``)."""
+    hints = typing.get_type_hints(params_type, include_extras=True)
+    return tuple(f.name for f in dataclass_fields(params_type)
+                 if any(isinstance(m, Kind) and m.text == "duration"
+                        for m in getattr(hints.get(f.name), "__metadata__", ())))
+
+
+def rule_spans(rules: Iterable[Rule]) -> dict[str, float]:
+    """The longest window any rule reads of each metric its conditions name (``when``, evidence, checks).
+
+    Called by the evaluator whenever its rule set changes, beside ``rule_metrics``: the store sizes
+    each metric's rings to this (:meth:`MetricStore.set_spans`).  A leaf's window is the longest of
+    its duration parameters (window, baseline, ...).  Left out, so that they keep full rings: metrics
+    the engine's own code reads (:data:`IMPLICIT_METRICS`) and those of a leaf that counts its window in
+    points too (``steps``, ``baseline_steps``, ...), whose reach depends on how long the job's steps are.
+    """
+    spans: dict[str, float] = {}
+    unbounded: set[str] = set(IMPLICIT_METRICS)
+    for rule in rules:
+        for node in (rule.when, *rule.evidence, *(c.when for c in rule.checks)):
+            for leaf in leaves(node):
+                params: Any = leaf.params
+                names: set[str] = set()
+                for f in dataclass_fields(params):
+                    v = getattr(params, f.name)
+                    names.update(x for x in (v if isinstance(v, (list, tuple, frozenset, set)) else (v,))
+                                 if isinstance(x, str) and x in METRICS)
+                if any(getattr(params, n, 0) for n in _POINT_COUNTS):
+                    unbounded |= names
+                    continue
+                kind: Any = type(params)  # a frozen dataclass type: hashable, as the cache needs
+                reach = max((float(getattr(params, n) or 0.0) for n in _durations(kind)), default=0.0)
+                for m in names:
+                    spans[m] = max(spans.get(m, 0.0), reach)
+    return {m: w for m, w in spans.items() if m not in unbounded}
 
 
 def _longest_window(node: Any) -> float:

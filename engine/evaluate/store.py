@@ -222,6 +222,13 @@ def aggregate(agg: str, times: Sequence[float], values: Sequence[float]) -> floa
 _FINE_S = 128
 _FINE_RANK_S = 256
 _BUCKET_S = 30  # seconds per coarse bucket
+# Told how long a window its rules read of each metric (``MetricStore.set_spans``), the store sizes a
+# column's ring to that (at least ``_FINE_MIN`` slots) and drops its coarse ring when the fine one holds
+# every window read: most GPU and node metrics are read over 5-60 s, and their 128 slots and 30 buckets
+# were most of the memory at 10,240 GPUs.  The margin covers the seconds the newest point may be ahead
+# of the tick reading it (points up to ``_AHEAD_S`` ahead are applied; the lateness; ``ceil``).
+_FINE_MIN = 32
+_SPAN_MARGIN_S = 32.0
 _EMPTY = np.iinfo(np.int64).min // 2
 # Staged points a column holds at most before they are applied (bounds the staging lists' memory: ~72
 # bytes a point with its floats, so every column no tick reads holds up to ~0.6 MiB; 1 << 15 was ~2.3 MiB,
@@ -271,12 +278,17 @@ class Rows:
 class Column:
     """One metric's values for every entity of its level: a fine ring of 1 s slots and a coarse ring of buckets."""
 
-    def __init__(self, rows: Rows, retention_s: float, fine_s: int = _FINE_S, bucket_s: int = _BUCKET_S) -> None:
+    def __init__(self, rows: Rows, retention_s: float, fine_s: int = _FINE_S, bucket_s: int = _BUCKET_S,
+                 coarse: bool = True) -> None:
         self.fine = fine_s
         self.mask = fine_s - 1
         assert fine_s & self.mask == 0, "fine_s is a power of two"
         self.bucket_s = bucket_s
-        self.buckets = int(math.ceil(retention_s / bucket_s)) + 2
+        self.retention_s = retention_s
+        # Without the coarse ring (``coarse`` False: no rule reads past the fine one) its arrays are
+        # zero-width and ``cnewest`` stays empty, so reads and flushes see no bucket at all.
+        self.coarse = coarse
+        self.buckets = int(math.ceil(retention_s / bucket_s)) + 2 if coarse else 0
         self.shared = rows
         self.rows = rows.index
         self._alloc(max(16, len(rows.entity_of)))
@@ -313,6 +325,47 @@ class Column:
         now: tuple[np.ndarray, ...] = (self.v, self.n, self.newest, self.cs, self.cn, self.cnewest)
         for new, prev in zip(now, old, strict=True):
             new[:k] = prev
+
+    def resize(self, fine_s: int, coarse: bool) -> None:
+        """Give the column a fine ring of ``fine_s`` slots, and a coarse ring if ``coarse``, keeping its points.
+
+        Called by the store when a rule needs a longer window than the column was sized for (a rule
+        loaded later, or a read past its ring).  Every slot both rings cover is copied; a new coarse
+        ring is filled from the old fine ring's slots (their sums and counts are exact), so only what
+        was older than the old ring is missing, as for a metric that starts being kept.
+        """
+        self._fit()
+        old_v, old_n, old_fine, old_mask = self.v, self.n, self.fine, self.mask
+        had_coarse = self.coarse
+        old_cs, old_cn, old_cnewest = self.cs, self.cn, self.cnewest
+        n_rows = len(self.newest)
+        newest = self.newest.copy()
+        self.fine, self.mask = fine_s, fine_s - 1
+        self.coarse = coarse
+        self.buckets = int(math.ceil(self.retention_s / self.bucket_s)) + 2 if coarse else 0
+        self._alloc(n_rows)
+        self.newest[:] = newest
+        valid = np.nonzero(newest != _EMPTY)[0]
+        self.version += 1
+        if not len(valid):
+            return
+        r = valid[:, None]
+        idx = newest[valid][:, None] - np.arange(old_fine)[None, :]  # every slot of the old ring, newest first
+        shared = idx[:, :min(old_fine, fine_s)]
+        self.v[r, shared & self.mask] = old_v[r, shared & old_mask]
+        self.n[r, shared & self.mask] = old_n[r, shared & old_mask]
+        if not coarse:
+            return
+        if had_coarse and old_cs.shape == self.cs.shape:
+            self.cs[:], self.cn[:], self.cnewest[:] = old_cs, old_cn, old_cnewest
+            return
+        cnt = old_n[r, idx & old_mask]
+        have = cnt > 0
+        rr = np.broadcast_to(r, idx.shape)[have]
+        b = (idx[have] - 1) // self.bucket_s
+        self.cnewest[valid] = (newest[valid] - 1) // self.bucket_s
+        np.add.at(self.cs, (rr, b % self.buckets), old_v[r, idx & old_mask][have])
+        np.add.at(self.cn, (rr, b % self.buckets), cnt[have])
 
     def add(self, entity: str, t: float, v: float) -> None:
         r = self.rows.get(entity)
@@ -368,6 +421,8 @@ class Column:
         else:
             np.add.at(self.v, (r, pos), x)
             np.add.at(self.n, (r, pos), 1)
+        if not self.coarse:
+            return self.held is not None
         b = (slots - 1) // self.bucket_s
         self._advance(rows, b, self.cnewest, self.buckets, (self.cs, self.cn), unique)
         keep = b > self.cnewest[rows] - self.buckets
@@ -633,6 +688,9 @@ class MetricStore:
         self._by_metric: dict[str, dict[str, Series]] = defaultdict(dict)  # the exact series, by metric
         # The metrics stored (None: every one); see ``set_keep``.  Per list plan, what of it is kept.
         self._keep: frozenset[str] | None = None
+        # The longest window the rules read per metric (None: unknown, every column keeps full rings);
+        # see ``set_spans``.
+        self._spans: dict[str, float] | None = None
         self._kept_lists: dict[int, tuple[tuple[str, ...], tuple[tuple[str, str, bool, bool], ...], bool]] = {}
         self._job_fields: tuple[bool, ...] = (True,) * len(_JOB_FIELDS)
         self._shares: tuple[bool, ...] = (True,) * 3
@@ -657,6 +715,44 @@ class MetricStore:
         self._job_fields = tuple(keep is None or f"job.{f}" in keep for f in _JOB_FIELDS)
         self._shares = tuple(keep is None or f"job.{f}" in keep for f in ("data_wait_share", "comm_share",
                                                                           "compute_share"))
+
+    def set_spans(self, spans: Mapping[str, float] | None) -> None:
+        """Size each column to the longest window read of its metric (None: full rings for every metric).
+
+        Called by the evaluator with :func:`whywait.engine.evaluate.evaluator.rule_spans` of its rules,
+        beside :meth:`set_keep`.  A metric without a span (read by code, or over a number of steps)
+        keeps full rings; a column already too small for its new span grows (:meth:`Column.resize`).
+        """
+        self._spans = None if spans is None else dict(spans)
+        for metric, col in self.columns.items():
+            fine, coarse = self._shape(metric)
+            if fine > col.fine or (coarse and not col.coarse):
+                col.resize(max(fine, col.fine), coarse or col.coarse)
+
+    def _shape(self, metric: str) -> tuple[int, bool]:
+        """The fine ring's slots and whether a coarse ring is kept, for a new column of ``metric``."""
+        level = METRICS[metric].level
+        if level == "rank":  # step windows are counted in steps too: they reach as far as the steps are long
+            return _FINE_RANK_S, True
+        span = None if self._spans is None else self._spans.get(metric)
+        if span is None or span + _SPAN_MARGIN_S > _FINE_S:
+            return _FINE_S, True
+        return max(_FINE_MIN, 1 << math.ceil(math.log2(span + _SPAN_MARGIN_S))), False
+
+    def _reach(self, col: Column, metric: str, window_s: float) -> None:
+        """Called by every windowed read: a window longer than a column without a coarse ring holds grows it.
+
+        Rules say their windows up front (``set_spans``), so this is for a window nothing declared
+        (a site rule's read the spans missed): logged, and kept from then on.
+        """
+        if col.coarse or window_s + _SPAN_MARGIN_S <= col.fine:
+            return
+        log.warning("metric %s was read over %.0fs, longer than its ring (%d s): widening it", metric, window_s,
+                    col.fine)
+        if self._spans is not None:
+            self._spans[metric] = max(self._spans.get(metric, 0.0), window_s)
+        fine, coarse = self._shape(metric)
+        col.resize(max(fine, col.fine), coarse)
 
     def _read(self, metric: str) -> None:
         """Called by every read: a metric the store was told not to keep is kept from now on."""
@@ -694,7 +790,8 @@ class MetricStore:
             rows = self.levels.get(level)
             if rows is None:
                 rows = self.levels[level] = Rows()
-            col = self.columns[metric] = Column(rows, self.retention_s, _FINE_RANK_S if level == "rank" else _FINE_S)
+            fine, coarse = self._shape(metric)
+            col = self.columns[metric] = Column(rows, self.retention_s, fine, coarse=coarse)
         return col
 
     def _upto(self) -> float | None:
@@ -1164,6 +1261,7 @@ class MetricStore:
         self._read(metric)
         col = self.columns.get(metric)
         if col is not None:
+            self._reach(col, metric, t1 - t0)
             col.flush(self._upto())
             r = col.rows.get(entity)
             if r is None:
@@ -1240,6 +1338,7 @@ class MetricStore:
         self._read(metric)
         col = self.columns.get(metric)
         if col is not None:
+            self._reach(col, metric, window_s)
             r = col.rows.get(entity)
             if r is None:
                 return window_s
@@ -1278,6 +1377,7 @@ class MetricStore:
         self._read(metric)
         col = self.columns.get(metric)
         if col is not None:
+            self._reach(col, metric, window_s)
             col.flush(self._upto())
         # Several rules read the same aggregate of the same entities in one tick: computed once, kept
         # until new points are applied to the column (its version) or the entities change.

@@ -121,3 +121,82 @@ def test_points_far_ahead_of_the_clock_wait_and_do_not_push_the_window_out() -> 
     # without a clock (after the run, or a store fed without ticks) everything is applied at once
     store.flush(everything=True)
     assert store.window("gpu.temp_c", "n0/gpu0", T0 + 295, T0 + 299)[1] == [296.0, 297.0, 298.0, 299.0]
+
+
+# ---- rings sized to what the rules read (MetricStore.set_spans) --------------------------------------
+
+
+def _sized(spans: dict[str, float] | None, seconds: int = 400, entities: int = 6, seed: int = 3) -> MetricStore:
+    rng = random.Random(seed)
+    store = MetricStore()
+    store.set_spans(spans)
+    for sec in range(seconds):
+        store.clock = T0 + sec  # as the evaluator's ticks move it
+        for e in range(entities):
+            if rng.random() < 0.1:
+                continue
+            store.put("gpu.temp_c", f"n{e}/gpu0", T0 + sec + rng.uniform(0.0, 0.99), rng.gauss(60, 5))
+    return store
+
+
+def test_a_column_read_over_short_windows_keeps_a_short_ring_and_answers_as_a_full_one() -> None:
+    full, short = _sized(None), _sized({"gpu.temp_c": 10.0})
+    col = short.column("gpu.temp_c")
+    assert (col.fine, col.coarse) == (64, False)  # 10 s read + 32 s margin -> 64 slots, no buckets
+    assert (full.column("gpu.temp_c").fine, full.column("gpu.temp_c").coarse) == (128, True)
+    assert short.memory_bytes() < full.memory_bytes() / 2
+    ents = [f"n{e}/gpu0" for e in range(6)]
+    now = T0 + 399
+    for w in (1.0, 5.0, 10.0, 30.0):
+        for agg in AGGS:
+            a, b = full.values("gpu.temp_c", ents, agg, now, w), short.values("gpu.temp_c", ents, agg, now, w)
+            assert np.array_equal(a, b, equal_nan=True), (agg, w)
+
+
+def test_a_read_past_a_short_ring_widens_it_and_keeps_what_it_held(caplog: pytest.LogCaptureFixture) -> None:
+    full, short = _sized(None), _sized({"gpu.temp_c": 10.0})
+    ents = [f"n{e}/gpu0" for e in range(6)]
+    now = T0 + 399
+    got = short.values("gpu.temp_c", ents, "avg", now, 60.0)  # 60 s: more than 64 slots hold with the margin
+    assert "read over 60s, longer than its ring" in caplog.text
+    col = short.column("gpu.temp_c")
+    assert (col.fine, col.coarse) == (128, False)
+    # the 64 s the short ring held are all there: a window within them answers as the full store does
+    assert np.array_equal(got, full.values("gpu.temp_c", ents, "avg", now, 60.0), equal_nan=True)
+    # past the fine ring: a coarse ring is made, filled from the fine slots it had
+    short.values("gpu.temp_c", ents, "avg", now, 600.0)
+    assert col.coarse
+    for e in ents:
+        t_full, v_full = full.window("gpu.temp_c", e, now - 200, now)
+        t_short, v_short = short.window("gpu.temp_c", e, now - 200, now)
+        # the newest 128 s are exact; older buckets only hold what the 64 s ring had
+        assert list(t_short)[-100:] == list(t_full)[-100:]
+        assert list(v_short)[-100:] == pytest.approx(list(v_full)[-100:])
+
+
+def test_a_longer_span_grows_the_columns_already_made() -> None:
+    store = _sized({"gpu.temp_c": 10.0}, seconds=100)
+    before = store.values("gpu.temp_c", ["n1/gpu0"], "count", T0 + 99, 30.0)
+    store.set_spans({"gpu.temp_c": 200.0})  # a rule reading 200 s was loaded
+    col = store.column("gpu.temp_c")
+    assert (col.fine, col.coarse) == (128, True)
+    assert np.array_equal(before, store.values("gpu.temp_c", ["n1/gpu0"], "count", T0 + 99, 30.0))
+
+
+def test_the_rules_spans_name_each_metric_s_longest_window_and_leave_step_counted_ones_unbounded() -> None:
+    from pathlib import Path
+
+    from whywait.engine.evaluate.conditions import IMPLICIT_METRICS
+    from whywait.engine.evaluate.evaluator import rule_spans
+    from whywait.engine.rules.loader import load_rules
+
+    rules = load_rules([Path(__file__).resolve().parents[2] / "rules"])
+    spans = rule_spans(rules)
+    assert spans["gpu.thermal_throttle"] == 60.0  # gpu.thermal-throttle: a 60 s window
+    assert spans["storage.write_latency_ms"] == 300.0  # a 300 s baseline counts as a window
+    assert not IMPLICIT_METRICS & spans.keys()  # read by the engine's own code: full rings
+    # self_history over steps (a job with 40 s steps reaches far back): no span, so full rings
+    assert "step.duration_s" not in spans
+    store = MetricStore()
+    store.set_spans(spans)
+    assert store.column("step.duration_s").fine == 256 and store.column("step.duration_s").coarse
