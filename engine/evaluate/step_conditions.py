@@ -32,15 +32,16 @@ from typing import Any, Callable, Literal, Mapping, Sequence
 
 import numpy as np
 from whywait.engine.diagnosis import Evidence
-from whywait.engine.evaluate.conditions import Ctx, Result
+from whywait.engine.evaluate.conditions import Ctx, Result, _vec
 from whywait.engine.evaluate.steps import (
     PHASE_NAMES,
     FrozenRow,
+    JudgedRanks,
     StepRec,
     column_medians,
     column_of,
     groups_of,
-    judge_ranks,
+    judge_window,
     kept_stat,
     known,
     lower_quartile,
@@ -192,7 +193,7 @@ def _step_outlier(c: Condition, ctx: Ctx) -> Result:
     ranks = [r for r in ctx.job.ranks if r in seen]
     groups = groups_of(ranks, _coords(ctx), p["within"])
     thr = p["ratio"].value
-    judged = judge_ranks(win, hist, groups, p["measure"], thr, int(p["history"]), z_thr=p["zscore"].value)
+    judged = judge_window(win, hist, groups, p["measure"], thr, int(p["history"]), z_thr=p["zscore"].value)
     if len(judged) < int(p["min_ranks"]):
         return Result(False)
     # A rank grew against its own past only if it grew by more than the job's other ranks did on the same
@@ -204,11 +205,15 @@ def _step_outlier(c: Condition, ctx: Ctx) -> Result:
     flagged = []
     is_ratio, is_z, persist = p["ratio"], p["zscore"], p["persist"]
     prefix = (ctx.rule_id, c.line, ctx.job.job)
-    for j in judged:
+    # Only a rank passing the first tests, or one flagged before (its frozen past in the state), is looked
+    # at: all ranks are screened at once, in the judgement's order, and the rest skipped as the loop did.
+    ok_all = _vec(is_ratio, judged.ratio) & _vec(is_z, judged.z) & (judged.slow_share >= persist)
+    held = _held_ranks(ctx.state, prefix)
+    look = np.nonzero(ok_all | np.isin(judged.rank, list(held)))[0] if held else np.nonzero(ok_all)[0]
+    for i in look.tolist():
+        j = judged.judgement(i)
         key = (*prefix, j.rank)
-        ok = is_ratio(j.ratio) and is_z(j.z) and j.slow_share >= persist
-        if not ok and key not in ctx.state:
-            continue  # the usual case, for all but a few of thousands of ranks: nothing to forget either
+        ok = bool(ok_all[i])
         # Frozen while flagged, as two numbers (the engine's snapshot keeps numeric state only).
         base = ctx.state.get(key, j.history_ratio)
         spread = ctx.state.get(key + ("spread",), j.history_spread) if key in ctx.state else j.history_spread
@@ -242,16 +247,9 @@ def _step_outlier(c: Condition, ctx: Ctx) -> Result:
         # A rank slower than the fast ones on every step since its history began (an older GPU) is
         # not "another rank slow instead": only a rank slow against its own past is.
         mine = {j.rank for j, _ in flagged}
-
-        def newly_slow(j: Any, i: int) -> bool:
-            if i not in j.slow_at:
-                return False
-            x = (j.ratio_at or {}).get(i)
-            return j.history_ratio is None or x is None or x > j.history_ratio * thr
-
+        theirs = judged.newly_slow_steps(mine)
         foreign = sum(1 for i in range(len(win))
-                      if not any(i in j.slow_at for j, _ in flagged)
-                      and any(newly_slow(j, i) for j in judged if j.rank not in mine))
+                      if not any(i in j.slow_at for j, _ in flagged) and i in theirs)
         if foreign >= 0.25 * len(win):
             flagged = [(j, b) for j, b in flagged if j.slow_share >= 1.0]
     if not flagged or len(flagged) > p["max_share"] * len(judged):
@@ -288,43 +286,31 @@ def _excess_over_peers(row: Mapping[int, StepRec], top: int, phase: str) -> floa
     return kept_stat(row, ("excess", phase, top), compute)  # type: ignore[no-any-return]
 
 
-def _growth_z(judged: list[Any]) -> Callable[[Any, float], float | None]:
+def _held_ranks(state: Mapping[tuple[Any, ...], Any], prefix: tuple[Any, ...]) -> set[int]:
+    """The ranks whose past ratio ``step_outlier`` keeps frozen under ``prefix`` (rule, line, job): flagged before."""
+    n = len(prefix) + 1
+    return {k[-1] for k in state if len(k) == n and k[:-1] == prefix}
+
+
+def _growth_z(judged: JudgedRanks) -> Callable[[Any, float], float | None]:
     """A function giving a rank's growth against its own past as a robust z among the job's ranks.
 
     On each window step, every rank with a past grew by (that step's ratio / its past ratio); the
     step's typical growth is their median and its noise their spread (1.4826 x MAD of growth over the
-    typical, floored at 0.02).  A rank's z is the median over the steps of (its growth over the typical
-    - 1) / the step's noise, its growth taken against ``base`` (its frozen past ratio while flagged).
-    Judged step by step, so a step where batches were uneven on every rank (wide noise) counts for
-    little and a step of ordinary jitter for much.  None with fewer than 4 ranks with a past.  Called
-    by ``step_outlier`` for a rank about to be flagged (computed on first use, once per evaluation).
+    typical, floored at 0.02): :meth:`JudgedRanks.growth_noise`.  A rank's z is the median over the steps
+    of (its growth over the typical - 1) / the step's noise, its growth taken against ``base`` (its frozen
+    past ratio while flagged).  Judged step by step, so a step where batches were uneven on every rank
+    (wide noise) counts for little and a step of ordinary jitter for much.  None with fewer than 4 ranks
+    with a past.  Called by ``step_outlier`` for a rank about to be flagged (the steps' noise computed on
+    first use, once per evaluation).
     """
     cache: dict[int, tuple[float, float]] = {}
     built: list[bool] = []
 
-    def build() -> None:
-        built.append(True)
-        per_step: dict[int, list[float]] = {}
-        n = 0
-        for j in judged:
-            if j.history_ratio and j.ratio_at:
-                n += 1
-                for i, x in j.ratio_at.items():
-                    per_step.setdefault(i, []).append(x / j.history_ratio)
-        if n < 4:
-            return
-        for i, gs in per_step.items():
-            if len(gs) < 4:
-                continue
-            typ = statistics.median(gs)
-            if typ <= 0:
-                continue
-            rel = [g / typ for g in gs]
-            cache[i] = (typ, max(1.4826 * statistics.median(abs(r - 1.0) for r in rel), 0.02))
-
     def z(j: Any, base: float) -> float | None:
         if not built:
-            build()
+            built.append(True)
+            cache.update(judged.growth_noise())
         if not cache or not base or base <= 0:
             return None
         zs = [(x / (base * cache[i][0]) - 1.0) / cache[i][1] for i, x in j.ratio_at.items() if i in cache]

@@ -658,10 +658,154 @@ def keep_stat(row: Mapping[int, StepRec], key: tuple[Any, ...], value: Any) -> N
     row.stats[key] = value
 
 
+class _Part:
+    """One group's share of a :class:`JudgedRanks`: its window matrices, per-member medians and history lines."""
+
+    __slots__ = ("group", "members", "present", "block", "meds", "z_med", "v_med", "n_slow", "n_have", "ref_med",
+                 "lines", "min_history", "_hist")
+
+    def __init__(self, group: str, members: list[int], present: np.ndarray, block: _Block, meds: np.ndarray,
+                 z_med: np.ndarray, v_med: np.ndarray, n_slow: np.ndarray, n_have: np.ndarray, ref_med: float,
+                 lines: Callable[[], list[tuple[Any, ...]]], min_history: int) -> None:
+        self.group, self.members, self.present, self.block = group, members, present, block
+        self.meds, self.z_med, self.v_med, self.n_slow, self.n_have = meds, z_med, v_med, n_slow, n_have
+        self.ref_med, self.lines, self.min_history = ref_med, lines, min_history
+        self._hist: tuple[list[float | None], list[float | None]] | None = None
+
+    def history(self) -> tuple[list[float | None], list[float | None]]:
+        """Per member (member order): its history ratio and spread, None where it has too little history."""
+        if self._hist is None:
+            hl = self.lines()
+            m = len(self.members)
+            h_have = np.zeros((len(hl), m), bool)
+            h_ratio = np.zeros((len(hl), m))
+            for k, st in enumerate(hl):
+                h_have[k, st[0]] = True
+                h_ratio[k, st[0]] = st[2]
+            h_n = h_have.sum(axis=0)
+            h_med = _col_medians(h_ratio, h_have)
+            h_spread = 1.4826 * _col_medians(np.abs(h_ratio - h_med), h_have)
+            h_med_l, h_spread_l, h_n_l = h_med.tolist(), h_spread.tolist(), h_n.tolist()
+            hm = [h_med_l[c] if h_n_l[c] >= self.min_history and h_n_l[c] else None for c in range(m)]
+            self._hist = hm, [h_spread_l[c] if hm[c] is not None else None for c in range(m)]
+        return self._hist
+
+
+class JudgedRanks:
+    """Every rank :func:`judge_window` judged, as arrays in the order :func:`judge_ranks` lists them.
+
+    ``rank``, ``ratio``, ``z`` and ``slow_share`` hold every judged rank (what a condition screens all
+    ranks on); a :class:`RankJudgement` is built only for a rank asked for (:meth:`judgement`), and the
+    history figures (a sort of the history's steps x ranks) only when one is.  Why: at 1,024 ranks
+    building a judgement and the history medians of every rank on every tick was most of the
+    straggler rule's cost, and all but a few ranks fail the first test.
+    """
+
+    def __init__(self, parts: list[_Part], ratio_thr: float) -> None:
+        self._parts = parts
+        self.ratio_thr = ratio_thr
+        cat = (lambda xs: np.concatenate(xs) if xs else np.zeros(0))  # noqa: E731
+        self.rank = cat([np.asarray(p.members, np.int64)[p.present] for p in parts]).astype(np.int64)
+        self.ratio = cat([p.meds[p.present] for p in parts])
+        self.z = cat([p.z_med[p.present] for p in parts])
+        self.slow_share = cat([p.n_slow[p.present] / p.n_have[p.present] for p in parts])
+        # index i -> (part, member column)
+        self._where = [(p, int(c)) for p in parts for c in p.present.tolist()]
+        self._made: dict[int, RankJudgement] = {}
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+    def judgement(self, i: int) -> RankJudgement:
+        """The :class:`RankJudgement` of the ``i``-th judged rank (made once)."""
+        got = self._made.get(i)
+        if got is None:
+            p, c = self._where[i]
+            hm, hs = p.history()
+            got = self._made[i] = RankJudgement(
+                p.members[c], p.group, float(p.meds[c]), int(p.n_slow[c]) / int(p.n_have[c]), float(p.z_med[c]),
+                hm[c], float(p.v_med[c]), p.ref_med, history_spread=hs[c], src=(p.block, c))
+        return got
+
+    def all(self) -> list[RankJudgement]:
+        """Every judgement, in order (builds them all)."""
+        return [self.judgement(i) for i in range(len(self))]
+
+    def _with_history(self) -> list[tuple[_Part, np.ndarray, np.ndarray]]:
+        """Per group: its present member columns and their history ratio (NaN: none) in that order."""
+        out = []
+        for p in self._parts:
+            hm = p.history()[0]
+            cols = p.present
+            out.append((p, cols, np.array([math.nan if hm[c] is None else hm[c] for c in cols.tolist()])))
+        return out
+
+    def growth_noise(self) -> dict[int, tuple[float, float]]:
+        """Per window step (index): the typical growth of the ranks with a past (the median of each one's
+        ratio over its history ratio) and its noise (1.4826 x the MAD of growth over the typical, at
+        least 0.02); steps with fewer than 4 such ranks left out, and nothing under 4 such ranks in all.
+
+        What ``step_outlier`` judges a rank's growth against: the same floats as a loop over the ranks'
+        judgements with :func:`statistics.median`.
+        """
+        lines: dict[int, list[np.ndarray]] = {}
+        n = 0
+        for p, cols, h in self._with_history():
+            use = ~np.isnan(h) & (h != 0)  # a history ratio that is truthy
+            if not use.any():
+                continue
+            n += int(use.sum())
+            cols, h = cols[use], h[use]
+            b = p.block
+            for k, i in enumerate(b.used):
+                have = b.have[k, cols]
+                if have.any():
+                    lines.setdefault(i, []).append((b.ratio[k, cols] / h)[have])
+        out: dict[int, tuple[float, float]] = {}
+        if n < 4:
+            return out
+        for i, parts in lines.items():
+            gs = np.sort(np.concatenate(parts))
+            if len(gs) < 4:
+                continue
+            typ = _median(gs)
+            if typ <= 0:
+                continue
+            dev = np.sort(np.abs(gs / typ - 1.0))
+            out[i] = (typ, max(1.4826 * _median(dev), 0.02))
+        return out
+
+    def newly_slow_steps(self, skip: set[int]) -> set[int]:
+        """Window steps (indices) on which a rank not in ``skip`` was slow, and slower than ``ratio_thr`` times its
+        history ratio (any ratio, for a rank without one)."""
+        out: set[int] = set()
+        for p, cols, h in self._with_history():
+            keep = np.array([p.members[c] not in skip for c in cols.tolist()], bool)
+            if not keep.any():
+                continue
+            cols, h = cols[keep], h[keep]
+            b = p.block
+            if not len(b.used):
+                continue
+            slow = b.slow[:, cols]
+            with np.errstate(invalid="ignore"):
+                newly = slow & (np.isnan(h)[None, :] | (b.ratio[:, cols] > (h * self.ratio_thr)[None, :]))
+            out.update(b.used[k] for k in np.nonzero(newly.any(axis=1))[0].tolist())
+        return out
+
+
 def judge_ranks(window: Sequence[tuple[int, Mapping[int, StepRec]]],
                 history: Sequence[tuple[int, Mapping[int, StepRec]]],
                 groups: Mapping[str, list[int]], measure: str, ratio_thr: float, min_history: int,
                 min_group: int = 2, z_thr: float = 4.0) -> list[RankJudgement]:
+    """Every rank's :class:`RankJudgement` (:func:`judge_window`, each judgement built)."""
+    return judge_window(window, history, groups, measure, ratio_thr, min_history, min_group, z_thr).all()
+
+
+def judge_window(window: Sequence[tuple[int, Mapping[int, StepRec]]],
+                 history: Sequence[tuple[int, Mapping[int, StepRec]]],
+                 groups: Mapping[str, list[int]], measure: str, ratio_thr: float, min_history: int,
+                 min_group: int = 2, z_thr: float = 4.0) -> JudgedRanks:
     """Compare every rank with its group on each step of the window (and of the history).
 
     Per step, each rank's ratio to the group's lower quartile and its robust z against that step's
@@ -671,8 +815,9 @@ def judge_ranks(window: Sequence[tuple[int, Mapping[int, StepRec]]],
     Called by the step-aligned conditions on every tick for every job.  Each step's statistics are
     computed once (:func:`_step_stats`, kept on the step) and the medians over steps are taken for
     every rank at once (numpy over steps x ranks), with the same arithmetic as a rank-by-rank loop.
+    Returns them as arrays (:class:`JudgedRanks`); the history is read only when a judgement is asked for.
     """
-    out: list[RankJudgement] = []
+    parts: list[_Part] = []
     for g, members in groups.items():
         if len(members) < min_group:
             continue
@@ -704,31 +849,16 @@ def judge_ranks(window: Sequence[tuple[int, Mapping[int, StepRec]]],
         present = np.nonzero(n_have > 0)[0]  # members with at least one judged step (in member order)
         if len(present) < min_group:
             continue
-        # The history: ratios only.
-        hl = [st for _, row in history if (st := _step_stats(row, members, measure, min_group, key)) is not _SKIP]
-        h_have = np.zeros((len(hl), m), bool)
-        h_ratio = np.zeros((len(hl), m))
-        for k, st in enumerate(hl):
-            h_have[k, st[0]] = True
-            h_ratio[k, st[0]] = st[2]
-        h_n = h_have.sum(axis=0)
-        h_med = _col_medians(h_ratio, h_have)
-        h_spread = 1.4826 * _col_medians(np.abs(h_ratio - h_med), h_have)
-        meds = _col_medians(ratio, have)
-        z_med = _col_medians(zed, have)
-        v_med = _col_medians(value, have)
-        n_slow = slow.sum(axis=0)
-        ref_med = _median(sorted(refs)) if refs else 0.0
-        block = _Block(used, have, ratio, slow)
-        meds_l, z_l, v_l = meds.tolist(), z_med.tolist(), v_med.tolist()
-        h_med_l, h_spread_l, h_n_l = h_med.tolist(), h_spread.tolist(), h_n.tolist()
-        n_slow_l, n_have_l = n_slow.tolist(), n_have.tolist()
-        for c in present.tolist():
-            hm = h_med_l[c] if h_n_l[c] >= min_history and h_n_l[c] else None
-            out.append(RankJudgement(
-                members[c], g, meds_l[c], n_slow_l[c] / n_have_l[c], z_l[c], hm, v_l[c], ref_med,
-                history_spread=h_spread_l[c] if hm is not None else None, src=(block, c)))
-    return out
+
+        def history_lines(members: list[int] = members, key: tuple[Any, ...] = key) -> list[tuple[Any, ...]]:
+            # The history: ratios only.
+            return [st for _, row in history
+                    if (st := _step_stats(row, members, measure, min_group, key)) is not _SKIP]
+
+        parts.append(_Part(g, members, present, _Block(used, have, ratio, slow), _col_medians(ratio, have),
+                           _col_medians(zed, have), _col_medians(value, have), slow.sum(axis=0), n_have,
+                           _median(sorted(refs)) if refs else 0.0, history_lines, min_history))
+    return JudgedRanks(parts, ratio_thr)
 
 
 def rank_matrix(rows: Sequence[tuple[int, Mapping[int, StepRec]]], ranks: Sequence[int], measure: str) -> np.ndarray:
