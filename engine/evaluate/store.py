@@ -29,6 +29,7 @@ import bisect
 import logging
 import math
 import statistics
+from array import array
 from collections import defaultdict
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -159,6 +160,31 @@ class Series:
 
     def last(self) -> float | None:
         return self.t[-1] if self.t else None
+
+
+class Times:
+    """Time-ordered event times (a node's reports): 8 bytes a time in an array, not a list of float objects.
+
+    A node reports every second, and its report times are kept for the whole retention: as a
+    :class:`Series` (two lists of Python floats) that was ~64 bytes a second per node, ~70 MiB at
+    1,280 nodes over 900 s; here 8.
+    """
+
+    __slots__ = ("t",)
+
+    def __init__(self) -> None:
+        self.t: array[float] = array("d")
+
+    def add(self, t: float) -> None:
+        if not self.t or t >= self.t[-1]:
+            self.t.append(t)
+        else:  # a late message: keep the times sorted
+            self.t.insert(bisect.bisect_right(self.t, t), t)
+
+    def trim(self, before: float) -> None:
+        i = bisect.bisect_left(self.t, before)
+        if i:
+            del self.t[:i]
 
 
 def aggregate(agg: str, times: Sequence[float], values: Sequence[float]) -> float | None:
@@ -668,7 +694,7 @@ class MetricStore:
         # job -> checkpoint id -> [start, end or None]: ages are judged at the evaluation time, which
         # trails the newest message by the lateness, so a save that ended "later" was still open then.
         self.checkpoint_spans: dict[str, dict[str, list[float | None]]] = defaultdict(dict)
-        self.node_seen: dict[str, Series] = {}  # node -> times it reported (any periodic kind)
+        self.node_seen: dict[str, Times] = {}  # node -> times it reported (any periodic kind)
         # Job-level metrics are the median over ranks per second of event time: steps land in
         # per-second buckets that are closed (reduced to their median) once the watermark passes.
         self._buckets: dict[tuple[str, str], dict[int, list[float]]] = defaultdict(dict)
@@ -834,9 +860,9 @@ class MetricStore:
             self.node_last[node] = max(t, self.node_last.get(node, t))
             seen = self.node_seen.get(node)
             if seen is None:
-                seen = self.node_seen[node] = Series()
+                seen = self.node_seen[node] = Times()
             if not seen.t or seen.t[-1] != t:
-                seen.add(t, 1.0)
+                seen.add(t)
         plan = self.plan.get(kind)
         if plan is not None:
             self._ingest_declared(plan, msg, t, node)

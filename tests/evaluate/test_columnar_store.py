@@ -200,3 +200,16 @@ def test_the_rules_spans_name_each_metric_s_longest_window_and_leave_step_counte
     store = MetricStore()
     store.set_spans(spans)
     assert store.column("step.duration_s").fine == 256 and store.column("step.duration_s").coarse
+
+
+def test_node_report_times_stay_sorted_compact_and_bounded() -> None:
+    store = MetricStore(retention_s=60.0)
+    for sec in (0, 1, 2, 4, 3, 3):  # a late report, and two kinds of one second
+        store.ingest({"schema": 2, "kind": "host", "time": T0 + sec, "node": "n1", "cpu_busy_pct": 1.0,
+                      "cpu_iowait_pct": 0.0, "mem_used_bytes": 1, "mem_total_bytes": 2})
+    seen = store.node_seen["n1"]
+    assert list(seen.t) == [T0, T0 + 1, T0 + 2, T0 + 3, T0 + 3, T0 + 4]
+    assert seen.t.itemsize == 8  # an array of doubles, not a list of float objects
+    assert store.age("node.since_last_s", "n1", T0 + 3.5) == pytest.approx(0.5)
+    store.trim(T0 + 62.5)
+    assert list(seen.t) == [T0 + 3, T0 + 3, T0 + 4]
