@@ -1267,8 +1267,8 @@ class MetricStore:
                 freed = np.array(gone, np.int64)
                 for c in cols:
                     c.clear(freed)
-        for s in self.node_seen.values():
-            s.trim(cutoff)
+        for seen in self.node_seen.values():
+            seen.trim(cutoff)
         for job, table in list(self.step_tables.items()):
             if table.newest_t < cutoff:  # a finished job: forget its steps
                 del self.step_tables[job]
