@@ -68,7 +68,8 @@ class Ctx:
     # ---- entity helpers ----------------------------------------------------------------------------
 
     def nodes(self) -> list[str]:
-        return sorted({n for n, _ in self.job.ranks.values()})
+        """The job's nodes, sorted (a new list: callers may change it)."""
+        return list(_placed(self.job, "nodes", lambda: sorted({n for n, _ in self.job.ranks.values()})))
 
     def node_of(self, entity: str) -> str:
         """Map any entity key of this job to its node."""
@@ -111,9 +112,13 @@ class Ctx:
         if level == "job":
             return [job.job]
         if level == "rank":
-            return [f"{job.job}:{r}" for r, (n, _) in sorted(job.ranks.items()) if only is None or n in only]
+            if only is None:  # the placement's alone: kept while it lasts (callers get a copy)
+                return list(_placed(job, "rank", lambda: [f"{job.job}:{r}" for r, _ in sorted(job.ranks.items())]))
+            return [f"{job.job}:{r}" for r, (n, _) in sorted(job.ranks.items()) if n in only]
         if level == "gpu":
-            return sorted({f"{n}/gpu{g}" for n, g in job.ranks.values() if only is None or n in only})
+            if only is None:
+                return list(_placed(job, "gpu", lambda: sorted({f"{n}/gpu{g}" for n, g in job.ranks.values()})))
+            return sorted({f"{n}/gpu{g}" for n, g in job.ranks.values() if n in only})
         nodes = [n for n in self.nodes() if only is None or n in only]
         if level == "node":
             return nodes
@@ -136,6 +141,26 @@ class Ctx:
             elif e != job.job and "/" not in e:
                 out.update(r for r, (n, _) in job.ranks.items() if n == e)
         return sorted(out)
+
+
+# What is derived from a job's placement alone (its rank and GPU entity names, its nodes), by placement: a
+# JobInfo is immutable and a new placement brings a new ``ranks`` mapping, so its identity says when to build
+# again.  The kept entry holds the mapping, so its id is not reused while kept.  At 1,024 ranks the lists
+# cost more to build than most conditions cost to evaluate, on every tick.
+_PLACED: dict[tuple[int, str, str], tuple[Any, list[str]]] = {}
+
+
+def _placed(job: JobView, what: str, build: Any) -> list[str]:
+    """``build()`` for ``job``'s placement and ``what``, kept while the placement lasts; callers must not change it."""
+    key = (id(job.ranks), job.job, what)
+    kept = _PLACED.get(key)
+    if kept is not None and kept[0] is job.ranks:
+        return kept[1]
+    out: list[str] = build()
+    if len(_PLACED) >= 256:  # bounded: jobs come and go
+        _PLACED.clear()
+    _PLACED[key] = (job.ranks, out)
+    return out
 
 
 @dataclass
@@ -255,23 +280,30 @@ def _peer_outlier(c: Condition, ctx: Ctx) -> Result:
     arr = _aggregates(ctx, p.metric, ents, p.agg, p.window, p.steps)
     # Peer groups: the whole level, or (same_name) the entities of one name across the job's nodes,
     # so a node's /scratch mount is judged against the other nodes' /scratch, not against /home.
-    groups: dict[str, list[int]] = {}
-    for i in np.nonzero(~np.isnan(arr))[0]:
-        e = ents[i]
-        groups.setdefault(e.split("/", 1)[1] if p.peers == "same_name" and "/" in e else "", []).append(int(i))
+    has = np.nonzero(~np.isnan(arr))[0]
+    groups: dict[str, Any] = {}
+    if p.peers == "same_name":
+        for i in has.tolist():
+            e = ents[i]
+            groups.setdefault(e.split("/", 1)[1] if "/" in e else "", []).append(i)
+    elif len(has):
+        groups[""] = has  # one group, the entities with data in their order (as the loop above builds it)
     only = set(ctx.entities(level, c.on)) if c.on == "culprit" else None
     res = Result(False)
     for name, idx in sorted(groups.items()):
         if len(idx) >= p.min_peers + 1:
             against = f"the median of {name} on the job's nodes" if name else "the job median"
-            _judge_peers(c, p, [ents[i] for i in idx], arr[idx], only, res, against)
+            sel = np.asarray(idx, np.int64)
+            _judge_peers(c, p, ents, sel, arr[sel], only, res, against)
     res.holds = bool(res.entities)
     return res
 
 
-def _judge_peers(c: Condition, p: PeerOutlierCondition, ents: list[str], vals: np.ndarray, only: set[str] | None,
-                 res: Result, against: str) -> None:
-    """Add to ``res`` the entities of one peer group that stand out from the group's median (vectorised)."""
+def _judge_peers(c: Condition, p: PeerOutlierCondition, all_ents: list[str], idx: np.ndarray, vals: np.ndarray,
+                 only: set[str] | None, res: Result, against: str) -> None:
+    """Add to ``res`` the entities of one peer group that stand out from the group's median (vectorised).
+
+    ``vals`` are the group's values, ``idx`` where its entities are in ``all_ents``."""
     med = float(np.median(vals))
     mad = float(np.median(np.abs(vals - med)))
     # A floor on the spread: identical peers (MAD 0) must not turn a 1% wobble into an infinite z-score.
@@ -293,7 +325,7 @@ def _judge_peers(c: Condition, p: PeerOutlierCondition, ents: list[str], vals: n
     thr = " and ".join(x for x in (f"ratio {p.ratio}" if p.ratio else "",
                                    f"robust z {p.zscore}" if p.zscore else "") if x)
     for i in np.nonzero(ok)[0]:
-        e = ents[i]
+        e = all_ents[idx[i]]
         if only is not None and e not in only:
             continue
         r, zz, v = float(ratio[i]), float(z[i]), float(vals[i])

@@ -40,6 +40,7 @@ from whywait.engine.evaluate.steps import (
     StepRec,
     column_medians,
     column_of,
+    groups_key,
     groups_of,
     judge_window,
     kept_stat,
@@ -966,8 +967,11 @@ def _what_if(c: Condition, ctx: Ctx) -> Result:
         if fn is None and culprits and len(culprits) < len(ctx.job.ranks):
             groups = groups_of(ctx.job.ranks, _coords(ctx), p["within"])
 
+            # What one step loses to these culprits is kept on the step: asked again on every tick it is recent.
+            loss_key = ("step_loss", p["measure"], frozenset(culprits), groups_key(groups))
+
             def peers(row: Mapping[int, StepRec]) -> tuple[float, float] | None:
-                dur, lost = step_loss(row, culprits, groups, p["measure"])
+                dur, lost = kept_stat(row, loss_key, lambda: step_loss(row, culprits, groups, p["measure"]))
                 return (dur, lost) if lost > 0.02 * _training_s(row) else None
             fn = peers
             # Is it the culprits' own work that holds the step back (a slow GPU, a starved loader)?
@@ -1007,14 +1011,21 @@ def _what_if(c: Condition, ctx: Ctx) -> Result:
     return Result(True, [], [ev])
 
 
-def _straggle_s(row: Mapping[int, StepRec], groups: dict[str, list[int]], measure: str) -> float:
+def _straggle_s(row: Mapping[int, StepRec], groups: dict[str, list[int]], measure: str,
+                key: tuple[Any, ...] | None = None) -> float:
     """Seconds the step's slowest rank's own work added on top of its group's typical work.
 
     In a synchronous job the step waits for its slowest rank: a hiccup, a GC pause or a starved
     loader lengthens it by that rank's work over the group's median.  Taken as the largest share over
     any group's median, times the largest group median (the pace-setting group's work); 0 when no
-    group has four ranks with the measure.
+    group has four ranks with the measure.  Kept on the step under ``("straggle", measure, key)``, ``key``
+    naming the groups (:func:`groups_key`, computed when not given).
     """
+    key = ("straggle", measure, groups_key(groups) if key is None else key)
+    return float(kept_stat(row, key, lambda: _straggle_of(row, groups, measure)))
+
+
+def _straggle_of(row: Mapping[int, StepRec], groups: dict[str, list[int]], measure: str) -> float:
     most = mid_max = 0.0
     for members in groups.values():
         vals = known(row, members, measure)
@@ -1046,11 +1057,12 @@ class _OwnPast:
 
     def __init__(self, base: float, gate: float, groups: dict[str, list[int]], measure: str) -> None:
         self.base, self.gate, self.groups, self.measure = base, gate, groups, measure
+        self.key = groups_key(groups)
 
     def own(self, row: Mapping[int, StepRec]) -> float:
         """The step's own time: a checkpoint save in it is the save's, and what the slowest rank's own
         work added is that rank's, not this incident's."""
-        return _training_s(row) - _straggle_s(row, self.groups, self.measure)
+        return _training_s(row) - _straggle_s(row, self.groups, self.measure, self.key)
 
     def signed(self, row: Mapping[int, StepRec]) -> tuple[float, float]:
         """``(step time, seconds lost)``, negative for a step quicker than the baseline."""
@@ -1072,7 +1084,7 @@ def _against_own_past(ctx: Ctx, done: Steps, groups: dict[str, list[int]], measu
     if base is None or ctx.facts.get("cost_until", -math.inf) == -math.inf:
         # the history: steps that ended well before the incident began
         probe = _OwnPast(0.0, 0.0, groups, measure)
-        before = [probe.own(row) for _, row in done if row_end(row) < since - 10.0][-60:]
+        before = [probe.own(row) for row in [row for _, row in done if row_end(row) < since - 10.0][-60:]]
         if len(before) < 5:
             return None
         base = statistics.median(before)
@@ -1163,7 +1175,15 @@ def _save_losses(ctx: Ctx) -> list[tuple[float, float, float]]:
 
 
 def _training_s(row: Mapping[int, StepRec]) -> float:
-    """The step's time less any checkpoint save in it (median over the ranks)."""
+    """The step's time less any checkpoint save in it (median over the ranks), kept on the step: the cost
+    figure asks it of the job's last 20 steps on every tick."""
+    return float(kept_stat(row, _TRAINING_S, lambda: _training_of(row)))
+
+
+_TRAINING_S = ("training_s",)
+
+
+def _training_of(row: Mapping[int, StepRec]) -> float:
     if isinstance(row, FrozenRow):  # the same floats, a column at a time
         ck = row.cols.get("checkpoint_s")
         dur = row.cols["duration_s"]

@@ -258,7 +258,14 @@ def column_of(row: Mapping[int, StepRec], ranks: Sequence[int], measure: str) ->
 
 
 def row_median(row: Mapping[int, StepRec], field_name: str = "duration_s") -> float:
-    """The median over the step's ranks of one record field (every rank has ``t`` and ``duration_s``)."""
+    """The median over the step's ranks of one record field (every rank has ``t`` and ``duration_s``).
+
+    Kept on the step (:func:`kept_stat`): the cost figure asks it of the same recent steps on every tick.
+    """
+    return float(kept_stat(row, ("median", field_name), lambda: _row_median(row, field_name)))
+
+
+def _row_median(row: Mapping[int, StepRec], field_name: str) -> float:
     if isinstance(row, FrozenRow):
         return float(statistics.median(row.cols[field_name].tolist()))
     return float(statistics.median(getattr(r, field_name) for r in row.values()))
@@ -580,6 +587,12 @@ def _group_id(members: Sequence[int]) -> int:
             _GROUP_IDS.clear()
         gid = _GROUP_IDS[key] = next(_NEXT_ID)
     return gid
+
+
+def groups_key(groups: Mapping[str, Sequence[int]]) -> tuple[Any, ...]:
+    """A small key naming ``groups`` (their names and member lists), for what a condition keeps on a step per
+    groups (:func:`kept_stat`): member lists map to ids that are never reused."""
+    return tuple((g, _group_id(m)) for g, m in groups.items())
 
 
 def _step_stats(row: Mapping[int, StepRec], members: Sequence[int], measure: str, min_group: int,
