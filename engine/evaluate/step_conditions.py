@@ -209,12 +209,12 @@ def _step_outlier(c: Condition, ctx: Ctx) -> Result:
     # Only a rank passing the first tests, or one flagged before (its frozen past in the state), is looked
     # at: all ranks are screened at once, in the judgement's order, and the rest skipped as the loop did.
     ok_all = _vec(is_ratio, judged.ratio) & _vec(is_z, judged.z) & (judged.slow_share >= persist)
-    held = _held_ranks(ctx.state, prefix)
-    look = np.nonzero(ok_all | np.isin(judged.rank, list(held)))[0] if held else np.nonzero(ok_all)[0]
-    for i in look.tolist():
+    for i in _looked_at(judged, ok_all, _held_ranks(ctx.state, prefix)):
         j = judged.judgement(i)
         key = (*prefix, j.rank)
         ok = bool(ok_all[i])
+        if not ok and key not in ctx.state:
+            continue  # nothing to judge and nothing to forget (what _looked_at screens out)
         # Frozen while flagged, as two numbers (the engine's snapshot keeps numeric state only).
         base = ctx.state.get(key, j.history_ratio)
         spread = ctx.state.get(key + ("spread",), j.history_spread) if key in ctx.state else j.history_spread
@@ -285,6 +285,13 @@ def _excess_over_peers(row: Mapping[int, StepRec], top: int, phase: str) -> floa
         return mine - statistics.median(peers) if mine is not None and peers else None
 
     return kept_stat(row, ("excess", phase, top), compute)  # type: ignore[no-any-return]
+
+
+def _looked_at(judged: JudgedRanks, ok: np.ndarray, held: set[int]) -> list[int]:
+    """The judged ranks (indices) ``step_outlier`` must look at: those passing its first tests (``ok``) and those
+    it flagged before (``held``), in order; the rest neither flag nor have a flag to forget."""
+    mask = ok | np.isin(judged.rank, list(held)) if held else ok
+    return np.nonzero(mask)[0].tolist()  # type: ignore[no-any-return]
 
 
 def _held_ranks(state: Mapping[tuple[Any, ...], Any], prefix: tuple[Any, ...]) -> set[int]:
