@@ -38,6 +38,7 @@ import faust
 from whywait.agents.events import INPUT_TOPICS, TOPIC_DEADLETTER, TOPIC_DIAGNOSES, kind_for_topic
 from whywait.engine.diagnosis import Diagnosis
 from whywait.engine.notify.base import Notifier
+from whywait.engine.stream import batches
 from whywait.engine.stream.processor import Processor, Record
 from whywait.engine.stream.topics import TOPIC_BY_JOB, TOPIC_ENGINE_STATE
 
@@ -398,12 +399,24 @@ def build_app(cfg: EngineConfig, processor: Processor, notifier: Notifier,
 
     if not partitioned:
         table = None
+        # faust's consumer hands each fetch of the inputs over whole (engine/stream/batches.py): a faust event
+        # per record cost as much CPU as the evaluator.  Offsets are committed once a batch is evaluated.
+        feed = batches.BatchFeed(INPUT_TOPICS)
+        batches.install(app, feed)
 
-        @app.agent(inputs, concurrency=1)
-        async def evaluate(stream: faust.StreamT) -> None:  # a processor, in this project's words
-            async for events in stream.take_events(  # type: ignore[attr-defined]  # faust's stubs lag its API
-                    cfg.batch_max, within=cfg.batch_within_s):
-                await _evaluate([_record(e) for e in events])
+        @app.task
+        async def evaluate() -> None:  # the processor, in this project's words
+            async for batch in feed:
+                try:
+                    await _evaluate([Record(r.topic, r.value, r.key, r.partition, r.offset, r.timestamp)
+                                     for r in batch.records])
+                except Exception:  # noqa: BLE001 - never a stuck engine: the batch is logged, counted and passed
+                    log.exception("engine: a batch of %d record(s) failed", len(batch.records))
+                    processor.counts["errors.batch"] += 1
+                except BaseException:  # cancelled as the worker stops: read again by the next engine
+                    feed.release(batch)
+                    raise
+                feed.done(batch)
     else:
         from whywait.engine.stream import scaleout
 
