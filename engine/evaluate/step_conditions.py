@@ -291,7 +291,7 @@ def _looked_at(judged: JudgedRanks, ok: np.ndarray, held: set[int]) -> list[int]
     """The judged ranks (indices) ``step_outlier`` must look at: those passing its first tests (``ok``) and those
     it flagged before (``held``), in order; the rest neither flag nor have a flag to forget."""
     mask = ok | np.isin(judged.rank, list(held)) if held else ok
-    return np.nonzero(mask)[0].tolist()  # type: ignore[no-any-return]
+    return np.nonzero(mask)[0].tolist()
 
 
 def _held_ranks(state: Mapping[tuple[Any, ...], Any], prefix: tuple[Any, ...]) -> set[int]:

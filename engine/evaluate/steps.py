@@ -717,7 +717,10 @@ class JudgedRanks:
     def __init__(self, parts: list[_Part], ratio_thr: float) -> None:
         self._parts = parts
         self.ratio_thr = ratio_thr
-        cat = (lambda xs: np.concatenate(xs) if xs else np.zeros(0))  # noqa: E731
+
+        def cat(xs: list[np.ndarray]) -> np.ndarray:
+            return np.concatenate(xs) if xs else np.zeros(0)
+
         self.rank = cat([np.asarray(p.members, np.int64)[p.present] for p in parts]).astype(np.int64)
         self.ratio = cat([p.meds[p.present] for p in parts])
         self.z = cat([p.z_med[p.present] for p in parts])
