@@ -1327,7 +1327,7 @@ class MetricStore:
             return np.array([np.nan if a is None else a for a in (self.age(metric, e, now) for e in entities)],
                             np.float64)
         col.flush(self._upto())
-        rows = np.fromiter((col.rows.get(e, -1) for e in entities), np.int64, len(entities))
+        rows = self.rows_of(col.shared, tuple(entities))  # the same ranks every tick: cached
         out = np.full(len(entities), np.nan)
         known = np.nonzero(rows >= 0)[0]
         if not len(known):
