@@ -1,10 +1,11 @@
 """The faust application: thin processors that decode, evaluate and publish.
 
-Called by ``whywait engine``.  One faust *processor* (faust calls it an agent;
-here "agent" means the node daemon) subscribes to every input topic and takes
-records in batches (``stream.take_events``), because faust's per-event
-windowed tables write a changelog message per update (measured at ~3,700
-events/s, against ~160,000 for a plain consume-and-decode).  Windowed state is
+Called by ``whywait engine``.  One *processor* (a faust task; faust calls its stream
+functions agents, here "agent" means the node daemon) takes every input topic in
+batches: each fetch of faust's consumer whole (``engine/stream/batches.py``), because
+faust's per-event path (an event, tasks, queues, sensors and an ack per record) cost as
+much CPU as the evaluator, and its per-event windowed tables write a changelog message
+per update (measured at ~3,700 events/s, against ~160,000 for a plain consume-and-decode).  Windowed state is
 kept in memory by the pure :class:`~whywait.engine.evaluate.evaluator.Evaluator`; the
 incident lifecycle is checkpointed compactly to ``whywait.engine-state.v1`` so a
 restarted engine neither re-announces nor forgets to resolve an incident.
@@ -51,8 +52,6 @@ class EngineConfig:
 
     bootstrap: str
     group_id: str = "whywait-engine"
-    batch_max: int = 2000
-    batch_within_s: float = 0.2
     checkpoint_every_s: float = 10.0
     drain_timeout_s: float = 10.0  # how long a stopping engine waits to write its last checkpoint
     thread_stop_s: float = 10.0  # ... and for faust's consumer thread (bound_consumer_thread_stop)
@@ -353,8 +352,8 @@ def build_app(cfg: EngineConfig, processor: Processor, notifier: Notifier,
                        value_serializer="raw", allow_empty=True) if partitioned else None
 
     async def _evaluate(recs: list[Record]) -> None:
-        # A batch is up to ``batch_max`` records whatever their size; its dead letters (up to 64 KiB each)
-        # and diagnoses are held until they are sent.  Cut into slices of at most ``_SLICE_BYTES`` of input,
+        # A batch is one fetch (up to ``consumer_max_fetch_size`` per partition); its dead letters (up to
+        # 64 KiB each) and diagnoses are held until they are sent.  Cut into slices of ``_SLICE_BYTES`` of input,
         # a flood of large bad messages costs a bounded amount of memory instead of one batch's worth,
         # which grew with how far behind the engine ran (the live fuzz test: 1.3-1.9x a clean run's RSS).
         start, size = 0, 0
@@ -385,17 +384,18 @@ def build_app(cfg: EngineConfig, processor: Processor, notifier: Notifier,
             await _send(diagnoses, d.fingerprint.encode(), diagnosis_value(d, lat), "diagnosis")
             loop.run_in_executor(pool, _notify, d, trig)
 
-    def _record(e: Any) -> Record:
-        m = e.message
-        topic = m.topic
+    def _record(r: Any) -> Record:
+        """The engine's record of one aiokafka record (from a :class:`~.batches.Batch`)."""
+        topic = r.topic
         if topic == TOPIC_BY_JOB:  # decoded against the topic it was first published to
-            src = dict(m.headers or ()).get(SOURCE_HEADER)
+            headers = dict(r.headers or ())
+            src = headers.get(SOURCE_HEADER)
             topic = src.decode() if isinstance(src, bytes) else (src or topic)
             # its timestamp is its event time; the producer's time (for latency figures) is a header
-            produced = dict(m.headers or ()).get(PRODUCED_HEADER)
-            return Record(topic, m.value, m.key, m.partition, m.offset,
+            produced = headers.get(PRODUCED_HEADER)
+            return Record(topic, r.value, r.key, r.partition, r.offset,
                           int(produced) if produced and produced.isdigit() else None)
-        return Record(topic, m.value, m.key, m.partition, m.offset, int(m.timestamp * 1000) if m.timestamp else None)
+        return Record(topic, r.value, r.key, r.partition, r.offset, r.timestamp or None)
 
     if not partitioned:
         table = None
@@ -408,7 +408,7 @@ def build_app(cfg: EngineConfig, processor: Processor, notifier: Notifier,
         async def evaluate() -> None:  # the processor, in this project's words
             async for batch in feed:
                 try:
-                    await _evaluate([Record(r.topic, r.value, r.key, r.partition, r.offset, r.timestamp)
+                    await _evaluate([Record(r.topic, r.value, r.key, r.partition, r.offset, r.timestamp or None)
                                      for r in batch.records])
                 except Exception:  # noqa: BLE001 - never a stuck engine: the batch is logged, counted and passed
                     log.exception("engine: a batch of %d record(s) failed", len(batch.records))

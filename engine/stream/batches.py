@@ -150,66 +150,65 @@ def round_robin(records: Mapping[TP, list[Any]]) -> Iterator[Any]:
 
 
 class BatchConsumer(faust_aiokafka.Consumer):
-    """faust's aiokafka consumer; the fetches of a :class:`BatchFeed`'s topics go to the feed whole."""
+    """faust's aiokafka consumer; the fetches of each :class:`BatchFeed`'s topics go to that feed whole."""
 
     @property
-    def feed(self) -> BatchFeed | None:
-        return getattr(self.transport, "feed", None)
+    def feeds(self) -> dict[str, BatchFeed]:
+        """Topic -> the feed that takes it (the transport's feeds)."""
+        return getattr(self.transport, "feeds", {})
 
     async def subscribe(self, topics: Iterable[str]) -> None:
-        """Subscribe to faust's topics (its agents') and the feed's."""
-        feed = self.feed
-        await super().subscribe(sorted({*topics, *(feed.topics if feed else ())}))
+        """Subscribe to faust's topics (its agents') and the feeds'."""
+        await super().subscribe(sorted({*topics, *self.feeds}))
 
     async def on_partitions_revoked(self, revoked: set[TP]) -> None:
-        """Drop the feed's waiting batches, let faust commit what was evaluated, then forget the revoked offsets."""
-        feed = self.feed
-        if feed is not None:
+        """Drop the feeds' waiting batches, let faust commit what was evaluated, then forget the revoked offsets."""
+        feeds = set(self.feeds.values())
+        for feed in feeds:
             feed.revoked(revoked)
         await super().on_partitions_revoked(revoked)
-        if feed is not None:
+        for feed in feeds:
             feed.forget(revoked)
 
     async def wait_empty(self) -> None:
-        """Wait for the batch being evaluated (bounded by the session timeout), then faust's own wait and commit."""
-        feed = self.feed
-        if feed is not None and not self.should_stop:
-            if not await feed.wait_idle(self.app.conf.broker_session_timeout * 0.5):
-                log.warning("engine: a batch was still being evaluated as the partitions went; it is read again")
+        """Wait for the batches being evaluated (bounded by the session timeout), then faust's own wait and commit."""
+        if not self.should_stop:
+            for feed in set(self.feeds.values()):
+                if not await feed.wait_idle(self.app.conf.broker_session_timeout * 0.25):
+                    log.warning("engine: a batch was still being evaluated as the partitions went; it is read again")
         await super().wait_empty()
 
     async def on_stop(self) -> None:
-        """As the worker stops: the last commit covers the batch that was being evaluated, when it ends in time."""
-        feed = self.feed
-        if feed is not None:
-            await feed.wait_idle(5.0)
+        """As the worker stops: the last commit covers the batches being evaluated, when they end in time."""
+        for feed in set(self.feeds.values()):
+            await feed.wait_idle(2.5)
         await super().on_stop()
 
     def _new_offset(self, tp: TP) -> Optional[int]:
-        feed = self.feed
-        if feed is not None and tp.topic in feed.topics:
+        feed = self.feeds.get(tp.topic)
+        if feed is not None:
             return feed.commit_at.get(tp)
         return super()._new_offset(tp)
 
     def _filter_tps_with_pending_acks(self, topics: Any = None) -> Iterator[TP]:
-        feed = self.feed
         yield from super()._filter_tps_with_pending_acks(topics)
-        if feed is not None:
+        feeds = set(self.feeds.values())
+        if feeds:
             assigned = self.assignment()  # a batch that ended after its partition went is not committed here
-            for tp in list(feed.commit_at):
-                if tp in assigned and (topics is None or tp in topics or tp.topic in topics):
-                    yield tp
+            for feed in feeds:
+                for tp in list(feed.commit_at):
+                    if tp in assigned and (topics is None or tp in topics or tp.topic in topics):
+                        yield tp
 
     async def _drain_messages(self, fetcher: Any) -> None:  # pragma: no cover - runs against a broker
         """The fetcher's loop: each fetch of the feed's topics to the feed as one batch, the rest to faust."""
-        feed = self.feed
-        if feed is None:
+        feeds = self.feeds
+        if not feeds:
             return await super()._drain_messages(fetcher)
         consumer_should_stop = self._stopped.is_set
         fetcher_should_stop = fetcher._stopped.is_set
         read_offset = self._read_offset
         set_flag, unset_flag = self.diag.set_flag, self.diag.unset_flag
-        topics = feed.topics
         try:
             while not (consumer_should_stop() or fetcher_should_stop()):
                 set_flag("FETCHING")
@@ -224,7 +223,7 @@ class BatchConsumer(faust_aiokafka.Consumer):
                     unset_flag("FETCHING")
                     continue
                 generation = self.app.consumer_generation_id
-                mine: dict[TP, list[Any]] = {}
+                mine: dict[BatchFeed, dict[TP, list[Any]]] = {}
                 others: dict[TP, list[Any]] = {}
                 for tp, recs in records.items():
                     if not recs or (active is not None and tp not in active and tp not in self._buffered_partitions):
@@ -234,16 +233,21 @@ class BatchConsumer(faust_aiokafka.Consumer):
                         recs = [r for r in recs if r.offset >= r_off]  # faust drops what it has read already
                         if not recs:
                             continue
-                    (mine if tp.topic in topics else others)[tp] = recs
-                if mine:
-                    batch = Batch(list(round_robin(mine)), {tp: recs[0].offset for tp, recs in mine.items()},
-                                  {tp: recs[-1].offset for tp, recs in mine.items()})
+                    feed = feeds.get(tp.topic)
+                    if feed is None:
+                        others[tp] = recs
+                    else:
+                        mine.setdefault(feed, {})[tp] = recs
+                for feed, got in mine.items():
+                    batch = Batch(list(round_robin(got)), {tp: recs[0].offset for tp, recs in got.items()},
+                                  {tp: recs[-1].offset for tp, recs in got.items()})
                     # One wait per fetch (faust: per record): put, unless a rebalance suspends the flow first.
                     put = feed.put(batch)
                     res = await self.wait_first(put, self.suspend_flow.wait())
-                    if put in res.done:
-                        for tp, off in batch.last.items():
-                            read_offset[tp] = off
+                    if put not in res.done:
+                        break
+                    for tp, off in batch.last.items():
+                        read_offset[tp] = off
                 if others:
                     await self._deliver(others, generation)
                 unset_flag("FETCHING")
@@ -290,15 +294,15 @@ class BatchConsumer(faust_aiokafka.Consumer):
 
 
 class BatchTransport(faust_aiokafka.Transport):
-    """faust's aiokafka transport with :class:`BatchConsumer`; ``feed`` is the engine's :class:`BatchFeed`."""
+    """faust's aiokafka transport with :class:`BatchConsumer`; ``feeds`` maps each topic to its :class:`BatchFeed`."""
 
     Consumer = BatchConsumer
 
-    def __init__(self, *args: Any, feed: BatchFeed | None = None, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, feeds: Iterable[BatchFeed] = (), **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.feed = feed
+        self.feeds = {t: f for f in feeds for t in f.topics}
 
 
-def install(app: Any, feed: BatchFeed) -> None:
-    """Make ``app`` consume through :class:`BatchConsumer` with ``feed``; called by ``build_app`` before it starts."""
-    app.transport = BatchTransport(app.conf.broker_consumer, app, feed=feed)
+def install(app: Any, *feeds: BatchFeed) -> None:
+    """Make ``app`` consume through :class:`BatchConsumer` with ``feeds``; called by ``build_app`` before it starts."""
+    app.transport = BatchTransport(app.conf.broker_consumer, app, feeds=feeds)

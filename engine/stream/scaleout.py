@@ -27,6 +27,7 @@ from typing import Any, Awaitable, Callable
 import faust
 from faust.types import TP
 from whywait.agents.events import TOPIC_PLACEMENT, TOPICS, kind_for_topic
+from whywait.engine.stream import batches
 from whywait.engine.stream.partitioning import (
     NODE_KINDS,
     ReorderBuffer,
@@ -217,28 +218,50 @@ def wire(app: faust.App, cfg: Any, processor: Processor, inputs: Any, by_job: An
     from whywait.engine.stream.app import PRODUCED_HEADER, SOURCE_HEADER
 
     so = ScaleOut(app, cfg, processor, state_topic, notifier)
+    # faust's consumer hands each fetch over whole, to the router (inputs) and to the evaluator (the
+    # repartition topic): see engine/stream/batches.py.
+    to_route = batches.BatchFeed(inputs.topics)
+    to_evaluate = batches.BatchFeed(by_job.topics)
+    batches.install(app, to_route, to_evaluate)
 
-    @app.agent(inputs, concurrency=1)
-    async def route(stream: faust.StreamT) -> None:
-        async for events in stream.take_events(  # type: ignore[attr-defined]  # faust's stubs lag its API
-                cfg.batch_max, within=cfg.batch_within_s):
-            if any(kind_for_topic(e.message.topic) in NODE_KINDS for e in events) and not await so.table.sync():
-                processor.counts["route.placements_unsynced"] += 1  # routed with the placements known so far
-            out = processor.route([record(e) for e in events], cfg.partitions)
-            for key, value in out.dead_letters:
-                await send(dead, key, value, "dead_letter")
-            for part, key, value, t_ms, topic, produced_ms, src in out.forwards:
-                headers = {SOURCE_HEADER: topic.encode()}
-                if src is not None:
-                    headers[COPY_HEADER] = src.encode()
-                if produced_ms is not None:
-                    headers[PRODUCED_HEADER] = str(produced_ms).encode()
-                try:
-                    await by_job.send(key=key, value=value, partition=part, timestamp=t_ms / 1000.0, headers=headers)
-                except Exception as exc:  # noqa: BLE001 - counted and logged; consumption goes on
-                    processor.counts["send_failed.forward"] += 1
-                    log.error("could not forward a %s record to %s[%d]: %s", topic, TOPIC_BY_JOB, part, exc)
-            await say_progress()
+    async def run_feed(feed: batches.BatchFeed, take: Callable[[list[Any]], Awaitable[None]], what: str) -> None:
+        async for batch in feed:
+            try:
+                await take(batch.records)
+            except Exception:  # noqa: BLE001 - never a stuck stage: the batch is logged, counted and passed
+                log.exception("engine: %s: a batch of %d record(s) failed", what, len(batch.records))
+                processor.counts[f"errors.{what}_batch"] += 1
+            except BaseException:  # cancelled as the worker stops: read again by the next engine
+                feed.release(batch)
+                raise
+            feed.done(batch)
+
+    @app.task
+    async def route() -> None:
+        await run_feed(to_route, route_batch, "route")
+
+    @app.task
+    async def evaluate_jobs() -> None:
+        await run_feed(to_evaluate, evaluate_batch, "evaluate")
+
+    async def route_batch(records: list[Any]) -> None:
+        if any(kind_for_topic(r.topic) in NODE_KINDS for r in records) and not await so.table.sync():
+            processor.counts["route.placements_unsynced"] += 1  # routed with the placements known so far
+        out = processor.route([record(r) for r in records], cfg.partitions)
+        for key, value in out.dead_letters:
+            await send(dead, key, value, "dead_letter")
+        for part, key, value, t_ms, topic, produced_ms, src in out.forwards:
+            headers = {SOURCE_HEADER: topic.encode()}
+            if src is not None:
+                headers[COPY_HEADER] = src.encode()
+            if produced_ms is not None:
+                headers[PRODUCED_HEADER] = str(produced_ms).encode()
+            try:
+                await by_job.send(key=key, value=value, partition=part, timestamp=t_ms / 1000.0, headers=headers)
+            except Exception as exc:  # noqa: BLE001 - counted and logged; consumption goes on
+                processor.counts["send_failed.forward"] += 1
+                log.error("could not forward a %s record to %s[%d]: %s", topic, TOPIC_BY_JOB, part, exc)
+        await say_progress()
 
     async def say_progress() -> None:
         """Tell every partition of the repartition topic how far this worker has routed each steady input
@@ -299,36 +322,33 @@ def wire(app: faust.App, cfg: Any, processor: Processor, inputs: Any, by_job: An
             processor.counts["evaluate.bad_progress"] += 1
             log.debug("ignoring a progress marker: %s", exc)
 
-    @app.agent(by_job, concurrency=1)
-    async def evaluate_jobs(stream: faust.StreamT) -> None:
-        async for events in stream.take_events(  # type: ignore[attr-defined]
-                cfg.batch_max, within=cfg.batch_within_s):
-            wall = time.monotonic()
-            for e in events:
-                if e.message.offset <= received.get(e.message.partition, -1):
-                    # Delivered again (the group re-read from its last commit): taken already, and a
-                    # second copy of a point would weigh twice in its window.
-                    processor.counts["evaluate.redelivered"] += 1
+    async def evaluate_batch(records: list[Any]) -> None:
+        wall = time.monotonic()
+        for e in records:
+            if e.offset <= received.get(e.partition, -1):
+                # Delivered again (the group re-read from its last commit): taken already, and a
+                # second copy of a point would weigh twice in its window.
+                processor.counts["evaluate.redelivered"] += 1
+                continue
+            received[e.partition] = e.offset
+            headers = dict(e.headers or ())
+            if PROGRESS_HEADER in headers:
+                take_progress(e.value, wall)
+                continue
+            copy = headers.get(COPY_HEADER)
+            if copy is not None:
+                if copy in copies:  # a copy this worker has already taken from another partition
+                    processor.counts["route.copies_dropped"] += 1
                     continue
-                received[e.message.partition] = e.message.offset
-                headers = dict(e.message.headers or ())
-                if PROGRESS_HEADER in headers:
-                    take_progress(e.message.value, wall)
-                    continue
-                copy = headers.get(COPY_HEADER)
-                if copy is not None:
-                    if copy in copies:  # a copy this worker has already taken from another partition
-                        processor.counts["route.copies_dropped"] += 1
-                        continue
-                    copies[copy] = None
-                    if len(copies) > 200_000:  # bounded: copies of one message are forwarded together
-                        for old in list(itertools.islice(copies, 50_000)):
-                            del copies[old]
-                rec = record(e)
-                order.push(rec, e.message.timestamp or 0.0, kind_for_topic(rec.topic), wall, e.message.partition)
-            ready = order.release(wall, backlog())
-            if ready:
-                await evaluate(ready)
+                copies[copy] = None
+                if len(copies) > 200_000:  # bounded: copies of one message are forwarded together
+                    for old in list(itertools.islice(copies, 50_000)):
+                        del copies[old]
+            rec = record(e)
+            order.push(rec, (e.timestamp or 0) / 1000.0, kind_for_topic(rec.topic), wall, e.partition)
+        ready = order.release(wall, backlog())
+        if ready:
+            await evaluate(ready)
 
     @app.timer(0.5)
     async def release_held() -> None:  # what waited for a kind that has since gone quiet
