@@ -12,6 +12,8 @@ set of messages, never on partition interleaving or batch sizes, because every
 message is released in ``(time, kind, topic, canonical bytes)`` order once every
 open stream has moved more than ``slack_s`` past it.  Memory is bounded by the
 slack (a few seconds of telemetry per stream), not by the length of the range.
+Held messages wait in one-second buckets, each sorted when it is released, rather
+than in a heap: one sort per second of data costs less than a push and a pop per message.
 
 :func:`replay` drives one or two :class:`~whywait.engine.evaluate.evaluator.Evaluator`
 (two for a rule backtest: both see the same messages in one pass) and returns
@@ -22,10 +24,12 @@ from __future__ import annotations
 
 import heapq
 import json
+import math
 import statistics
+from bisect import bisect_left
 from collections import Counter, deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from whywait.agents.events import TOPIC_PLACEMENT, ContractError, decode
 from whywait.engine.diagnosis import Diagnosis
@@ -82,13 +86,18 @@ class EventTimeMerge:
         self.window = window
         self.slack_s = slack_s
         self.open: dict[str, float] = {s: -float("inf") for s in streams}
-        self.heap: list[tuple[float, int, str, bytes, Mapping[str, Any]]] = []
+        # Held messages by whole second of event time: (time, kind order, topic, raw bytes, message).  Identical
+        # records (a duplicate delivery) decode to equal messages, so the tuples compare equal without ordering them.
+        self._buckets: dict[int, list[tuple[float, int, str, bytes, Any]]] = {}
+        self._keys: list[int] = []  # heap of the bucket numbers in _buckets
+        self.held = 0  # messages waiting in the buckets (what the slack bounds)
         self.released_to = -float("inf")
         self.skipped: Counter[str] = Counter()
         self.read = 0
         self.before: dict[str, tuple[float, bytes, Mapping[str, Any]]] = {}  # job -> placement before the start
         self._recent: dict[str, deque[float]] = {}  # stream -> event times of its latest valid messages
         self._past: dict[str, int] = {}  # stream -> valid messages in a row past the window
+        self._order: dict[type, tuple[int, bool]] = {}  # message class -> (kind order, is a placement)
         self.placement_projects: dict[str, str] = {}
         # ``whywait export`` wants the records themselves: with ``raw`` set, ``(topic, bytes)`` pairs are
         # released instead of decoded messages (placements keep their own time).
@@ -112,14 +121,18 @@ class EventTimeMerge:
         window and the slack, the stream is closed and the rest of the batch is not looked at.
         """
         w = self.window
-        past_at = w.until + self.slack_s
+        read_from, until = w.read_from, w.until
+        past_at = until + self.slack_s
+        filtered = bool(w.jobs or w.projects)
         recent = self._recent.get(stream)
         if recent is None:
             recent = self._recent[stream] = deque(maxlen=_RECENT)
         past = self._past.get(stream, 0)
-        heap, before, placement_projects = self.heap, self.before, self.placement_projects
-        for raw in values:
-            self.read += 1
+        buckets, keys, order_of = self._buckets, self._keys, self._order
+        released_to = self.released_to
+        n = self.read
+        held = late = 0
+        for n, raw in enumerate(values, start=self.read + 1):  # noqa: B007 - n, the count read, is kept below
             if raw is None:  # a tombstone on a compacted topic
                 self.skipped["tombstones"] += 1
                 continue
@@ -129,7 +142,9 @@ class EventTimeMerge:
                 if not _outside(raw, w):  # a broken message of another time is not this window's business
                     self.skipped[f"contract break on {topic}: {_reason(exc)}"] += 1
                 continue
-            t = msg["time"]
+            # decode() returns an Event, whose attributes are the contract's fields: read directly, not through
+            # its mapping view (a Python call per key).
+            t: float = msg.time  # type: ignore[attr-defined]
             recent.append(t)
             if t > past_at:
                 past += 1
@@ -137,23 +152,32 @@ class EventTimeMerge:
                     break  # everything further on is past the window (offsets trail time by < slack)
                 continue
             past = 0
-            kind = msg["kind"]
-            if kind == "placement":
-                placement_projects[msg["job"]] = msg["project"]
-                if not self._wanted_job(msg["job"], msg["project"]) or t > w.until:
+            cls = type(msg)
+            kind_placement = order_of.get(cls)
+            if kind_placement is None:
+                kind = msg["kind"]
+                kind_placement = order_of[cls] = (_KIND_ORDER.get(kind, 3), kind == "placement")
+            if kind_placement[1]:
+                if not self._placement(msg, t, raw):
                     continue
-                if t <= w.read_from:
-                    old = before.get(msg["job"])
-                    if old is None or (t, raw) >= (old[0], old[1]):
-                        before[msg["job"]] = (t, raw, msg)
-                    continue
-            elif not (w.read_from <= t <= w.until):
+            elif not (read_from <= t <= until):
                 continue
-            elif "job" in msg and not self._wanted_job(msg["job"], placement_projects.get(msg["job"])):
+            elif filtered and "job" in msg and not self._wanted_job(msg["job"],
+                                                                    self.placement_projects.get(msg["job"])):
                 continue
-            if t < self.released_to:
-                self.skipped["late beyond the merge slack (still evaluated)"] += 1
-            heapq.heappush(heap, (t, _KIND_ORDER.get(kind, 3), topic, raw, msg))
+            if t < released_to:
+                late += 1
+            key = math.floor(t)  # whole seconds: bucket bounds compare exactly with any float
+            bucket = buckets.get(key)
+            if bucket is None:
+                bucket = buckets[key] = []
+                heapq.heappush(keys, key)
+            bucket.append((t, kind_placement[0], topic, raw, msg))
+            held += 1
+        self.read = n
+        self.held += held
+        if late:
+            self.skipped["late beyond the merge slack (still evaluated)"] += late
         self._past[stream] = past
         if stream in self.open:
             if past >= _PAST_RUN:
@@ -164,6 +188,19 @@ class EventTimeMerge:
                 mid = statistics.median_low(recent) if len(recent) >= 8 else min(recent)
                 self.open[stream] = max(self.open[stream], mid)
 
+    def _placement(self, msg: Mapping[str, Any], t: float, raw: bytes) -> bool:
+        """Note a placement's project; keep the latest before the window aside.  Whether to merge it now."""
+        w = self.window
+        self.placement_projects[msg["job"]] = msg["project"]
+        if not self._wanted_job(msg["job"], msg["project"]) or t > w.until:
+            return False
+        if t <= w.read_from:
+            old = self.before.get(msg["job"])
+            if old is None or (t, raw) >= (old[0], old[1]):
+                self.before[msg["job"]] = (t, raw, msg)
+            return False
+        return True
+
     def _wanted_job(self, job: str, project: str | None) -> bool:
         w = self.window
         if w.jobs and job not in w.jobs:
@@ -172,26 +209,47 @@ class EventTimeMerge:
             return False
         return True
 
-    def _placements_first(self) -> Iterator[Any]:
+    def _placements_first(self) -> list[Any]:
+        out = []
         for job in sorted(self.before):
             _, raw, msg = self.before.pop(job)
-            yield (TOPIC_PLACEMENT, raw) if self.raw else {**msg, "time": self.window.read_from}
+            out.append((TOPIC_PLACEMENT, raw) if self.raw else {**msg, "time": self.window.read_from})
+        return out
 
-    def ready(self) -> Iterator[Any]:
-        """Release every message that no open stream can still precede (in total order)."""
+    def ready(self) -> list[Any]:
+        """Release every message that no open stream can still precede; return them in total order.
+
+        Called after each :meth:`add`.  A bucket wholly before the horizon is sorted and released
+        whole; the one the horizon falls in is sorted and released up to it, the rest kept (sorted,
+        so sorting it again after more arrive is cheap).
+        """
         if self.open and min(self.open.values()) == -float("inf"):
-            return  # a stream has not been read yet: it may hold the earliest message
-        yield from self._placements_first()
+            return []  # a stream has not been read yet: it may hold the earliest message
+        out = self._placements_first()
         horizon = min(self.open.values()) - self.slack_s if self.open else float("inf")
-        while self.heap and self.heap[0][0] < horizon:
-            item = heapq.heappop(self.heap)
-            self.released_to = max(self.released_to, item[0])
-            yield (item[2], item[3]) if self.raw else item[4]
+        buckets, keys = self._buckets, self._keys
+        released: list[tuple[float, int, str, bytes, Any]] = []
+        while keys and keys[0] < horizon:
+            bucket = buckets[keys[0]]
+            bucket.sort()
+            if keys[0] + 1 <= horizon:
+                released += bucket
+                del buckets[heapq.heappop(keys)]
+            else:  # the horizon falls inside this bucket: release what is before it
+                cut = bisect_left(bucket, (horizon,))
+                released += bucket[:cut]
+                del bucket[:cut]
+                break
+        if released:
+            self.held -= len(released)
+            self.released_to = max(self.released_to, released[-1][0])
+            out += [(item[2], item[3]) for item in released] if self.raw else [item[4] for item in released]
+        return out
 
-    def drain(self) -> Iterator[Any]:
-        """Release everything left (called once every stream is closed)."""
+    def drain(self) -> list[Any]:
+        """Release everything left (called once every stream is closed); return it in total order."""
         self.open.clear()
-        yield from self.ready()
+        return self.ready()
 
 
 def _outside(raw: bytes, w: Window) -> bool:
@@ -236,22 +294,32 @@ def replay(messages: Iterable[dict[str, Any]], rules: RuleSet, topology: Any, *,
     evs = [Evaluator(rules, topology)] + ([Evaluator(against[0], against[1])] if against else [])
     results = [ReplayResult([], 0, None, None) for _ in evs]
     first = results[0]
+    pairs = [(ev.ingest, res) for ev, res in zip(evs, results, strict=True)]
+    # Per message only what must be: the counts and the range are kept in locals and stored once at the end.
+    n, lo, hi = 0, float("inf"), -float("inf")
     try:
         for m in messages:
             t = m["time"]
-            first.messages += 1
-            first.start = t if first.start is None else min(first.start, t)
-            first.end = t if first.end is None else max(first.end, t)
-            for ev, res in zip(evs, results, strict=True):
+            n += 1
+            if t < lo:
+                lo = t
+            if t > hi:
+                hi = t
+            for ingest, res in pairs:
                 try:
-                    res.diagnoses += ev.ingest(m)
+                    got = ingest(m)
                 except TopologyError as exc:
                     res.skipped[f"placement skipped: {_first_line(exc)}"] += 1
+                else:
+                    if got:
+                        res.diagnoses += got
             if on_message is not None:
                 on_message(m)
     except KeyboardInterrupt:
         for res in results:
             res.interrupted = True
+    if n:
+        first.messages, first.start, first.end = n, lo, hi
     if first.end is not None and not first.interrupted:
         for ev, res in zip(evs, results, strict=True):
             res.diagnoses += _close(ev, first.end)
