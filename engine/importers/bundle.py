@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
+import msgspec
 from whywait.agents.events import SCHEMA_VERSION
 from whywait.engine.importers import ImportFormatError
 
@@ -37,6 +38,17 @@ FORMAT = "whywait-bundle"
 VERSION = 1
 EVENTS = "events.jsonl"
 MANIFEST = "manifest.json"
+
+
+class _Line(msgspec.Struct):
+    """One line of ``events.jsonl`` as the writer makes it (other keys are ignored, as ``json.loads`` did)."""
+
+    topic: str
+    value: str
+
+
+# A replay of a bundle reads every line: the compiled decoder takes a third of json.loads' time per line.
+_LINE = msgspec.json.Decoder(_Line)
 
 
 @dataclass
@@ -144,13 +156,19 @@ class Bundle:
     def events(self) -> Iterator[tuple[str, bytes]]:
         """Yield ``(topic, raw value)`` in the bundle's (event-time) order; a bad line names its number."""
         with self._zip.open(EVENTS) as fh:
-            for no, line in enumerate(fh, start=1):
+            for no, line in enumerate(_lines(fh), start=1):
                 try:
-                    rec = json.loads(line)
-                    yield rec["topic"], rec["value"].encode()
-                except (ValueError, KeyError, TypeError, AttributeError):
-                    raise ImportFormatError(f"{self.path}:{EVENTS}:{no}: expected "
-                                            '{"topic": ..., "value": "..."}') from None
+                    fast = _LINE.decode(line)
+                    topic, value = fast.topic, fast.value.encode()
+                except (msgspec.DecodeError, UnicodeEncodeError):
+                    # Anything unusual is read as it always was: the same values, the same errors.
+                    try:
+                        rec = json.loads(line)
+                        topic, value = rec["topic"], rec["value"].encode()
+                    except (ValueError, KeyError, TypeError, AttributeError):
+                        raise ImportFormatError(f"{self.path}:{EVENTS}:{no}: expected "
+                                                '{"topic": ..., "value": "..."}') from None
+                yield topic, value
 
     def extract(self, dest: Path) -> tuple[Path | None, list[Path]]:
         """Write the topology and rule files under ``dest``; return the topology path and the rule paths."""
@@ -172,6 +190,21 @@ class Bundle:
 
     def close(self) -> None:
         self._zip.close()
+
+
+def _lines(fh: Any, chunk: int = 1 << 20) -> Iterator[bytes]:
+    """The lines of a binary file read a MiB at a time, without their ends; a last line may lack one.
+
+    A zip member's own line iteration is Python code run per line (a ``peek`` and a ``read`` each):
+    it cost more than decoding the lines did.
+    """
+    tail = b""
+    while data := fh.read(chunk):
+        lines = (tail + data).split(b"\n")
+        tail = lines.pop()
+        yield from lines
+    if tail:
+        yield tail
 
 
 def is_bundle(path: Path) -> bool:

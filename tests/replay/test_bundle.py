@@ -1,0 +1,46 @@
+"""Reading a bundle's events: every line as written, a bad line named by its number."""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from pathlib import Path
+
+import pytest
+from whywait.engine.importers import ImportFormatError
+from whywait.engine.importers.bundle import Bundle
+
+
+def bundle_with(tmp_path: Path, events: bytes) -> Bundle:
+    p = tmp_path / "b.whywait"
+    with zipfile.ZipFile(p, "w", compression=zipfile.ZIP_DEFLATED) as z:
+        z.writestr("manifest.json", json.dumps({"format": "whywait-bundle", "version": 1}))
+        z.writestr("events.jsonl", events)
+    return Bundle(p)
+
+
+@pytest.mark.parametrize("events, want", [
+    (b'{"topic":"a","value":"{\\"x\\":\\"\\u00e9\\ud83d\\ude00\\"}"}\n', [("a", '{"x":"é😀"}'.encode())]),
+    (b'{"topic":"a","value":"v"}\n{"topic":"b","value":"w"}', [("a", b"v"), ("b", b"w")]),  # no last newline
+    (b'{"value":"v","topic":"t","extra":1}\r\n', [("t", b"v")]),
+    (b"", []),
+])
+def test_events_are_read_as_written(tmp_path: Path, events: bytes, want: list) -> None:
+    assert list(bundle_with(tmp_path, events).events()) == want
+
+
+def test_a_long_bundle_crosses_read_chunks_line_by_line(tmp_path: Path) -> None:
+    lines = [{"topic": f"t{i % 7}", "value": json.dumps({"i": i, "pad": "x" * (i % 300)})} for i in range(20_000)]
+    b = bundle_with(tmp_path, "".join(json.dumps(x) + "\n" for x in lines).encode())  # several MiB
+    assert list(b.events()) == [(x["topic"], x["value"].encode()) for x in lines]
+
+
+@pytest.mark.parametrize("events, line", [
+    (b'{"topic":"a","value":"v"}\n\n{"topic":"b","value":"w"}\n', 2),  # an empty line
+    (b'{"topic":"a"}\n', 1),
+    (b'{"topic":"a","value":"v"}\nnot json\n', 2),
+    (b'{"topic":"a","value":"\\ud800"}\n', 1),  # not text
+])
+def test_a_bad_line_is_named(tmp_path: Path, events: bytes, line: int) -> None:
+    with pytest.raises(ImportFormatError, match=f"events.jsonl:{line}: expected"):
+        list(bundle_with(tmp_path, events).events())
