@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from whywait.engine.commands.gc_tuning import batch_gc
 from whywait.engine.errors import ConfigError, TopologyError
 
 log = logging.getLogger("whywait.engine")
@@ -268,7 +269,8 @@ def run(args: argparse.Namespace) -> int:
         # Keep whywait's own logging (one line per event worth saying) and no terminal spinner.
         worker = faust.Worker(app, quiet=True, redirect_stdouts=False, override_logging=False)
         worker.spinner = None
-        worker.execute_from_commandline()  # returns (or exits) when the worker stops: SIGTERM, SIGINT
+        with batch_gc():  # what exists now lives as long as the engine: the collector need not re-walk it
+            worker.execute_from_commandline()  # returns (or exits) when the worker stops: SIGTERM, SIGINT
     finally:
         if actions is not None:
             actions.stop()

@@ -17,28 +17,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import json
 import re
 import sys
 import time
 from collections import Counter
-from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, AsyncGenerator, Callable, Iterator
 
+from whywait.engine.commands.gc_tuning import batch_gc
 from whywait.engine.errors import BrokerUnavailable, ConfigError
 from whywait.engine.replay import EventTimeMerge, Window
 
 from whywait.durations import parse_duration as _parse_duration
 from whywait.errors import DurationError
-
-# The cyclic garbage collector's first threshold during a replay (Python's default is 700 allocations).  A replay
-# allocates and keeps many objects (the merge's held messages, the evaluator's 15 minutes of state) and frees little
-# cyclic garbage: at 700 the collector ran about 1,100 times over the bench's 44,289 messages (1,024 GPUs, 60 s) and
-# took 0.9 of the replay's 4.3 CPU-s, mostly in full collections over everything alive; at 50,000, 0.2.
-_GC_YOUNG = 50_000
 
 # Relative times (-10m) look like options to argparse; this lets them through as values.
 _NEGATIVE = re.compile(r"^-\d+(\.\d+)?(?:ms|[smhdw])?(?:\d+(\.\d+)?(?:ms|[smhdw]))*$")
@@ -302,27 +295,6 @@ def _add_by_topic(merge: EventTimeMerge, by_topic: dict[str, list[bytes]]) -> li
 
 
 # ---- the command -----------------------------------------------------------------------------------
-
-
-@contextmanager
-def batch_gc() -> Iterator[None]:
-    """Tune the garbage collector for one long batch of work (a replay, the report's pass); restore it after.
-
-    Entered by :func:`run` once the rules and topology are loaded.  What exists by then lives as long
-    as the process, so it is frozen (never traversed again), and the youngest generation is collected
-    every :data:`_GC_YOUNG` allocations instead of 700.  Memory stays bounded: the older generations
-    are still collected at Python's usual ratios, so cyclic garbage is freed as before, only in
-    larger batches.
-    """
-    old = gc.get_threshold()
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(_GC_YOUNG, old[1], old[2])
-    try:
-        yield
-    finally:
-        gc.set_threshold(*old)
-        gc.unfreeze()
 
 
 class Plan:

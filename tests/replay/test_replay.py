@@ -415,7 +415,7 @@ def test_a_duplicate_delivery_is_released_twice_side_by_side(one_fault: tuple[To
 def test_batch_gc_restores_the_collector() -> None:
     import gc
 
-    from whywait.engine.commands.replay_cmd import batch_gc
+    from whywait.engine.commands.gc_tuning import batch_gc
 
     before = gc.get_threshold()
     with batch_gc():
