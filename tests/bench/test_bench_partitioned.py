@@ -1,0 +1,81 @@
+"""The bench's engine runs over partitioned topics time the whole pipeline, not only its router.
+
+With input topics of several partitions ``whywait engine`` routes them onto the repartition topic and
+evaluates from there; the input topics' offsets are the router's.  The bench once stopped the engine when
+those were committed: a 1,024-GPU live run had evaluated 6 s of its 60 s and timed no diagnosis, and each
+later run's fresh group read the repartition topic from its beginning (the earlier runs' copies of the same
+data) as well as its own.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+from whywait.engine.bench.feed import Written, write
+from whywait.engine.bench.harness import Offsets, caught_up, run_engine
+
+BY_JOB = "whywait.by-job.v1"
+
+
+def _written() -> Written:
+    w = Written(4, 1000.0, 30.0, Path("t.yaml"), ("node-004", 1010.0, 1020.0))
+    w.first = {("whywait.gpu.v1", 0): 5, ("whywait.gpu.v1", 1): 7, ("whywait.net.v1", 0): 3}
+    w.end = {("whywait.gpu.v1", 0): 50, ("whywait.gpu.v1", 1): 70, ("whywait.net.v1", 0): 3}
+    return w
+
+
+def test_caught_up_needs_the_inputs_and_for_the_partitioned_engine_the_repartition_topic() -> None:
+    w = _written()
+    inputs = {("whywait.gpu.v1", 0): 50, ("whywait.gpu.v1", 1): 70}  # the empty net partition is not waited for
+    assert caught_up(inputs, w, {})
+    assert not caught_up({**inputs, ("whywait.gpu.v1", 1): 69}, w, {})
+    # Routed (inputs committed) but not yet evaluated: the repartition topic's commits are behind its end.
+    rep_ends = {(BY_JOB, 0): 900, (BY_JOB, 1): 40}
+    assert not caught_up({**inputs, (BY_JOB, 0): 120, (BY_JOB, 1): 40}, w, rep_ends)
+    assert not caught_up(inputs, w, rep_ends)  # nothing committed there yet
+    assert caught_up({**inputs, (BY_JOB, 0): 900, (BY_JOB, 1): 40}, w, rep_ends)
+    assert not caught_up({(BY_JOB, 0): 900, (BY_JOB, 1): 40}, w, rep_ends)
+
+
+def _evaluated(log: Path) -> dict[str, int]:
+    """The counts in the worker's last checkpoint line (logged as it stops)."""
+    lines = [ln for ln in log.read_text(errors="replace").splitlines() if "engine: evaluated to " in ln]
+    assert lines, log.read_text()[-3000:]
+    return ast.literal_eval(lines[-1].split("; ", 1)[1])  # type: ignore[no-any-return]
+
+
+@pytest.mark.integration
+def test_partitioned_engine_runs_evaluate_everything_once(tmp_path: Path) -> None:
+    from whywait.engine.commands.bench_cmd import simulated_cluster
+    from whywait.engine.localkafka.broker import LocalBroker
+    from whywait.engine.stream.topics import ensure_topics_async
+
+    # Its own broker: the input topics get 2 partitions (the session broker's must keep theirs).
+    broker = LocalBroker()
+    bootstrap = broker.start(data_dir=tmp_path / "kafka")
+    try:
+        asyncio.run(ensure_topics_async(bootstrap, partitions=2))
+        msgs, w = simulated_cluster(4, float(int(time.time()) - 86_400 * 2), 30.0, tmp_path / "topology.yaml")
+        asyncio.run(write(bootstrap, msgs, w, 0.0))
+
+        async def runs() -> None:
+            async with Offsets(bootstrap) as off:
+                for group in ("g1", "g2"):  # the second over the same data, the first's copies on the topic
+                    await run_engine(off, w, group, tmp_path, 1, timeout_s=300)
+                    rep = await off.repartition_ends()
+                    assert rep, "a partitioned run"
+                    committed = await off.committed(group)
+                    assert all(committed.get(tp, -1) >= end for tp, end in rep.items()), (committed, rep)
+
+        asyncio.run(runs())
+    finally:
+        broker.stop()
+    for group in ("g1", "g2"):
+        counts = _evaluated(tmp_path / f"{group}-0.log")
+        # Every routed message evaluated, and once: none left behind the router, no earlier run's copies.
+        assert counts["route.records"] == w.messages, counts
+        assert counts["messages"] == counts["route.forwarded"] > 0, counts
