@@ -55,4 +55,8 @@ def main(nodes: int = 1280, seconds: float = 960.0) -> None:
 
 if __name__ == "__main__":
     args = sys.argv[1:]
-    main(int(args[0]) if args else 1280, float(args[1]) if len(args) > 1 else 960.0)
+    try:
+        nodes, seconds = int(args[0]) if args else 1280, float(args[1]) if len(args) > 1 else 960.0
+    except ValueError:
+        sys.exit(f"usage: steady_rss.py [NODES] [SECONDS] (whole nodes, seconds of event time; got {' '.join(args)})")
+    main(nodes, seconds)

@@ -15,7 +15,7 @@ import math
 import statistics
 from dataclasses import dataclass, field
 from dataclasses import fields as dataclass_fields
-from typing import Any, Iterable, Literal, Protocol, Sequence, TypeVar
+from typing import Any, Iterable, Iterator, Literal, Protocol, Sequence, TypeVar
 
 import numpy as np
 from whywait.engine.diagnosis import Evidence
@@ -724,23 +724,32 @@ IMPLICIT_METRICS = frozenset({"nic.tx_bytes_per_s", "nic.link_up", "job.duration
                               "step.duration_s", "step.work_s", "job.step_s"})
 
 
+def rule_leaves(rules: Iterable[Any]) -> Iterator[tuple[Any, frozenset[str]]]:
+    """Each condition leaf of the rules (``when``, evidence and checks): its parameters and the metrics it names.
+
+    Any parameter whose value is a metric name counts (``metric``, a baseline's metric, lists of them).
+    Walked by :func:`rule_metrics` and the evaluator's ``rule_spans`` when the rule set changes.
+    """
+    for rule in rules:
+        for node in (rule.when, *rule.evidence, *(c.when for c in rule.checks)):
+            for leaf in leaves(node):
+                params: Any = leaf.params  # a frozen dataclass of the condition's type
+                names: set[str] = set()
+                for f in dataclass_fields(params):
+                    v = getattr(params, f.name)
+                    names.update(x for x in (v if isinstance(v, (list, tuple, frozenset, set)) else (v,))
+                                 if isinstance(x, str) and x in METRICS)
+                yield params, frozenset(names)
+
+
 def rule_metrics(rules: Iterable[Any]) -> frozenset[str]:
     """Every catalogue metric the rules' conditions name (``when``, evidence and checks), plus :data:`IMPLICIT_METRICS`.
 
-    Called by the evaluator whenever its rule set changes: what the store must keep.  Any parameter
-    whose value is a metric name counts (``metric``, a baseline's metric, lists of them).
+    Called by the evaluator whenever its rule set changes: what the store must keep.
     """
     out = set(IMPLICIT_METRICS)
-    for rule in rules:
-        nodes = [rule.when, *rule.evidence, *(c.when for c in rule.checks)]
-        for node in nodes:
-            for leaf in leaves(node):
-                params: Any = leaf.params  # a frozen dataclass of the condition's type
-                for f in dataclass_fields(params):
-                    v = getattr(params, f.name)
-                    for x in (v if isinstance(v, (list, tuple, frozenset, set)) else (v,)):
-                        if isinstance(x, str) and x in METRICS:
-                            out.add(x)
+    for _, names in rule_leaves(rules):
+        out |= names
     return frozenset(out)
 
 

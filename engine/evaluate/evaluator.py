@@ -28,12 +28,11 @@ from typing import Any, Callable, Iterable, Mapping
 
 from whywait.agents.events import TOPICS
 from whywait.engine.diagnosis import Diagnosis, Evidence, Owner
-from whywait.engine.evaluate.conditions import IMPLICIT_METRICS, Ctx, Result, evaluate, rule_metrics
+from whywait.engine.evaluate.conditions import IMPLICIT_METRICS, Ctx, Result, evaluate, rule_leaves, rule_metrics
 from whywait.engine.evaluate.store import MetricStore
 from whywait.engine.rules.condition_types import Kind
 from whywait.engine.rules.loader import RuleSet
-from whywait.engine.rules.metrics import METRICS
-from whywait.engine.rules.schema import Condition, Rule, leaves
+from whywait.engine.rules.schema import Condition, Rule
 from whywait.engine.rules.templating import render as _render
 
 log = logging.getLogger(__name__)
@@ -754,22 +753,14 @@ def rule_spans(rules: Iterable[Rule]) -> dict[str, float]:
     """
     spans: dict[str, float] = {}
     unbounded: set[str] = set(IMPLICIT_METRICS)
-    for rule in rules:
-        for node in (rule.when, *rule.evidence, *(c.when for c in rule.checks)):
-            for leaf in leaves(node):
-                params: Any = leaf.params
-                names: set[str] = set()
-                for f in dataclass_fields(params):
-                    v = getattr(params, f.name)
-                    names.update(x for x in (v if isinstance(v, (list, tuple, frozenset, set)) else (v,))
-                                 if isinstance(x, str) and x in METRICS)
-                if any(getattr(params, n, 0) for n in _POINT_COUNTS):
-                    unbounded |= names
-                    continue
-                kind: Any = type(params)  # a frozen dataclass type: hashable, as the cache needs
-                reach = max((float(getattr(params, n) or 0.0) for n in _durations(kind)), default=0.0)
-                for m in names:
-                    spans[m] = max(spans.get(m, 0.0), reach)
+    for params, names in rule_leaves(rules):
+        if any(getattr(params, n, 0) for n in _POINT_COUNTS):
+            unbounded |= names
+            continue
+        kind: Any = type(params)  # a frozen dataclass type: hashable, as the cache needs
+        reach = max((float(getattr(params, n) or 0.0) for n in _durations(kind)), default=0.0)
+        for m in names:
+            spans[m] = max(spans.get(m, 0.0), reach)
     return {m: w for m, w in spans.items() if m not in unbounded}
 
 
