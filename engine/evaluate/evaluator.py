@@ -20,7 +20,7 @@ import logging
 import math
 import time
 import typing
-from collections import Counter
+from collections import ChainMap, Counter
 from dataclasses import dataclass, field, replace
 from dataclasses import fields as dataclass_fields
 from functools import cache
@@ -150,6 +150,11 @@ class Evaluator:
     tick_observer: Callable[[float], None] | None = None
     # The rule set the store was last told to keep the metrics of (see MetricStore.set_keep).
     _keep_for: Any = field(default=None, repr=False)
+    # Per rule with an ``every``: the event time of the last tick that evaluated it (see ``tick``).  Not
+    # checkpointed: which ticks evaluate a rule is a function of event time alone.
+    _evaluated_at: dict[str, float] = field(default_factory=dict, repr=False)
+    # The first tick this evaluator ran (this process): a rule's onset is never looked for before it.
+    _first_tick: float | None = field(default=None, repr=False)
     # The offline watermark, kept until an input's newest time moves (see ``watermark``): it was computed
     # for every message, although it changes about once per input per second.
     _offline_wm: tuple[tuple[float, ...], float, float, float] | None = field(default=None, repr=False)
@@ -373,23 +378,45 @@ class Evaluator:
     # ---- one tick --------------------------------------------------------------------------------
 
     def tick(self, now: float) -> list[Diagnosis]:
-        """Evaluate every rule for every running job at event time ``now``."""
+        """Evaluate every rule for every running job at event time ``now``.
+
+        A rule with an ``every`` is evaluated only on the ticks at a multiple of it (:func:`due`); on the
+        others it is *idle*: its incidents stay as they were (none resolves, opens, fires or is announced
+        again), and those that held at its last evaluation and fire go on inhibiting the rules they name.
+        Its ``for`` and ``keep_firing_for`` are still event time, judged at its evaluations; an incident it
+        opens begins where its condition began to hold since the previous evaluation (:meth:`_onsets`).
+        """
+        if self._first_tick is None:
+            self._first_tick = now
+        idle = {r.id for r in self.rules if not due(r, now, self.step_s)}
+        for rule in self.rules:
+            if rule.every_s > self.step_s and rule.id not in idle:
+                self._evaluated_at[rule.id] = now
         seen: set[str] = set()
         out: list[Diagnosis] = []
-        firing: list[Incident] = []
+        # An idle rule's firing incidents that held at its last evaluation inhibit as they did then.
+        firing: list[Incident] = [inc for inc in self.incidents.values()
+                                  if inc.rule_id in idle and inc.firing
+                                  and inc.last_true >= self._evaluated_at.get(inc.rule_id, math.inf)]
         for job in self.topology.jobs():
             entity_cache: dict[str, list[str]] = {}  # the job's entities per level, for all its rules this tick
             for rule in self.rules:
+                if rule.id in idle:
+                    continue
                 ctx = Ctx(self.store, now, job, self.topology, rule.id, self.cond_state, entity_cache=entity_cache)
                 res = evaluate(rule.when, ctx)
                 if not res.holds:
                     continue
-                for labels, ents in self._groups(rule, ctx, res):
-                    fp = _fingerprint(rule.id, labels)
+                groups = [(_fingerprint(rule.id, labels), labels, ents)
+                          for labels, ents in self._groups(rule, ctx, res)]
+                fresh = {fp for fp, _, _ in groups if fp not in self.incidents}
+                onsets = self._onsets(rule, job, now, fresh) if fresh and rule.every_s > self.step_s else {}
+                for fp, labels, ents in groups:
                     seen.add(fp)
                     inc = self.incidents.get(fp)
                     if inc is None:
-                        inc = self.incidents[fp] = Incident(rule.id, fp, labels, pending_since=now, last_true=now)
+                        inc = self.incidents[fp] = Incident(rule.id, fp, labels, pending_since=onsets.get(fp, now),
+                                                            last_true=now)
                     inc.last_true = now
                     if now - inc.pending_since + 1e-9 >= rule.for_s:
                         inc.firing = True
@@ -402,6 +429,8 @@ class Evaluator:
         for fp, inc in list(self.incidents.items()):
             if fp not in self.incidents:
                 continue  # taken over this tick by a superseding incident (see _supersede)
+            if inc.rule_id in idle:
+                continue  # its rule was not evaluated this tick: the incident stays as it was
             rule = self.rules.rules.get(inc.rule_id)
             if fp not in seen:
                 if inc.restored and rule is not None and self._still_unknown(inc, rule, now):
@@ -431,6 +460,34 @@ class Evaluator:
                 inc.announced = True
                 inc.signature = sig
                 out.append(inc.last)
+        return out
+
+    def _onsets(self, rule: Rule, job: Any, now: float, fresh: set[str]) -> dict[str, float]:
+        """When each new incident (fingerprint in ``fresh``) of a rule with an ``every`` began to hold.
+
+        Called by ``tick`` when such a rule, evaluated at ``now``, opens incidents.  Its condition was not
+        judged on the ticks since its previous evaluation, so it may have begun on any of them: the rule is
+        judged again at each, newest first, back to the tick after its previous evaluation (and never
+        before this evaluator's first tick), and an incident begins at the earliest tick from which it held
+        on every tick up to ``now``; ``for`` counts from there, as it would have with a tick every second.
+        Those judgements write to a scratch copy of the conditions' state, so they change nothing else.
+        Rare (a new incident), and bounded by ``every`` ticks: no cost while nothing is wrong.
+        """
+        out: dict[str, float] = {}
+        lo = max(now - rule.every_s + self.step_s, self._first_tick if self._first_tick is not None else now)
+        running = set(fresh)
+        t = now - self.step_s
+        while running and t >= lo - 1e-9:
+            scratch = typing.cast(dict[tuple[Any, ...], Any], ChainMap({}, self.cond_state))
+            ctx = Ctx(self.store, t, job, self.topology, rule.id, scratch)
+            res = evaluate(rule.when, ctx)
+            held = {_fingerprint(rule.id, labels) for labels, _ in self._groups(rule, ctx, res)} if res.holds else set()
+            for fp in list(running):
+                if fp in held:
+                    out[fp] = t
+                else:
+                    running.discard(fp)
+            t -= self.step_s
         return out
 
     def _inhibited(self, inc: Incident, firing: list[Incident]) -> bool:
@@ -747,20 +804,24 @@ def rule_spans(rules: Iterable[Rule]) -> dict[str, float]:
 
     Called by the evaluator whenever its rule set changes, beside ``rule_metrics``: the store sizes
     each metric's rings to this (:meth:`MetricStore.set_spans`).  A leaf's window is the longest of
-    its duration parameters (window, baseline, ...).  Left out, so that they keep full rings: metrics
+    its duration parameters (window, baseline, ...), plus its rule's ``every`` (an incident's onset is
+    looked for that far back: :meth:`Evaluator._onsets`).  Left out, so that they keep full rings: metrics
     the engine's own code reads (:data:`IMPLICIT_METRICS`) and those of a leaf that counts its window in
     points too (``steps``, ``baseline_steps``, ...), whose reach depends on how long the job's steps are.
     """
     spans: dict[str, float] = {}
     unbounded: set[str] = set(IMPLICIT_METRICS)
-    for params, names in rule_leaves(rules):
-        if any(getattr(params, n, 0) for n in _POINT_COUNTS):
-            unbounded |= names
-            continue
-        kind: Any = type(params)  # a frozen dataclass type: hashable, as the cache needs
-        reach = max((float(getattr(params, n) or 0.0) for n in _durations(kind)), default=0.0)
-        for m in names:
-            spans[m] = max(spans.get(m, 0.0), reach)
+    for rule in rules:
+        for params, names in rule_leaves([rule]):
+            if any(getattr(params, n, 0) for n in _POINT_COUNTS):
+                unbounded |= names
+                continue
+            kind: Any = type(params)  # a frozen dataclass type: hashable, as the cache needs
+            reach = max((float(getattr(params, n) or 0.0) for n in _durations(kind)), default=0.0)
+            # A rule with an ``every`` is judged again up to ``every`` back when it opens an incident.
+            reach += float(getattr(rule, "every_s", 0.0) or 0.0)
+            for m in names:
+                spans[m] = max(spans.get(m, 0.0), reach)
     return {m: w for m, w in spans.items() if m not in unbounded}
 
 
@@ -778,6 +839,20 @@ def _longest_window(node: Any) -> float:
         return max((_longest_window(i) for i in items), default=0.0)
     inner = getattr(node, "item", None)
     return _longest_window(inner) if inner is not None else 0.0
+
+
+def due(rule: Rule, now: float, step_s: float = 1.0) -> bool:
+    """Whether the tick at event time ``now`` evaluates ``rule``: always, unless the rule has an ``every``;
+    then only the tick whose step (``(now - step_s, now]``) holds a multiple of it (``now % every == 0``
+    with the usual 1 s ticks).
+
+    A function of event time alone, so a replay evaluates a rule on the very ticks the live engine did,
+    whenever either started.
+    """
+    every = rule.every_s
+    if every <= step_s:
+        return True
+    return math.floor((now + 1e-6) / every) > math.floor((now - step_s + 1e-6) / every)
 
 
 def _signature(d: Diagnosis) -> tuple[Any, ...]:

@@ -105,6 +105,10 @@ class Rule:
     when: Node
     for_s: float = 0.0
     keep_firing_for_s: float = 0.0
+    # Evaluated only on the ticks at a multiple of this much event time (0: every tick): a rule over slow
+    # signals (a PCIe link's width, a NIC's speed) need not be judged every second.  Between evaluations
+    # its incidents stay as they were (see Evaluator.tick).
+    every_s: float = 0.0
     group_by: tuple[str, ...] = ("job",)
     checks: tuple[Check, ...] = ()
     # Conditions evaluated after `when` only to add their figures to the evidence (never gate firing):
@@ -143,6 +147,22 @@ def _bool(v: Any) -> bool:
     return v
 
 
+# The longest evaluation interval a rule may ask for: past it a fault would go unseen for minutes.
+EVERY_MAX_S = 60.0
+
+
+def _every(v: Any) -> float:
+    """A rule's evaluation interval: a duration of whole seconds, from 1s to :data:`EVERY_MAX_S`.
+
+    Whole seconds, because ticks come once per second of event time and a rule is evaluated on the
+    ticks at a multiple of it (``now % every == 0``).
+    """
+    s = parse_duration(v)
+    if not (1.0 <= s <= EVERY_MAX_S and float(s).is_integer()):
+        raise _Bad(f"a duration of whole seconds from 1s to {EVERY_MAX_S:g}s", v)
+    return s
+
+
 def _strings(v: Any) -> tuple[str, ...]:
     if not isinstance(v, list) or not all(isinstance(x, str) and x for x in v):
         raise _Bad("a list of strings", v)
@@ -151,8 +171,8 @@ def _strings(v: Any) -> tuple[str, ...]:
 
 _LEAF_COMMON = {"type", "culprit", "scope", "name"}
 _RULE_KEYS = {"apiVersion", "id", "title", "cause", "next_step", "severity", "confidence", "when", "for",
-              "keep_firing_for", "group_by", "checks", "inhibits", "supersedes", "labels", "runbook_url", "layer",
-              "culprit", "evidence", "description"}
+              "keep_firing_for", "every", "group_by", "checks", "inhibits", "supersedes", "labels", "runbook_url",
+              "layer", "culprit", "evidence", "description"}
 _GROUP_LABELS = ("job", "node", "rank", "gpu", "switch", "rack", "pool", "project")
 _LAYERS = ("data", "communication", "checkpoint", "compute", "availability")
 
@@ -292,6 +312,7 @@ def parse_rule(data: Any, file: str, lines: dict[Path_, int], macros: dict[str, 
         ctx.err(("confidence",), f"must be between 0 and 1 (got {conf})")
     for_s = ctx.parse(("for",), data.get("for", "0s"), _duration, 0.0)
     kff = ctx.parse(("keep_firing_for",), data.get("keep_firing_for", "0s"), _duration, 0.0)
+    every = ctx.parse(("every",), data["every"], _every, 0.0) if "every" in data else 0.0
     group_by = ctx.parse(("group_by",), data.get("group_by", ["job"]), _strings, ("job",))
     for i, g in enumerate(group_by or ()):
         if g not in _GROUP_LABELS:
@@ -335,7 +356,7 @@ def parse_rule(data: Any, file: str, lines: dict[Path_, int], macros: dict[str, 
     if ctx.errors or when is None:
         return None, ctx.errors
     return Rule(id=str(rid), file=file, title=data["title"], cause=data["cause"], next_step=data["next_step"],
-                severity=sev, confidence=float(conf), when=when, for_s=for_s, keep_firing_for_s=kff,
+                severity=sev, confidence=float(conf), when=when, for_s=for_s, keep_firing_for_s=kff, every_s=every,
                 group_by=tuple(group_by), checks=tuple(checks), inhibits=tuple(inhibits),
                 supersedes=tuple(supersedes), labels=dict(labels), runbook_url=runbook, layer=layer,
                 inhibits_line=line_of(lines, ("inhibits",)), culprit=culprit_t,
