@@ -401,7 +401,7 @@ def build_app(cfg: EngineConfig, processor: Processor, notifier: Notifier,
         table = None
         # faust's consumer hands each fetch of the inputs over whole (engine/stream/batches.py): a faust event
         # per record cost as much CPU as the evaluator.  Offsets are committed once a batch is evaluated.
-        feed = batches.BatchFeed(INPUT_TOPICS)
+        feed = batches.BatchFeed(INPUT_TOPICS, counts=processor.counts, name="input")
         batches.install(app, feed)
 
         @app.task

@@ -220,8 +220,8 @@ def wire(app: faust.App, cfg: Any, processor: Processor, inputs: Any, by_job: An
     so = ScaleOut(app, cfg, processor, state_topic, notifier)
     # faust's consumer hands each fetch over whole, to the router (inputs) and to the evaluator (the
     # repartition topic): see engine/stream/batches.py.
-    to_route = batches.BatchFeed(inputs.topics)
-    to_evaluate = batches.BatchFeed(by_job.topics)
+    to_route = batches.BatchFeed(inputs.topics, counts=processor.counts, name="route")
+    to_evaluate = batches.BatchFeed(by_job.topics, counts=processor.counts, name="evaluate")
     batches.install(app, to_route, to_evaluate)
 
     async def run_feed(feed: batches.BatchFeed, take: Callable[[list[Any]], Awaitable[None]], what: str) -> None:
