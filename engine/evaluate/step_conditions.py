@@ -552,16 +552,13 @@ def _rotation(c: Condition, ctx: Ctx) -> Result:
     if got is None:
         return Result(False)
     win, hist = got
-    ranks = sorted(ctx.job.ranks)
-    groups = groups_of(ranks, _coords(ctx), p["within"])
+    ranks, group_cols, ranks_key = _rotation_layout(ctx, p["within"])
     slow: list[tuple[int, int, float]] = []  # (step index, rank, ratio)
     excess = {"compute_s": 0.0, "data_wait_s": 0.0}
     # Each rank against its own usual level first: a rank that is always slower (an older GPU) is
     # heterogeneity, and must not be "the slow one" on every step it happens to top.
     mat = rank_matrix(win, ranks, p["measure"])
     usual_v = column_medians(mat)
-    col = {r: i for i, r in enumerate(ranks)}
-    group_cols = [[col[r] for r in members if r in col] for members in groups.values()]
 
     # Uneven batches on every rank (unpacked sequence lengths) make no rank stand out by `zscore`: the
     # slowest of 64 ranks drawn with a 25% spread is only ~2.4 spreads up.  What shows is the spread
@@ -574,13 +571,17 @@ def _rotation(c: Condition, ctx: Ctx) -> Result:
     top_excess = 0.0
     past: dict[str, np.ndarray] = {}  # the past's matrix and each rank's usual level in it, built when asked
 
+    def past_mat() -> np.ndarray:
+        if "mat" not in past:
+            past["mat"] = rank_matrix(hist, ranks, p["measure"])
+        return past["mat"]
+
     def past_usual() -> np.ndarray:
         # Steps outside the window are taken over each rank's usual level in the past: over the window's
         # (eight uneven draws each), the past's even steps looked twice as spread as they were, and were
         # counted as the slow turns the rotation had to rise above.  (Only asked for with 10+ past steps.)
         if "usual" not in past:
-            past["mat"] = rank_matrix(hist, ranks, p["measure"])
-            past["usual"] = column_medians(past["mat"])
+            past["usual"] = column_medians(past_mat())
         return past["usual"]
 
     if spread_f > 0 and len(hist) >= 10:
@@ -603,9 +604,10 @@ def _rotation(c: Condition, ctx: Ctx) -> Result:
                     # The lower quartile of the past's spreads, not their median: a long-step job has few
                     # steps of past, and by the time ten are there a rotation that began early fills part.
                     level = float(np.percentile(h_disp, 25.0))
-                    with np.errstate(all="ignore"), warnings.catch_warnings():
-                        warnings.simplefilter("ignore", RuntimeWarning)
-                        tops = np.nanmax(h_mat, axis=1) / np.nanmedian(h_mat, axis=1) - 1.0
+                    # Each step's slowest rank over its median, kept on the step: only new steps are read.
+                    tkey = ("rotation.top", p["measure"], ranks_key)
+                    tops = np.array([kept_stat(row, tkey, lambda i=i: _top_excess(h_mat[i]))
+                                     for i, (_, row) in enumerate(hist)], np.float64)
                     tops = tops[np.isfinite(tops)]
                     top_excess = float(np.median(tops)) if len(tops) else 0.0
                 ctx.state[ckey], ctx.state[ckey + ("n",)] = at
@@ -626,12 +628,18 @@ def _rotation(c: Condition, ctx: Ctx) -> Result:
                     out[i] = (float(q[i]), ranks[int(col[i])], True)
         return out
 
+    def turns(rows: Steps) -> list[tuple[float, int, bool] | None]:
+        """Each step's slow rank and its ratio, when one rank stands out or the ranks are spread wide;
+        else None.  For steps outside the window (the past the sequential test counts, the cost's steps):
+        all of them at once, each line judged as it would be alone."""
+        def judge(some: Steps) -> list[tuple[float, int, bool] | None]:
+            m = rank_matrix(some, ranks, p["measure"])
+            return turns_of(m, spread_lines(m, past_usual(), group_cols) if level else None)
+
+        return _at_once(rows, judge) if rows else []
+
     def turn(row: Mapping[int, StepRec]) -> tuple[float, int, bool] | None:
-        """This step's slow rank and its ratio, when one rank stands out or the ranks are spread wide;
-        else None.  (One step at a time, for steps outside the window: the past the sequential test
-        counts, the cost's steps.)"""
-        m = rank_matrix([(0, row)], ranks, p["measure"])
-        return turns_of(m, spread_lines(m, past_usual(), group_cols) if level else None)[0]
+        return turns([(0, row)])[0]
 
     win_spread = spread_lines(mat, usual_v, group_cols) if level else None
     for i, got_turn in enumerate(turns_of(mat, win_spread)):
@@ -649,7 +657,7 @@ def _rotation(c: Condition, ctx: Ctx) -> Result:
     # history (60 steps) would otherwise become its own past and end the incident while it goes on.
     key = ("rotation.p0", ctx.rule_id, c.line, ctx.job.job)
     got_seq = _rotation_sequential(p, {i: q for i, _, q in slow}, win, key, ctx,
-                                   lambda row: 0.0 if (t := turn(row)) is None else t[0])
+                                   lambda rows: [0.0 if t is None else t[0] for t in turns(rows)])
     seq = got_seq[0] if got_seq is not None else None
     judged = len(win)
     if seq is not None:
@@ -671,7 +679,7 @@ def _rotation(c: Condition, ctx: Ctx) -> Result:
     if p0 is None and got_seq is not None:
         p0 = got_seq[1]
     elif p0 is None and len(hist) >= 10:
-        p0 = sum(1 for _, row in hist if turn(row) is not None) / len(hist)
+        p0 = sum(1 for t in turns(hist) if t is not None) / len(hist)
     if p0 is None:
         # No past to hold the window against (fewer than 10 steps before it): a job whose ranks
         # hiccup on most steps looks like a rotation from its first steps on.
@@ -740,13 +748,53 @@ def _rotation(c: Condition, ctx: Ctx) -> Result:
     return Result(True, [ctx.job.job], [ev])
 
 
+# The rotation's ranks and each group's columns among them, per job: (ranks object, coords, layout).
+_Layout = tuple[list[int], list[np.ndarray], tuple[Any, ...]]
+_ROTATION_LAYOUTS: dict[tuple[str, str], tuple[Any, Any, _Layout]] = {}
+
+
+def _rotation_layout(ctx: Ctx, within: str) -> _Layout:
+    """The job's ranks (sorted), per comparable group its members' columns among them, and a key naming
+    the ranks (:func:`groups_key`, for what is kept on a step); kept while the placement lasts (its ranks
+    and coordinates objects), as the rotation asks on every tick."""
+    job, coords = ctx.job, _coords(ctx)
+    key = (job.job, within)
+    kept = _ROTATION_LAYOUTS.get(key)
+    if kept is not None and kept[0] is job.ranks and kept[1] is coords:
+        return kept[2]
+    ranks = sorted(job.ranks)
+    col = {r: i for i, r in enumerate(ranks)}
+    group_cols = [np.asarray([col[r] for r in members if r in col], np.int64)
+                  for members in groups_of(ranks, coords, within).values()]
+    out = (ranks, group_cols, groups_key({"": ranks}))
+    if len(_ROTATION_LAYOUTS) >= 256:  # bounded: jobs come and go
+        _ROTATION_LAYOUTS.clear()
+    _ROTATION_LAYOUTS[key] = (job.ranks, coords, out)
+    return out
+
+
+def _at_once(rows: Steps, judge: Callable[[Steps], list[Any]]) -> list[Any]:
+    """``judge(rows)``: steps judged as one matrix, each line as it would be alone (every statistic of
+    :func:`slow_turns` and :func:`spread_lines` is per line).  A seam: the test that turns the rotation's
+    shortcuts off judges them one by one, as before."""
+    return judge(rows)
+
+
+def _top_excess(line: np.ndarray) -> float:
+    """One step's slowest rank over its median rank, less 1 (NaN without values): the very float the past's
+    matrix gave for that step's line (``nanmedian`` takes the same path for a line as for its matrix)."""
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return float(np.nanmax(line) / np.nanmedian(line[None, :], axis=1)[0] - 1.0)
+
+
 def _levels(p: Any) -> int:
     """How many sizes of slow turn the rotation's sequential test judges (its ``levels``, at least 1)."""
     return max(1, int(p["levels"]))
 
 
 def _rotation_sequential(p: Any, slow_at: dict[int, float], win: Steps, key: tuple[Any, ...], ctx: Ctx,
-                         turn_ratio: Callable[[Mapping[int, StepRec]], float]
+                         turn_ratios: Callable[[Steps], list[float]]
                          ) -> tuple[int, float, list[float]] | None:
     """How many of the window's latest steps a sequential test finds a rotation on, the past rate of
     slow turns (of any size) it was judged against, and each size's past rate; None when it finds none.
@@ -756,7 +804,8 @@ def _rotation_sequential(p: Any, slow_at: dict[int, float], win: Steps, key: tup
     turns at rate ``persist`` against the job's own past count of them: on up to
     :data:`_PAST_TURNS_MAX` complete steps before the window, or the counts kept from before the
     rotation began (state ``key``), so a long rotation does not become its own past.  Each past step is
-    judged once (its ratio cached by step number), so a new step costs one step's judgement.
+    judged once (its ratio cached by step number), so a new step costs one step's judgement;
+    ``turn_ratios`` judges the steps not seen yet all at once (0.0 for a step without a slow turn).
 
     With ``levels`` > 1 the test runs once per size of turn: past ``ratio``'s excess, twice it, four
     times it..., each size's flags against the past's count of turns at least that large, at
@@ -793,7 +842,9 @@ def _rotation_sequential(p: Any, slow_at: dict[int, float], win: Steps, key: tup
     else:
         ckey = ("rotation.turns", *key[1:])
         seen: dict[int, float] = ctx.state.get(ckey) or {}
-        now_seen = {s: seen[s] if s in seen else float(turn_ratio(row)) for s, row in past}
+        new = [(s, row) for s, row in past if s not in seen]
+        fresh = dict(zip((s for s, _ in new), map(float, turn_ratios(new)), strict=True))
+        now_seen = {s: seen[s] if s in seen else fresh[s] for s, _ in past}
         ctx.state[ckey] = now_seen  # only the past steps kept: bounded by _PAST_TURNS_MAX
         hits = [sum(1 for q in now_seen.values() if q > bar) for bar in bars]
     best: int | None = None

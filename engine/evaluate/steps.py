@@ -244,17 +244,29 @@ def known(row: Mapping[int, StepRec], ranks: Iterable[int] | None, measure: str,
         if skip is not None and ranks is None:
             keep &= row.ranks != skip
         return col[keep].tolist()  # type: ignore[no-any-return]
+    # What StepRec.get gives, read from the record's field without the call (1,024 records a step).
+    if measure == "work":
+        if ranks is None:
+            return [rec.work_s for r, rec in row.items() if r != skip]
+        return [rec.work_s for r in ranks if r != skip and (rec := row.get(r)) is not None]
     if ranks is None:
-        return [v for r, rec in row.items() if r != skip and (v := rec.get(measure)) is not None]
-    return [v for r in ranks if r != skip and (rec := row.get(r)) is not None and (v := rec.get(measure)) is not None]
+        return [float(v) for r, rec in row.items() if r != skip and (v := getattr(rec, measure)) is not None]
+    return [float(v) for r in ranks
+            if r != skip and (rec := row.get(r)) is not None and (v := getattr(rec, measure)) is not None]
 
 
 def column_of(row: Mapping[int, StepRec], ranks: Sequence[int], measure: str) -> np.ndarray:
     """``measure`` for each of ``ranks`` in their order, NaN where the step lacks the rank or its value."""
     if isinstance(row, FrozenRow):
         return row.of(ranks, measure)
-    return np.array([v if (rec := row.get(r)) is not None and (v := rec.get(measure)) is not None else math.nan
+    attr = _ATTR.get(measure, measure)
+    get = row.get
+    return np.array([v if (rec := get(r)) is not None and (v := getattr(rec, attr)) is not None else math.nan
                      for r in ranks], np.float64)
+
+
+# StepRec.get's ``work`` is its kept field ``work_s``; every other measure is the field of its name.
+_ATTR = {"work": "work_s"}
 
 
 def row_median(row: Mapping[int, StepRec], field_name: str = "duration_s") -> float:
@@ -961,8 +973,15 @@ def _quartiles(y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return q25, q75
 
 
+def _usable(members: Sequence[int] | np.ndarray, ok_usual: np.ndarray) -> np.ndarray:
+    """The columns of ``members`` (in their order) whose rank has a usual level: one mask, not a loop over
+    every member in Python (the rotation asks it of 1,024 ranks several times a tick)."""
+    cols = np.asarray(members, np.int64)
+    return cols[ok_usual[cols]] if len(cols) else cols
+
+
 def spread_lines(vals: np.ndarray, usual: np.ndarray,
-                 groups: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                 groups: Sequence[Sequence[int] | np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per step (line of ``vals``, steps x ranks): how widely its ranks' work is spread, and its slowest rank.
 
     Called by the ``rotation`` condition for its window and for the job's past (the level a spread is
@@ -983,7 +1002,7 @@ def spread_lines(vals: np.ndarray, usual: np.ndarray,
     part_cols: list[np.ndarray] = []
     with np.errstate(all="ignore"):
         for members in groups:
-            cols = np.asarray([c for c in members if ok_usual[c]], np.int64)
+            cols = _usable(members, ok_usual)
             if len(cols) < 4:
                 continue
             x = vals[:, cols] / usual[cols]
@@ -1007,7 +1026,7 @@ def spread_lines(vals: np.ndarray, usual: np.ndarray,
     return disp, ratio, col
 
 
-def slow_turns(vals: np.ndarray, usual: np.ndarray, groups: Sequence[Sequence[int]], is_ratio: Any,
+def slow_turns(vals: np.ndarray, usual: np.ndarray, groups: Sequence[Sequence[int] | np.ndarray], is_ratio: Any,
                is_z: Any) -> list[tuple[float, int] | None]:
     """Per step (line of ``vals``, steps x ranks), its slow turn: ``(ratio, column)`` of the group's slowest
     rank when its ratio passes ``is_ratio`` and its z ``is_z`` (the largest ratio over the groups), else None.
@@ -1023,7 +1042,7 @@ def slow_turns(vals: np.ndarray, usual: np.ndarray, groups: Sequence[Sequence[in
     best: list[tuple[float, int] | None] = [None] * n_steps
     ok_usual = ~np.isnan(usual) & (usual != 0)
     for members in groups:
-        cols = np.asarray([c for c in members if ok_usual[c]], np.int64)
+        cols = _usable(members, ok_usual)
         if len(cols) < 4:
             continue
         x = vals[:, cols] / usual[cols]
