@@ -256,6 +256,9 @@ _BUCKET_S = 30  # seconds per coarse bucket
 _FINE_MIN = 32
 _SPAN_MARGIN_S = 32.0
 _EMPTY = np.iinfo(np.int64).min // 2
+# The count added per point, typed as the count arrays are: ``np.add.at`` with a Python int goes through
+# numpy's casting loop and is about 8x slower on a uint16 array (1.2 ms against 0.16 for 8k points).
+_ONE = np.uint16(1)
 # Staged points a column holds at most before they are applied (bounds the staging lists' memory: ~72
 # bytes a point with its floats, so every column no tick reads holds up to ~0.6 MiB; 1 << 15 was ~2.3 MiB,
 # ~130 MiB over the shipped rules' columns at 1,280 nodes).  8,192 points are still one cheap numpy pass.
@@ -446,7 +449,7 @@ class Column:
             self.n[r, pos] += 1
         else:
             np.add.at(self.v, (r, pos), x)
-            np.add.at(self.n, (r, pos), 1)
+            np.add.at(self.n, (r, pos), _ONE)
         if not self.coarse:
             return self.held is not None
         b = (slots - 1) // self.bucket_s
@@ -458,7 +461,7 @@ class Column:
             self.cn[r, b] += 1
         else:
             np.add.at(self.cs, (r, b), x)
-            np.add.at(self.cn, (r, b), 1)
+            np.add.at(self.cn, (r, b), _ONE)
         return self.held is not None
 
     @staticmethod
@@ -485,7 +488,9 @@ class Column:
         if not len(moved):
             return
         step = top[moved] - newest[moved]
-        whole = moved[step >= size]
+        # A row never written (or cleared) is all zeros already (``_alloc``, ``clear``): zeroing it again
+        # cost a whole ring per row on each column's first flush.
+        whole = moved[(step >= size) & (newest[moved] != _EMPTY)]
         if len(whole):
             for a in arrays:
                 a[whole] = 0
