@@ -32,7 +32,6 @@ import itertools
 import math
 import statistics
 from collections import OrderedDict, deque
-from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
@@ -43,23 +42,58 @@ PHASE_NAMES = {"compute_s": "compute", "data_wait_s": "input", "comm_s": "commun
                "collective_s": "communication", "pipeline_wait_s": "communication", "duration_s": "step"}
 
 
-@dataclass(frozen=True, slots=True)
+_STEP_FIELDS = ("t", "duration_s", *PHASES)
+
+
 class StepRec:
-    """One rank's timings for one step; a phase the producer did not send is None (unknown, not zero)."""
+    """One rank's timings for one step; a phase the producer did not send is None (unknown, not zero).
+
+    Read-only by convention.  Why not a frozen dataclass, as it was: the store makes one per rank per
+    step (10,240 a second at 1,280 nodes), and a frozen dataclass's ``__init__`` sets each field through
+    ``object.__setattr__``: 2.0 µs a record against 0.4 here.  Equality and hashing are over the fields,
+    as the dataclass's were (``work_s`` is derived, so it takes no part).
+    """
+
+    __slots__ = (*_STEP_FIELDS, "work_s")
 
     t: float  # when the step ended (event time)
     duration_s: float
-    data_wait_s: float | None = None
-    compute_s: float | None = None
-    comm_s: float | None = None
-    collective_s: float | None = None
-    pipeline_wait_s: float | None = None
-    checkpoint_s: float | None = None
+    data_wait_s: float | None
+    compute_s: float | None
+    comm_s: float | None
+    collective_s: float | None
+    pipeline_wait_s: float | None
+    checkpoint_s: float | None
     # :func:`work`, computed once: the step conditions read it for every rank of every step on each tick
-    work_s: float = field(init=False, repr=False, compare=False)
+    work_s: float
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "work_s", work(self))
+    def __init__(self, t: float, duration_s: float, data_wait_s: float | None = None, compute_s: float | None = None,
+                 comm_s: float | None = None, collective_s: float | None = None,
+                 pipeline_wait_s: float | None = None, checkpoint_s: float | None = None) -> None:
+        self.t = t
+        self.duration_s = duration_s
+        self.data_wait_s = data_wait_s
+        self.compute_s = compute_s
+        self.comm_s = comm_s
+        self.collective_s = collective_s
+        self.pipeline_wait_s = pipeline_wait_s
+        self.checkpoint_s = checkpoint_s
+        self.work_s = work(self)
+
+    def _fields(self) -> tuple[Any, ...]:
+        return (self.t, self.duration_s, self.data_wait_s, self.compute_s, self.comm_s, self.collective_s,
+                self.pipeline_wait_s, self.checkpoint_s)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, StepRec):
+            return NotImplemented
+        return self._fields() == other._fields()
+
+    def __hash__(self) -> int:
+        return hash(self._fields())
+
+    def __repr__(self) -> str:
+        return "StepRec(" + ", ".join(f"{f}={getattr(self, f)!r}" for f in _STEP_FIELDS) + ")"
 
     def get(self, phase: str) -> float | None:
         """The value of ``phase`` (``work``, ``duration_s`` or a field name), None when unknown."""
@@ -108,7 +142,7 @@ _STATS_ROWS = 128
 _HOT_ROWS = 16
 # The record fields a frozen step keeps as columns (``t`` and ``duration_s`` always; a phase only when
 # some rank of the step sent it).
-_REC_FIELDS = ("t", "duration_s", *PHASES)
+_REC_FIELDS = _STEP_FIELDS
 
 
 class FrozenRow(Mapping[int, StepRec]):

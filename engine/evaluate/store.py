@@ -304,6 +304,12 @@ class Rows:
         return r
 
 
+# The kernel log's classes the hw topic counts per report, and their metrics (named once, not per message).
+_KERNEL_CLASSES = ("mce", "pcie_aer", "pcie_aer_uncorrected", "xid", "gpu_lost", "nic_fw", "hung_task",
+                   "soft_lockup", "fs_readonly", "fs_error", "io_error", "oom")
+_KERNEL_METRICS = tuple(f"kernel.{c}" for c in _KERNEL_CLASSES)
+
+
 class Column:
     """One metric's values for every entity of its level: a fine ring of 1 s slots and a coarse ring of buckets."""
 
@@ -722,7 +728,10 @@ class MetricStore:
         # The longest window the rules read per metric (None: unknown, every column keeps full rings);
         # see ``set_spans``.
         self._spans: dict[str, float] | None = None
-        self._kept_lists: dict[int, tuple[tuple[str, ...], tuple[tuple[str, str, bool, bool], ...], bool]] = {}
+        self._kept_lists: dict[int, tuple[tuple[str, ...], tuple[tuple[str, str, bool, bool], ...],
+                                          tuple[tuple[str, str, str], ...]]] = {}
+        # Per kind plan, its body fields that are kept (a third of a node's body fields are read by no rule).
+        self._kept_body: dict[int, tuple[tuple[str, str, bool], ...]] = {}
         self._job_fields: tuple[bool, ...] = (True,) * len(_JOB_FIELDS)
         self._shares: tuple[bool, ...] = (True,) * 3
 
@@ -742,6 +751,7 @@ class MetricStore:
         """
         self._keep = None if metrics is None else frozenset(metrics)
         self._kept_lists.clear()
+        self._kept_body.clear()
         keep = self._keep
         self._job_fields = tuple(keep is None or f"job.{f}" in keep for f in _JOB_FIELDS)
         self._shares = tuple(keep is None or f"job.{f}" in keep for f in ("data_wait_share", "comm_share",
@@ -886,20 +896,24 @@ class MetricStore:
         """
         put = self.put
         owner = msg["job"] if plan.per_job else node
-        for name, metric, boolean in plan.body:
+        body = self._kept_body.get(id(plan))
+        if body is None:
+            keep = self._keep
+            body = self._kept_body[id(plan)] = tuple(b for b in plan.body if keep is None or b[1] in keep)
+        for name, metric, boolean in body:
             v = msg.get(name)
             if v is not None:
                 put(metric, owner, t, (1.0 if v else 0.0) if boolean else float(v))
         for lp in plan.lists:
             items = msg.get(lp.name)
-            if not items:
-                if items is not None:
-                    self._rollups(lp, {}, t, node)
-                continue
             kept = self._kept_lists.get(id(lp))
             if kept is None:
                 kept = self._kept_lists[id(lp)] = self._kept_list(lp)
             reads, direct, rolled = kept
+            if not items:
+                if items is not None and rolled:
+                    self._rollups(rolled, {}, t, node)
+                continue
             if len(reads) == 1 and lp.entity not in ("nic", "device"):
                 continue  # nothing of this list is kept (NICs and devices still register as the node's)
             cols = dict(zip(reads, events.columns(items, reads), strict=True))
@@ -914,18 +928,19 @@ class MetricStore:
                 else:
                     self.put_many(metric, lp.entity, ents, rows, t, vs, boolean)
             if rolled:
-                self._rollups(lp, cols, t, node)
+                self._rollups(rolled, cols, t, node)
 
-    def _kept_list(self, lp: _ListPlan) -> tuple[tuple[str, ...], tuple[tuple[str, str, bool, bool], ...], bool]:
-        """What of a list's plan the store keeps: the fields to read (key first), the stored ones, any roll-up."""
+    def _kept_list(self, lp: _ListPlan) -> tuple[tuple[str, ...], tuple[tuple[str, str, bool, bool], ...],
+                                                 tuple[tuple[str, str, str], ...]]:
+        """What of a list's plan the store keeps: the fields to read (key first), the stored ones, the roll-ups."""
         keep = self._keep
         if keep is None:
-            return lp.reads, lp.direct, bool(lp.rollups)
+            return lp.reads, lp.direct, lp.rollups
         direct = tuple(d for d in lp.direct if d[1] in keep)
         rolled = tuple(r for r in lp.rollups if r[1] in keep)
         names = [lp.key] + [d[0] for d in direct]
         names += [r[0] for r in rolled if r[0] not in names]
-        return tuple(names), direct, bool(rolled)
+        return tuple(names), direct, rolled
 
     def _entities(self, level: str, msg: Mapping[str, Any], node: str, names: Sequence[Any]
                   ) -> tuple[list[str], list[int] | None]:
@@ -985,9 +1000,10 @@ class MetricStore:
         if len(col.s_row) > _STAGE_MAX:
             self._relieve(col)
 
-    def _rollups(self, lp: _ListPlan, cols: Mapping[str, Sequence[Any]], t: float, node: str) -> None:
-        """The node roll-ups of one list: the ``max`` or ``sum`` of a field over its entries (``cols``)."""
-        for name, metric, how in lp.rollups:
+    def _rollups(self, rollups: tuple[tuple[str, str, str], ...], cols: Mapping[str, Sequence[Any]], t: float,
+                 node: str) -> None:
+        """The node roll-ups of one list (those kept): the ``max`` or ``sum`` of a field over its entries (``cols``)."""
+        for name, metric, how in rollups:
             vals = [float(v) for v in cols.get(name, ()) if v is not None]
             if how == "sum":  # an empty list, or entries without the field, add nothing: 0
                 self.put(metric, node, t, math.fsum(vals))
@@ -1041,8 +1057,7 @@ class MetricStore:
         def _lane_gbps(gen: int) -> float:
             return lane.get(gen, 0.0)
 
-        kernel_classes = ("mce", "pcie_aer", "pcie_aer_uncorrected", "xid", "gpu_lost", "nic_fw", "hung_task",
-                          "soft_lockup", "fs_readonly", "fs_error", "io_error", "oom")
+        kernel_classes = _KERNEL_CLASSES
         # Hardware classes for kernel.hw_errors; corrected AER (routine in small numbers), XIDs (the GPU
         # rules read them from NVML), hung tasks, lockups and OOM (symptoms, not hardware) stay out.
         kernel_hw = ("mce", "pcie_aer_uncorrected", "gpu_lost", "nic_fw", "fs_readonly", "fs_error", "io_error")
@@ -1119,8 +1134,8 @@ class MetricStore:
             for ev in kernel:
                 if ev["class"] in counts:
                     counts[ev["class"]] += 1.0
-            for cls, n in counts.items():
-                put(f"kernel.{cls}", node, t, n)
+            for metric, n in zip(_KERNEL_METRICS, counts.values(), strict=True):
+                put(metric, node, t, n)
             put("kernel.hw_errors", node, t, sum(counts[c] for c in kernel_hw))
         bmc = msg.get("bmc")
         if bmc is not None:
