@@ -10,7 +10,7 @@ data (the same offsets):
   offsets; timed from their partition assignment until ONE admin client sees the group's
   committed offsets reach the end of every partition with data (with input topics of several
   partitions the engine runs the partitioned pipeline: then the end of the repartition topic too,
-  where the evaluate stage commits, for the input topics' commits are its router's);
+  where the evaluate stage commits what it has evaluated, for the input topics' commits are its router's);
 * replay: ``whywait replay`` over the size's event-time range.
 
 CPU-seconds come from the kernel for the engine (``/proc``, sampled at assignment and when caught
@@ -288,9 +288,10 @@ def caught_up(committed: dict[TP, int], w: Written, repartition_ends: dict[TP, i
     Why both: in the partitioned pipeline the input topics' offsets are committed by the router once it has
     forwarded a batch to the repartition topic; the evaluate stage, which concludes the diagnoses, commits its
     own offsets there and may be far behind (stopped at the routers' commit, one 1,024-GPU live run had
-    evaluated 4,992 of 44,288 messages, 6 s of its 60 s, and timed no diagnosis).  Not yet enough with
-    several workers: the evaluate stage commits what it has put in its reorder buffer, evaluated or not, and
-    in one 2-worker run the worker owning the job had evaluated 5,665 of 44,288 messages when this held.
+    evaluated 4,992 of 44,288 messages, 6 s of its 60 s, and timed no diagnosis).  The evaluate stage commits
+    only what its reorder buffer has released and evaluated (``partitioning.HeldOffsets``; it used to commit
+    what it had put there, and one 2-worker run had evaluated 5,665 of 44,288 messages when this held), so
+    its commits at the topic's end mean every worker has evaluated everything routed to it.
     """
     if not all(committed.get(tp, -1) >= w.end[tp] for tp in w.partitions_with_data()):
         return False

@@ -68,8 +68,12 @@ class BatchFeed:
     ``<name>.feed_gap`` (records skipped between two batches of one partition: never, unless a bug).
     """
 
-    def __init__(self, topics: Iterable[str], max_batches: int = 2, counts: Any = None, name: str = "feed") -> None:
+    def __init__(self, topics: Iterable[str], max_batches: int = 2, counts: Any = None, name: str = "feed",
+                 commit_on_done: bool = True) -> None:
         self.topics = frozenset(topics)
+        # False: :meth:`done` commits nothing, the processor says how far with :meth:`commit` (the evaluate stage:
+        # a batch in its reorder buffer is not evaluated yet).
+        self.commit_on_done = commit_on_done
         self.max_batches = max_batches
         self._queue: asyncio.Queue[Batch] | None = None
         self._handed: dict[TP, int] = {}  # partition -> last offset handed to the processor
@@ -142,11 +146,18 @@ class BatchFeed:
             yield batch
 
     def done(self, batch: Batch) -> None:
-        """Called by the processor once ``batch`` is evaluated and its outputs sent: its offsets may be committed."""
-        for tp, off in batch.last.items():
-            if off + 1 > self.commit_at.get(tp, -1):
-                self.commit_at[tp] = off + 1
+        """Called by the processor once ``batch`` is evaluated and its outputs sent: its offsets may be committed
+        (unless the feed was made with ``commit_on_done=False``)."""
+        if self.commit_on_done:
+            for tp, off in batch.last.items():
+                if off + 1 > self.commit_at.get(tp, -1):
+                    self.commit_at[tp] = off + 1
         self._finish(batch)
+
+    def commit(self, tp: TP, offset: int | None) -> None:
+        """Let faust commit ``tp`` up to ``offset`` (the next one to read; never backwards)."""
+        if offset is not None and offset > self.commit_at.get(tp, -1):
+            self.commit_at[tp] = offset
 
     def release(self, batch: Batch) -> None:
         """Called by the processor when ``batch`` was not evaluated (cancelled): it is neither committed nor skipped."""

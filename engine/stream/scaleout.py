@@ -30,6 +30,7 @@ from whywait.agents.events import TOPIC_PLACEMENT, TOPICS, kind_for_topic
 from whywait.engine.stream import batches
 from whywait.engine.stream.partitioning import (
     NODE_KINDS,
+    HeldOffsets,
     ReorderBuffer,
     drop_jobs,
     is_empty,
@@ -221,7 +222,8 @@ def wire(app: faust.App, cfg: Any, processor: Processor, inputs: Any, by_job: An
     # faust's consumer hands each fetch over whole, to the router (inputs) and to the evaluator (the
     # repartition topic): see engine/stream/batches.py.
     to_route = batches.BatchFeed(inputs.topics, counts=processor.counts, name="route")
-    to_evaluate = batches.BatchFeed(by_job.topics, counts=processor.counts, name="evaluate")
+    # The evaluate stage commits only what its reorder buffer has released and evaluated (see HeldOffsets).
+    to_evaluate = batches.BatchFeed(by_job.topics, counts=processor.counts, name="evaluate", commit_on_done=False)
     batches.install(app, to_route, to_evaluate)
 
     async def run_feed(feed: batches.BatchFeed, take: Callable[[list[Any]], Awaitable[None]], what: str) -> None:
@@ -293,6 +295,7 @@ def wire(app: faust.App, cfg: Any, processor: Processor, inputs: Any, by_job: An
                 log.debug("could not send a progress marker to %s[%d]: %s", TOPIC_BY_JOB, part, exc)
 
     order = ReorderBuffer(STEADY_KINDS)
+    held = HeldOffsets()
     received = so.received  # partition of the repartition topic -> last offset received
     copies: dict[bytes, None] = {}  # source ids of copied messages taken already (insertion-ordered)
 
@@ -333,11 +336,13 @@ def wire(app: faust.App, cfg: Any, processor: Processor, inputs: Any, by_job: An
             received[e.partition] = e.offset
             headers = dict(e.headers or ())
             if PROGRESS_HEADER in headers:
+                held.received(e.partition, e.offset, False)
                 take_progress(e.value, wall)
                 continue
             copy = headers.get(COPY_HEADER)
             if copy is not None:
                 if copy in copies:  # a copy this worker has already taken from another partition
+                    held.received(e.partition, e.offset, False)
                     processor.counts["route.copies_dropped"] += 1
                     continue
                 copies[copy] = None
@@ -345,17 +350,31 @@ def wire(app: faust.App, cfg: Any, processor: Processor, inputs: Any, by_job: An
                     for old in list(itertools.islice(copies, 50_000)):
                         del copies[old]
             rec = record(e)
+            held.received(e.partition, e.offset, True)
             order.push(rec, (e.timestamp or 0) / 1000.0, kind_for_topic(rec.topic), wall, e.partition)
-        ready = order.release(wall, backlog())
-        if ready:
+        await evaluate_released(order.release(wall, backlog()))
+        for p in {e.partition for e in records}:
+            to_evaluate.commit(TP(TOPIC_BY_JOB, p), held.commit_point(p))
+
+    async def evaluate_released(ready: list[Record]) -> None:
+        """Evaluate what the reorder buffer released; then its offsets may be committed (a batch that failed is
+        logged and counted by the caller, and committed too: it is never stuck)."""
+        if not ready:
+            return
+        try:
             await evaluate(ready)
+        finally:
+            for p in held.released(ready):
+                to_evaluate.commit(TP(TOPIC_BY_JOB, p), held.commit_point(p))
 
     @app.timer(0.5)
     async def release_held() -> None:  # what waited for a kind that has since gone quiet
         if len(order):
-            ready = order.release(time.monotonic(), backlog())
-            if ready:
-                await evaluate(ready)
+            try:
+                await evaluate_released(order.release(time.monotonic(), backlog()))
+            except Exception:  # noqa: BLE001 - a timer that raises stops: logged and counted, the next one goes on
+                log.exception("engine: evaluating held records failed")
+                processor.counts["errors.evaluate_batch"] += 1
 
     @app.task
     async def placements() -> None:

@@ -129,6 +129,21 @@ def test_a_hole_between_two_fetches_of_one_partition_is_counted_and_a_new_epoch_
     asyncio.run(run())
 
 
+def test_a_feed_that_commits_by_hand_commits_only_what_it_is_told_and_never_backwards() -> None:
+    async def run() -> None:
+        feed = BatchFeed([A.topic], commit_on_done=False)
+        await feed.put(batch(A, 0, 9))
+        got = await take(feed)
+        feed.done(got)
+        assert feed.commit_at == {} and feed.busy is None  # in the reorder buffer, not evaluated
+        feed.commit(A, 4)
+        feed.commit(A, 2)
+        feed.commit(A, None)
+        assert feed.commit_at == {A: 4}
+
+    asyncio.run(run())
+
+
 def test_round_robin_takes_one_record_of_each_partition_in_turn() -> None:
     got = list(round_robin({A: [1, 2, 3], B: [10]}))
     assert got == [1, 10, 2, 3]

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from whywait.engine.stream.partitioning import (
+    HeldOffsets,
     OwnedTopology,
     ReorderBuffer,
     drop_jobs,
@@ -183,6 +184,29 @@ def test_reorder_buffer_is_bounded() -> None:
     for t in range(20):
         buf.push(t, 1.0 + t, "net", 0.0)
     assert len(buf.release(0.0, backlog=True)) >= 11 and len(buf) <= 10
+
+
+def test_the_evaluate_stage_commits_only_up_to_the_oldest_record_it_still_holds() -> None:
+    from collections import namedtuple
+
+    Rec = namedtuple("Rec", "partition offset")
+    held = HeldOffsets()
+    assert held.commit_point(0) is None
+    held.received(0, 0, True)
+    held.received(0, 1, False)  # a progress marker: nothing to evaluate
+    held.received(0, 2, True)
+    held.received(1, 0, True)
+    held.received(0, 3, True)
+    assert held.commit_point(0) == 0 and held.commit_point(1) == 0 and held.held() == 4
+    # Released in event-time order, not offset order: offset 2 first, then 0.
+    assert held.released([Rec(0, 2)]) == {0}
+    assert held.commit_point(0) == 0  # 0 is still held: an evaluated 2 commits nothing yet
+    held.released([Rec(0, 0), Rec(1, 0)])
+    assert held.commit_point(0) == 3 and held.commit_point(1) == 1
+    held.released([Rec(0, 3)])
+    assert held.commit_point(0) == 4 and held.held() == 0
+    held.received(0, 4, False)
+    assert held.commit_point(0) == 5
 
 
 def test_router_counts_every_record_once_and_dead_letters_at_the_door(sim: Any, topo: Any) -> None:
