@@ -81,6 +81,9 @@ def register(p: argparse.ArgumentParser) -> None:
     p.add_argument("--restore-window", type=float, default=None, metavar="SECONDS",
                    help="event time re-read from a partition a worker takes over, before it evaluates it "
                         "(default: the metric store's retention, 900)")
+    p.add_argument("--align", type=float, default=None, metavar="SECONDS",
+                   help="read no input partition more than this far (event time) ahead of the slowest one with "
+                        "unread records, so a backlog cannot fill memory; 0: off (default: $WHYWAIT_ALIGN_S, else 30)")
     p.add_argument("--instance-id", default=os.environ.get("WHYWAIT_ENGINE_INSTANCE"),
                    help="static consumer-group member id, so a restarted engine takes its partitions back at "
                         "once (default: WHYWAIT_ENGINE_INSTANCE, else GROUP@HOSTNAME; 'none' for a dynamic member)")
@@ -216,6 +219,9 @@ def run(args: argparse.Namespace) -> int:
                                    _count(args.replication, "--replication", "WHYWAIT_REPLICATION"))
     if args.restore_window is not None and not (0 <= args.restore_window < float("inf")):
         raise ConfigError(f"--restore-window must be a number of seconds >= 0 (got {args.restore_window})")
+    align_s = args.align if args.align is not None else _env_float("WHYWAIT_ALIGN_S", 30.0)
+    if not (0 <= align_s < float("inf")):
+        raise ConfigError(f"--align must be a number of seconds >= 0 (got {align_s})")
     if partitions > 1:
         from whywait.engine.stream.partitioning import OwnedTopology
 
@@ -258,7 +264,7 @@ def run(args: argparse.Namespace) -> int:
             log.info("engine: group %s starts at the latest offsets of %d partition(s)", args.group, started)
     cfg = EngineConfig(bootstrap=bootstrap, group_id=args.group, from_beginning=not args.latest,
                        instance_id=instance_id(args.instance_id, args.group), partitions=partitions,
-                       restore_window_s=args.restore_window, restore_state=not args.no_restore)
+                       restore_window_s=args.restore_window, restore_state=not args.no_restore, align_s=align_s)
     processor = Processor(evaluator, not_before=args.not_before)
     server = None
     try:
@@ -292,3 +298,14 @@ def observe(processor: Any, notifier: Any, addr: tuple[str, int] | None) -> tupl
     metrics = EngineMetrics().bind(processor, notifier)
     readiness = Readiness(processor)
     return ObserveServer(addr, metrics.registry, readiness).start(), metrics, readiness
+
+
+def _env_float(name: str, default: float) -> float:
+    """Seconds from the environment variable ``name`` (``default`` when unset); a bad value is a ConfigError."""
+    raw = os.environ.get(name)
+    if raw is None or not raw.strip():
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be a number of seconds (got {raw!r})") from None

@@ -73,6 +73,9 @@ class EngineConfig:
     # Partitioned: restore the per-job incident checkpoints of gained jobs (False: ``--no-restore``).
     restore_state: bool = True
     fetch_bytes: int = 64 << 10  # per partition and fetch, partitioned pipeline only (see build_app)
+    # How far (event time, s) an input partition may be read ahead of the slowest one with unread records
+    # before it is paused (engine/stream/alignment.py): bounds what a backlog makes the store hold.  0: off.
+    align_s: float = 30.0
     datadir: str = field(default_factory=lambda: os.path.join(
         os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state"),
         "whywait", "faust", "{conf.name}"))  # faust expands {conf.name}: one folder per consumer group
@@ -402,7 +405,7 @@ def build_app(cfg: EngineConfig, processor: Processor, notifier: Notifier,
         # faust's consumer hands each fetch of the inputs over whole (engine/stream/batches.py): a faust event
         # per record cost as much CPU as the evaluator.  Offsets are committed once a batch is evaluated.
         feed = batches.BatchFeed(INPUT_TOPICS, counts=processor.counts, name="input")
-        batches.install(app, feed)
+        batches.install(app, feed, align_s=cfg.align_s)
 
         @app.task
         async def evaluate() -> None:  # the processor, in this project's words

@@ -40,6 +40,7 @@ from typing import Any, AsyncIterator, Iterable, Iterator, Mapping, Optional
 
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
+from whywait.engine.stream.alignment import align
 
 log = logging.getLogger(__name__)
 
@@ -69,12 +70,14 @@ class BatchFeed:
     """
 
     def __init__(self, topics: Iterable[str], max_batches: int = 2, counts: Any = None, name: str = "feed",
-                 commit_on_done: bool = True) -> None:
+                 commit_on_done: bool = True, align: bool = True) -> None:
         self.topics = frozenset(topics)
         # False: :meth:`done` commits nothing, the processor says how far with :meth:`commit` (the evaluate stage:
         # a batch in its reorder buffer is not evaluated yet).
         self.commit_on_done = commit_on_done
         self.max_batches = max_batches
+        # Whether its partitions are read aligned in event time (BatchConsumer._align), among themselves.
+        self.align = align
         self._queue: asyncio.Queue[Batch] | None = None
         self._handed: dict[TP, int] = {}  # partition -> last offset handed to the processor
         self._this_epoch: set[TP] = set()  # partitions handed over in this epoch (their next batch follows on)
@@ -208,7 +211,18 @@ def round_robin(records: Mapping[TP, list[Any]]) -> Iterator[Any]:
 
 
 class BatchConsumer(faust_aiokafka.Consumer):
-    """faust's aiokafka consumer; the fetches of each :class:`BatchFeed`'s topics go to that feed whole."""
+    """faust's aiokafka consumer; the fetches of each :class:`BatchFeed`'s topics go to that feed whole.
+
+    It also aligns the feeds' partitions in event time (:mod:`whywait.engine.stream.alignment`): after
+    each fetch, a partition read more than the transport's ``align_s`` ahead of the slowest partition
+    that has unread records is paused, until that one catches up.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.newest_ts: dict[TP, int] = {}  # feed partition -> timestamp (ms) of the newest record read
+        self.ahead: set[TP] = set()  # feed partitions paused for running ahead (see _align)
+        self.align_pauses = 0  # how many times a partition was paused so
 
     @property
     def feeds(self) -> dict[str, BatchFeed]:
@@ -227,6 +241,9 @@ class BatchConsumer(faust_aiokafka.Consumer):
         await super().on_partitions_revoked(revoked)
         for feed in feeds:
             feed.forget(revoked)
+        for tp in revoked:  # faust forgets its pauses of revoked partitions too
+            self.newest_ts.pop(tp, None)
+        self.ahead.difference_update(revoked)
 
     async def wait_empty(self) -> None:
         """Wait for the batches being evaluated (bounded by the session timeout), then faust's own wait and commit."""
@@ -307,6 +324,10 @@ class BatchConsumer(faust_aiokafka.Consumer):
                         break
                     for tp, off in batch.last.items():
                         read_offset[tp] = off
+                    for tp, recs in got.items():  # faust's TP (faust asserts its type in its partition sets)
+                        self.newest_ts[TP(tp.topic, tp.partition)] = recs[-1].timestamp
+                if mine:
+                    self._align()
                 if others:
                     await self._deliver(others, generation)
                 unset_flag("FETCHING")
@@ -325,6 +346,38 @@ class BatchConsumer(faust_aiokafka.Consumer):
             raise
         finally:
             unset_flag("FETCHING")
+
+    def _align(self) -> None:
+        """After a fetch: pause the feeds' partitions far ahead of the slowest one behind, resume those it caught up.
+
+        Each aligning feed's partitions are weighed among themselves (the partitioned pipeline aligns
+        its inputs, not the repartition topic, whose partitions are independent jobs).
+        """
+        ahead_s = float(getattr(self.transport, "align_s", 0.0))
+        assigned = self.assignment()
+        self.ahead &= assigned
+        read = self._read_offset
+        for feed in {f for f in self.feeds.values() if f.align}:
+            mine = {tp for tp in assigned if tp.topic in feed.topics}
+            newest = {tp: ts for tp, ts in self.newest_ts.items() if tp in mine and ts is not None and ts >= 0}
+            behind: set[TP] = set()
+            for tp in mine:
+                hw = self.highwater(tp)
+                off = read.get(tp)
+                if hw is not None and hw > (-1 if off is None else off) + 1:
+                    behind.add(tp)
+            pause, resume = align(newest, behind, self.ahead & mine, ahead_s)
+            if pause:
+                self.pause_partitions(pause)
+                self.ahead |= pause
+                self.align_pauses += len(pause)
+                slow = min((tp for tp in behind if tp in newest), key=newest.__getitem__)
+                log.info("engine: pausing %s: read more than %.0fs ahead of %s[%d], the slowest input with unread "
+                         "records", ", ".join(sorted(f"{tp.topic}[{tp.partition}]" for tp in pause)), ahead_s,
+                         slow.topic, slow.partition)
+            if resume:
+                self.resume_partitions(resume)
+                self.ahead -= resume
 
     async def _deliver(self, records: Mapping[TP, list[Any]], generation: int) -> None:
         """faust's own per-record delivery (``Consumer.getmany`` + ``_drain_messages``) for the other topics."""
@@ -357,11 +410,16 @@ class BatchTransport(faust_aiokafka.Transport):
 
     Consumer = BatchConsumer
 
-    def __init__(self, *args: Any, feeds: Iterable[BatchFeed] = (), **kwargs: Any) -> None:
+    def __init__(self, *args: Any, feeds: Iterable[BatchFeed] = (), align_s: float = 0.0, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.feeds = {t: f for f in feeds for t in f.topics}
+        self.align_s = align_s  # see BatchConsumer._align; 0: no alignment
 
 
-def install(app: Any, *feeds: BatchFeed) -> None:
-    """Make ``app`` consume through :class:`BatchConsumer` with ``feeds``; called by ``build_app`` before it starts."""
-    app.transport = BatchTransport(app.conf.broker_consumer, app, feeds=feeds)
+def install(app: Any, *feeds: BatchFeed, align_s: float = 0.0) -> None:
+    """Make ``app`` consume through :class:`BatchConsumer` with ``feeds``; called by ``build_app`` before it starts.
+
+    ``align_s``: how far (event time, s) a feed's partition may be read ahead of the slowest one with
+    unread records before it is paused (:mod:`whywait.engine.stream.alignment`); 0 turns that off.
+    """
+    app.transport = BatchTransport(app.conf.broker_consumer, app, feeds=feeds, align_s=align_s)

@@ -223,8 +223,9 @@ def wire(app: faust.App, cfg: Any, processor: Processor, inputs: Any, by_job: An
     # repartition topic): see engine/stream/batches.py.
     to_route = batches.BatchFeed(inputs.topics, counts=processor.counts, name="route")
     # The evaluate stage commits only what its reorder buffer has released and evaluated (see HeldOffsets).
-    to_evaluate = batches.BatchFeed(by_job.topics, counts=processor.counts, name="evaluate", commit_on_done=False)
-    batches.install(app, to_route, to_evaluate)
+    to_evaluate = batches.BatchFeed(by_job.topics, counts=processor.counts, name="evaluate", commit_on_done=False,
+                                        align=False)  # one job a key: nothing to align across
+    batches.install(app, to_route, to_evaluate, align_s=cfg.align_s)
 
     async def run_feed(feed: batches.BatchFeed, take: Callable[[list[Any]], Awaitable[None]], what: str) -> None:
         async for batch in feed:
