@@ -12,6 +12,8 @@ from __future__ import annotations
 import ast
 import asyncio
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -48,20 +50,29 @@ def _evaluated(log: Path) -> dict[str, int]:
     return ast.literal_eval(lines[-1].split("; ", 1)[1])  # type: ignore[no-any-return]
 
 
-@pytest.mark.integration
-def test_partitioned_engine_runs_evaluate_everything_once(tmp_path: Path) -> None:
+@contextmanager
+def _broker_with_cluster(tmp_path: Path, partitions: int, nodes: int, seconds: float
+                         ) -> Iterator[tuple[str, Written]]:
+    """A private local broker whose input topics have ``partitions``, holding a simulated cluster two days back."""
     from whywait.engine.commands.bench_cmd import simulated_cluster
     from whywait.engine.localkafka.broker import LocalBroker
     from whywait.engine.stream.topics import ensure_topics_async
 
-    # Its own broker: the input topics get 2 partitions (the session broker's must keep theirs).
     broker = LocalBroker()
     bootstrap = broker.start(data_dir=tmp_path / "kafka")
     try:
-        asyncio.run(ensure_topics_async(bootstrap, partitions=2))
-        msgs, w = simulated_cluster(4, float(int(time.time()) - 86_400 * 2), 30.0, tmp_path / "topology.yaml")
+        asyncio.run(ensure_topics_async(bootstrap, partitions=partitions))
+        msgs, w = simulated_cluster(nodes, float(int(time.time()) - 86_400 * 2), seconds, tmp_path / "topology.yaml")
         asyncio.run(write(bootstrap, msgs, w, 0.0))
+        yield bootstrap, w
+    finally:
+        broker.stop()
 
+
+@pytest.mark.integration
+def test_partitioned_engine_runs_evaluate_everything_once(tmp_path: Path) -> None:
+    # Its own broker: the input topics get 2 partitions (the session broker's must keep theirs).
+    with _broker_with_cluster(tmp_path, partitions=2, nodes=4, seconds=30.0) as (bootstrap, w):
         async def runs() -> None:
             async with Offsets(bootstrap) as off:
                 for group in ("g1", "g2"):  # the second over the same data, the first's copies on the topic
@@ -72,8 +83,6 @@ def test_partitioned_engine_runs_evaluate_everything_once(tmp_path: Path) -> Non
                     assert all(committed.get(tp, -1) >= end for tp, end in rep.items()), (committed, rep)
 
         asyncio.run(runs())
-    finally:
-        broker.stop()
     for group in ("g1", "g2"):
         counts = _evaluated(tmp_path / f"{group}-0.log")
         # Every routed message evaluated, and once: none left behind the router, no earlier run's copies.
@@ -87,24 +96,12 @@ def test_a_two_worker_run_stops_once_every_worker_has_evaluated_what_was_routed(
     buffer (it waits for the other worker's router); it used to commit it there, unevaluated, and the bench
     stopped a 1,024-GPU run with 5,665 of 44,288 messages evaluated.  Now its commits cover evaluated records
     only: when the bench says caught up, every routed message has been evaluated."""
-    from whywait.engine.commands.bench_cmd import simulated_cluster
-    from whywait.engine.localkafka.broker import LocalBroker
-    from whywait.engine.stream.topics import ensure_topics_async
-
-    broker = LocalBroker()
-    bootstrap = broker.start(data_dir=tmp_path / "kafka")
-    try:
-        asyncio.run(ensure_topics_async(bootstrap, partitions=4))
-        msgs, w = simulated_cluster(64, float(int(time.time()) - 86_400 * 2), 60.0, tmp_path / "topology.yaml")
-        asyncio.run(write(bootstrap, msgs, w, 0.0))
-
+    with _broker_with_cluster(tmp_path, partitions=4, nodes=64, seconds=60.0) as (bootstrap, w):
         async def run() -> None:
             async with Offsets(bootstrap) as off:
                 await run_engine(off, w, "two", tmp_path, 2, timeout_s=300)
 
         asyncio.run(run())
-    finally:
-        broker.stop()
     counts = [_evaluated(tmp_path / f"two-{i}.log") for i in range(2)]
     total = {k: sum(c.get(k, 0) for c in counts) for k in ("route.records", "route.forwarded", "messages")}
     assert total["route.records"] == w.messages, counts
