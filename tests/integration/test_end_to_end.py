@@ -111,7 +111,8 @@ def run(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
             dead = asyncio.run(consume(kafka_bootstrap, TOPIC_DEADLETTER, time.time() + 20, want=2,
                                        match=lambda d: d.get("key") == "bad"))
             deadline = time.time() + 30
-            while time.time() < deadline and len(slack.calls_to("chat.update")) < 1:
+            while time.time() < deadline and not any("RESOLVED" in m.all_text.upper()
+                                                     for m in slack.roots("#ml-platform")):
                 time.sleep(0.2)
             truth = json.loads(truth_file.read_text())
         finally:
@@ -136,7 +137,7 @@ def test_diagnosis_names_job_rank_node_cause_and_owner(run: Run) -> None:
 def test_slack_message_posted_to_owning_team_channel(run: Run) -> None:
     posts = run.slack.posts("#ml-platform")
     roots = [p for p in posts if not p.thread_ts]
-    assert len(roots) == 1, [p.text for p in posts]
+    assert len(roots) == 1, ([p.text for p in posts], run.engine_log[-3000:])
     msg = run.slack.roots("#ml-platform")[0].all_text
     for needle in ("train-llm", "node-07", "48–55", "drops", "packets/s", "retransmit", "llm", "ml-platform",
                    "leaf-02"):
@@ -152,10 +153,17 @@ def test_nothing_during_fault_free_lead_in(run: Run) -> None:
     assert first - fault_start <= 15, f"detection latency above 15 s of event time: {seen}"
 
 
-def test_resolution_edits_the_root_message(run: Run) -> None:
+def test_root_message_ends_resolved(run: Run) -> None:
+    # Usually the root is edited when the resolution comes.  The simulator runs flat out, so the
+    # 140-s fault can also fire and resolve within one wall-clock second: then the incident is
+    # posted once, already resolved (the notifier's backlog rule), and never edited.  Either way
+    # the one root message ends up saying RESOLVED, with the resolution in its thread.
     assert any(d["status"] == "resolved" for d in run.diagnoses)
+    roots = run.slack.roots("#ml-platform")
+    assert len(roots) == 1 and "RESOLVED" in roots[0].all_text.upper(), run.engine_log[-3000:]
+    assert any("resolved at" in r.text for r in run.slack.thread(roots[0].ts))
     updates = run.slack.calls_to("chat.update")
-    assert updates and "RESOLVED" in (updates[-1].text or "").upper()
+    assert all(u.ts == roots[0].ts for u in updates)  # edits go to that root, never a second post
 
 
 def test_malformed_messages_are_dead_lettered_with_reasons(run: Run) -> None:

@@ -57,12 +57,35 @@ def test_repeat_interval_reannounces_once_per_interval(make_diagnosis) -> None:
     assert book.due(T0 + 31 + 4 * 3600) == []
 
 
-def test_resolution_before_announcement_is_dropped_silently(make_diagnosis) -> None:
+def test_a_flap_resolved_before_announcement_is_dropped_silently(make_diagnosis) -> None:
+    book = IncidentBook(CFG)
+    d = make_diagnosis()  # detected at T0 + 30
+    book.observe(d, T0)
+    book.observe(dataclasses.replace(d, status="resolved", ends_at=d.detected_at + 5), T0 + 5)  # 5 s < group_wait
+    assert book.due(T0 + 30) == [] and not book.incidents and book.dropped_unannounced == 1
+
+
+def test_an_incident_read_from_a_backlog_is_posted_as_resolved(make_diagnosis) -> None:
+    # A 140-s incident read in one wall-clock second (a backlog, a restart): not a flap; said once, resolved.
     book = IncidentBook(CFG)
     d = make_diagnosis()
     book.observe(d, T0)
-    book.observe(dataclasses.replace(d, status="resolved"), T0 + 5)
-    assert book.due(T0 + 30) == [] and not book.incidents and book.dropped_unannounced == 1
+    book.observe(dataclasses.replace(d, status="resolved", ends_at=d.detected_at + 140), T0 + 1)
+    anns = book.due(T0 + 1)
+    assert kinds(anns) == ["post", "reply"] and "resolved at" in anns[1].text and "after 2m 50s" in anns[1].text
+    (inc,) = book.incidents.values()
+    assert inc.posted and inc.status == "resolved" and book.dropped_unannounced == 0
+    assert book.due(T0 + 2) == []
+
+
+def test_an_incident_silenced_throughout_stays_unsaid_when_it_resolves(make_diagnosis) -> None:
+    book = IncidentBook(CFG)
+    silence = Silence.new({"job": "llm-*"}, duration=3600, created_by="ops", now=T0)
+    d = make_diagnosis()
+    book.observe(d, T0)
+    book.observe(dataclasses.replace(d, status="resolved", ends_at=d.detected_at + 140), T0 + 1)
+    assert book.due(T0 + 1, lambda inc: silence if silence.matches(inc.fields()) else None) == []
+    assert not book.incidents and book.dropped_unannounced == 1
 
 
 def test_silenced_incident_is_not_posted_but_a_posted_one_always_resolves(make_diagnosis) -> None:

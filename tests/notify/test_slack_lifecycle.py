@@ -105,7 +105,7 @@ def test_resolved_before_announced_says_nothing(slack_server, make_notifier, mak
     n = make_notifier(group_wait=5.0)
     d = make_diagnosis()
     n.notify(d)
-    n.notify(dataclasses.replace(d, status="resolved", ends_at=T0 + 10))
+    n.notify(dataclasses.replace(d, status="resolved", ends_at=d.detected_at + 2))  # fired for 2 s < group_wait
     assert n.flush(5)
     assert slack_server.posts() == [] and n.stats()["dropped_unannounced"] == 1
 
@@ -315,3 +315,14 @@ def test_deleted_message_is_posted_anew_and_its_news_follows(slack_server, make_
     assert any("1 more finding" in r.text for r in slack_server.thread(new.ts))
     (inc,) = n.book.incidents.values()
     assert inc.receipts["slack"]["ts"] == new.ts and n.stats()["failed"] == 0
+
+
+def test_incident_read_from_a_backlog_is_posted_resolved_once(slack_server, make_notifier, make_diagnosis) -> None:
+    n = make_notifier(group_wait=5.0)
+    d = make_diagnosis()
+    n.notify(d)
+    n.notify(dataclasses.replace(d, status="resolved", ends_at=d.detected_at + 140))  # same wall second
+    assert n.flush(5)
+    (root,) = slack_server.roots()
+    assert "RESOLVED" in root.all_text.upper() and n.stats()["dropped_unannounced"] == 0
+    assert any("resolved at" in r.text for r in slack_server.thread(root.ts))

@@ -19,8 +19,13 @@ Alertmanager:
 * an incident still firing with nothing new is re-announced in its thread after
   ``repeat_interval``;
 * resolution is announced at once (edit + reply saying when and after how long),
-  and always for an incident whose firing was announced, silenced or not.  An
-  incident that resolves before it was announced is dropped without a word.
+  and always for an incident whose firing was announced, silenced or not.
+* An incident that resolves before it was announced is dropped without a word when it
+  kept firing for less than ``group_wait`` *of event time* after its detection (it flapped).  One that held longer is
+  posted as resolved, with the resolution in its thread: the wall clock is no guide
+  when the engine reads a backlog (after an outage, a restart, a replay), where a
+  two-minute incident can fire and resolve within the same second of wall time, and
+  Alertmanager's wall-clock rule would lose it.
 
 A resolved incident that fires again within ``reopen_within`` reopens its message;
 later, it starts a new one.  No I/O and no sink here: the pipeline hands the steps to
@@ -324,12 +329,20 @@ class IncidentBook:
             return inc
         inc.status = "resolved"
         inc.resolved_at = now
-        if not inc.posted:
+        if not inc.posted and not self._held(inc):
             self.dropped_unannounced += 1
             self._forget(inc.key)
             return inc
         inc.due = now
         return inc
+
+    def _held(self, inc: Incident) -> bool:
+        """True when a resolved incident's findings kept firing for ``group_wait`` or more of event
+        time (from the first detection to the last end): a real incident, not a flap."""
+        ds = inc.diagnoses()
+        start = min(d.detected_at for d in ds)
+        end = max(d.ends_at if d.ends_at is not None else d.detected_at for d in ds)
+        return end - start >= self.config.group_wait
 
     def adopt(self, records: dict[str, dict[str, Any]]) -> int:
         """Take in incidents another engine worker announced (their receipts: Slack's message ``ts``);
@@ -380,6 +393,10 @@ class IncidentBook:
             inc = self.incidents[key]
             if inc.status == "resolved":
                 if inc.due is not None and inc.due <= now:
+                    if not inc.posted and silenced(inc) is not None:  # muted all along: stays unsaid
+                        self.dropped_unannounced += 1
+                        self._forget(key)
+                        continue
                     out.extend(self._announce_resolved(inc, now))
                 elif inc.resolved_at is not None and now >= inc.resolved_at + self.config.forget_after:
                     self._forget(key)
@@ -441,8 +458,13 @@ class IncidentBook:
         v = inc.view()
         end = v.ends_at if v.ends_at is not None else (inc.resolved_at or now)
         text = f"resolved at {fmt_time(end)} after {fmt_duration(end - v.starts_at)}"
+        reply = Step("reply", inc.key, (Line("resolved", text),))
+        if not inc.posted:  # it resolved before its group_wait was up (a backlog): post it as it ended
+            inc.posted = True
+            inc.note(now, f"Announced in {inc.channel} after it resolved")
+            return [Step("post", inc.key), reply]
         inc.note(now, "Resolved")
-        return [Step("update", inc.key), Step("reply", inc.key, (Line("resolved", text),))]
+        return [Step("update", inc.key), reply]
 
     # ---- actions (Slack's buttons, or any other front end) ------------------------------------
 
