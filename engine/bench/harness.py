@@ -217,10 +217,12 @@ class Offsets:
 async def run_engine(off: Offsets, w: Written, group: str, work: Path, workers: int = 1,
                      rules: tuple[Path, ...] = (), timeout_s: float = 1800.0,
                      sample: Callable[[list[subprocess.Popen[bytes]]], None] | None = None,
-                     feed: Any = None) -> Run:
+                     feed: Any = None, broker_pid: int | None = None) -> Run:
     """Run ``workers`` engines over ``w``'s offsets; time them from assignment to caught up.
 
     With ``feed`` (a coroutine writing the data), the engines start first and consume it live.
+    With ``broker_pid`` (the bench's own broker), the broker's CPU-seconds over the same stretch are
+    kept in the run's ``extra`` (``broker_cpu_s``): what the machine spent serving the workers.
     """
     # The partitioned engine's evaluate stage reads the repartition topic: from its end now, not from the
     # beginning (a fresh group's reset), where earlier runs' copies of the same data lie.
@@ -234,8 +236,17 @@ async def run_engine(off: Offsets, w: Written, group: str, work: Path, workers: 
     try:
         deadline = time.monotonic() + 300
         idle_since: float | None = None
+        # Each worker's clock starts at its first assignment (the first may consume alone until the others join,
+        # and that work counts); its CPU from there, so start-up (imports, topology) is not timed for any.
+        first_seen: dict[int, tuple[float, float]] = {}
+        b0: float | None = None
         while True:
             got = [_assigned(log) for _, log in started]
+            for i, n in enumerate(got):
+                if n is not None and i not in first_seen:
+                    if not first_seen and broker_pid:
+                        b0 = procs.cpu_seconds(broker_pid)
+                    first_seen[i] = (time.perf_counter(), procs.cpu_seconds(ps[i].pid))
             if all(n is not None for n in got):
                 if sum(n or 0 for n in got) > 0:
                     break
@@ -250,7 +261,9 @@ async def run_engine(off: Offsets, w: Written, group: str, work: Path, workers: 
             if time.monotonic() > deadline:
                 raise BenchError(f"the engine never got its partitions in 300 s: see {started[0][1]}")
             await asyncio.sleep(0.1)
-        t0, cpu0, load0 = time.perf_counter(), [procs.cpu_seconds(p.pid) for p in ps], procs.load_average()
+        load0 = procs.load_average()
+        t0 = min(t for t, _ in first_seen.values())
+        cpu0 = [first_seen[i][1] for i in range(len(ps))]
         # A live feed runs beside the polling, so samples cover it; "caught up" is judged once it is written.
         task = asyncio.ensure_future(feed) if feed is not None else None
         deadline = time.monotonic() + timeout_s
@@ -276,7 +289,10 @@ async def run_engine(off: Offsets, w: Written, group: str, work: Path, workers: 
         wall = time.perf_counter() - t0
         cpu = sum(procs.cpu_seconds(p.pid) - c0 for p, c0 in zip(ps, cpu0, strict=True))
         peak = max(procs.rss_bytes(p.pid)[1] for p in ps)
-        return Run("engine", w.messages, cpu, wall, peak, max(load0, procs.load_average()), {"workers": workers})
+        extra: dict[str, Any] = {"workers": workers}
+        if broker_pid and b0 is not None:
+            extra["broker_cpu_s"] = procs.cpu_seconds(broker_pid) - b0
+        return Run("engine", w.messages, cpu, wall, peak, max(load0, procs.load_average()), extra)
     finally:
         _stop(ps)
 
@@ -481,15 +497,24 @@ async def measure_size(cfg: BenchConfig, bootstrap: str, work: Path, nodes: int,
 
 
 async def measure_workers(cfg: BenchConfig, bootstrap: str, work: Path, w: Written, run_id: str,
-                          say: Callable[[str], None]) -> list[dict[str, Any]]:
-    """Engine throughput with 1..N workers in one consumer group over the same data (the largest size)."""
+                          say: Callable[[str], None], broker_pid: int | None = None) -> list[dict[str, Any]]:
+    """Engine throughput with 1..N workers in one consumer group over the same data (the largest size).
+
+    Each row also says how many cores were busy (the workers', plus the broker's when the bench runs
+    its own, ``broker_pid``) and ``ceiling_here``: the most any number of workers could gain over
+    this row on this machine, ``cpus / busy cores``, since every process's CPU grows with the
+    throughput.  A 2-core machine where one worker and the broker already keep 1.3 cores busy cannot
+    show more than 1.5x, whatever the engine does; that figure says so instead of leaving the reader
+    to guess.
+    """
     out: list[dict[str, Any]] = []
     base = math.nan
+    cpus = os.cpu_count() or 1
     async with Offsets(bootstrap) as off:
         for n in cfg.workers:
             try:
                 r = await run_engine(off, w, f"bench-{run_id}-w{n}", work / f"n{w.nodes}", n, cfg.rules,
-                                     cfg.timeout_s)
+                                     cfg.timeout_s, broker_pid=broker_pid)
             except BenchError as exc:  # a group that cannot split the work is a finding, not the end of the bench
                 out.append({"workers": n, "messages": w.messages, "error": str(exc),
                             "partitions": len(w.partitions_with_data())})
@@ -498,11 +523,15 @@ async def measure_workers(cfg: BenchConfig, bootstrap: str, work: Path, w: Writt
             thr = w.messages / r.wall_s if r.wall_s > 0 else math.nan
             if math.isnan(base):
                 base = thr / n
+            broker_cpu = r.extra.get("broker_cpu_s")
+            busy = (r.cpu_s + (broker_cpu or 0.0)) / r.wall_s if r.wall_s > 0 else math.nan
             out.append({"workers": n, "messages": w.messages, "wall_s": r.wall_s, "cpu_s": r.cpu_s,
                         "msgs_per_s": thr, "ratio_to_one": thr / base if base else math.nan,
                         "peak_rss_bytes": r.peak_rss, "load": r.load,
-                        "partitions": len(w.partitions_with_data())})
-            say(f"{n} worker(s): {thr:,.0f} msgs/s over {len(w.partitions_with_data())} partitions with data")
+                        "partitions": len(w.partitions_with_data()), "broker_cpu_s": broker_cpu,
+                        "cores_busy": busy, "ceiling_here": cpus / busy if busy and busy > 0 else math.nan})
+            say(f"{n} worker(s): {thr:,.0f} msgs/s over {len(w.partitions_with_data())} partitions with data, "
+                f"{busy:.2f} of {cpus} cores busy")
     return out
 
 
@@ -582,7 +611,8 @@ def run_bench(cfg: BenchConfig, bootstrap: str | None, work: Path, say: Callable
             t += cfg.seconds + _GAP_S
         workers: list[dict[str, Any]] = []
         if len(cfg.workers) > 1 or cfg.workers != (1,):
-            workers = asyncio.run(measure_workers(cfg, bootstrap, work, sizes[-1]["_written"], run_id, say))
+            workers = asyncio.run(measure_workers(cfg, bootstrap, work, sizes[-1]["_written"], run_id, say,
+                                                  broker.pid if broker is not None else None))
         sustained = None
         if cfg.sustained:
             sustained = asyncio.run(measure_sustained(cfg, bootstrap, work, t, run_id, say, make))

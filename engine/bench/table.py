@@ -42,15 +42,20 @@ def render(result: dict[str, Any], console: Any = None) -> None:
     con.print(t)
     if result.get("workers"):
         w = Table(title="workers in one consumer group (same data, the largest size)")
-        for col in ("workers", "partitions with data", "msgs/s", "× one worker", "CPU-s", "peak RSS MiB"):
+        for col in ("workers", "partitions with data", "msgs/s", "× one worker", "CPU-s", "cores busy",
+                    "ceiling here", "peak RSS MiB"):
             w.add_column(col, justify="right")
         for r in result["workers"]:
             if "error" in r:
-                w.add_row(str(r["workers"]), str(r["partitions"]), "failed: " + r["error"][:90], "-", "-", "-")
+                w.add_row(str(r["workers"]), str(r["partitions"]), "failed: " + r["error"][:90], "-", "-", "-", "-",
+                          "-")
                 continue
             w.add_row(str(r["workers"]), str(r["partitions"]), f"{r['msgs_per_s']:,.0f}", _f(r["ratio_to_one"]),
-                      _f(r["cpu_s"], "{:.1f}"), f"{r['peak_rss_bytes'] / 2**20:,.0f}")
+                      _f(r["cpu_s"], "{:.1f}"), _f(r.get("cores_busy", math.nan)),
+                      _f(r.get("ceiling_here", math.nan), "{:.2f}×"), f"{r['peak_rss_bytes'] / 2**20:,.0f}")
         con.print(w)
+        con.print("cores busy: the workers' CPU, and the bench's own broker's, per wall second; ceiling here: "
+                  "the most any number of workers could gain over that row on this machine (CPUs / cores busy)")
     s = result.get("sustained")
     if s:
         con.print(f"sustained: {s['gpus']:,} GPUs ({s['nodes']:,} nodes), {s['seconds']:g} s of event time fed at "

@@ -81,6 +81,7 @@ class BatchFeed:
         self._queue: asyncio.Queue[Batch] | None = None
         self._handed: dict[TP, int] = {}  # partition -> last offset handed to the processor
         self._this_epoch: set[TP] = set()  # partitions handed over in this epoch (their next batch follows on)
+        self._fetched_first: dict[TP, int] = {}  # partition -> first offset fetched in this epoch
         self.commit_at: dict[TP, int] = {}  # partition -> the offset to commit (the next one to read)
         self.busy: Batch | None = None  # the batch being evaluated
         self._idle: asyncio.Event | None = None
@@ -91,6 +92,8 @@ class BatchFeed:
 
     def make(self, records: Mapping[TP, list[Any]]) -> Batch:
         """One fetch (partition -> its records, in offset order) as a batch of this epoch (called by the fetcher)."""
+        for tp, recs in records.items():
+            self._fetched_first.setdefault(tp, recs[0].offset)
         return Batch(list(round_robin(records)), {tp: recs[0].offset for tp, recs in records.items()},
                      {tp: recs[-1].offset for tp, recs in records.items()}, self.epoch)
 
@@ -115,6 +118,14 @@ class BatchFeed:
     async def put(self, batch: Batch) -> None:
         """Called by the consumer's fetcher with each fetch; waits while ``max_batches`` wait already."""
         await self.queue.put(batch)
+
+    def fetched_first(self, tp: TP) -> int | None:
+        """The first offset of ``tp`` fetched since the last rebalance (None: nothing fetched from it yet).
+
+        Read by the partitioned engine's progress markers (``scaleout.say_progress``) for a partition it
+        has routed nothing from: its records from this offset on are still to be routed.
+        """
+        return self._fetched_first.get(tp)
 
     def __aiter__(self) -> AsyncIterator[Batch]:
         return self._batches()
@@ -182,6 +193,7 @@ class BatchFeed:
         """
         self.epoch += 1
         self._this_epoch.clear()
+        self._fetched_first.clear()
         q = self._queue
         while q is not None and not q.empty():
             self._count("feed_stale", len(q.get_nowait().records))

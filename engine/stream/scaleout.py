@@ -266,6 +266,19 @@ def wire(app: faust.App, cfg: Any, processor: Processor, inputs: Any, by_job: An
                 log.error("could not forward a %s record to %s[%d]: %s", topic, TOPIC_BY_JOB, part, exc)
         await say_progress()
 
+    positions: dict[TP, int] = {}  # partition -> where this worker resumed it (this epoch's)
+    positions_epoch = [to_route.epoch]
+
+    async def resumed_at(tp: TP) -> int:
+        """The offset this worker resumed ``tp`` from since the last rebalance (asked once per epoch)."""
+        if positions_epoch[0] != to_route.epoch:
+            positions.clear()
+            positions_epoch[0] = to_route.epoch
+        pos = positions.get(tp)
+        if pos is None:
+            pos = positions[tp] = await app.consumer.position(tp) or 0
+        return pos
+
     async def say_progress() -> None:
         """Tell every partition of the repartition topic how far this worker has routed each steady input
         partition it reads, and how many records wait there (after the records: same producer, same
@@ -279,6 +292,16 @@ def wire(app: faust.App, cfg: Any, processor: Processor, inputs: Any, by_job: An
                 if not hw:
                     continue  # not fetched yet, or empty: nothing to say
                 last = processor.routed_to.get((tp.topic, tp.partition), -1)
+                # What waits is what lies past where this worker resumed, when it has routed nothing from
+                # the partition since (gained at a rebalance, or just started).  Counting from its last
+                # routed offset alone said "thousands unrouted, routed to -inf" for a partition the previous
+                # owner had routed to its end, and every worker's evaluate stage held everything for stale_s
+                # (30 s): the 2-worker bench ran at half one worker's speed, and a test's run stopped with a
+                # partition handed over twice.
+                resume = to_route.fetched_first(tp)
+                if resume is None:
+                    resume = await resumed_at(tp)
+                last = max(last, resume - 1)
                 sources[f"{tp.topic}/{tp.partition}"] = [processor.routed_time.get((tp.topic, tp.partition)),
                                                          max(0, hw - last - 1)]
         except Exception:  # noqa: BLE001 - no consumer yet (a rebalance): the next batch says it

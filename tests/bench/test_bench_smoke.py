@@ -51,6 +51,10 @@ def test_bench_produces_every_figure(tmp_path: Path) -> None:
     assert [w["workers"] for w in res["workers"]] == [1, 2]
     one, two = res["workers"]
     assert one["msgs_per_s"] > 0 and one["ratio_to_one"] == 1.0
+    # The bench's own broker is counted: the busy cores bound what more workers can show on this machine.
+    assert one["broker_cpu_s"] > 0 and one["cores_busy"] > 0, one
+    assert math.isclose(one["ceiling_here"], (os.cpu_count() or 1) / one["cores_busy"]), one
+    assert "ceiling here" in " ".join(r.stdout.split()), r.stdout
     # Two workers either split the work (a partition-aware engine) or are reported as taking no partitions.
     assert two.get("msgs_per_s", 0) > 0 or "took no partitions" in two["error"], two
     s = res["sustained"]

@@ -148,3 +148,17 @@ def test_round_robin_takes_one_record_of_each_partition_in_turn() -> None:
     got = list(round_robin({A: [1, 2, 3], B: [10]}))
     assert got == [1, 10, 2, 3]
     assert list(round_robin({A: [1, 2]})) == [1, 2]
+
+
+def test_the_first_offset_fetched_since_the_last_rebalance_is_known_per_partition() -> None:
+    # The partitioned engine's progress markers count a gained partition's unrouted records from here, not
+    # from offset 0 (which held every worker's evaluate stage for 30 s after a rebalance).
+    feed = BatchFeed([A.topic, B.topic])
+    assert feed.fetched_first(A) is None
+    feed.make({A: [Rec(A.topic, 0, o) for o in range(120, 130)]})
+    feed.make({A: [Rec(A.topic, 0, o) for o in range(130, 140)], B: [Rec(B.topic, 0, 7)]})
+    assert (feed.fetched_first(A), feed.fetched_first(B)) == (120, 7)
+    feed.revoked({A, B})
+    assert feed.fetched_first(A) is None and feed.fetched_first(B) is None
+    feed.make({A: [Rec(A.topic, 0, o) for o in range(300, 310)]})
+    assert feed.fetched_first(A) == 300
