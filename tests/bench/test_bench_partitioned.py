@@ -105,5 +105,9 @@ def test_a_two_worker_run_stops_once_every_worker_has_evaluated_what_was_routed(
     counts = [_evaluated(tmp_path / f"two-{i}.log") for i in range(2)]
     total = {k: sum(c.get(k, 0) for c in counts) for k in ("route.records", "route.forwarded", "messages")}
     assert total["route.records"] == w.messages, counts
-    # Stopped as soon as the bench judged it caught up: by then everything routed had been evaluated.
-    assert total["messages"] == total["route.forwarded"] > 0, counts
+    # Stopped as soon as the bench judged it caught up: by then everything routed had been evaluated.  When the
+    # job moved at the second worker's join, its new owner evaluated again from the last commit what the first
+    # had evaluated after it (at least once across a handover; duplicates within one worker are dropped): the
+    # excess is at most what the worker that lost the job had evaluated.
+    excess = total["messages"] - total["route.forwarded"]
+    assert total["route.forwarded"] > 0 and 0 <= excess <= min(c.get("messages", 0) for c in counts), counts
