@@ -162,3 +162,22 @@ def test_the_first_offset_fetched_since_the_last_rebalance_is_known_per_partitio
     assert feed.fetched_first(A) is None and feed.fetched_first(B) is None
     feed.make({A: [Rec(A.topic, 0, o) for o in range(300, 310)]})
     assert feed.fetched_first(A) == 300
+
+
+def test_the_engine_consumer_waits_at_most_fetch_max_wait_ms_on_idle_partitions() -> None:
+    # faust hard-codes 1,500 ms; with it a backlog of the repartition topic was read in bursts 1.4 s apart.
+    import faust
+    from whywait.engine.stream import batches
+
+    async def run() -> None:
+        app = faust.App("test-fetch-wait", broker="kafka://127.0.0.1:1", store="memory://")
+        batches.install(app, BatchFeed([A.topic]))
+        thread = app.consumer._thread
+        assert isinstance(thread, batches.BatchConsumerThread)
+        consumer = thread._create_worker_consumer(app.transport)  # made, not started: no broker needed
+        try:
+            assert consumer._fetch_max_wait_ms == batches.FETCH_MAX_WAIT_MS == 100
+        finally:
+            await consumer.stop()
+
+    asyncio.run(run())
