@@ -172,7 +172,7 @@ def test_the_engine_consumer_waits_at_most_fetch_max_wait_ms_on_idle_partitions(
     async def run() -> None:
         app = faust.App("test-fetch-wait", broker="kafka://127.0.0.1:1", store="memory://")
         batches.install(app, BatchFeed([A.topic]))
-        thread = app.consumer._thread
+        thread = app.consumer._thread  # type: ignore[attr-defined]
         assert isinstance(thread, batches.BatchConsumerThread)
         consumer = thread._create_worker_consumer(app.transport)  # made, not started: no broker needed
         try:
