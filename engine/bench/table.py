@@ -41,7 +41,8 @@ def render(result: dict[str, Any], console: Any = None) -> None:
                   _sp(s["engine"]["load"], "{:.1f}"))
     con.print(t)
     if result.get("workers"):
-        w = Table(title="workers in one consumer group (same data, the largest size)")
+        jobs = cfg.get("jobs", 1)
+        w = Table(title=f"workers in one consumer group (same data, the largest size, {jobs} job{'s' if jobs != 1 else ''})")
         for col in ("workers", "partitions with data", "msgs/s", "× one worker", "CPU-s", "cores busy",
                     "ceiling here", "peak RSS MiB"):
             w.add_column(col, justify="right")

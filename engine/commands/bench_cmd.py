@@ -12,6 +12,7 @@ A benchmark, not a test: it asserts nothing about speed.
 from __future__ import annotations
 
 import argparse
+import functools
 import tempfile
 from pathlib import Path
 from typing import Callable
@@ -33,18 +34,29 @@ def _ints(what: str) -> Callable[[str], tuple[int, ...]]:
 
 
 def simulated_cluster(nodes: int, start: float, seconds: float, topo_path: Path,
-                      seed: int = 5) -> tuple[Messages, Written]:
-    """One job on ``nodes`` 8-GPU nodes, the fifth node's NIC dropping packets in the middle third (so that
-    there are diagnoses to time); passed to the harness, which never imports the simulator itself."""
+                      seed: int = 5, jobs: int = 1) -> tuple[Messages, Written]:
+    """``jobs`` jobs (one by default) sharing ``nodes`` 8-GPU nodes in contiguous blocks, the fifth node's NIC
+    dropping packets in the middle third (so that there are diagnoses to time); passed to the harness, which
+    never imports the simulator itself.
+
+    Why ``jobs``: the partitioned engine keys by job (a job's peer comparison needs all its ranks in one
+    worker), so one job's evaluation runs on one worker however many there are; only the routing spreads.
+    A cluster of several jobs is what more workers can split.
+    """
     from whywait.simulate.cluster import make_cluster, make_job
     from whywait.simulate.faults import make_fault
     from whywait.simulate.sim import Simulation
 
     topo = make_cluster(nodes=nodes, gpus_per_node=GPUS_PER_NODE)
     topo.to_yaml(topo_path)
-    node = sorted(topo.nodes())[min(4, nodes - 1)]
+    names = sorted(topo.nodes())
+    node = names[min(4, nodes - 1)]
     f0, f1 = seconds / 3, 2 * seconds / 3
-    sim = Simulation(topo, [make_job(topo)], [make_fault("nic-packet-loss", node, f0, f1)], start_time=start,
+    n_jobs = max(1, min(jobs, nodes))
+    blocks = [names[i * nodes // n_jobs:(i + 1) * nodes // n_jobs] for i in range(n_jobs)]
+    specs = [make_job(topo)] if n_jobs == 1 else \
+        [make_job(topo, job=f"train-{i:02d}", nodes=b) for i, b in enumerate(blocks)]
+    sim = Simulation(topo, specs, [make_fault("nic-packet-loss", node, f0, f1)], start_time=start,
                      duration_s=seconds, seed=seed)
     return sim.messages(), Written(nodes, start, seconds, topo_path, (node, start + f0, start + f1))
 
@@ -60,6 +72,9 @@ def register(p: argparse.ArgumentParser) -> None:
                         "live, for the latency figure (0: as fast as possible; default 4)")
     p.add_argument("--workers", type=_ints("--workers"), default=(1,),
                    help="also run the largest size with these numbers of engine workers in one group, e.g. 1,2")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="jobs the simulated cluster runs, in blocks of nodes (default 1; the partitioned engine "
+                        "splits work between workers by job)")
     p.add_argument("--partitions", type=int, default=None,
                    help="partitions of the input topics the bench creates (default: 2 x the most workers)")
     p.add_argument("--sustained", action="store_true",
@@ -95,6 +110,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--reps must be at least 1 (got {args.reps})")
     if not (args.feed_speed >= 0 and args.sustained_speed > 0):
         raise ConfigError("--feed-speed must be >= 0 and --sustained-speed > 0")
+    if args.jobs < 1:
+        raise ConfigError(f"--jobs must be at least 1 (got {args.jobs})")
     partitions = args.partitions or (2 * max(args.workers) if max(args.workers) > 1 else 1)
     if partitions < 1:
         raise ConfigError(f"--partitions must be at least 1 (got {partitions})")
@@ -109,12 +126,14 @@ def run(args: argparse.Namespace) -> int:
     def say(line: str) -> None:
         err.print(f"[dim]{line}[/dim]", highlight=False)
 
+    make = functools.partial(simulated_cluster, jobs=args.jobs)
     if args.keep:
         args.keep.mkdir(parents=True, exist_ok=True)
-        result = run_bench(cfg, args.bootstrap, args.keep, say, simulated_cluster)
+        result = run_bench(cfg, args.bootstrap, args.keep, say, make)
     else:
         with tempfile.TemporaryDirectory(prefix="whywait-bench-") as tmp:
-            result = run_bench(cfg, args.bootstrap, Path(tmp), say, simulated_cluster)
+            result = run_bench(cfg, args.bootstrap, Path(tmp), say, make)
+    result["config"]["jobs"] = args.jobs
     render(result)
     if args.json:
         write_json(result, args.json)

@@ -48,3 +48,17 @@ def test_cores_used_skips_the_warm_up_half() -> None:
     samples = [(float(t), float(t)) for t in range(0, 11)] + [(10 + t, 10 + 0.5 * t) for t in range(1, 11)]
     assert cores_used(samples) == pytest.approx(0.5)
     assert math.isnan(cores_used([(0.0, 0.0)]))
+
+
+def test_the_bench_cluster_can_run_several_jobs_on_blocks_of_its_nodes(tmp_path) -> None:
+    # The partitioned engine splits work between workers by job: --jobs gives more workers something to split.
+    from whywait.engine.commands.bench_cmd import simulated_cluster
+
+    msgs, w = simulated_cluster(8, 1.7e9, 10.0, tmp_path / "t.yaml", jobs=3)
+    placed = {m["job"]: sorted({r["node"] for r in m["ranks"]}) for topic, m in msgs if m["kind"] == "placement"}
+    assert sorted(placed) == ["train-00", "train-01", "train-02"]
+    nodes = [n for ns in placed.values() for n in ns]
+    assert len(nodes) == len(set(nodes)) == 8  # every node in exactly one job
+    assert w.fault[0] in placed["train-01"]  # the faulty fifth node belongs to one of them
+    one, _ = simulated_cluster(4, 1.7e9, 10.0, tmp_path / "u.yaml")
+    assert {m["job"] for _, m in one if m["kind"] == "placement"} == {"train-llm"}
