@@ -42,7 +42,8 @@ def render(result: dict[str, Any], console: Any = None) -> None:
     con.print(t)
     if result.get("workers"):
         jobs = cfg.get("jobs", 1)
-        w = Table(title=f"workers in one consumer group (same data, the largest size, {jobs} job{'s' if jobs != 1 else ''})")
+        plural = "s" if jobs != 1 else ""
+        w = Table(title=f"workers in one consumer group (same data, the largest size, {jobs} job{plural})")
         for col in ("workers", "partitions with data", "msgs/s", "× one worker", "CPU-s", "cores busy",
                     "ceiling here", "peak RSS MiB"):
             w.add_column(col, justify="right")
