@@ -192,14 +192,23 @@ def run(args: argparse.Namespace) -> int:
 
     for line in startup_warnings(topology):  # gaps in the cluster file are said once, at start
         log.warning("topology: %s", line)
+    # Every setting is checked before the broker is asked: a bad flag is said as such, not hidden behind
+    # "the broker is unreachable" when both are wrong.
+    skew = parse_skew(args.max_clock_skew)
+    if args.warmup is not None and not (args.warmup >= 0 and args.warmup < float("inf")):
+        raise ConfigError(f"--warmup must be a number of seconds >= 0 (got {args.warmup})")
+    if args.restore_window is not None and not (0 <= args.restore_window < float("inf")):
+        raise ConfigError(f"--restore-window must be a number of seconds >= 0 (got {args.restore_window})")
+    align_s = args.align if args.align is not None else _env_float("WHYWAIT_ALIGN_S", 30.0)
+    if not (0 <= align_s < float("inf")):
+        raise ConfigError(f"--align must be a number of seconds >= 0 (got {align_s})")
+    want_partitions = _count(args.partitions, "--partitions", "WHYWAIT_PARTITIONS")
+    want_replication = _count(args.replication, "--replication", "WHYWAIT_REPLICATION")
     bootstrap = args.bootstrap or resolve_bootstrap()
     if not probe(bootstrap, timeout=5.0):
         from whywait.engine.errors import BrokerUnavailable
 
         raise BrokerUnavailable(bootstrap, "no answer to ApiVersions")
-    skew = parse_skew(args.max_clock_skew)
-    if args.warmup is not None and not (args.warmup >= 0 and args.warmup < float("inf")):
-        raise ConfigError(f"--warmup must be a number of seconds >= 0 (got {args.warmup})")
     # Notifier state and silences live in compacted topics, so a restarted engine edits its messages.
     # --no-restore starts the notifier's message map empty too (silences, which are people's
     # decisions, are kept); it still writes, so the next restart resumes this run.
@@ -215,13 +224,7 @@ def run(args: argparse.Namespace) -> int:
         if actions is not None:
             actions.start()
             log.info("Slack interactivity endpoint: %s", actions.url)
-    partitions = engine_partitions(bootstrap, _count(args.partitions, "--partitions", "WHYWAIT_PARTITIONS"),
-                                   _count(args.replication, "--replication", "WHYWAIT_REPLICATION"))
-    if args.restore_window is not None and not (0 <= args.restore_window < float("inf")):
-        raise ConfigError(f"--restore-window must be a number of seconds >= 0 (got {args.restore_window})")
-    align_s = args.align if args.align is not None else _env_float("WHYWAIT_ALIGN_S", 30.0)
-    if not (0 <= align_s < float("inf")):
-        raise ConfigError(f"--align must be a number of seconds >= 0 (got {align_s})")
+    partitions = engine_partitions(bootstrap, want_partitions, want_replication)
     if partitions > 1:
         from whywait.engine.stream.partitioning import OwnedTopology
 
