@@ -11,6 +11,7 @@ fixture whether or not it asks for it.  Subfolders add their own conftest files.
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import shutil
 from typing import Any, Iterator
@@ -63,3 +64,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if item.get_closest_marker("integration") is not None and names is not None \
                 and "kafka_bootstrap" not in names:
             names.append("kafka_bootstrap")
+
+
+@pytest.fixture(autouse=True)
+def _root_logging_restored() -> Iterator[None]:
+    """Put the root logger's handlers and level back after each test.
+
+    A test that runs the CLI's ``main()`` gets its ``configure_logging``: the root handlers replaced by a
+    stream handler on the test's captured stderr, which pytest closes after the test.  A later record (an
+    aiohttp task collected while another test ran) then printed "--- Logging error ---" and a traceback
+    into the suite's output.
+    """
+    root = logging.getLogger()
+    before, level = list(root.handlers), root.level
+    yield
+    root.handlers[:] = [h for h in root.handlers if h in before] + [h for h in before if h not in root.handlers]
+    root.setLevel(level)
