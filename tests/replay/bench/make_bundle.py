@@ -1,6 +1,7 @@
 """Write a bundle of a simulated incident, for measuring replay: ``python make_bundle.py NODES SECONDS OUT``.
 
-One job on NODES 8-GPU nodes, node-05's NIC dropping packets from +120 s to +200 s.
+One job on NODES 8-GPU nodes, the fifth node's NIC (``node-05``, or ``node-005`` from 100 nodes on) dropping
+packets from +120 s to +200 s.
 Run from the repository root (the rules are read from ``rules/``).
 """
 
@@ -22,7 +23,10 @@ START = 1_764_442_800.0
 
 def main(nodes: int, duration: float, out: Path) -> int:
     topo = make_cluster(nodes=nodes)
-    sim = Simulation(topo, [make_job(topo)], [make_fault("nic-packet-loss", "node-05", 120, 200)],
+    # The fifth node by name, not "node-05": the simulator pads node numbers to the cluster's size.
+    names = sorted(topo.nodes())
+    culprit = names[min(4, len(names) - 1)]
+    sim = Simulation(topo, [make_job(topo)], [make_fault("nic-packet-loss", culprit, 120, 200)],
                      start_time=START, duration_s=duration, seed=2)
     topo_path = out.with_suffix(".yaml")
     make_cluster(nodes=nodes).to_yaml(topo_path)
