@@ -80,3 +80,21 @@ def test_an_input_error_is_exit_2_and_an_unreachable_service_exit_3(tmp_path: Pa
     assert capsys.readouterr().out == f"{bad}:2: duplicate key 'format' (the first is on line 1)\n"
     assert main(["replay", "--topology", str(bad), "--since", "-1m"]) == 2
     assert capsys.readouterr().err.endswith(f"{bad}:2: duplicate key 'format' (the first is on line 1)\n")
+
+
+@pytest.mark.parametrize("argv, what", [
+    (["events", "check", "{missing}"], "{missing}: cannot read: No such file or directory"),
+    (["events", "check", "{folder}"], "{folder}: cannot read: Is a directory"),
+    (["events", "check", "{binary}"], "{binary}: cannot read: not UTF-8 text"),
+    (["topology", "check", "{missing}"], "{missing}: cannot read: No such file or directory"),
+    (["topology", "check", "{folder}"], "{folder}: cannot read: Is a directory"),
+    (["import", "{folder}", "-o", "{out}"], "{folder}: cannot read: Is a directory"),
+    (["import", "{missing}", "-o", "{out}"], "{missing}: cannot read: No such file or directory"),
+])
+def test_a_file_that_cannot_be_read_is_exit_2_not_a_bug(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                        argv: list[str], what: str) -> None:
+    (tmp_path / "binary").write_bytes(b"\xff\xfe\n")
+    names = {"missing": tmp_path / "nope", "folder": tmp_path, "binary": tmp_path / "binary", "out": tmp_path / "o"}
+    assert main([a.format(**names) for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert err == f"whywait {argv[0]}: {what.format(**names)}\n"

@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+from contextlib import nullcontext
 from pathlib import Path
+from typing import Iterator
+
+from whywait.engine.errors import ConfigError
 
 
 def register(p: argparse.ArgumentParser) -> None:
@@ -25,9 +29,8 @@ def run(args: argparse.Namespace) -> int:
     if args.action in (None, "doc"):
         print(render_markdown())
         return 0
-    fh = sys.stdin if str(args.file) == "-" else args.file.open()
     bad = total = 0
-    for i, line in enumerate(fh, 1):
+    for i, line in _lines(args.file):
         if not line.strip():
             continue
         total += 1
@@ -38,3 +41,15 @@ def run(args: argparse.Namespace) -> int:
             print(f"{args.file}:{i}: {exc}")
     print(f"{total - bad} valid, {bad} invalid", file=sys.stderr)
     return 1 if bad else 0
+
+
+def _lines(path: Path) -> Iterator[tuple[int, str]]:
+    """``(line number, line)`` of ``path`` ('-': standard input); a file that cannot be read is a
+    :class:`ConfigError` in one line (exit 2), as any input the user named wrongly."""
+    try:
+        with (nullcontext(sys.stdin) if str(path) == "-" else path.open(encoding="utf-8")) as fh:
+            yield from enumerate(fh, 1)
+    except OSError as exc:  # missing, a folder, unreadable
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: cannot read: not UTF-8 text") from None

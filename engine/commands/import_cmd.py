@@ -103,10 +103,12 @@ def run(args: argparse.Namespace) -> int:
     from whywait.agents.events import encode, topic_for_kind
     from whywait.engine.errors import ConfigError
 
+    for f in args.files:  # said before detecting formats: a folder or a missing file is one clear line
+        try:
+            f.open("rb").close()
+        except OSError as exc:
+            raise ConfigError(f"{f}: cannot read: {exc.strerror or exc}") from None
     files = [(f, args.format if args.format != "auto" else detect(f)) for f in args.files]
-    for f, _ in files:
-        if not f.is_file():
-            raise ConfigError(f"{f}: no such file")
     bundles = [f for f, fmt in files if fmt == "bundle"]
     if bundles and len(files) > 1:
         raise ConfigError("import one bundle at a time, without other files")

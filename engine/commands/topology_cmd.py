@@ -7,7 +7,8 @@
   are printed naming both, and nothing is written.  Exit 2 on conflicts.
 - ``check FILE...``: load each cluster file (every schema error with its file:line), then list
   what it lacks (hosts without a switch, NICs without GPUs, GPUs without a NIC, unmatched
-  facts) with the line of the host.  Exit 1 on errors, or on gaps with ``--strict``.
+  facts) with the line of the host.  Exit 1 on errors, or on gaps with ``--strict``; exit 2 when a
+  file cannot be read at all (missing, a folder), as for any wrong argument.
 - ``show [FILE]``: counts per kind and tier, then the same gaps, and the hosts without GPUs.
 - ``path A B``: the hops between two GPUs (``"node gpu 3"``) or nodes.
 - ``diff OLD NEW``: what changed.  Exit 1 when something did, like ``diff``.
@@ -160,6 +161,11 @@ def _check(args: argparse.Namespace) -> int:
     from whywait.topology.model import Topology
     from whywait.topology.schema import line_map
 
+    for path in args.files:  # a file that cannot be read is a wrong argument (exit 2), not a finding (exit 1)
+        try:
+            path.open("rb").close()
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
     errors = gaps = 0
     for path in args.files:
         try:
