@@ -25,6 +25,8 @@ from typing import Any, Mapping
 
 from whywait.engine.errors import NotifyError
 
+from whywait.errors import EXIT_USAGE
+
 log = logging.getLogger(__name__)
 
 SILENCES_TOPIC = "whywait.silences.v1"
@@ -34,7 +36,13 @@ MATCH_FIELDS = ("rule_id", "job", "culprit", "severity", "fingerprint", "group",
 
 
 class SilenceError(NotifyError):
-    """A silence is malformed or names an unknown id; never retryable."""
+    """A silence is malformed or names an unknown id; never retryable.
+
+    Bad input, not an unreachable service: the CLI exits 2 for it (``whywait silence add -m job``,
+    ``whywait silence expire nosuchid``), where other notify errors exit 3.
+    """
+
+    exit_code = EXIT_USAGE
 
     def __init__(self, message: str) -> None:
         super().__init__(message, retryable=False)

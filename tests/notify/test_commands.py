@@ -92,3 +92,17 @@ def test_silence_matching() -> None:
     with pytest.raises(SilenceError, match="must name its incident"):
         Silence.new({"job": "x"}, duration=None, created_by="x")
     assert Silence.from_dict(s.to_dict()) == s
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["add", "-m", "job", "--for", "2h"], "a matcher must look like NAME=PATTERN, e.g. job=llm-70b (got 'job')"),
+    (["expire", "nosuchid"], "no silence with id 'nosuchid'"),
+])
+def test_silence_input_errors_exit_2_in_one_line(store, capsys, argv: list[str], message: str) -> None:
+    from whywait.engine.cli import main
+
+    assert main(["silence", *argv]) == 2  # input, not "service unavailable" (3)
+    err = capsys.readouterr().err
+    assert err.startswith(f"whywait silence: {message}") and err.count("\n") == 1, err
+    assert store.all() == []
+
