@@ -7,13 +7,19 @@ follows it, so a silence added here applies within a second.  The broker is
     whywait silence add --match job=llm-70b --for 2h --comment "maintenance" --by alice
     whywait silence list [--all]
     whywait silence expire 3f2a9c1b0d4e
+
+A matcher must name a field or label a diagnosis carries (``jbo=x`` is refused, listing the valid
+names, unless ``--force``), and ``--for`` needs a unit.  A malformed silence, or an id that names
+no silence, exits 2 (input); an unreachable broker exits 3.
 """
 
 from __future__ import annotations
 
 import argparse
 import getpass
+import re
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from whywait.engine.errors import ConfigError
@@ -28,7 +34,9 @@ def register(p: argparse.ArgumentParser) -> None:
     a = sub.add_parser("add", help="mute matching incidents for a while")
     a.add_argument("--match", "-m", action="append", required=True, metavar="NAME=PATTERN",
                    help="label or field (rule_id, job, culprit, severity, team, group...) and a glob; repeatable")
-    a.add_argument("--for", dest="duration", default="1h", help="how long, e.g. 30m, 4h, 2d (1h)")
+    a.add_argument("--for", dest="duration", default="1h", help="how long, with a unit: 30m, 4h, 2d (1h)")
+    a.add_argument("--force", action="store_true",
+                   help="accept a matcher name no diagnosis carries (a label only your own rules set)")
     a.add_argument("--comment", default="", help="why")
     a.add_argument("--by", default=None, help="who (default: your login name)")
     ls = sub.add_parser("list", help="show the silences in force")
@@ -48,18 +56,66 @@ def _open_kafka_store(bootstrap: str | None) -> SilenceStore:
 open_store: Callable[[str | None], SilenceStore] = _open_kafka_store
 
 
+def matchable_names(rule_paths: list[Path] | None = None) -> set[str]:
+    """The names a silence can match on: the incident's fields, the labels the evaluator gives a culprit,
+    and every label the rules set (``rule_paths``, default: the rules the engine loads without ``--rules``)."""
+    from whywait.engine.commands.engine_cmd import default_rule_paths
+    from whywait.engine.errors import RuleError
+    from whywait.engine.notify.silences import MATCH_FIELDS
+    from whywait.engine.rules.loader import load_rules
+    from whywait.engine.rules.schema import GROUP_LABELS
+
+    names = {*MATCH_FIELDS, *GROUP_LABELS, "superseded_by"}
+    try:
+        rules = load_rules(rule_paths if rule_paths is not None else default_rule_paths())
+    except RuleError:  # broken rules are the engine's to report; the fixed names still hold
+        return names
+    return names | {k for r in rules.rules.values() for k in r.labels}
+
+
+def check_names(matchers: dict[str, str]) -> None:
+    """Refuse a matcher name no diagnosis carries (``jbo=x`` would silence nothing, silently)."""
+    from whywait.engine.notify.silences import MATCH_FIELDS, SilenceError
+
+    unknown = [k for k in matchers if k not in MATCH_FIELDS]
+    if not unknown:  # the usual case needs no rule loading
+        return
+    valid = matchable_names()
+    unknown = [k for k in unknown if k not in valid]
+    if unknown:
+        k = unknown[0]
+        raise SilenceError(f"-m {k}={matchers[k]}: unknown name {k!r}: no diagnosis carries it, so the silence would "
+                           f"match nothing (valid: {', '.join(sorted(valid))}; --force if your own rules set it)")
+
+
+def _duration(text: str) -> float:
+    """Seconds of ``--for``: a unit is required (``--for 2`` is more likely 2 hours than 2 seconds)."""
+    from whywait.durations import parse_duration
+    from whywait.errors import DurationError
+
+    try:
+        return parse_duration(text, "--for")
+    except DurationError:
+        hint = ""
+        if re.fullmatch(r"\d+(?:\.\d+)?", text.strip()):
+            n = text.strip()
+            hint = f"; a bare number has no unit: write {n}h, {n}m or {n}s"
+        raise ConfigError(f"--for must be a duration like 30m, 4h or 2d (got {text!r}){hint}") from None
+
+
 def _when(t: float | None) -> str:
     return "until resolved" if t is None else time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t))
 
 
 def run(args: argparse.Namespace) -> int:
-    from whywait.engine.notify.pipeline.config import parse_duration
     from whywait.engine.notify.silences import Silence, parse_matchers
 
     silence: Silence | None = None
     if args.silence_command == "add":
         matchers = parse_matchers(args.match)
-        duration = parse_duration(args.duration, "--for")
+        if not args.force:
+            check_names(matchers)
+        duration = _duration(args.duration)
         if duration <= 0:
             raise ConfigError(f"--for must be longer than 0s (got {args.duration!r})")
         silence = Silence.new(matchers, duration=duration, created_by=args.by or getpass.getuser(),

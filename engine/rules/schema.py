@@ -173,7 +173,8 @@ _LEAF_COMMON = {"type", "culprit", "scope", "name"}
 _RULE_KEYS = {"apiVersion", "id", "title", "cause", "next_step", "severity", "confidence", "when", "for",
               "keep_firing_for", "every", "group_by", "checks", "inhibits", "supersedes", "labels", "runbook_url",
               "layer", "culprit", "evidence", "description"}
-_GROUP_LABELS = ("job", "node", "rank", "gpu", "switch", "rack", "pool", "project")
+# The labels the evaluator gives an incident from its culprit (what `group_by` may name, and a silence match).
+GROUP_LABELS = ("job", "node", "rank", "gpu", "switch", "rack", "pool", "project")
 _LAYERS = ("data", "communication", "checkpoint", "compute", "availability")
 
 
@@ -315,8 +316,8 @@ def parse_rule(data: Any, file: str, lines: dict[Path_, int], macros: dict[str, 
     every = ctx.parse(("every",), data["every"], _every, 0.0) if "every" in data else 0.0
     group_by = ctx.parse(("group_by",), data.get("group_by", ["job"]), _strings, ("job",))
     for i, g in enumerate(group_by or ()):
-        if g not in _GROUP_LABELS:
-            ctx.err(("group_by", i), f"must be one of {', '.join(_GROUP_LABELS)} (got {g!r})")
+        if g not in GROUP_LABELS:
+            ctx.err(("group_by", i), f"must be one of {', '.join(GROUP_LABELS)} (got {g!r})")
     inhibits = ctx.parse(("inhibits",), data.get("inhibits", []), _strings, ())
     supersedes = ctx.parse(("supersedes",), data.get("supersedes", []), _strings, ())
     layer = ctx.parse(("layer",), data.get("layer", "compute"), _enum(*_LAYERS), "compute")

@@ -97,6 +97,9 @@ def test_silence_matching() -> None:
 @pytest.mark.parametrize("argv, message", [
     (["add", "-m", "job", "--for", "2h"], "a matcher must look like NAME=PATTERN, e.g. job=llm-70b (got 'job')"),
     (["expire", "nosuchid"], "no silence with id 'nosuchid'"),
+    (["add", "-m", "jbo=x", "--for", "2h"], "-m jbo=x: unknown name 'jbo': no diagnosis carries it"),
+    (["add", "-m", "job=x", "--for", "2"], "--for must be a duration like 30m, 4h or 2d (got '2'); a bare number "
+                                           "has no unit: write 2h, 2m or 2s"),
 ])
 def test_silence_input_errors_exit_2_in_one_line(store, capsys, argv: list[str], message: str) -> None:
     from whywait.engine.cli import main
@@ -106,3 +109,15 @@ def test_silence_input_errors_exit_2_in_one_line(store, capsys, argv: list[str],
     assert err.startswith(f"whywait silence: {message}") and err.count("\n") == 1, err
     assert store.all() == []
 
+
+def test_silence_names_are_checked_against_what_diagnoses_carry(store, capsys) -> None:
+    with pytest.raises(SilenceError) as exc:
+        _run(silence_cmd, ["add", "-m", "job=x", "-m", "nod=node-07", "--for", "2h"])
+    assert "(valid: cause, channel, culprit, " in str(exc.value) and " node, " in str(exc.value)
+    assert "--force if your own rules set it" in str(exc.value)
+    # the labels the evaluator sets (node), and the shipped rules' own (cause, phase) are accepted
+    assert _run(silence_cmd, ["add", "-m", "node=node-07", "-m", "cause=network.*", "-m", "phase=data",
+                              "--for", "30m"]) == 0
+    assert _run(silence_cmd, ["add", "-m", "site_label=x", "--for", "2s", "--force"]) == 0
+    assert [sorted(s.matchers) for s in store.all()] == [["cause", "node", "phase"], ["site_label"]]
+    assert abs(store.all()[1].ends_at - store.all()[1].starts_at - 2) < 1e-6
