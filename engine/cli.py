@@ -56,6 +56,23 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+class _CommandParser(argparse.ArgumentParser):
+    """The parser of a command and of its actions (``whywait topology path``).
+
+    argparse hands the arguments a subcommand does not know up to the top-level parser, which
+    then prints ``whywait``'s usage: the user sees every command instead of the one they typed.
+    Here the subcommand's own parser refuses them, with its own usage.  Nested actions inherit
+    the class (``add_subparsers`` defaults to the parent's).
+    """
+
+    def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                         namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
+        ns, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return ns, extras
+
+
 def _epilog() -> str:
     codes = "\n".join(f"  {code:>3}  {what}" for code, what in EXIT_CODES.items())
     return f"exit status:\n{codes}\n\nRun `whywait COMMAND --help` for a command's options."
@@ -72,7 +89,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--log-format", choices=("text", "json"), default=os.environ.get("WHYWAIT_LOG_FORMAT", "text"),
                         help="log lines as text, or as one JSON object each: time, level, logger, message and the "
                              "call's extra fields (default: $WHYWAIT_LOG_FORMAT, else text)")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_CommandParser)
     for name, (module, help_) in COMMANDS.items():
         p = sub.add_parser(name, help=help_, description=help_)
         if name == command:

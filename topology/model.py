@@ -59,6 +59,10 @@ def _sorted(names: Iterable[str]) -> tuple[str, ...]:
     return tuple(sorted(names, key=natural_key))
 
 
+# A GPU as users and labels write it: "node-07/gpu4", "node-07/gpu 4", "node-07 gpu4".
+_GPU_SPELLING = re.compile(r"(\S+?)(?:/| )gpu ?(\d+)")
+
+
 def gpu_id(node: str, gpu: int) -> str:
     """Return the graph id of GPU ``gpu`` on ``node`` (``"node-07 gpu 4"``)."""
     return f"{node} gpu {gpu}"
@@ -702,8 +706,21 @@ class Topology:
             return (f"job {job} rank {rank}", gpu_id(node, gpu)) + self._path(node, self.expected_nic(node, gpu))
         return self._cached(("path_rank", job, rank), build)
 
+    def entity_id(self, text: str) -> str:
+        """The graph id a user means by ``text``: the id itself, or a GPU written ``node-07/gpu4`` (the
+        spelling of diagnoses' ``gpu`` label and of the README) for ``"node-07 gpu 4"``.  Text that names
+        nothing is returned unchanged, for the caller's own "unknown" error.
+        """
+        if text in self.graph:
+            return text
+        m = _GPU_SPELLING.fullmatch(text.strip())
+        if m and gpu_id(m.group(1), int(m.group(2))) in self.graph:
+            return gpu_id(m.group(1), int(m.group(2)))
+        return text
+
     def path_between(self, a: str, b: str) -> tuple[str, ...]:
-        """Graph ids from ``a`` to ``b`` (each a GPU id ``"node-07 gpu 4"`` or a node), as traffic goes.
+        """Graph ids from ``a`` to ``b`` (each a GPU, ``"node-07 gpu 4"`` or ``node-07/gpu4``, or a node),
+        as traffic goes.
 
         A GPU leaves its node through its PCIe-local NIC (the primary NIC for a node, or a
         GPU no NIC serves); two NICs on one leaf meet there, otherwise the path climbs the
@@ -711,6 +728,8 @@ class Topology:
         PCIe).  Called by ``whywait topology path``; raises :class:`UnknownEntityError`
         for an unknown id and :class:`TopologyError` when the fabric does not connect them.
         """
+        a, b = self.entity_id(a), self.entity_id(b)
+
         def side(entity: str) -> tuple[list[str], str, Nic | None]:
             kind = self.kind_of(entity)
             if kind == "gpu":
@@ -724,7 +743,12 @@ class Topology:
             if kind == "node":
                 host = self._host(entity)
                 return [entity], entity, next((n for n in host.nics if n.leaf is not None), None)
-            raise UnknownEntityError("gpu or node", entity, "a GPU is '<node> gpu <index>'; "
+            m = _GPU_SPELLING.fullmatch(entity.strip())
+            if m and m.group(1) in self._hosts:  # the node is known, that GPU is not
+                have = self.gpus_of(m.group(1))
+                raise UnknownEntityError("gpu", entity, f"{m.group(1)} has GPUs {', '.join(map(str, have))}" if have
+                                         else f"no source gave {m.group(1)} any GPUs")
+            raise UnknownEntityError("gpu or node", entity, "a GPU is '<node>/gpu<index>' or '<node> gpu <index>'; "
                                      + self._known_hint("node"))
 
         hops_a, node_a, nic_a = side(a)

@@ -10,7 +10,7 @@
   facts) with the line of the host.  Exit 1 on errors, or on gaps with ``--strict``; exit 2 when a
   file cannot be read at all (missing, a folder), as for any wrong argument.
 - ``show [FILE]``: counts per kind and tier, then the same gaps, and the hosts without GPUs.
-- ``path A B``: the hops between two GPUs (``"node gpu 3"``) or nodes.
+- ``path [FILE] A B``: the hops between two GPUs (``node-03/gpu2`` or ``"node-03 gpu 2"``) or nodes.
 - ``diff OLD NEW``: what changed.  Exit 1 when something did, like ``diff``.
 """
 
@@ -46,11 +46,16 @@ def register(p: argparse.ArgumentParser) -> None:
     s.add_argument("file", nargs="?", type=Path, default=os.environ.get("WHYWAIT_TOPOLOGY"),
                    help="cluster YAML (default: WHYWAIT_TOPOLOGY)")
     s.add_argument("--all", action="store_true", help="list every entry, not the first few of each kind")
-    pa = sub.add_parser("path", help="the hops between two GPUs ('node-07 gpu 3') or nodes")
-    pa.add_argument("a")
-    pa.add_argument("b")
-    pa.add_argument("--topology", type=Path, default=os.environ.get("WHYWAIT_TOPOLOGY"),
+    pa = sub.add_parser("path", help="the hops between two GPUs ('node-07/gpu3') or nodes",
+                        usage="whywait topology path [-h] [--topology FILE] [FILE] A B",
+                        description="The hops between two GPUs or nodes, as traffic goes: "
+                                    "whywait topology path cluster.yaml node-03/gpu2 node-17")
+    pa.add_argument("ends", nargs="+", metavar="[FILE] A B",
+                    help="the cluster YAML (or --topology FILE, or WHYWAIT_TOPOLOGY), then the two ends")
+    pa.add_argument("--topology", type=Path, default=None, metavar="FILE",
                     help="cluster YAML (default: WHYWAIT_TOPOLOGY)")
+    pa.epilog = ("A and B: a node ('node-17'), or a GPU as 'node-03/gpu2' or 'node-03 gpu 2' "
+                 "(one argument: quote the form with spaces).")
     d = sub.add_parser("diff", help="what changed between two cluster files")
     d.add_argument("old", type=Path)
     d.add_argument("new", type=Path)
@@ -210,9 +215,20 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _path(args: argparse.Namespace) -> int:
-
-    topo = _load(args.topology)
-    hops = topo.path_between(args.a, args.b)
+    ends = list(args.ends)
+    if len(ends) == 3:
+        if args.topology is not None:
+            raise ConfigError(f"topology path: the cluster file is given twice (--topology {args.topology} and "
+                              f"{ends[0]}); give FILE A B, or --topology FILE A B")
+        path: Path | None = Path(ends.pop(0))
+    elif len(ends) == 2:
+        env = os.environ.get("WHYWAIT_TOPOLOGY")
+        path = args.topology or (Path(env) if env else None)
+    else:
+        raise ConfigError(f"topology path takes [FILE] A B: two ends, after the cluster file unless --topology "
+                          f"or WHYWAIT_TOPOLOGY names it (got {len(ends)} argument(s): {' '.join(ends)})")
+    topo = _load(path)
+    hops = topo.path_between(*ends)
     print(" -> ".join(hops))
     return 0
 

@@ -136,3 +136,36 @@ def test_path_between_gpus_and_nodes() -> None:
     assert topo.path_between("n1", "n1") == ("n1",)
     with pytest.raises(TopologyError, match="unknown gpu or node 'n9'"):
         topo.path_between("n1", "n9")
+
+
+def test_topology_path_takes_the_readmes_form(capsys: pytest.CaptureFixture[str],
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("WHYWAIT_TOPOLOGY", raising=False)
+    small = str(FIX / "small.yaml")
+    want = "gpu-a1 gpu 2 -> gpu-a1 -> gpu-a1 mlx5_1 -> leaf-1 -> spine-1 -> leaf-2 -> gpu-b1 eth0 -> gpu-b1\n"
+    # FILE A B as the README writes it, --topology FILE A B, and each GPU spelling
+    for argv in ([small, "gpu-a1/gpu2", "gpu-b1"], ["--topology", small, "gpu-a1/gpu2", "gpu-b1"],
+                 [small, "gpu-a1 gpu 2", "gpu-b1"], [small, "gpu-a1/gpu 2", "gpu-b1"]):
+        assert main(["topology", "path", *argv]) == 0, argv
+        assert capsys.readouterr().out == want
+    monkeypatch.setenv("WHYWAIT_TOPOLOGY", small)
+    assert main(["topology", "path", "gpu-b1/gpu1", "gpu-b1"]) == 0
+    assert capsys.readouterr().out == "gpu-b1 gpu 1 -> gpu-b1\n"
+    # a GPU the node lacks says which it has
+    assert main(["topology", "path", small, "gpu-a1/gpu7", "gpu-b1"]) == 2
+    assert capsys.readouterr().err == "whywait topology: unknown gpu 'gpu-a1/gpu7' (gpu-a1 has GPUs 0, 1, 2, 3)\n"
+
+
+def test_topology_path_usage_errors_show_its_own_usage(capsys: pytest.CaptureFixture[str]) -> None:
+    small = str(FIX / "small.yaml")
+    with pytest.raises(SystemExit) as exc:
+        main(["topology", "path", "--bogus", small, "gpu-a1", "gpu-b1"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.startswith("usage: whywait topology path [-h] [--topology FILE] [FILE] A B\n")
+    assert err.endswith("whywait topology path: error: unrecognized arguments: --bogus\n")
+    assert main(["topology", "path", small, "gpu-a1", "gpu-b1", "extra"]) == 2
+    assert "topology path takes [FILE] A B" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["topology", "path", "--help"])
+    out = capsys.readouterr().out
+    assert "then the two ends" in out and "a GPU as 'node-03/gpu2' or 'node-03 gpu 2'" in out
