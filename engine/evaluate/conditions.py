@@ -776,6 +776,13 @@ def evaluate(node: Node, ctx: Ctx) -> Result:
     if isinstance(node, AllOf):
         out = Result(True)
         for item in node.items:
+            if isinstance(item, Not) and ctx.culprits and _culprit_scoped(item.item):
+                # "not X" about the culprit: X explains the culprits it holds on, and they are dropped;
+                # the condition fails only when it explains them all (or cannot say which it explains).
+                inner = evaluate(item.item, ctx)
+                if inner.holds and not _drop_explained(ctx, inner.entities, out):
+                    return Result(False)
+                continue
             r = evaluate(item, ctx)
             if not r.holds:
                 return Result(False)
@@ -791,3 +798,61 @@ def evaluate(node: Node, ctx: Ctx) -> Result:
             out.entities += r.entities
             out.evidence += r.evidence
     return out
+
+
+def _culprit_scoped(node: Node) -> bool:
+    """Whether every leaf of ``node`` looks at the culprit only (``scope: culprit``), with no negation inside."""
+    if isinstance(node, Condition):
+        return node.on == "culprit"
+    if isinstance(node, Not):
+        return False
+    return bool(node.items) and all(_culprit_scoped(i) for i in node.items)
+
+
+def _drop_explained(ctx: Ctx, found: Sequence[str], out: Result) -> bool:
+    """Drop from the culprits those ``found`` (the entities a ``not``'s condition held on) explain.
+
+    Called by :func:`evaluate` when a ``not`` about the culprit holds inside an ``all``.  Why not fail
+    the whole rule, as a plain ``not`` does: a rule that names several culprits (the ranks a straggler
+    condition flagged) would be silenced by a cause found on one of them, and the other, unexplained
+    stragglers go unreported for as long as that cause lasts.  A GPU explains the rank on it (and a
+    node-level culprit holding it); a node, NIC or device explains every culprit on its node.  Returns
+    False (the rule fails) when every culprit is explained or none can be matched; else narrows
+    ``ctx.culprits``, the straggler facts and ``out``'s entities and evidence to the others, and returns True.
+    """
+    job = ctx.job
+    culprits = list(ctx.culprits)
+    if job.job in found:
+        return False
+
+    def gpu_of(e: str) -> str | None:
+        if "/gpu" in e:
+            return e
+        if e.startswith(job.job + ":"):
+            placed = job.ranks.get(int(e.rsplit(":", 1)[1]))
+            return f"{placed[0]}/gpu{placed[1]}" if placed else None
+        return None
+
+    gpus = {g for g in map(gpu_of, found) if g is not None}
+    nodes = {ctx.node_of(e) for e in found if gpu_of(e) is None}
+    gpu_nodes = {g.split("/", 1)[0] for g in gpus}
+    explained = set()
+    for c in culprits:
+        g = gpu_of(c)
+        if ctx.node_of(c) in nodes or (g in gpus if g is not None else ctx.node_of(c) in gpu_nodes):
+            explained.add(c)
+    keep = [c for c in culprits if c not in explained]
+    if not explained or not keep:
+        return False
+    ctx.culprits = keep
+    ctx.facts["culprit_ranks"] = ctx.culprit_ranks()
+    left = set(keep)
+    stragglers = ctx.facts.get("stragglers")
+    if stragglers:
+        kept = [s for s in stragglers if f"{job.job}:{s.get('rank')}" in left]
+        if kept:
+            ctx.facts.update(stragglers=kept, n_stragglers=len(kept), straggler_ratio=kept[0]["ratio"],
+                             steady=any(s.get("history_ratio") is None for s in kept))
+    out.entities = [e for e in out.entities if e not in explained]
+    out.evidence = [ev for ev in out.evidence if ev.entity not in explained]
+    return True

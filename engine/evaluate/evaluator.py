@@ -122,6 +122,9 @@ class Evaluator:
     max_gap_s: float = 900.0
     skipped_gap_s: float = 0.0
     tick_errors: int = 0
+    # Per rule id: how many ticks it raised on, and its last error (one rule's failure skips that rule only).
+    rule_errors: dict[str, int] = field(default_factory=dict)
+    rule_error_last: dict[str, str] = field(default_factory=dict)
     # The event-time guard (:meth:`admit`): a message more than ``max_skew_s`` ahead of the engine's
     # wall clock (None: no limit), or more than ``max_late_s`` behind the watermark, is refused.
     max_skew_s: float | None = 300.0
@@ -403,26 +406,13 @@ class Evaluator:
             for rule in self.rules:
                 if rule.id in idle:
                     continue
-                ctx = Ctx(self.store, now, job, self.topology, rule.id, self.cond_state, entity_cache=entity_cache)
-                res = evaluate(rule.when, ctx)
-                if not res.holds:
-                    continue
-                groups = [(_fingerprint(rule.id, labels), labels, ents)
-                          for labels, ents in self._groups(rule, ctx, res)]
-                fresh = {fp for fp, _, _ in groups if fp not in self.incidents}
-                onsets = self._onsets(rule, job, now, fresh) if fresh and rule.every_s > self.step_s else {}
-                for fp, labels, ents in groups:
-                    seen.add(fp)
-                    inc = self.incidents.get(fp)
-                    if inc is None:
-                        inc = self.incidents[fp] = Incident(rule.id, fp, labels, pending_since=onsets.get(fp, now),
-                                                            last_true=now)
-                    inc.last_true = now
-                    if now - inc.pending_since + 1e-9 >= rule.for_s:
-                        inc.firing = True
-                        diag = self._diagnose(rule, ctx, res, inc, ents, now)
-                        inc.last = diag
-                        firing.append(inc)
+                try:
+                    self._tick_rule(rule, job, now, entity_cache, seen, firing)
+                except Exception as exc:  # noqa: BLE001 - one rule meeting data (or a template) it did not expect
+                    # costs that rule's second of evaluation, not every other rule's: its incidents stay as
+                    # they were, as an idle rule's do (none resolves because its rule could not be judged).
+                    idle.add(rule.id)
+                    self._rule_failed(rule, now, exc)
         if self._restoring and self.restored_at is None:
             self.restored_at = now
         # Lifecycle: announce new or changed incidents, resolve the ones that stopped holding.
@@ -462,6 +452,38 @@ class Evaluator:
                 out.append(inc.last)
         return out
 
+    def _tick_rule(self, rule: Rule, job: Any, now: float, entity_cache: dict[str, list[str]], seen: set[str],
+                   firing: list[Incident]) -> None:
+        """Evaluate one rule for one job at ``now``: open, hold and fire its incidents (``seen``, ``firing``)."""
+        ctx = Ctx(self.store, now, job, self.topology, rule.id, self.cond_state, entity_cache=entity_cache)
+        res = evaluate(rule.when, ctx)
+        if not res.holds:
+            return
+        groups = [(_fingerprint(rule.id, labels), labels, ents) for labels, ents in self._groups(rule, ctx, res)]
+        fresh = {fp for fp, _, _ in groups if fp not in self.incidents}
+        onsets = self._onsets(rule, job, now, fresh) if fresh and rule.every_s > self.step_s else {}
+        for fp, labels, ents in groups:
+            seen.add(fp)
+            inc = self.incidents.get(fp)
+            if inc is None:
+                inc = self.incidents[fp] = Incident(rule.id, fp, labels, pending_since=onsets.get(fp, now),
+                                                    last_true=now)
+            inc.last_true = now
+            if now - inc.pending_since + 1e-9 >= rule.for_s:
+                inc.firing = True
+                inc.last = self._diagnose(rule, ctx, res, inc, ents, now)
+                firing.append(inc)
+
+    def _rule_failed(self, rule: Rule, now: float, exc: BaseException) -> None:
+        """Count and log a rule that raised on a tick (``tick_errors``, ``rule_errors``; ``rules test`` shows them)."""
+        self.tick_errors += 1
+        n = self.rule_errors[rule.id] = self.rule_errors.get(rule.id, 0) + 1
+        where = rule.file or rule.id
+        self.rule_error_last[rule.id] = f"{type(exc).__name__}: {exc}"
+        if n <= 3 or n % 1000 == 0:
+            log.error("rule %s (%s) failed at %.0f (%d so far): %s: %s", rule.id, where, now, n,
+                      type(exc).__name__, exc, exc_info=n == 1)
+
     def _onsets(self, rule: Rule, job: Any, now: float, fresh: set[str]) -> dict[str, float]:
         """When each new incident (fingerprint in ``fresh``) of a rule with an ``every`` began to hold.
 
@@ -493,10 +515,16 @@ class Evaluator:
     def _inhibited(self, inc: Incident, firing: list[Incident]) -> bool:
         """Whether a firing incident of a rule that inhibits ``inc``'s rule covers it.
 
-        It covers it when it is about the same job, or, topology-aware, when its culprit is a
-        place (a leaf switch, a rack, a storage pool) and every node ``inc`` blames lies beneath
-        it: a leaf-switch diagnosis mutes the straggler diagnoses of the ranks under that switch,
-        whichever job they belong to.
+        It covers it when it is about the same job and explains every node ``inc`` blames (or one
+        of them blames no node: a job-wide cause or symptom), or, topology-aware, when its culprit
+        is a place (a leaf switch, a rack, a storage pool) and every node ``inc`` blames lies
+        beneath it: a leaf-switch diagnosis mutes the straggler diagnoses of the ranks under that
+        switch, whichever job they belong to.
+
+        Why not the whole job, as ``inhibits`` once meant: a throttled GPU on one node muted a
+        straggler on another node of the same job for as long as it fired, so a second, unrelated
+        fault was announced minutes late (after the first resolved) with the wrong start.  Several
+        stragglers at once are what large jobs have; a root cause mutes only what it explains.
         """
         targets = self._blamed_nodes(inc)
         for other in firing:
@@ -504,12 +532,16 @@ class Evaluator:
             if other is inc or rule is None or (inc.rule_id not in rule.inhibits
                                                 and inc.rule_id not in rule.supersedes):
                 continue
-            if other.labels.get("job") == inc.labels.get("job"):
-                return True
             place = other.last.culprit if other.last is not None else None
-            if place and targets and self.topology.kind_of(place) in ("switch", "rack", "pool"):
-                if targets <= set(self.topology.nodes_under(place)):
+            under = (set(self.topology.nodes_under(place))
+                     if place and self.topology.kind_of(place) in ("switch", "rack", "pool") else None)
+            if other.labels.get("job") == inc.labels.get("job"):
+                source = under if under is not None else self._blamed_nodes(other)
+                if not targets or not source or targets <= source:
                     return True
+                continue  # another culprit in the same job: its own finding, not this one's symptom
+            if under is not None and targets and targets <= under:
+                return True
         return False
 
     def _ended_at(self, inc: Incident, rule: Rule | None, now: float) -> float:
@@ -568,11 +600,21 @@ class Evaluator:
         return out
 
     def _blamed_nodes(self, inc: Incident) -> set[str]:
+        """The nodes an incident blames: its ``node`` label, else the nodes its ``gpu`` label, culprit
+        (``node-03``, ``node-03/gpu2``, ``node-03/mlx5_0``, comma-separated) or culprit ranks lie on;
+        empty for a job-wide finding.  Read by :meth:`_inhibited`.
+        """
         if inc.labels.get("node"):
             return {inc.labels["node"]}
         culprit = inc.last.culprit if inc.last is not None else None
         nodes = set(self.topology.nodes())
-        return {c.strip() for c in (culprit or "").split(",") if c.strip() in nodes}
+        out = {c.strip().split("/", 1)[0] for c in (inc.labels.get("gpu", ""), *(culprit or "").split(","))}
+        out &= nodes
+        job = inc.labels.get("job")
+        if not out and inc.last is not None and inc.last.ranks and job and self.topology.has_job(job):
+            where = self.topology.job(job).ranks
+            out = {where[r][0] for r in inc.last.ranks if r in where}
+        return out
 
     def _groups(self, rule: Rule, ctx: Ctx, res: Result) -> list[tuple[dict[str, str], list[str]]]:
         """Split the culprit entities into incidents by the rule's ``group_by`` labels."""
