@@ -3,7 +3,7 @@
 ::
 
     whywait agent --node gpu-node-07 --bootstrap kafka:9092
-    whywait agent --once --print              # one round as JSON, no Kafka needed
+    whywait agent --once --print              # one round as JSON lines, no Kafka needed
     whywait agent --dcgm-url http://localhost:9400/metrics --collectors dcgm,network,storage,host
 
 The Kafka bootstrap comes from ``--bootstrap`` or ``$WHYWAIT_KAFKA_BOOTSTRAP``.
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import os
 import signal
@@ -57,7 +56,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--spool-max-mb", type=float, default=64.0, help="spool bound in MiB (default 64)")
     parser.add_argument("--once", action="store_true", help="sample one interval, publish or print it, exit")
     parser.add_argument("--print", dest="print_", action="store_true",
-                        help="print messages as JSON instead of publishing to Kafka")
+                        help="print messages as JSON lines instead of publishing to Kafka")
     parser.add_argument("--rounds", type=int, default=None, help="stop after this many intervals")
     parser.add_argument("--metrics-addr", default=None, metavar="HOST:PORT",
                         help="serve Prometheus /metrics, /healthz and /readyz here "
@@ -187,20 +186,25 @@ def _metrics_server(agent: Any, addr: tuple[str, int] | None) -> Any:
 
 
 def _once_print(agent: Any) -> int:
-    """``--once --print``: prime, wait one interval, print that interval's messages as one JSON array."""
+    """``--once --print``: prime, wait one interval, print that interval's messages as JSON lines.
+
+    The same lines as ``--print`` writes every round (:func:`whywait.agents.publisher.json_line`), so the
+    output can be saved and handed to ``whywait events check`` or ``whywait topology import agent``.  A
+    message that breaks the contract is still printed (this is a look at what the agent sees), and said.
+    """
+    from whywait.agents.events import TOPIC_AGENT_HEALTH, ContractError, message_key, validate  # noqa: PLC0415
+    from whywait.agents.publisher import json_line  # noqa: PLC0415
+
     agent.prime()
     time.sleep(agent.interval)
-    msgs = [m for _, m in agent.collect()]
-    msgs.append(agent.health(agent.clock()))
-    from whywait.agents.events import ContractError, validate  # noqa: PLC0415
-
-    for m in msgs:
+    msgs = agent.collect()
+    msgs.append((TOPIC_AGENT_HEALTH, agent.health(agent.clock())))
+    for topic, m in msgs:
         try:
-            validate(m)
+            validate(m, topic)
         except ContractError as exc:
             print(f"whywait agent: {m['kind']} message breaks the contract: {exc}", file=sys.stderr)
-    json.dump(msgs, sys.stdout, indent=2)
-    sys.stdout.write("\n")
+        sys.stdout.write(json_line(topic, message_key(m).decode(), m))
     for c in agent.collectors:
         c.close()
     return 0

@@ -101,8 +101,17 @@ class MemoryPublisher(Publisher):
         return [m for _, _, m in self.messages if m.get("kind") == kind]
 
 
+def json_line(topic: str, key: str, msg: dict[str, Any]) -> str:
+    """One message as ``--print`` writes it: a compact JSON object with its ``topic`` and ``key``, and a newline.
+
+    The one output format of ``whywait agent --print`` (every round, and ``--once``), which
+    ``whywait events check`` and ``whywait topology import agent`` read back.
+    """
+    return json.dumps({"topic": topic, "key": key, **msg}, separators=(",", ":")) + "\n"
+
+
 class PrintPublisher(Publisher):
-    """Writes each message as one JSON line (``--print``)."""
+    """Writes each message as one JSON line (``--print``): :func:`json_line`."""
 
     def __init__(self, out: IO[str] | None = None) -> None:
         super().__init__()
@@ -110,7 +119,7 @@ class PrintPublisher(Publisher):
 
     async def send(self, topic: str, key: str, msg: dict[str, Any]) -> None:
         if self.check(topic, msg):
-            self.out.write(json.dumps({"topic": topic, "key": key, **msg}, separators=(",", ":")) + "\n")
+            self.out.write(json_line(topic, key, msg))
             self.out.flush()
             self.sent += 1
 

@@ -98,3 +98,19 @@ def test_a_file_that_cannot_be_read_is_exit_2_not_a_bug(tmp_path: Path, capsys: 
     assert main([a.format(**names) for a in argv]) == 2
     err = capsys.readouterr().err
     assert err == f"whywait {argv[0]}: {what.format(**names)}\n"
+
+
+def test_events_check_reads_json_lines_and_a_json_array_alike(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    good = {"schema": 2, "kind": "host", "time": 1.7e9, "node": "n1", "cpu_busy_pct": 50.8, "cpu_iowait_pct": 0.0,
+            "cpu_steal_pct": 0.0, "mem_used_bytes": 730595328, "mem_total_bytes": 25276203008, "cpu_count": 2}
+    msgs = [good, {**good, "node": 5}, good]
+    lines, array = tmp_path / "m.jsonl", tmp_path / "m.json"
+    lines.write_text("".join(json.dumps(m) + "\n" for m in msgs))
+    array.write_text(json.dumps(msgs, indent=2))
+    for f, bad_line in ((lines, 2), (array, 14)):  # the array: the line its second element starts on
+        assert main(["events", "check", str(f)]) == 1
+        out, err = capsys.readouterr()
+        assert out.startswith(f"{f}:{bad_line}: node: ") and err == "2 valid, 1 invalid\n", (out, err)

@@ -35,6 +35,8 @@ from whywait.topology.loaders import (
 )
 from whywait.topology.model import TIERS, natural_key, normalise_guid, normalise_pci
 
+from whywait.jsonl import json_records
+
 
 @dataclass
 class NicFacts:
@@ -495,19 +497,20 @@ def read_k8s_nodes(path: str | Path) -> SourceFacts:
 # ---------------------------------------------------------------------------------------------- the agent
 
 def read_agent(path: str | Path) -> SourceFacts:
-    """Facts from the agent's own messages (JSON lines of ``net`` and ``gpu`` messages, as on the topics).
+    """Facts from the agent's own messages (JSON lines of ``net`` and ``gpu`` messages, as on the topics and
+    as ``whywait agent --print`` writes them; one JSON array of them is read too).
 
     ``net``: each NIC's sysfs name, node/port GUID, PCI address and the GPUs it
     serves by PCIe locality; ``gpu``: the GPU indexes and, where the agent reports
-    them, their PCI bus ids.  ``whywait agent --dry-run`` prints such lines; so does a
+    them, their PCI bus ids.  ``whywait agent --print`` prints such lines; so does a
     console consumer of the topics.  The latest message per node and kind wins.
     """
     source = str(path)
     facts = SourceFacts(source, "agent")
     seen = False
-    for lineno, raw in enumerate(_read_text(path).splitlines(), 1):
+    for lineno, raw in json_records(_read_text(path).splitlines(keepends=True)):
         line = raw.strip()
-        if not line or line.startswith("#"):
+        if line.startswith("#"):
             continue
         where = f"{source}:{lineno}"
         try:
@@ -546,8 +549,8 @@ def read_agent(path: str | Path) -> SourceFacts:
         h.nics = list(nics.values())
         h.where = where
     if not seen:
-        raise TopologyError(f"{source}: expected agent 'net' or 'gpu' messages, one JSON object a line "
-                            "(found none)", source=source)
+        raise TopologyError(f"{source}: expected agent 'net' or 'gpu' messages, one JSON object a line or a JSON "
+                            "array of them (found none)", source=source)
     return facts
 
 

@@ -1,8 +1,10 @@
 """``whywait events``: print the event contract, or check a file of messages against it.
 
 ``whywait events doc`` prints the generated part of ``docs/events.md``;
-``whywait events check FILE`` validates JSON lines (a producer author's check)
-and prints one line per bad message with its line number and reason.
+``whywait events check FILE`` validates JSON lines, or one JSON array of messages
+(``whywait agent --print`` writes the former; a saved list is accepted too), a
+producer author's check, and prints one line per bad message with its line number
+and reason.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ def register(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="action", metavar="ACTION")
     sub.add_parser("doc", help="print the contract's field tables as Markdown")
     c = sub.add_parser("check", help="validate a file of JSON-lines messages against the contract")
-    c.add_argument("file", type=Path, help="JSON lines; '-' for standard input")
+    c.add_argument("file", type=Path, help="JSON lines, or one JSON array of messages; '-' for standard input")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -29,10 +31,10 @@ def run(args: argparse.Namespace) -> int:
     if args.action in (None, "doc"):
         print(render_markdown())
         return 0
+    from whywait.jsonl import json_records
+
     bad = total = 0
-    for i, line in _lines(args.file):
-        if not line.strip():
-            continue
+    for i, line in json_records(_lines(args.file)):
         total += 1
         try:
             decode(line)
@@ -43,12 +45,12 @@ def run(args: argparse.Namespace) -> int:
     return 1 if bad else 0
 
 
-def _lines(path: Path) -> Iterator[tuple[int, str]]:
-    """``(line number, line)`` of ``path`` ('-': standard input); a file that cannot be read is a
-    :class:`ConfigError` in one line (exit 2), as any input the user named wrongly."""
+def _lines(path: Path) -> Iterator[str]:
+    """The lines of ``path`` ('-': standard input); a file that cannot be read is a :class:`ConfigError`
+    in one line (exit 2), as any input the user named wrongly."""
     try:
         with (nullcontext(sys.stdin) if str(path) == "-" else path.open(encoding="utf-8")) as fh:
-            yield from enumerate(fh, 1)
+            yield from fh
     except OSError as exc:  # missing, a folder, unreadable
         raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
     except UnicodeDecodeError:

@@ -111,11 +111,32 @@ def test_once_print_is_one_round_of_valid_json_without_kafka() -> None:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                           env={**os.environ, "WHYWAIT_KAFKA_BOOTSTRAP": ""})
     assert proc.returncode == 0, proc.stderr
-    msgs = json.loads(proc.stdout)
-    for m in msgs:
-        validate(m)
+    # JSON lines, as --print writes every round: the topic and key beside the message
+    lines = [json.loads(line) for line in proc.stdout.splitlines()]
+    msgs = [{k: v for k, v in m.items() if k not in ("topic", "key")} for m in lines]
+    for line, m in zip(lines, msgs, strict=True):
+        validate(m, line["topic"])
+        assert line["key"] == "n1"
     assert {m["kind"] for m in msgs} >= {"net", "storage", "host", "agent_health"}
     assert all(m["node"] == "n1" for m in msgs)
+
+
+def test_once_print_and_print_write_one_format_that_the_readers_take(tmp_path) -> None:
+    """What `--once --print` saves, `events check` and `topology import agent` read (they took no lines of
+    its former JSON array), and `--print --rounds N` writes the same lines."""
+    from whywait.engine.cli import main
+
+    once = run_cli("--once", "--print", "--interval", "0.2", "--node", "n1", "--collectors", "network,host")
+    rounds = run_cli("--print", "--rounds", "1", "--interval", "0.2", "--node", "n1", "--collectors", "network,host",
+                     "--socket", "none")
+    assert once.returncode == 0 and rounds.returncode == 0, once.stderr + rounds.stderr
+    shape = [sorted(json.loads(line)) for line in once.stdout.splitlines()]
+    assert shape and shape == [sorted(json.loads(line)) for line in rounds.stdout.splitlines()][-len(shape):]
+    saved = tmp_path / "seen.jsonl"
+    saved.write_text(once.stdout)
+    assert main(["events", "check", str(saved)]) == 0
+    assert main(["topology", "import", "agent", str(saved), "-o", str(tmp_path / "c.yaml")]) == 0
+    assert "id: n1" in (tmp_path / "c.yaml").read_text()
 
 
 def test_cli_without_kafka_says_so_in_one_line() -> None:

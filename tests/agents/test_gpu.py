@@ -141,7 +141,7 @@ def test_agent_without_driver_runs_the_other_collectors() -> None:
     if "GPU collector off" not in proc.stderr:  # pragma: no cover - a machine with a driver
         pytest.skip("this machine has an NVIDIA driver")
     assert proc.stderr.count("GPU collector off: ") == 1
-    assert '"kind": "host"' in proc.stdout and '"kind": "net"' in proc.stdout
+    assert '"kind":"host"' in proc.stdout and '"kind":"net"' in proc.stdout
 
 
 # --- PCIe link and NVML health (issue 14) -----------------------------------------------------------

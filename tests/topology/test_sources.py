@@ -133,6 +133,22 @@ def test_agent_messages_and_bad_lines(tmp_path: Path) -> None:
     assert f.skipped == [f"{p}:2: not a JSON message (Expecting value), skipped"]
 
 
+def test_agent_messages_as_one_json_array(tmp_path: Path) -> None:
+    """A saved list of messages (what `agent --once --print` used to write) reads like JSON lines."""
+    msgs = [{"topic": "whywait.net.v1", "key": "n1", "kind": "net", "node": "n1",
+             "nics": [{"nic": "mlx5_0/1", "pci_bus_id": "0101:00:00.0", "gpus": [0, 1]}]},
+            {"kind": "gpu", "node": "n1", "gpus": [{"gpu": 0}, {"gpu": 1}]}, {"kind": "host", "node": "n1"}]
+    p = tmp_path / "seen.json"
+    p.write_text(json.dumps(msgs, indent=2) + "\n")
+    f = read_agent(p)
+    [nic] = f.hosts["n1"].nics
+    assert (nic.name, nic.pci, nic.gpus, f.hosts["n1"].gpus, f.skipped) == ("mlx5_0", "0101:00:00.0", (0, 1), (0, 1),
+                                                                          [])
+    p.write_text(json.dumps([{"kind": "host", "node": "n1"}]))
+    with pytest.raises(TopologyError, match="one JSON object a line or a JSON array of them"):
+        read_agent(p)
+
+
 def test_ibnetdiscover_unknown_line_is_reported_and_skipped(tmp_path: Path) -> None:
     src = (FIX / "topology" / "ibnetdiscover-example.out").read_text().splitlines()
     src.insert(20, "garbage that is no port")
