@@ -46,7 +46,7 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="a training process whose data-loader children to watch (repeatable)")
     parser.add_argument("--socket", default=None,
                         help=f"training-timings socket (default ${SOCKET_ENV} or {DEFAULT_SOCKET}; "
-                             "'none' to disable)")
+                             "'none' to disable; with --print or --once, only this flag opens one)")
     parser.add_argument("--socket-group", default=os.environ.get("WHYWAIT_AGENT_SOCKET_GROUP"),
                         help="group allowed to send training timings (the socket is mode 0660; default "
                              "$WHYWAIT_AGENT_SOCKET_GROUP, else 'whywait' if it exists, else the agent's group)")
@@ -136,8 +136,10 @@ def make_publisher(args: argparse.Namespace) -> Any:
 def _socket_path(args: argparse.Namespace) -> str | None:
     if args.socket == "none":
         return None
-    if args.once and not args.socket:
-        return None  # a one-off look must not take over a running agent's socket
+    if (args.once or args.print_) and not args.socket:
+        # A one-off look, or a printing agent, must not take over a running agent's socket (nor fail
+        # without root to create /run/whywait): only an explicit --socket opens one.
+        return None
     return args.socket or os.environ.get(SOCKET_ENV) or DEFAULT_SOCKET
 
 

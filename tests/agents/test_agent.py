@@ -12,7 +12,7 @@ from whywait.agents.agent import Agent, TrainingInbox, bind_training_socket
 from whywait.agents.collectors import AgentConfigError, HostCollector, NetworkCollector, StorageCollector
 from whywait.agents.events import validate
 from whywait.agents.publisher import MemoryPublisher
-from whywait.agents.training import Reporter
+from whywait.agents.training import DEFAULT_SOCKET, SOCKET_ENV, Reporter
 
 T0 = 1_764_442_800.0
 
@@ -188,3 +188,20 @@ def test_socket_probe_does_not_steal_a_running_agents_socket(tmp_path: "os.PathL
         assert proc.returncode == 2 and "already listening" in proc.stderr
     finally:
         live.close()
+
+
+@pytest.mark.parametrize("argv, opened", [
+    ([], DEFAULT_SOCKET), (["--print"], None), (["--once"], None), (["--socket", "none"], None),
+    (["--print", "--socket", "/tmp/a.sock"], "/tmp/a.sock"),
+])
+def test_only_a_publishing_agent_opens_the_default_socket(monkeypatch: pytest.MonkeyPatch, argv: list[str],
+                                                          opened: str | None) -> None:
+    """`agent --print` listened on /run/whywait/agent.sock, taking it from a running agent."""
+    import argparse
+
+    from whywait.agents import cli
+
+    monkeypatch.delenv(SOCKET_ENV, raising=False)
+    parser = argparse.ArgumentParser()
+    cli.register(parser)
+    assert cli._socket_path(parser.parse_args(argv)) == opened
