@@ -6,8 +6,9 @@
   names, events against the contract, expectations naming no rule.  Exit 1 when anything is wrong.
 - ``whywait rules test DIR|FILE...``: run the rule tests under the paths through the same evaluator as
   production, against the rules *in those paths* (plus ``--rules PATH``, e.g. the shipped rules a site
-  folder overrides or inhibits); print one line per case and the failures in full; ``--junit FILE``
-  writes JUnit XML for CI.  Exit 1 when a case fails.
+  folder overrides or inhibits, and the rules tree a path lies in: ``rules/`` for ``rules/network``,
+  said in one line); print one line per case and the failures in full; ``--junit FILE`` writes JUnit
+  XML for CI.  Exit 1 when a case fails.
 - ``whywait rules metrics``: the metric names, their level and unit.
 - ``whywait rules conditions``: the condition types and their parameters, from the one registry;
   ``--docs FILE`` rewrites the generated condition tables of a Markdown file (``docs/rules.md``).
@@ -100,9 +101,17 @@ def _test(args: argparse.Namespace) -> int:
     paths: list[Path] = args.paths or [_default_dir()]
     _require([*args.rules, *paths])
     # The rules under test are the ones in the paths given: a folder's rules, or the rule a test file is
-    # named after.  --rules come first, so a site folder's `override:` finds the rule it changes.
+    # named after.  --rules come first, so a site folder's `override:` finds the rule it changes; then the
+    # rules tree a path lies in (rules/ for rules/network), for the macros and rules it refers to.
     under_test = [p if p.is_dir() else _rule_beside(p, TEST_SUFFIX) for p in paths]
-    rules = load_rules([*args.rules, *(p for p in under_test if p is not None)])
+    trees: list[Path] = []
+    for p in paths:
+        tree = rules_tree(p)
+        if tree is not None and not any(_within(tree, q) for q in [*args.rules, *paths, *trees]):
+            trees.append(tree)
+            print(f"rules test: {p} lies in the rules tree {_shown(tree)}: loading its other rules too, for the "
+                  "macros and rules it refers to (--rules to choose others)", file=sys.stderr)
+    rules = load_rules([*args.rules, *trees, *(p for p in under_test if p is not None)])
     results = run_files(rules, paths)
     failed = [r for r in results if not r.ok]
     for r in results:
@@ -131,6 +140,37 @@ def _require(paths: list[Path]) -> None:
     for p in paths:
         if not p.exists():
             raise ConfigError(f"{p}: no such file or folder")
+
+
+def rules_tree(path: Path) -> Path | None:
+    """The rules tree ``path`` lies inside: the nearest folder above it holding ``macros.yaml`` (the shipped
+    ``rules/``, or a site's own tree laid out the same way), or None.
+
+    A folder that holds ``macros.yaml`` itself is a tree's root, not inside one.  Called by ``rules test``,
+    whose rules in ``rules/network`` use macros and inhibit rules that live elsewhere in ``rules/``.
+    """
+    from whywait.engine.rules.loader import MACROS_FILE
+
+    here = path.absolute()
+    if here.is_dir() and (here / MACROS_FILE).is_file():
+        return None
+    for folder in (here if here.is_dir() else here.parent, *here.parents):
+        if (folder / MACROS_FILE).is_file():
+            return folder
+    return None
+
+
+def _within(path: Path, other: Path) -> bool:
+    """Whether ``path`` is ``other`` or lies inside it."""
+    return path.resolve().is_relative_to(other.resolve())
+
+
+def _shown(path: Path) -> str:
+    """``path`` relative to the working folder when it lies there (``rules/``), else absolute."""
+    try:
+        return f"{path.relative_to(Path.cwd())}/"
+    except ValueError:
+        return f"{path}/"
 
 
 def _rule_beside(test_file: Path, suffix: str) -> Path | None:

@@ -166,3 +166,48 @@ def test_a_sub_folder_without_its_macros_says_how_to_load_them(capsys: pytest.Ca
     got = capsys.readouterr()
     err = got.out + got.err
     assert "job.straggler.yaml:" in err and "load the folder holding macros.yaml too, e.g. --rules rules" in err
+
+
+def rules_tree(tmp_path: Path) -> Path:
+    """A site's rules tree like the shipped one: macros.yaml at its root, rules in sub-folders that refer to
+    each other (a macro, an inhibition)."""
+    tree = tmp_path / "tree"
+    (tree / "host").mkdir(parents=True)
+    (tree / "other").mkdir()
+    (tree / "macros.yaml").write_text("macros:\n  cpu-hot: {type: threshold, metric: host.cpu_busy_pct, agg: max, "
+                                      "window: 5s, value: \"> 95\", culprit: true}\n")
+    (tree / "host" / "site.cpu-hot.yaml").write_text(
+        RULE.replace("when: {type: threshold, metric: host.cpu_busy_pct, agg: max, window: 5s, value: \"> 95\", "
+                     "culprit: true}", "when: {macro: cpu-hot}\ninhibits: [site.cpu-cold]"))
+    (tree / "host" / "site.cpu-hot.test.yaml").write_text(TEST.replace("@CULPRIT@", "node-02"))
+    (tree / "other" / "site.cpu-cold.yaml").write_text(
+        RULE.replace("site.cpu-hot", "site.cpu-cold").replace('"> 95"', '"< 1"'))
+    return tree
+
+
+def test_a_folder_inside_a_rules_tree_is_tested_with_the_rest_of_the_tree(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """`rules test rules/network` failed with 10 errors (its macros and the rules it inhibits are elsewhere in
+    rules/) although the README says it tests a folder against its own rules."""
+    tree = rules_tree(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    for given in ("tree/host", "tree/host/site.cpu-hot.test.yaml"):
+        assert main(["rules", "test", given]) == 0, capsys.readouterr()
+        out, err = capsys.readouterr()
+        assert "PASS  " in out and "1 passed, 0 failed" in out
+        assert err == (f"rules test: {given} lies in the rules tree tree/: loading its other rules too, for the "
+                       "macros and rules it refers to (--rules to choose others)\n")
+    # the tree given with --rules, or as a path, is not loaded twice nor announced
+    assert main(["rules", "test", "tree/host", "--rules", str(tree)]) == 0
+    assert main(["rules", "test", "tree", "tree/host"]) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_a_rule_named_but_not_loaded_says_how_to_load_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tree = rules_tree(tmp_path)
+    (tree / "macros.yaml").unlink()  # no longer a tree: nothing is loaded from above
+    (tree / "host" / "site.cpu-hot.yaml").write_text(RULE + "inhibits: [site.cpu-cold]\n")
+    assert main(["rules", "test", str(tree / "host")]) == 2
+    assert capsys.readouterr().err.endswith(
+        "rule 'site.cpu-hot': 'inhibits[0]' must name a loaded rule (got 'site.cpu-cold'); load the folder that "
+        "holds it too, e.g. --rules rules\n")

@@ -103,7 +103,8 @@ def test_inhibits_must_name_a_rule(tmp_path: Path) -> None:
     with pytest.raises(RuleLoadError) as exc:
         load_rules([tmp_path])
     assert str(exc.value).endswith(
-        ":16: rule 'network.test-rule': 'inhibits[0]' must name a loaded rule (got 'storage.nope')")
+        ":16: rule 'network.test-rule': 'inhibits[0]' must name a loaded rule (got 'storage.nope'); load the folder "
+        "that holds it too, e.g. --rules rules")
 
 
 def test_shipped_rules_load() -> None:
