@@ -8,7 +8,8 @@
 - ``check FILE...``: load each cluster file (every schema error with its file:line), then list
   what it lacks (hosts without a switch, NICs without GPUs, GPUs without a NIC, unmatched
   facts) with the line of the host.  Exit 1 on errors, or on gaps with ``--strict``; exit 2 when a
-  file cannot be read at all (missing, a folder), as for any wrong argument.
+  file cannot be read at all (missing, a folder), as for any wrong argument.  Hosts without GPUs are
+  no gap (a login node has none) but are counted on a line of their own, here and after ``import``.
 - ``show [FILE]``: counts per kind and tier, then the same gaps, and the hosts without GPUs.
 - ``path [FILE] A B``: the hops between two GPUs (``node-03/gpu2`` or ``"node-03 gpu 2"``) or nodes.
 - ``diff OLD NEW``: what changed.  Exit 1 when something did, like ``diff``.
@@ -127,11 +128,21 @@ def _import(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(text)
     gpus = sum(len(topo.gpus_of(n)) for n in topo.nodes())
-    gaps = findings(topo).problems()
-    print(f"{'wrote ' + str(args.output) if args.output else 'cluster'}: {len(topo.nodes())} host(s), {gpus} GPU(s), "
-          f"{len(topo.switches())} switch(es); {gaps} gap(s) (`whywait topology show` lists them)",
+    found = findings(topo)
+    where = str(args.output) if args.output else "cluster"
+    print(f"{'wrote ' + where if args.output else where}: {len(topo.nodes())} host(s), {gpus} GPU(s), "
+          f"{len(topo.switches())} switch(es); {found.problems()} gap(s) (`whywait topology show` lists them)",
           file=sys.stderr)
+    _say_non_gpu_hosts(where, found.non_gpu_hosts, len(topo.nodes()))
     return 0
+
+
+def _say_non_gpu_hosts(where: str, hosts: list[str], total: int) -> None:
+    """One line for the hosts no source gave GPUs, beside the gap count, which leaves them out (a login or
+    storage host has none by right, but 122 of 122 means the GPUs' source is missing)."""
+    if hosts:
+        print(f"{where}: {len(hosts)} of {total} host(s) without GPUs: no source says they have any (for GPU hosts "
+              "add one that does: nccl, nvidia-smi, k8s-nodes, agent, or --types)", file=sys.stderr)
 
 
 def _gap_lines(topo: Any, lines: dict[str, int], source: str) -> list[str]:
@@ -164,6 +175,7 @@ def _gap_lines(topo: Any, lines: dict[str, int], source: str) -> list[str]:
 def _check(args: argparse.Namespace) -> int:
     from whywait.topology.errors import TopologyError as TopoErr
     from whywait.topology.model import Topology
+    from whywait.topology.reconcile import findings
     from whywait.topology.schema import line_map
 
     for path in args.files:  # a file that cannot be read is a wrong argument (exit 2), not a finding (exit 1)
@@ -186,6 +198,7 @@ def _check(args: argparse.Namespace) -> int:
         gaps += len(found)
         print(f"{path}: {len(topo.nodes())} host(s) OK" + (f", {len(found)} gap(s)" if found else ""),
               file=sys.stderr)
+        _say_non_gpu_hosts(str(path), findings(topo).non_gpu_hosts, len(topo.nodes()))
     return 1 if errors or (args.strict and gaps) else 0
 
 

@@ -169,3 +169,17 @@ def test_topology_path_usage_errors_show_its_own_usage(capsys: pytest.CaptureFix
         main(["topology", "path", "--help"])
     out = capsys.readouterr().out
     assert "then the two ends" in out and "a GPU as 'node-03/gpu2' or 'node-03 gpu 2'" in out
+
+
+def test_import_and_check_say_how_many_hosts_have_no_gpus(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A fabric dump alone gives 122 hosts and no GPUs; the summaries said '2 gap(s)' and '122 host(s) OK'."""
+    out = tmp_path / "cluster.yaml"
+    assert main(["topology", "import", "ibnetdiscover", str(FIX / "ibnetdiscover-example.out"), "-o", str(out)]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert err[-2].startswith(f"wrote {out}: 122 host(s), 0 GPU(s), 40 switch(es); 2 gap(s)")
+    assert err[-1] == (f"{out}: 122 of 122 host(s) without GPUs: no source says they have any (for GPU hosts add one "
+                       "that does: nccl, nvidia-smi, k8s-nodes, agent, or --types)")
+    assert main(["topology", "check", str(out)]) == 0
+    assert capsys.readouterr().err.splitlines() == [f"{out}: 122 host(s) OK, 2 gap(s)", err[-1]]
+    assert main(["topology", "check", str(FIX / "small.yaml")]) == 0  # every host has GPUs: nothing more to say
+    assert capsys.readouterr().err == f"{FIX / 'small.yaml'}: 2 host(s) OK\n"
