@@ -31,8 +31,9 @@ def register(p: argparse.ArgumentParser) -> None:
     p.add_argument("--only", action="append", metavar="CLASS",
                    help="only these fault classes (repeatable; 'fault-free' for the fault-free part)")
     p.add_argument("--seed", type=int, default=0, help="the suite's seed (default 0)")
-    p.add_argument("--fault-free", type=float, default=4.0, metavar="HOURS",
-                   help="hours of dedicated fault-free time (default 4)")
+    p.add_argument("--fault-free", type=float, default=None, metavar="HOURS",
+                   help="hours of dedicated fault-free scenarios (default 4; 1/6 with --quick; 0 for none). The "
+                        "faulty scenarios' time before their faults counts as fault-free time as well")
     p.add_argument("--workers", type=int, default=min(4, os.cpu_count() or 1),
                    help="processes to run scenarios in (default: up to 4)")
     p.add_argument("--json", type=Path, metavar="FILE", help="write the figures as JSON")
@@ -57,8 +58,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"whywait eval: unknown fault class(es) {', '.join(unknown)} (valid: "
               f"{', '.join(ev.FAULT_CLASSES)}, fault-free)", file=sys.stderr)
         return 2
+    if args.fault_free is not None and not 0 <= args.fault_free < float("inf"):
+        print(f"whywait eval: --fault-free must be a number of hours >= 0 (got {args.fault_free})", file=sys.stderr)
+        return 2
     suite = ev.build_suite(quick=args.quick, seed=args.seed, classes=args.only,
-                           fault_free_s=args.fault_free * 3600)
+                           fault_free_s=None if args.fault_free is None else args.fault_free * 3600)
     bar = tqdm(total=len(suite), unit="scenario", desc="eval", file=sys.stderr, dynamic_ncols=True,
                disable=None)  # None: a bar on a terminal, nothing in CI logs
 

@@ -198,3 +198,30 @@ def test_eval_command_prints_the_table_and_writes_json_and_plot(tmp_path: Path, 
     assert data["classes"]["link-flap"]["recall"] == 1.0
     assert (tmp_path / "e.png").stat().st_size > 1000
     assert rc in (0, 1)
+
+
+def test_only_runs_the_classes_asked_for_and_fault_free_zero_runs_no_fault_free_scenario() -> None:
+    """`eval --quick --only nic-packet-loss --fault-free 0` also showed cpu-bound-loader and pcie-downgrade (the
+    pairs that include nic-packet-loss), and --quick ignored --fault-free."""
+    only = ev.build_suite(quick=True, classes=["nic-packet-loss"], fault_free_s=0)
+    assert [s.name for s in only] == ["nic-packet-loss/8n/0"]
+    both = ev.build_suite(quick=True, classes=["nic-packet-loss", "cpu-bound-loader"], fault_free_s=0)
+    assert {c for s in both for c in s.classes} == {"nic-packet-loss", "cpu-bound-loader"}
+    assert "pair:nic-packet-loss+cpu-bound-loader/8n" in [s.name for s in both]
+    assert ev.build_suite(quick=True, classes=["fault-free"], fault_free_s=0) == []
+    free = ev.build_suite(quick=True, classes=["fault-free"], fault_free_s=1800)
+    assert free and all(s.fault_free for s in free) and sum(s.spec["duration_s"] for s in free) == 1800
+    assert sum(s.spec["duration_s"] for s in ev.build_suite(quick=True, classes=["fault-free"])) == 600
+
+
+def test_fault_free_time_says_how_much_came_from_fault_free_scenarios() -> None:
+    runs = [_run("a", ("nic-packet-loss",), [_truth("nic-packet-loss", "network.packet-loss", "node-03", "node")],
+                 []),
+            _run("fault-free/plain/8n", (), [], [], duration=400)]
+    rep = ev.score(runs)
+    lead_in = 100 - ev.WARMUP_S
+    free = 400 - ev.WARMUP_S
+    assert rep.fault_free_s == pytest.approx(lead_in + free) and rep.fault_free_scenarios_s == pytest.approx(free)
+    assert (f"diagnoses during {(lead_in + free) / 3600:.2f} h of fault-free simulated time ({free / 3600:.2f} h in "
+            f"fault-free scenarios, {lead_in / 3600:.2f} h before the faults of the others): 0") in ev.format_table(rep)
+    assert list(ev.score(runs[:1]).classes) == ["nic-packet-loss"]
