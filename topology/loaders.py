@@ -329,13 +329,16 @@ class NcclLocality:
     """GPU ↔ NIC PCIe locality of one machine type, read from an NCCL topology XML.
 
     ``gpus``: GPU index → PCI bus id (indexes follow bus-id order, as with
-    ``CUDA_DEVICE_ORDER=PCI_BUS_ID``); ``nics``: NIC name → bus id;
-    ``nic_gpus``: NIC name → the GPU indexes it serves.
+    ``CUDA_DEVICE_ORDER=PCI_BUS_ID``); ``nics``: NIC name → bus id (``""`` for a
+    NIC the XML puts under a CPU with no PCI device, such as a VM's ``eth0``);
+    ``nic_gpus``: NIC name → the GPU indexes it serves; ``skipped``: what the XML
+    holds that could not be used, each with its reason (said by the importer).
     """
 
     gpus: Mapping[int, str]
     nics: Mapping[str, str]
     nic_gpus: Mapping[str, tuple[int, ...]]
+    skipped: tuple[str, ...] = ()
 
 
 def load_nccl_topology(path: str | Path, nic_prefix: str = "mlx5_") -> NcclLocality:
@@ -346,7 +349,10 @@ def load_nccl_topology(path: str | Path, nic_prefix: str = "mlx5_") -> NcclLocal
     as GPUs they pair one to one in bus-id order (as NCCL pairs them);
     otherwise each NIC serves every GPU on its switch.  NICs are named
     ``<nic_prefix><n>`` in bus-id order; a GPU behind no NIC's switch is served
-    by the NICs of its CPU (NUMA node).
+    by the NICs of its CPU (NUMA node).  A ``<nic>`` directly under a ``<cpu>``
+    (no PCI device: a VM's virtual NIC, ``<net name="eth0">``) is a NIC of that
+    CPU named by its ``<net>``, with no bus id; one that cannot be named is listed
+    in :attr:`NcclLocality.skipped`, never dropped silently.
     """
     source = str(path)
     try:
@@ -367,8 +373,24 @@ def load_nccl_topology(path: str | Path, nic_prefix: str = "mlx5_") -> NcclLocal
             return "nic"
         return None
 
+    skipped: list[str] = []
+    cpu_nics: dict[str, str] = {}  # key in a CPU group → the NIC's name, for NICs with no PCI device
     for cpu in root.iter("cpu"):
         cg: tuple[list[str], list[str]] = ([], [])
+        for nic in cpu.findall("nic"):
+            nets = nic.findall("net") or [nic]
+            for net in nets:
+                name = net.get("name", "")
+                if not name:
+                    skipped.append(f"{source}: <nic> under <cpu numaid={cpu.get('numaid')!r}> has no <net name=...>: "
+                                   "no name to match it by, skipped")
+                    continue
+                key = f"cpu:{name}"
+                if key in cpu_nics:
+                    skipped.append(f"{source}: <net name={name!r}> appears twice, the second skipped")
+                    continue
+                cpu_nics[key] = name
+                cg[1].append(key)
         for sw in cpu.findall("pci"):
             leaves = [el for el in sw.iter("pci") if el is not sw]
             group: tuple[list[str], list[str]] = ([], [])
@@ -389,6 +411,15 @@ def load_nccl_topology(path: str | Path, nic_prefix: str = "mlx5_") -> NcclLocal
                             source=source)
     gpu_index = {b: i for i, b in enumerate(all_gpus)}
     nic_name = {b: f"{nic_prefix}{i}" for i, b in enumerate(all_nics)}
+    for key, name in list(cpu_nics.items()):
+        if name in nic_name.values():
+            skipped.append(f"{source}: <net name={name!r}> under a <cpu> has the name of a PCI NIC, skipped")
+            del cpu_nics[key]
+            for _, nics in cpu_groups:
+                if key in nics:
+                    nics.remove(key)
+        else:
+            nic_name[key] = name
     served: dict[str, set[int]] = defaultdict(set)
     covered: set[int] = set()
     for gpus, nics in groups:
@@ -407,10 +438,12 @@ def load_nccl_topology(path: str | Path, nic_prefix: str = "mlx5_") -> NcclLocal
             if gpu_index[g] not in covered:
                 for n in nics:
                     served[nic_name[n]].add(gpu_index[g])
+    nics = {**{nic_name[b]: b for b in all_nics}, **{name: "" for name in cpu_nics.values()}}
     return NcclLocality(
         gpus={i: b for b, i in gpu_index.items()},
-        nics={nic_name[b]: b for b in all_nics},
-        nic_gpus={n: tuple(sorted(served.get(n, ()))) for n in (nic_name[b] for b in all_nics)})
+        nics=nics,
+        nic_gpus={n: tuple(sorted(served.get(n, ()))) for n in nics},
+        skipped=tuple(skipped))
 
 
 def add_nccl_node(topo: Topology, node: str, locality: NcclLocality, leaf: str | Mapping[str, str] | None = None,

@@ -286,7 +286,7 @@ def merge(sources: Sequence[SourceFacts], types: Sequence[NodeType] = (), name: 
             continue
         for g, bus in loc.gpus.items():
             h.gpu_pci.setdefault(g, _Val(normalise_pci(bus) or bus, t.where))
-        by_pci = {normalise_pci(b) or b: n for n, b in loc.nics.items()}
+        by_pci = {normalise_pci(b) or b: n for n, b in loc.nics.items() if b}  # a CPU's NIC has no bus id
         for m in h.nics:
             xml_name = next((t.nic_names[n] for n in sorted(m.names()) if n in t.nic_names), None) \
                 or (by_pci.get(m.pci.value) if m.pci else None) \
@@ -294,7 +294,7 @@ def merge(sources: Sequence[SourceFacts], types: Sequence[NodeType] = (), name: 
             if xml_name is None:
                 continue
             bus = normalise_pci(loc.nics[xml_name]) or loc.nics[xml_name]
-            if m.pci is None:
+            if m.pci is None and bus:
                 m.pci = _Val(bus, t.where)
             if m.gpus is None:
                 m.gpus = _Val(loc.nic_gpus[xml_name], t.where)

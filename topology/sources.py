@@ -336,7 +336,7 @@ def nccl_host_facts(host: str, loc: NcclLocality, where: str) -> HostFacts:
     """A host's GPUs (with PCI bus ids) and NICs (with PCI bus ids and served GPUs) from NCCL locality."""
     h = HostFacts(host, where, tuple(sorted(loc.gpus)), {g: normalise_pci(b) or b for g, b in loc.gpus.items()})
     for name, bus in loc.nics.items():
-        h.nics.append(NicFacts(name, where, None, loc.nic_gpus[name], set(), normalise_pci(bus) or bus))
+        h.nics.append(NicFacts(name, where, None, loc.nic_gpus[name], set(), (normalise_pci(bus) or bus) or None))
     return h
 
 
@@ -351,7 +351,9 @@ def read_nccl(arg: str) -> SourceFacts:
         raise TopologyError(f"{path}: an NCCL XML describes one machine, not a cluster: give it as HOST={path}, "
                             "or declare a node type with 'nccl: " + path + "' (--types FILE)", source=path)
     facts = SourceFacts(path, "nccl")
-    facts.hosts[host] = nccl_host_facts(host, load_nccl_topology(path), f"{path}:1")
+    loc = load_nccl_topology(path)
+    facts.hosts[host] = nccl_host_facts(host, loc, f"{path}:1")
+    facts.skipped += loc.skipped
     return facts
 
 

@@ -171,6 +171,25 @@ def test_nccl_xml_is_one_hosts_locality() -> None:
         read_nccl(str(xml))
 
 
+def test_nccl_xml_nic_without_a_pci_device_is_imported(tmp_path: Path) -> None:
+    """NC A100 v4's XML has `<nic><net name="eth0">` under its first CPU, outside any <pci>: it was dropped
+    with '0 line(s) skipped'."""
+    from whywait.topology.loaders import load_nccl_topology
+    from whywait.topology.sources import read_nccl
+
+    xml = FIX / "topology" / "ncv4-topo.xml"
+    loc = load_nccl_topology(xml)
+    assert loc.nics == {"eth0": ""} and loc.nic_gpus == {"eth0": (0,)} and loc.skipped == ()  # GPU 0 shares its CPU
+    f = read_nccl(f"nc-1={xml}")
+    assert [(n.name, n.pci, n.gpus) for n in f.hosts["nc-1"].nics] == [("eth0", None, (0,))] and f.skipped == []
+    # one that cannot be named is said, not dropped
+    bad = tmp_path / "t.xml"
+    bad.write_text(xml.read_text().replace('<net name="eth0"', "<net"))
+    f = read_nccl(f"nc-1={bad}")
+    assert f.hosts["nc-1"].nics == [] and f.skipped == [
+        f"{bad}: <nic> under <cpu numaid='0'> has no <net name=...>: no name to match it by, skipped"]
+
+
 def test_unreadable_and_empty_sources_are_one_line(tmp_path: Path) -> None:
     with pytest.raises(TopologyError, match=r"nope.out: cannot read: No such file or directory"):
         read_ibnetdiscover(tmp_path / "nope.out")
