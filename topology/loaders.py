@@ -438,11 +438,11 @@ def load_nccl_topology(path: str | Path, nic_prefix: str = "mlx5_") -> NcclLocal
             if gpu_index[g] not in covered:
                 for n in nics:
                     served[nic_name[n]].add(gpu_index[g])
-    nics = {**{nic_name[b]: b for b in all_nics}, **{name: "" for name in cpu_nics.values()}}
+    bus_of = {**{nic_name[b]: b for b in all_nics}, **{name: "" for name in cpu_nics.values()}}
     return NcclLocality(
         gpus={i: b for b, i in gpu_index.items()},
-        nics=nics,
-        nic_gpus={n: tuple(sorted(served.get(n, ()))) for n in nics},
+        nics=bus_of,
+        nic_gpus={n: tuple(sorted(served.get(n, ()))) for n in bus_of},
         skipped=tuple(skipped))
 
 
