@@ -418,14 +418,15 @@ def startup_warnings(topo: Topology) -> list[str]:
     """One line per kind of gap in ``topo``, for the engine to log when it starts (empty when none).
 
     Called by ``whywait engine`` after it loads the topology: a host the engine cannot
-    place GPUs on, or a NIC it cannot judge, is said once, not discovered at 3 a.m.
+    place GPUs on, or a NIC it cannot judge, is said once, not discovered at 3 a.m.  The
+    lines carry no prefix: the caller says where they come from (``topology: ...``).
     """
     f = findings(topo)
     out = []
     for attr, what, problem in Findings.KINDS:
         items = getattr(f, attr)
         if items and problem:
-            out.append(f"topology: {len(items)} {what}: {_names(items)}")
+            out.append(f"{len(items)} {what}: {_names(items)}")
     return out
 
 

@@ -183,3 +183,13 @@ def test_import_and_check_say_how_many_hosts_have_no_gpus(tmp_path: Path, capsys
     assert capsys.readouterr().err.splitlines() == [f"{out}: 122 host(s) OK, 2 gap(s)", err[-1]]
     assert main(["topology", "check", str(FIX / "small.yaml")]) == 0  # every host has GPUs: nothing more to say
     assert capsys.readouterr().err == f"{FIX / 'small.yaml'}: 2 host(s) OK\n"
+
+
+def test_startup_warnings_leave_the_prefix_to_the_engine_log() -> None:
+    """The engine logged 'topology: topology: 486 GPU(s) without a NIC': both added the prefix."""
+    from whywait.topology.reconcile import startup_warnings
+
+    lone = SourceFacts("lone.out", "ibnetdiscover")
+    lone.hosts = {"n2": HostFacts("n2", "lone.out:1")}
+    lines = startup_warnings(merge([fabric(), lone]).topology)
+    assert lines == ["1 host(s) without a switch (no NIC cabled to a leaf): n2"]
