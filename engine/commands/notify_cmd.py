@@ -2,8 +2,9 @@
 
 ``whywait notify render FILE`` prints, for a diagnosis (the JSON written to the
 diagnoses topic, ``Diagnosis.to_dict``; a JSON list is rendered as one grouped
-message), the Block Kit payload ``chat.postMessage`` would get and the plain-text
-preview, so a rule author sees the message before anyone receives it.
+message; JSON lines, as ``whywait replay --json`` writes, one message per line),
+the Block Kit payload ``chat.postMessage`` would get and the plain-text preview,
+so a rule author sees the message before anyone receives it.
 
 ``whywait notify send FILE`` delivers it through the configured notifier (Slack
 when ``SLACK_BOT_TOKEN`` is set, else the console), to check a Slack setup.
@@ -23,38 +24,67 @@ from whywait.engine.errors import ConfigError
 def register(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="notify_command", metavar="ACTION", required=True)
     r = sub.add_parser("render", help="print the Block Kit JSON and the plain-text preview of a diagnosis")
-    r.add_argument("file", help="diagnosis JSON file (or '-' for stdin); a list is rendered as one group")
+    r.add_argument("file", help="diagnosis JSON file (or '-' for stdin); a list is rendered as one group, JSON lines "
+                                "(replay --json) one message per line")
     r.add_argument("--format", choices=("both", "json", "text"), default="both", help="what to print (both)")
     r.add_argument("--dashboard-url", help="dashboard link template (default: $WHYWAIT_DASHBOARD_URL)")
     s = sub.add_parser("send", help="deliver a diagnosis through the configured notifier")
-    s.add_argument("file", help="diagnosis JSON file (or '-' for stdin)")
+    s.add_argument("file", help="diagnosis JSON file or JSON lines (or '-' for stdin)")
     s.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for delivery (30)")
 
 
-def load_diagnoses(path: str) -> list[Any]:
-    """Diagnoses from a JSON file holding one ``Diagnosis.to_dict`` object or a list of them."""
-    from whywait.engine.diagnosis import Diagnosis
+def load_messages(path: str) -> list[list[Any]]:
+    """The messages a file holds, each as the diagnoses it groups.
 
+    A JSON document is one message: one ``Diagnosis.to_dict`` object, or a list of them rendered as
+    one group.  JSON lines (what ``whywait replay --json`` writes) are one message per line, each an
+    object or a list.  Every problem names the file and line (and the list index).
+    """
     try:
         raw = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: cannot read (not UTF-8 text)") from None
     try:
-        data = json.loads(raw)
+        docs = [(path, json.loads(raw))]
     except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path}:{exc.lineno}: not JSON ({exc.msg})") from None
+        if exc.msg != "Extra data":
+            raise ConfigError(f"{path}:{exc.lineno}: not JSON ({exc.msg})") from None
+        docs = []  # more than one document: JSON lines
+        for n, line in enumerate(raw.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                docs.append((f"{path}:{n}", json.loads(line)))
+            except json.JSONDecodeError as exc:
+                raise ConfigError(f"{path}:{n}: not JSON ({exc.msg}); expected one diagnosis a line") from None
+    groups = [_diagnoses(where, data) for where, data in docs]
+    if not groups:
+        raise ConfigError(f"{path}: no diagnosis in it")
+    return groups
+
+
+def load_diagnoses(path: str) -> list[Any]:
+    """Every diagnosis ``path`` holds (see :func:`load_messages`), in order."""
+    return [d for group in load_messages(path) for d in group]
+
+
+def _diagnoses(where: str, data: Any) -> list[Any]:
+    from whywait.engine.diagnosis import Diagnosis
+
     items = data if isinstance(data, list) else [data]
     out = []
     for i, item in enumerate(items):
-        where = f"{path}" + (f"[{i}]" if isinstance(data, list) else "")
+        at = where + (f"[{i}]" if isinstance(data, list) else "")
         if not isinstance(item, dict):
-            raise ConfigError(f"{where}: a diagnosis must be a JSON object (got {type(item).__name__})")
+            raise ConfigError(f"{at}: a diagnosis must be a JSON object (got {type(item).__name__})")
         try:
             out.append(Diagnosis.from_dict(item))
         except TypeError as exc:
-            raise ConfigError(f"{where}: not a diagnosis ({exc})") from None
+            raise ConfigError(f"{at}: not a diagnosis ({exc})") from None
     if not out:
-        raise ConfigError(f"{path}: no diagnosis in it")
+        raise ConfigError(f"{where}: no diagnosis in it")
     return out
 
 
@@ -63,8 +93,9 @@ def run(args: argparse.Namespace) -> int:
 
     from whywait.engine.notify.render import MessageContext, fallback_text, merge, plain_text, render_blocks
 
-    diagnoses = load_diagnoses(args.file)
+    messages = load_messages(args.file)
     if args.notify_command == "send":
+        diagnoses = [d for group in messages for d in group]
         from whywait.engine.notify import make_notifier
 
         notifier = make_notifier()
@@ -84,16 +115,19 @@ def run(args: argparse.Namespace) -> int:
     template = args.dashboard_url or os.environ.get("WHYWAIT_DASHBOARD_URL") or None
     if template:
         check_dashboard_template(template)
-    d = merge(diagnoses)
     pipeline, slack = PipelineConfig(), SlackSettings()
-    ctx = MessageContext(key=incident_id(group_key(d, pipeline.group_by)), mention=slack.mentions.get(d.severity),
-                         members=len(diagnoses), dashboard_url_template=template)
-    if args.format in ("both", "json"):
-        payload = {"channel": routed_channel(d, pipeline), "text": fallback_text(d, ctx),
-                   "blocks": render_blocks(d, ctx)}
-        print(json.dumps(payload, indent=2, ensure_ascii=False))
-    if args.format == "both":
-        print()
-    if args.format in ("both", "text"):
-        sys.stdout.write(plain_text(d, dashboard_url_template=template))
+    for i, diagnoses in enumerate(messages):
+        if i:
+            print()
+        d = merge(diagnoses)
+        ctx = MessageContext(key=incident_id(group_key(d, pipeline.group_by)), mention=slack.mentions.get(d.severity),
+                             members=len(diagnoses), dashboard_url_template=template)
+        if args.format in ("both", "json"):
+            payload = {"channel": routed_channel(d, pipeline), "text": fallback_text(d, ctx),
+                       "blocks": render_blocks(d, ctx)}
+            print(json.dumps(payload, indent=2, ensure_ascii=False))
+        if args.format == "both":
+            print()
+        if args.format in ("both", "text"):
+            sys.stdout.write(plain_text(d, dashboard_url_template=template))
     return 0

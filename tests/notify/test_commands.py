@@ -40,6 +40,26 @@ def test_notify_render_group_and_formats(tmp_path, capsys, make_diagnosis) -> No
     assert "3 findings grouped" in json.loads(capsys.readouterr().out)["blocks"][1]["elements"][0]["text"]
 
 
+def test_notify_render_takes_json_lines_one_message_a_line(tmp_path, capsys, make_diagnosis) -> None:
+    """`replay --json` writes JSON lines; render refused them ('not JSON (Extra data)')."""
+    f = tmp_path / "diagnoses.jsonl"
+    group = [make_diagnosis(rank=i, node=f"node-{i}").to_dict() for i in range(3)]
+    f.write_text(json.dumps(make_diagnosis(node="node-7").to_dict(), sort_keys=True) + "\n\n"
+                 + json.dumps(group) + "\n")
+    assert _run(notify_cmd, ["render", str(f), "--format", "text"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("[FIRING") == 2 and "ranks 0–2" in out.split("[FIRING")[2]
+    assert _run(notify_cmd, ["render", str(f), "--format", "json"]) == 0
+    assert capsys.readouterr().out.count('"blocks"') == 2
+    f.write_text(f.read_text() + "{oops\n")
+    with pytest.raises(ConfigError, match=re.escape(f"{f}:4: not JSON (Expecting property name enclosed in double "
+                                                    "quotes); expected one diagnosis a line")):
+        _run(notify_cmd, ["render", str(f)])
+    f.write_text(json.dumps(group[0]) + "\n" + json.dumps([1]) + "\n")
+    with pytest.raises(ConfigError, match=re.escape(f"{f}:2[0]: a diagnosis must be a JSON object (got int)")):
+        _run(notify_cmd, ["render", str(f)])
+
+
 @pytest.mark.parametrize("content, message", [
     ("{", "not JSON"), ("[1]", "a diagnosis must be a JSON object (got int)"), ('{"x": 1}', "not a diagnosis"),
 ])
