@@ -11,6 +11,7 @@ Each job is either a complete ``placement`` message (``kind: placement``) or the
     state: running               # or finished; default running
     nodes:                       # ranks numbered node by node, GPU by GPU...
       - {node: dgx-01, gpus: [0, 1, 2, 3, 4, 5, 6, 7]}
+      - {node: dgx-02, gpus: 8}  # a count: GPUs 0-7, as in the topology file
     ranks:                       # ...or given one by one (with dp/pp/tp/... if known)
       - {rank: 0, node: dgx-01, gpu: 0, tp: 0}
 
@@ -88,10 +89,12 @@ def _one(item: Any, where: str, ownership: OwnershipFile, producer: str, now: fl
     nodes: list[tuple[str, tuple[int, ...]]] = []
     for n in item.get("nodes") or []:
         gpus = n.get("gpus") if isinstance(n, dict) else None
+        if isinstance(gpus, int) and not isinstance(gpus, bool) and gpus > 0:
+            gpus = list(range(gpus))  # a count, as the topology file takes it: GPUs 0 to N-1
         if not isinstance(n, dict) or not isinstance(n.get("node"), str) or not isinstance(gpus, list) \
                 or not all(isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in gpus):
             raise PlacementError(f"{where}: job {job!r}: each of 'nodes' must be {{node: NAME, gpus: [INDEX...]}} "
-                                 f"(got {n!r})")
+                                 f"or {{node: NAME, gpus: COUNT}} (got {n!r})")
         nodes.append((n["node"], tuple(gpus)))
     ranks = item.get("ranks") or []
     if nodes and ranks:

@@ -37,6 +37,16 @@ def test_every_bad_job_is_named_with_its_line() -> None:
         placements_from_text(text, "p.yaml", OWN, "me")
     assert str(exc.value).splitlines() == [
         "2 problems in p.yaml:",
-        "  p.yaml:3: job 'bad': each of 'nodes' must be {node: NAME, gpus: [INDEX...]} "
+        "  p.yaml:3: job 'bad': each of 'nodes' must be {node: NAME, gpus: [INDEX...]} or {node: NAME, gpus: COUNT} "
         "(got {'node': 'n1', 'gpus': ['zero']})",
         "  p.yaml:5: job 'worse': state must be 'running' or 'finished' (got 'paused')"]
+
+
+def test_gpus_may_be_a_count_as_in_the_topology_file() -> None:
+    """`gpus: 8` was refused although the cluster YAML takes counts."""
+    text = "job: j\nproject: p\nteam: t\nnodes:\n  - {node: n1, gpus: 2}\n  - {node: n2, gpus: [1]}\n"
+    [m] = placements_from_text(text, "p.yaml", OWN, "me", now=1.0)
+    assert [(r["rank"], r["node"], r["gpu"]) for r in m["ranks"]] == [(0, "n1", 0), (1, "n1", 1), (2, "n2", 1)]
+    for bad in ("0", "true", "-1"):
+        with pytest.raises(PlacementError, match="gpus: COUNT"):
+            placements_from_text(text.replace("gpus: 2", f"gpus: {bad}"), "p.yaml", OWN, "me")
