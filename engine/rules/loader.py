@@ -19,7 +19,7 @@ from whywait.engine.diagnosis import Evidence
 from whywait.engine.errors import RuleError
 from whywait.engine.rules.metrics import METRICS
 from whywait.engine.rules.schema import Rule, RuleSchemaError, parse_rule
-from whywait.engine.rules.templating import TEMPLATE_VARS, undeclared
+from whywait.engine.rules.templating import TEMPLATE_VARS, TemplateOrigin, note_origin, problems, undeclared
 from whywait.engine.rules.templating import env as _env
 
 from whywait import yamlio
@@ -127,19 +127,32 @@ def _check_templates(rule: Rule, errors: list[RuleSchemaError], doc: _Doc) -> No
         file = str(doc.origins[path[0]][0]) if path[0] in doc.origins else rule.file
         span = doc.spans.get(path)
         line_at: Callable[[int], int] = span.line_in if span is not None else _fixed(yamlio.line_of(doc.lines, path))
+        raw = doc.texts.get(path)
+        folded = raw is not None and span is not None and span.style != "|"
         try:
             parsed = _env.parse(text)
+            found = problems(text)
+            if found and raw is not None and folded:  # the text as written in the file: each problem on its line
+                found = _same_problems(found, problems(raw))
+            unknown = sorted(undeclared(text)) if not found else []
         except jinja2.TemplateSyntaxError as e:
             errors.append(RuleSchemaError(file, _syntax_line(doc, path, e, line_at), rule.id, key,
                                           f"template does not parse: {e.message}"))
             continue
-        unknown = sorted(undeclared(text))
+        except Exception as e:  # noqa: BLE001 - whatever else Jinja raises on a template is that template's fault
+            errors.append(RuleSchemaError(file, line_at(1), rule.id, key,
+                                          f"template cannot be checked: {type(e).__name__}: {e}"))
+            continue
+        for lineno, message in found:
+            errors.append(RuleSchemaError(file, line_at(lineno), rule.id, key, f"template: {message}"))
+        if found:
+            continue
+        note_origin(text, TemplateOrigin(rule.id, key, file, line_at(1)))
         if unknown:
             errors.append(RuleSchemaError(
                 file, line_at(1), rule.id, key, f"template uses unknown variable(s) {', '.join(unknown)} "
                 f"(known: {', '.join(sorted(TEMPLATE_VARS))})"))
-        raw = doc.texts.get(path)
-        if raw is not None and span is not None and span.style != "|":
+        if raw is not None and folded:
             try:  # the text as written in the file, so each reference has its own line (see _syntax_line)
                 parsed = _env.parse(raw)
             except jinja2.TemplateSyntaxError:
@@ -154,6 +167,11 @@ def _check_templates(rule: Rule, errors: list[RuleSchemaError], doc: _Doc) -> No
                 errors.append(RuleSchemaError(file, line_at(lineno), rule.id, key,
                                               f"template reads ev[{name!r}].{attr}, which evidence does not have "
                                               f"(fields: {', '.join(sorted(_EV_FIELDS))})"))
+
+
+def _same_problems(found: list[tuple[int, str]], as_written: list[tuple[int, str]]) -> list[tuple[int, str]]:
+    """The problems found in the text as YAML gave it, on the lines of the text as written when both agree."""
+    return as_written if [m for _, m in as_written] == [m for _, m in found] else found
 
 
 def _fixed(line: int) -> Callable[[int], int]:

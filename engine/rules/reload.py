@@ -8,12 +8,15 @@ is refused with every error, and the last good set keeps running.
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
 from whywait.engine.rules.loader import RuleLoadError, RuleSet, load_rules
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -57,3 +60,6 @@ class RuleReloader:
             return ReloadResult(load_rules(self.paths))
         except RuleLoadError as exc:
             return ReloadResult(None, tuple(str(e) for e in exc.errors))
+        except Exception as exc:  # noqa: BLE001 - a loader bug met by an edit must not stop the running engine
+            log.exception("loading the edited rules failed")
+            return ReloadResult(None, (f"the rules could not be loaded: {type(exc).__name__}: {exc}",))

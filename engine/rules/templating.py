@@ -1,9 +1,9 @@
 """The one sandboxed Jinja2 environment for rule text (title, cause, next step, check names).
 
 Rule files are edited by many people; the sandbox keeps a template from reaching
-Python internals.  The loader parses every template with this environment at
-load time (so a bad one is refused with its file) and the evaluator renders with
-it.
+Python internals.  The loader checks every template with this environment at
+load time (:func:`problems`: syntax, filters, tests and names, so a bad one is
+refused with its file) and the evaluator renders with it.
 """
 
 from __future__ import annotations
@@ -11,10 +11,12 @@ from __future__ import annotations
 import functools
 import logging
 import math
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
 import jinja2
+from jinja2 import nodes
 from jinja2.sandbox import SandboxedEnvironment
 
 log = logging.getLogger(__name__)
@@ -82,6 +84,73 @@ TEMPLATE_VARS: dict[str, str] = {
     "cost": "the incident's cost: step_s, whatif_step_s, slowdown_pct, gpus, gpu_hours_lost",
     "incident_since": "when the incident began (event time)",
 }
+
+
+_MAX_NOTED = 10_000  # origins kept: far more than a rule set has templates
+
+
+@dataclass(frozen=True)
+class TemplateOrigin:
+    """Where a template stands: its rule, its key (``title``, ``checks[0].name``) and its file and line."""
+
+    rule_id: str
+    field: str
+    file: str = ""
+    line: int = 0
+
+    def __str__(self) -> str:
+        where = f"{self.file}:{self.line}: " if self.file else ""
+        return f"{where}rule '{self.rule_id}': '{self.field}' template"
+
+
+_ORIGINS: dict[str, TemplateOrigin] = {}  # template text -> where it was loaded from (the latest load)
+_ORIGINS_BY_FIELD: dict[tuple[str, str], tuple[str, TemplateOrigin]] = {}  # (rule, field) -> (text, origin)
+
+
+def note_origin(template: str, origin: TemplateOrigin) -> None:
+    """Remember where ``template`` was loaded from, so a failure to render it names the rule's file and line.
+
+    Called by the loader for every template of every rule it loads (a reload notes them again).
+    """
+    _ORIGINS.pop(template, None)  # the latest load goes last: the first to go when the table is full
+    _ORIGINS[template] = origin
+    field = (origin.rule_id, origin.field)
+    _ORIGINS_BY_FIELD.pop(field, None)
+    _ORIGINS_BY_FIELD[field] = (template, origin)
+    if len(_ORIGINS) > _MAX_NOTED:
+        del _ORIGINS[next(iter(_ORIGINS))]
+    if len(_ORIGINS_BY_FIELD) > _MAX_NOTED:
+        del _ORIGINS_BY_FIELD[next(iter(_ORIGINS_BY_FIELD))]
+
+
+def problems(template: str) -> list[tuple[int, str]]:
+    """What stops ``template`` from rendering, found without rendering it: ``(template line, message)`` pairs.
+
+    Called by the loader for every template.  A syntax error is raised (``jinja2.TemplateSyntaxError``, which
+    the loader places on its file line); an unknown filter or test (even one inside an ``{% if %}``, which Jinja
+    would only notice when it runs), or an ``{% include %}``, ``{% import %}`` or ``{% extends %}`` (a rule's
+    text stands alone), is returned.
+    """
+    import difflib
+
+    ast = env.parse(template)
+    out: list[tuple[int, str]] = []
+    for kind, node_type, known in (("filter", nodes.Filter, env.filters), ("test", nodes.Test, env.tests)):
+        for n in ast.find_all(node_type):
+            if n.name not in known:
+                near = difflib.get_close_matches(n.name, [k for k in known if not k.startswith("whywait_")], n=1)
+                out.append((n.lineno, f"no {kind} named {n.name!r}" + (f"; did you mean {near[0]!r}?" if near else "")))
+    for stmt in ast.find_all((nodes.Extends, nodes.Include, nodes.Import, nodes.FromImport)):
+        out.append((stmt.lineno, f"{{% {type(stmt).__name__.lower()} %}} is not available in rule text "
+                                 "(a rule's text stands alone)"))
+    if not out:
+        try:
+            env.compile(template)
+        except jinja2.TemplateSyntaxError as exc:  # TemplateAssertionError too: what the compiler refuses
+            out.append((exc.lineno or 1, exc.message or str(exc)))
+        except Exception as exc:  # noqa: BLE001 - whatever else the compiler raises is the template's fault
+            out.append((1, f"does not compile: {type(exc).__name__}: {exc}"))
+    return out
 
 
 def undeclared(template: str) -> set[str]:
