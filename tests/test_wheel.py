@@ -31,6 +31,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
                         str(work / "dist"), str(src)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
+    (work / "build.log").write_text(r.stdout + r.stderr)
     (wheel,) = (work / "dist").glob("whywait-*.whl")
     venv = work / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
@@ -63,6 +64,13 @@ def test_the_wheel_holds_one_top_level_package_with_the_rules(installed: Path) -
                  "whywait/rules/job/job.straggler.test.yaml", "whywait/rules/macros.yaml",
                  "whywait/engine/templates/", "whywait/simulate/scenarios/stragglers.yaml"):
         assert any(n.startswith(must) for n in names), must
+
+
+def test_the_build_prints_no_warning(installed: Path) -> None:
+    """`make demo` printed ~110 lines of setuptools warnings: `project.license` as a table, and the data folders
+    engine/templates and simulate/scenarios missing from `packages`."""
+    log = (installed.parent / "build.log").read_text()
+    assert "Warning" not in log and "deprecated" not in log, log
 
 
 def test_installed_cli_finds_its_own_code_and_rules(installed: Path) -> None:
