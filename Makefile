@@ -10,7 +10,9 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
+	# setuptools notes at every editable install of a mapped layout that a folder named like the package may
+	# take precedence in imports (whywait/ is that folder, by design): information, not a problem to show.
+	PYTHONWARNINGS="ignore:Editable installation" $(BIN)/pip install -q -e '.[dev]'
 	touch $(STAMP)
 
 demo: $(STAMP)
