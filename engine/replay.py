@@ -50,6 +50,14 @@ _CLOSE_S = 900.0
 _PAST_RUN = 16
 # A stream's progress is the median event time of its latest messages, so one outlier does not move it.
 _RECENT = 64
+# A partition's records produced after the window (its tail) may still hold the window's events: history
+# backfilled with ``whywait import``, a simulation of an earlier time.  A tail of at most this many records is
+# scanned and its runs of in-window events read; past it, the partition stops after its run of messages past
+# the window and the replay says so (``--read-to-end`` scans any tail).
+TAIL_SCAN_MAX = 250_000
+# A tail with more runs than this (events jumping back in time over and over) has its further runs read as part
+# of its last one: they arrive late to the merge (counted, still evaluated) rather than opening a stream each.
+_MAX_RUNS = 32
 
 
 @dataclass(frozen=True)
@@ -99,6 +107,14 @@ class EventTimeMerge:
         self._past: dict[str, int] = {}  # stream -> valid messages in a row past the window
         self._order: dict[type, tuple[int, bool]] = {}  # message class -> (kind order, is a placement)
         self.placement_projects: dict[str, str] = {}
+        # Streams read to a known end (a Kafka partition up to its end offset or a run of it): never closed early.
+        self.to_end: set[str] = set()
+        # With --job/--project: the jobs that had messages in the window, wanted or not (for "not seen" hints).
+        self.seen_jobs: set[str] = set()
+        # What the reader wants said beside the counts (a topic missing, a partition not read to its end).
+        self.notes: list[str] = []
+        # Partitions the reader stopped before their end (``{"partition", "offset", "end"}``), for the stats.
+        self.stopped_early: list[dict[str, Any]] = []
         # ``whywait export`` wants the records themselves: with ``raw`` set, ``(topic, bytes)`` pairs are
         # released instead of decoded messages (placements keep their own time).
         self.raw = False
@@ -113,17 +129,22 @@ class EventTimeMerge:
         """Called when ``stream`` has no more records."""
         self.open.pop(stream, None)
 
-    def add(self, stream: str, topic: str, values: Iterable[bytes | None]) -> None:
+    def add(self, stream: str, topic: str, values: Iterable[bytes | None]) -> int:
         """Decode ``values`` read from ``stream`` (records of ``topic``), keep those in the window.
 
         Decisions are taken per message, never per batch, so what is read does not depend on where
         the reader's fetches ended: once :data:`_PAST_RUN` valid messages in a row lie past the
-        window and the slack, the stream is closed and the rest of the batch is not looked at.
+        window and the slack, the stream is closed and the rest of the batch is not looked at
+        (unless the stream is in :attr:`to_end`).  Messages past the window do not move the
+        stream's progress: what follows them may be the window's again.  Returns how many of
+        ``values`` were looked at (all of them unless the stream was closed early).
         """
         w = self.window
         read_from, until = w.read_from, w.until
         past_at = until + self.slack_s
         filtered = bool(w.jobs or w.projects)
+        seen_jobs = self.seen_jobs
+        stops = stream not in self.to_end
         recent = self._recent.get(stream)
         if recent is None:
             recent = self._recent[stream] = deque(maxlen=_RECENT)
@@ -145,13 +166,13 @@ class EventTimeMerge:
             # decode() returns an Event, whose attributes are the contract's fields: read directly, not through
             # its mapping view (a Python call per key).
             t: float = msg.time  # type: ignore[attr-defined]
-            recent.append(t)
             if t > past_at:
                 past += 1
-                if past >= _PAST_RUN:
+                if past >= _PAST_RUN and stops:
                     break  # everything further on is past the window (offsets trail time by < slack)
                 continue
             past = 0
+            recent.append(t)
             cls = type(msg)
             kind_placement = order_of.get(cls)
             if kind_placement is None:
@@ -162,9 +183,11 @@ class EventTimeMerge:
                     continue
             elif not (read_from <= t <= until):
                 continue
-            elif filtered and "job" in msg and not self._wanted_job(msg["job"],
-                                                                    self.placement_projects.get(msg["job"])):
-                continue
+            elif filtered and "job" in msg:
+                job = msg["job"]
+                seen_jobs.add(job)
+                if not self._wanted_job(job, self.placement_projects.get(job)):
+                    continue
             if t < released_to:
                 late += 1
             key = math.floor(t)  # whole seconds: bucket bounds compare exactly with any float
@@ -174,26 +197,33 @@ class EventTimeMerge:
                 heapq.heappush(keys, key)
             bucket.append((t, kind_placement[0], topic, raw, msg))
             held += 1
+        looked = n - self.read
         self.read = n
         self.held += held
         if late:
             self.skipped["late beyond the merge slack (still evaluated)"] += late
         self._past[stream] = past
         if stream in self.open:
-            if past >= _PAST_RUN:
+            if past >= _PAST_RUN and stops:
                 self.close(stream)
             elif recent:
                 # Few messages yet: the oldest is the safe guess (it holds releases back, never lets one through
                 # early); later the median of the latest, which one stray timestamp cannot move.
                 mid = statistics.median_low(recent) if len(recent) >= 8 else min(recent)
                 self.open[stream] = max(self.open[stream], mid)
+        return looked
 
     def _placement(self, msg: Mapping[str, Any], t: float, raw: bytes) -> bool:
         """Note a placement's project; keep the latest before the window aside.  Whether to merge it now."""
         w = self.window
         self.placement_projects[msg["job"]] = msg["project"]
-        if not self._wanted_job(msg["job"], msg["project"]) or t > w.until:
+        if t > w.until:
             return False
+        if w.jobs or w.projects:
+            if t > w.read_from:
+                self.seen_jobs.add(msg["job"])
+            if not self._wanted_job(msg["job"], msg["project"]):
+                return False
         if t <= w.read_from:
             old = self.before.get(msg["job"])
             if old is None or (t, raw) >= (old[0], old[1]):
@@ -208,6 +238,20 @@ class EventTimeMerge:
         if w.projects and project not in w.projects:
             return False
         return True
+
+    def filter_hints(self) -> list[str]:
+        """One line per ``--job``/``--project`` that matched nothing in the window, naming a few that did exist.
+
+        Called after the replay; empty when every filter matched (or there were none).
+        """
+        w = self.window
+        out = []
+        for job in sorted(w.jobs - self.seen_jobs):
+            out.append(f"--job {job}: no message of it in the window (jobs seen: {_few(self.seen_jobs)})")
+        projects = {self.placement_projects[j] for j in self.seen_jobs if j in self.placement_projects}
+        for project in sorted(w.projects - projects):
+            out.append(f"--project {project}: no job of it in the window (projects seen: {_few(projects)})")
+        return out
 
     def _placements_first(self) -> list[Any]:
         out = []
@@ -250,6 +294,58 @@ class EventTimeMerge:
         """Release everything left (called once every stream is closed); return it in total order."""
         self.open.clear()
         return self.ready()
+
+
+class TailScan:
+    """Finds the runs of the window's events in a partition's tail: the records produced after the window.
+
+    Called by the Kafka reader before the replay proper, with every record of the tail in offset
+    order (:meth:`add`).  Live data there is stamped after the window and skipped, but history
+    published later for an earlier time (``whywait import``, a simulation of the past) is the
+    window's too.  A run is an offset range whose events in the window are nearly ordered (none
+    more than ``slack_s`` before the latest before it); :meth:`runs` gives each as ``(first
+    offset, end offset)``, for the reader to open as a stream of its own, so the merge sees
+    each nearly ordered and the replay stays in one total order.  Only the times are parsed
+    and only the runs' bounds are kept: memory does not grow with the tail.
+    """
+
+    def __init__(self, window: Window, slack_s: float = 30.0, placements: bool = False) -> None:
+        self.lo = -float("inf") if placements else window.read_from - slack_s  # a placement before counts
+        self.hi = window.until + slack_s
+        self.read_from = window.read_from
+        self.slack_s = slack_s
+        self._runs: list[list[float]] = []  # [first offset, end offset, latest event time in the run]
+        self.scanned = 0
+
+    def add(self, offset: int, raw: bytes | None) -> None:
+        """Look at the record at ``offset`` (in offset order)."""
+        self.scanned += 1
+        if raw is None:
+            return
+        try:
+            t = json.loads(raw).get("time")
+        except (ValueError, AttributeError, RecursionError):
+            return
+        if not isinstance(t, (int, float)) or isinstance(t, bool) or not (self.lo <= t <= self.hi):
+            return
+        t = max(t, self.read_from)  # what precedes the window enters at its start
+        runs = self._runs
+        if runs and (t >= runs[-1][2] - self.slack_s or len(runs) >= _MAX_RUNS):
+            run = runs[-1]
+            run[1], run[2] = offset + 1, max(run[2], t)
+        else:
+            runs.append([offset, offset + 1, t])
+
+    def runs(self) -> list[tuple[int, int]]:
+        """The runs found so far, in offset order."""
+        return [(int(a), int(b)) for a, b, _ in self._runs]
+
+
+def _few(names: Iterable[str], n: int = 5) -> str:
+    s = sorted(names)
+    if not s:
+        return "none"
+    return ", ".join(s[:n]) + (f" and {len(s) - n} more" if len(s) > n else "")
 
 
 def _outside(raw: bytes, w: Window) -> bool:

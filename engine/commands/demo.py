@@ -7,7 +7,11 @@ one node), and waits for the diagnosis.  The engine prints the Slack message it
 would post (or posts it, when ``SLACK_BOT_TOKEN`` is set).  At the end the demo
 prints the detection latency (fault start → diagnosis, in event time) and the
 wall-clock latency (event produced → notification), read from the engine's
-``latency:`` log lines.
+``latency:`` log lines, and last the ``whywait replay`` command that replays it.
+
+The simulated event time ends about when the demo does (it starts ``--duration`` before
+now), so every event is stamped in the past: ``whywait replay --since -10m`` and
+``whywait digest`` right after the demo see all of it, as they would a real cluster's.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import asyncio
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -73,9 +78,9 @@ async def _read_diagnoses(bootstrap: str, not_before: float, job: str, deadline:
 async def _newest_event_time(bootstrap: str) -> float:
     """The newest event time on any input topic: a demo must start after it.
 
-    Simulated event time runs ahead of the wall clock, so an earlier demo on the same
-    broker may have written telemetry stamped minutes into the future; starting this run's
-    event time after it keeps the two runs' samples from mixing in one window.
+    A demo run a few minutes ago wrote telemetry up to about then (an older version wrote it
+    minutes into the future); starting this run's event time after it keeps the two runs'
+    samples from mixing in one window.
     """
     from aiokafka import AIOKafkaConsumer, TopicPartition
     from whywait.agents.events import INPUT_TOPICS
@@ -102,6 +107,18 @@ async def _newest_event_time(bootstrap: str) -> float:
         await c.stop()
 
 
+def event_start(now: float, duration: float, newest: float) -> float:
+    """The simulation's first event time: ``duration`` before ``now``, so it ends about when the demo does.
+
+    Simulated faster than the wall clock from then, its event time trails the clock at any speed
+    and catches up only at its end: every event is stamped in the past, as a real cluster's are,
+    and ``whywait replay --since -10m`` right after the demo reads all of it.  Unless an earlier
+    demo's data (``newest``) is that recent: this run then starts a minute after it, so the two
+    runs' samples never mix in one window.
+    """
+    return float(int(max(now - duration, newest + 60)))
+
+
 def _timeline(bootstrap: str, topo_file: Path, since: float, until: float, out: Path) -> Path | None:
     """Replay the demo's window from Kafka and draw its timeline; None (and a line) if that fails."""
     try:
@@ -126,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
     work.mkdir(parents=True, exist_ok=True)
     topo_file, truth_file = work / "topology.yaml", work / "truth.json"
     make_cluster(nodes=args.nodes).to_yaml(topo_file)
-    start = float(int(max(time.time(), asyncio.run(_newest_event_time(bootstrap)) + 60)))
+    start = event_start(time.time(), args.duration, asyncio.run(_newest_event_time(bootstrap)))
     env = {**os.environ, "WHYWAIT_KAFKA_BOOTSTRAP": bootstrap, "PYTHONUNBUFFERED": "1"}
     engine = subprocess.Popen(
         _whywait("engine", "--topology", str(topo_file), "--group", f"whywait-demo-{int(start)}",
@@ -198,6 +215,29 @@ def run(args: argparse.Namespace) -> int:
     print(f"false alarms     : {len(early)} during the fault-free lead-in")
     png = _timeline(bootstrap, topo_file, start, start + args.duration, work / "timeline.png")
     if png is not None:
-        print(f"timeline         : {png} (what `whywait replay --plot` draws)")
+        print(f"timeline         : {png} (what `whywait replay --plot` draws; the command is below)")
     print(f"files            : {work}")
+    print("replay it        : " + replay_command(start, start + args.duration, topo_file, work / "replay"))
     return 0 if first["culprit"] == t["culprit"] and not early else 1
+
+
+def replay_command(since: float, until: float, topo_file: Path, report: Path) -> str:
+    """The ``whywait replay`` command line that replays the demo's window into a report (what the demo prints last).
+
+    Absolute UTC times, so it works however long after the demo it is run; no lead-in, since the
+    engine also started from the demo's first event (``--not-before``); the ``whywait`` next
+    to this Python when there is one (``.venv/bin/whywait`` after ``make demo``), else from PATH.
+    """
+    from datetime import datetime, timezone
+
+    def iso(t: float) -> str:
+        return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+    exe = Path(sys.executable).parent / "whywait"
+    if not exe.exists() or str(exe.parent) in os.environ.get("PATH", "").split(os.pathsep):
+        cmd = "whywait"
+    else:
+        rel = os.path.relpath(exe)
+        cmd = str(exe) if rel.startswith("..") else rel
+    return " ".join([shlex.quote(cmd), "replay", "--since", iso(since), "--until", iso(until), "--lead", "0s",
+                     "--topology", shlex.quote(str(topo_file)), "--report", shlex.quote(str(report))])

@@ -23,7 +23,7 @@ def register(p: argparse.ArgumentParser) -> None:
 
     allow_relative_times(p)
     p.add_argument("--since", default="7d", help="start of the period: 7d, -7d, ISO 8601 or Unix s (default 7d)")
-    p.add_argument("--until", help="end of the period (default: now)")
+    p.add_argument("--until", help="end of the period (default: now; +1h: ahead of now)")
     p.add_argument("--project", action="append", default=[], help="only these projects (repeatable)")
     p.add_argument("--bootstrap", help="Kafka bootstrap (default: WHYWAIT_KAFKA_BOOTSTRAP or the local broker)")
     p.add_argument("--json", type=Path, help="write the rows as JSON")
@@ -47,10 +47,12 @@ async def read_period(bootstrap: str, since: float, until: float, digest: Any) -
     try:
         await asyncio.wait_for(c.start(), 20)
         topics = await c.topics()
-        wanted = (TOPIC_PLACEMENT, TOPIC_STEPS, TOPIC_DIAGNOSES)
-        missing = [t for t in wanted if t not in topics]
-        if missing:
-            raise ConfigError(f"topic(s) {', '.join(missing)} not found on {bootstrap}")
+        # Those that exist are read (no diagnoses topic before an engine has run: no incidents); none is one line.
+        wanted = [t for t in (TOPIC_PLACEMENT, TOPIC_STEPS, TOPIC_DIAGNOSES) if t in topics]
+        if not wanted:
+            raise ConfigError(f"topic(s) {TOPIC_PLACEMENT}, {TOPIC_STEPS}, {TOPIC_DIAGNOSES} not found on {bootstrap}")
+        for t in sorted({TOPIC_PLACEMENT, TOPIC_STEPS, TOPIC_DIAGNOSES} - set(wanted)):
+            digest.notes.append(f"topic {t} not on {bootstrap}: nothing read from it")
         tps = [TopicPartition(t, p) for t in wanted for p in sorted(c.partitions_for_topic(t) or {0})]
         c.assign(tps)
         ends = await c.end_offsets(tps)
@@ -97,6 +99,8 @@ def run(args: argparse.Namespace) -> int:
     from whywait.engine.localkafka.broker import resolve_bootstrap
     from whywait.engine.report.digest import Digest
 
+    if args.post:  # refused now, not after the period was read and the table printed
+        slack_token()
     now = time.time()
     # "7d" means the last seven days, as "-7d" does
     since_arg = "-" + args.since if re.fullmatch(r"\d+(\.\d+)?[smhdw]", args.since.strip()) else args.since
@@ -104,10 +108,10 @@ def run(args: argparse.Namespace) -> int:
     until = parse_time(args.until, now, "--until") if args.until else now
     if until <= since:
         raise ConfigError(f"--until ({_fmt(until)}) must be after --since ({_fmt(since)})")
-    digest = Digest(since, until)
+    digest = Digest(since, until, projects=frozenset(args.project))
     asyncio.run(read_period(args.bootstrap or resolve_bootstrap(), since, until, digest))
     digest.finish()
-    rows = [r for r in digest.rows() if not args.project or r["project"] in args.project]
+    rows = digest.rows()
     print(f"useful GPU time from {_fmt(since)} to {_fmt(until)} UTC")
     print(f"  {'project / job':40} {'used GPU-h':>12} {'lost GPU-h':>12}  lost by cause")
     for r in rows:
@@ -116,6 +120,10 @@ def run(args: argparse.Namespace) -> int:
               f"  {causes or '-'}")
     for why, n in sorted(digest.skipped.items()):
         print(f"  skipped {n}: {why}")
+    for note in digest.notes:
+        print(f"  note: {note}")
+    for project in sorted(set(args.project) - {r["project"] for r in rows}):
+        print(f"  note: --project {project}: no job of it in the period (projects: {_few(digest.projects_seen())})")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2, sort_keys=True) + "\n")
     if args.blocks:
@@ -135,13 +143,10 @@ def post(digest: Any, rows: list[dict[str, Any]]) -> None:
 
     from slack_sdk import WebClient
     from slack_sdk.errors import SlackApiError
-    from whywait.engine.errors import ConfigError, NotifyError
-    from whywait.engine.notify.secrets import read_secret
+    from whywait.engine.errors import NotifyError
 
-    token = read_secret("SLACK_BOT_TOKEN")
-    if token is None:
-        raise ConfigError("--post needs SLACK_BOT_TOKEN (or SLACK_BOT_TOKEN_FILE)")
-    client = WebClient(token=token.reveal(), base_url=os.environ.get("WHYWAIT_SLACK_API_URL") or WebClient.BASE_URL)
+    client = WebClient(token=slack_token().reveal(),
+                       base_url=os.environ.get("WHYWAIT_SLACK_API_URL") or WebClient.BASE_URL)
     by_channel: dict[str, set[str]] = {}
     for r in rows:
         ch = r["channel"] or os.environ.get("WHYWAIT_SLACK_CHANNEL")
@@ -158,3 +163,20 @@ def post(digest: Any, rows: list[dict[str, Any]]) -> None:
                 print(f"posted to {ch}")
         except SlackApiError as exc:
             raise NotifyError(f"Slack refused the digest: {exc.response.get('error')}", retryable=False) from None
+
+
+def slack_token() -> Any:
+    """The bot token ``--post`` needs; a ConfigError (one line, exit 2) when it is not set."""
+    from whywait.engine.errors import ConfigError
+    from whywait.engine.notify.secrets import read_secret
+
+    token = read_secret("SLACK_BOT_TOKEN")
+    if token is None:
+        raise ConfigError("--post needs SLACK_BOT_TOKEN (or SLACK_BOT_TOKEN_FILE)")
+    return token
+
+
+def _few(names: list[str], n: int = 5) -> str:
+    if not names:
+        return "none with steps or incidents"
+    return ", ".join(names[:n]) + (f" and {len(names) - n} more" if len(names) > n else "")

@@ -22,13 +22,14 @@ import re
 import sys
 import time
 from collections import Counter
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, AsyncGenerator, Callable, Iterator
 
 from whywait.engine.commands.gc_tuning import batch_gc
 from whywait.engine.errors import BrokerUnavailable, ConfigError
-from whywait.engine.replay import EventTimeMerge, Window
+from whywait.engine.replay import TAIL_SCAN_MAX, EventTimeMerge, TailScan, Window
 
 from whywait.durations import parse_duration as _parse_duration
 from whywait.errors import DurationError
@@ -38,12 +39,17 @@ _NEGATIVE = re.compile(r"^-\d+(\.\d+)?(?:ms|[smhdw])?(?:\d+(\.\d+)?(?:ms|[smhdw]
 
 
 def parse_time(v: str, now: float | None = None, what: str = "time") -> float:
-    """Unix seconds from ``1764442800``, ``2025-11-29T19:00:00Z``, ``-2h`` or ``-7d`` (relative to now)."""
+    """Unix seconds from ``1764442800``, ``2025-11-29T19:00:00Z``, or relative to now: ``-2h``, ``-7d``, ``+10m``.
+
+    Called for every ``--since``/``--until`` of replay, export and digest.  A time ahead of now
+    (``+10m``) is for event time that runs ahead of the clock (a simulation, a skewed agent).
+    """
     now = time.time() if now is None else now
     s = v.strip()
-    if s.startswith("-") and s[1:2].isdigit() and not s[1:].replace(".", "", 1).isdigit():
-        try:  # "-2h", "-1h30m": a duration (the one syntax, whywait.durations) before now
-            return now - _parse_duration(s[1:])
+    if s[:1] in "-+" and s[1:2].isdigit() and not s[1:].replace(".", "", 1).isdigit():
+        try:  # "-2h", "-1h30m", "+10m": a duration (the one syntax, whywait.durations) before or after now
+            d = _parse_duration(s[1:])
+            return now - d if s[0] == "-" else now + d
         except DurationError:
             pass  # not a duration: tried as a number or a date below, which names the accepted forms
     try:
@@ -54,7 +60,7 @@ def parse_time(v: str, now: float | None = None, what: str = "time") -> float:
         dt = datetime.fromisoformat(s.replace("Z", "+00:00"))
     except ValueError:
         raise ConfigError(f"{what}: cannot read {v!r}: use Unix seconds, ISO 8601 (2026-11-29T14:00:00Z) "
-                          "or a relative time (-10m, -2h, -7d)") from None
+                          "or a relative time (-10m, -2h, -7d, +10m)") from None
     return (dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)).timestamp()
 
 
@@ -76,12 +82,16 @@ def register(p: argparse.ArgumentParser) -> None:
     src = p.add_argument_group("what to replay")
     src.add_argument("--since", help="start of the window: Unix s, ISO 8601, or relative (-10m, -2h); "
                                      "with --input: the bundle's window")
-    src.add_argument("--until", help="end of the window (default: now, or the bundle's end)")
+    src.add_argument("--until", help="end of the window (default: now, or the bundle's end); +10m: ahead of now")
     src.add_argument("--input", type=Path, metavar="BUNDLE", help="replay an exported incident.whywait (no broker)")
     src.add_argument("--bootstrap", help="Kafka bootstrap (default: WHYWAIT_KAFKA_BOOTSTRAP or the local broker)")
     src.add_argument("--job", action="append", default=[], help="only this job (repeatable)")
     src.add_argument("--project", action="append", default=[], help="only this project's jobs (repeatable)")
     src.add_argument("--lead", default="15m", help="read this much before --since to warm baselines (default 15m)")
+    src.add_argument("--read-to-end", action="store_true",
+                     help="read every partition to its end however much was written after the window (history "
+                          f"backfilled with `whywait import`); by default only when that is at most "
+                          f"{TAIL_SCAN_MAX:,} records")
     how = p.add_argument_group("how")
     how.add_argument("--topology", type=Path, help="topology YAML (default: the bundle's, or WHYWAIT_TOPOLOGY)")
     how.add_argument("--rules", action="append", type=Path, help="rule files or folders (default: the bundle's, "
@@ -143,7 +153,7 @@ async def seek_to_log_start(c: Any, tps: list[Any]) -> dict[Any, int]:
 
 
 def kafka_batches(bootstrap: str, window: Window, merge: EventTimeMerge, batch: int = 5000,
-                  prefetch: int = 4) -> Iterator[Any]:
+                  prefetch: int = 4, read_to_end: bool = False) -> Iterator[Any]:
     """Yield the window's messages from Kafka in event-time order (through ``merge``), a partition at a time.
 
     The aiokafka consumer and the merge (which decodes) run on a reader thread with its own event
@@ -151,6 +161,11 @@ def kafka_batches(bootstrap: str, window: Window, merge: EventTimeMerge, batch: 
     evaluator instead of waiting a broker round trip per batch, and memory stays bounded (a few
     batches plus the merge's slack).  The reader's errors are raised here; closing this generator
     (Ctrl-C, an error in the caller) stops the reader and its consumer.
+
+    Each partition is read up to its end offset as it was when the replay began.  Records produced
+    after the window (its tail) are scanned for the window's events (a backfill) when there are at
+    most ``TAIL_SCAN_MAX`` of them, or with ``read_to_end``; a longer tail is not read past the run
+    of messages after the window, and ``merge.stopped_early`` says where each partition stopped.
     """
     import queue
     import threading
@@ -168,7 +183,7 @@ def kafka_batches(bootstrap: str, window: Window, merge: EventTimeMerge, batch: 
         return False
 
     async def read() -> None:
-        agen = _kafka_agen(bootstrap, window, merge, batch)
+        agen = _kafka_agen(bootstrap, window, merge, batch, read_to_end)
         try:
             async for msgs in agen:
                 if msgs and not put(("batch", msgs)):
@@ -200,8 +215,18 @@ def kafka_batches(bootstrap: str, window: Window, merge: EventTimeMerge, batch: 
         th.join(30)
 
 
-async def _kafka_agen(bootstrap: str, window: Window, merge: EventTimeMerge,
-                      batch: int) -> AsyncGenerator[list[Any], None]:
+@dataclass
+class _Span:
+    """One stream of the merge on the broker: a partition's records from ``pos`` to ``end`` (exclusive)."""
+
+    tp: Any
+    pos: int
+    end: int
+    log_end: int  # the partition's end offset when the replay began
+
+
+async def _kafka_agen(bootstrap: str, window: Window, merge: EventTimeMerge, batch: int,
+                      read_to_end: bool = False) -> AsyncGenerator[list[Any], None]:
     from aiokafka import AIOKafkaConsumer, TopicPartition
     from aiokafka.errors import KafkaError
     from whywait.agents.events import INPUT_TOPICS, TOPIC_PLACEMENT
@@ -221,19 +246,24 @@ async def _kafka_agen(bootstrap: str, window: Window, merge: EventTimeMerge,
         await c.stop()
         raise BrokerUnavailable(bootstrap, type(exc).__name__) from None
     try:
+        # The topics that exist are read: `whywait simulate` creates only those it writes, and a cluster without
+        # some agent never gets its topic.  None at all is a wrong broker.
+        present = [t for t in INPUT_TOPICS if t in topics]
         missing = [t for t in INPUT_TOPICS if t not in topics]
+        if not present:
+            raise ConfigError(f"none of the input topics ({', '.join(INPUT_TOPICS)}) is on {bootstrap}: is this "
+                              "the cluster the agents publish to? (`whywait engine` creates them)")
         if missing:
-            raise ConfigError(f"topic(s) {', '.join(missing)} not found on {bootstrap}: is this the cluster the "
-                              "agents publish to? (`whywait engine` creates them)")
-        parts = await topic_partitions(bootstrap, list(INPUT_TOPICS))
-        tps = [TopicPartition(t, p) for t in INPUT_TOPICS for p in parts.get(t, [0])]
-        ids = {tp: f"{tp.topic}[{tp.partition}]" for tp in tps}
-        by_id = {v: k for k, v in ids.items()}
-        merge.open = {ids[tp]: -float("inf") for tp in tps}
+            merge.notes.append(f"topic(s) {', '.join(missing)} not on {bootstrap}: nothing read from them")
+        parts = await topic_partitions(bootstrap, present)
+        tps = [TopicPartition(t, p) for t in present for p in parts.get(t, [0])]
         c.assign(tps)
-        ends = await c.end_offsets(tps)
+        ends = await c.end_offsets(tps)  # what is read: the records there when the replay began
         # Producer timestamps trail event time by little on live clusters; seek a margin earlier.
         starts = await c.offsets_for_times({tp: max(0, int((window.read_from - 600) * 1000)) for tp in tps})
+        # The first record produced after the window (and a margin): live data from there on is past it, but
+        # history published later for the window's time (a backfill) is there too.
+        after = await c.offsets_for_times({tp: int((window.until + merge.slack_s + 600) * 1000) for tp in tps})
         # Placements are compacted (a job's may be far older than the window).  No record stamped after the
         # window's start means producer time and event time disagree (a backfill, a skewed clock): such
         # partitions are read from their start and filtered by event time.
@@ -242,30 +272,87 @@ async def _kafka_agen(bootstrap: str, window: Window, merge: EventTimeMerge,
         for tp in tps:
             if tp not in pos:
                 pos[tp] = starts[tp].offset
-                c.seek(tp, pos[tp])
-            if pos[tp] >= ends[tp]:
-                merge.close(ids[tp])
+        spans: dict[str, _Span] = {}
+        for tp in tps:
+            name, lo, end = f"{tp.topic}[{tp.partition}]", pos[tp], ends[tp]
+            hit = after.get(tp)
+            tail_at = min(end, max(lo, hit.offset if hit is not None else end))
+            if tail_at < end and (read_to_end or end - tail_at <= TAIL_SCAN_MAX):
+                # Read up to the tail, then only the tail's runs of the window's events, each a stream.
+                spans[name] = _Span(tp, lo, tail_at, end)
+                merge.to_end.add(name)
+                for a, b in await _scan_tail(c, tp, tail_at, end, window, merge, batch):
+                    spans[f"{name}@{a}"] = _Span(tp, a, b, end)
+                    merge.to_end.add(f"{name}@{a}")
+            else:
+                # Nothing after the window, or too much to scan: up to the end, or until the stream's run of
+                # messages past the window (the replay says where it stopped).
+                spans[name] = _Span(tp, lo, end, end)
+                if tail_at >= end:
+                    merge.to_end.add(name)
+        merge.open = dict.fromkeys(spans, -float("inf"))
+        for name, sp in spans.items():
+            if sp.pos >= sp.end:
+                merge.close(name)
+        at: dict[Any, int] = {}  # where the consumer stands in each partition
         empty = Counter[str]()
+        stopped: list[dict[str, Any]] = []
         while (sid := merge.want()) is not None:
-            tp = by_id[sid]
+            sp = spans[sid]
+            tp = sp.tp
+            if at.get(tp) != sp.pos:
+                c.seek(tp, sp.pos)
             got = (await c.getmany(tp, timeout_ms=2000, max_records=batch)).get(tp, [])
             if not got:
+                at.pop(tp, None)
                 empty[sid] += 1
                 if empty[sid] >= 5:  # the partition's end is listed but nothing comes: do not hang
                     merge.skipped[f"{sid}: stopped reading, no records for 10 s before its end offset"] += 1
                     merge.close(sid)
                 continue
-            values = [r.value for r in got if r.offset < ends[tp]]
-            pos[tp] = got[-1].offset + 1
-            merge.add(sid, tp.topic, values)
-            if pos[tp] >= ends[tp]:
+            at[tp] = got[-1].offset + 1
+            recs = [r for r in got if r.offset < sp.end]
+            sp.pos = recs[-1].offset + 1 if recs else sp.end
+            if recs:
+                looked = merge.add(sid, tp.topic, [r.value for r in recs])
+                if sid not in merge.open:  # closed early: the rest is past the window, as far as the merge knows
+                    sp.pos = recs[looked].offset if looked < len(recs) else sp.pos
+                    if sp.pos < sp.log_end:
+                        stopped.append({"partition": sid, "offset": sp.pos, "end": sp.log_end})
+            if sp.pos >= sp.end:
                 merge.close(sid)
             yield list(merge.ready())
+        if stopped:
+            merge.stopped_early = stopped
+            merge.skipped[f"not read: the records after the window's on {len(stopped)} partition(s) (--read-to-end "
+                          "reads them)"] += sum(s["end"] - s["offset"] for s in stopped)
         yield list(merge.drain())
     except KafkaError as exc:
         raise BrokerUnavailable(bootstrap, f"{type(exc).__name__} while reading") from None
     finally:
         await c.stop()
+
+
+async def _scan_tail(c: Any, tp: Any, pos: int, end: int, window: Window, merge: EventTimeMerge,
+                     batch: int) -> list[tuple[int, int]]:
+    """The runs of the window's events among ``tp``'s records ``pos`` to ``end`` (see ``TailScan``)."""
+    from whywait.agents.events import TOPIC_PLACEMENT
+
+    scan = TailScan(window, merge.slack_s, placements=tp.topic == TOPIC_PLACEMENT)
+    c.seek(tp, pos)
+    empty = 0
+    while pos < end:
+        got = (await c.getmany(tp, timeout_ms=2000, max_records=batch)).get(tp, [])
+        if not got:
+            empty += 1
+            if empty >= 5:  # as the reader: an end offset listed but nothing coming must not hang the replay
+                break
+            continue
+        for r in got:
+            if r.offset < end:
+                scan.add(r.offset, r.value)
+        pos = got[-1].offset + 1
+    return scan.runs()
 
 
 def bundle_batches(bundle: Any, merge: EventTimeMerge, batch: int = 5000) -> Iterator[dict[str, Any]]:
@@ -334,6 +421,7 @@ class Plan:
         if args.against:
             self.against = [default_rules_dir() if str(a) == "live" else a for a in args.against]
         self.bootstrap = args.bootstrap
+        self.read_to_end = bool(getattr(args, "read_to_end", False))
 
     def messages(self, merge: EventTimeMerge) -> Iterator[dict[str, Any]]:
         """A fresh pass over the window's messages (the report reads them twice)."""
@@ -341,7 +429,8 @@ class Plan:
             return bundle_batches(self.bundle, merge)
         from whywait.engine.localkafka.broker import resolve_bootstrap
 
-        return kafka_batches(self.bootstrap or resolve_bootstrap(), self.window, merge)
+        return kafka_batches(self.bootstrap or resolve_bootstrap(), self.window, merge,
+                             read_to_end=self.read_to_end)
 
 
 async def notify_records(bootstrap: str) -> list[dict[str, Any]]:
@@ -393,6 +482,8 @@ def run(args: argparse.Namespace) -> int:
     from whywait.engine.replay import backtest, diagnoses_jsonl, incidents, replay
     from whywait.engine.rules.loader import load_rules
 
+    if args.slack_thread:  # refused now, not after the whole window was replayed
+        check_slack_thread(args.slack_thread)
     with tempfile.TemporaryDirectory(prefix="whywait-replay-") as tmpd:
         plan = Plan(args, Path(tmpd))
         w = plan.window
@@ -417,16 +508,27 @@ def run(args: argparse.Namespace) -> int:
             print(f"  {_fmt(s.start)} → {_fmt(s.end)}  {d.severity:8} {d.rule_id}  {d.culprit or d.job}: "
                   f"{d.title} [{state}]")
             print(f"      {d.cause}")
-            if s.last.cost and s.last.cost.get("gpu_hours_lost") is not None:
-                print(f"      cost: {s.last.cost['gpu_hours_lost']:.2f} GPU-hours lost")
+            cost = latest_cost(s)
+            if cost is not None:
+                print(f"      cost: {cost:.2f} GPU-hours lost")
         for why, n in sorted(res.skipped.items()):
             print(f"  skipped {n}: {why}")
+        notes = merge.notes + ([] if res.interrupted else merge.filter_hints())
+        for note in notes:
+            print(f"  note: {note}")
+        if merge.stopped_early:
+            first, more = merge.stopped_early[0], len(merge.stopped_early) - 1
+            print(f"whywait replay: stopped reading {first['partition']} at offset {first['offset']} of "
+                  f"{first['end']}" + (f" (and {more} more partition(s))" if more else "")
+                  + ": records after it are stamped after the window; --read-to-end reads them all (history "
+                  "backfilled with `whywait import`)", file=sys.stderr)
         if args.json:
             args.json.write_text(diagnoses_jsonl(res.diagnoses))
         if args.stats_json:  # `whywait bench` reads it: the replay's own cost, start-up (rules, topology) excluded
             args.stats_json.write_text(json.dumps({
                 "messages": res.messages, "cpu_s": cpu, "wall_s": wall, "incidents": len(shown),
                 "read": merge.read, "skipped": dict(sorted(res.skipped.items())),
+                "notes": notes, "stopped_early": merge.stopped_early,
                 "interrupted": res.interrupted}, indent=2) + "\n")
         if old is not None:
             cmp = backtest(res, old)
@@ -457,6 +559,25 @@ def run(args: argparse.Namespace) -> int:
                 post_to_thread(rep, args.slack_thread, Path(tmpd))
                 print(f"posted the summary and timeline to {args.slack_thread}")
     return 130 if res.interrupted else 0
+
+
+def latest_cost(s: Any) -> float | None:
+    """GPU-hours an incident (a ``Span``) lost: its latest update's that gives one, the resolution's if any.
+
+    The first diagnosis's is the early estimate; the report shows this one too.
+    """
+    cost = next((u.cost for u in reversed(s.updates) if u.cost and u.cost.get("gpu_hours_lost") is not None), None)
+    return None if cost is None else float(cost["gpu_hours_lost"])
+
+
+def check_slack_thread(target: str) -> None:
+    """Refuse ``--slack-thread`` before any work: a malformed target or no token is one line, exit 2."""
+    from whywait.engine.notify.secrets import read_secret
+    from whywait.engine.report.slack import parse_thread
+
+    parse_thread(target)
+    if read_secret("SLACK_BOT_TOKEN") is None:
+        raise ConfigError("--slack-thread needs SLACK_BOT_TOKEN (or SLACK_BOT_TOKEN_FILE)")
 
 
 def plot_window(bootstrap: str, topology: Path, rules: list[Path], since: float, until: float, out: Path) -> Path:

@@ -66,11 +66,13 @@ class JobUse:
 class Digest:
     """Accumulates a period's messages and diagnoses; renders rows, Block Kit and a bar chart."""
 
-    def __init__(self, since: float, until: float) -> None:
+    def __init__(self, since: float, until: float, projects: frozenset[str] = frozenset()) -> None:
         self.since, self.until = since, until
+        self.projects = projects  # only these projects' rows (all when empty): table, JSON, Block Kit, chart
         self.jobs: dict[str, JobUse] = {}
         self.last_diag: dict[str, dict[str, Any]] = {}  # fingerprint -> latest diagnosis (dict)
         self.skipped: Counter[str] = Counter()  # what the reader could not use, and why
+        self.notes: list[str] = []  # what the reader wants said beside the table (a topic missing)
 
     def _job(self, job: str) -> JobUse:
         j = self.jobs.get(job)
@@ -142,10 +144,12 @@ class Digest:
         return max(0.0, 1.0 - base / now) if now > 0 else 0.0
 
     def rows(self) -> list[dict[str, Any]]:
-        """Per project and job: GPU-hours used and lost by cause, biggest loss first."""
+        """Per project and job (of ``projects`` when given): GPU-hours used and lost by cause, biggest loss first."""
         out = []
         for j in self.jobs.values():
             if not j.rank_seconds and not j.lost:
+                continue
+            if self.projects and j.project not in self.projects:
                 continue
             out.append({"project": j.project, "team": j.team, "channel": j.channel, "job": j.job,
                         "gpu_hours_used": round(j.gpu_hours_used, 3),
@@ -153,6 +157,10 @@ class Digest:
                         "lost_by_cause": {k: round(v, 3) for k, v in sorted(j.lost.items()) if v > 0},
                         "top_incidents": j.incidents[:3]})
         return sorted(out, key=lambda r: (r["project"], -r["gpu_hours_lost"], r["job"]))
+
+    def projects_seen(self) -> list[str]:
+        """Every project with a row in the period, whatever ``projects`` keeps: what a filter could name."""
+        return sorted({j.project for j in self.jobs.values() if j.rank_seconds or j.lost})
 
     def blocks(self, project: str | None = None) -> list[dict[str, Any]]:
         """Slack Block Kit for the digest (one team's projects with ``project``)."""
