@@ -53,7 +53,7 @@ from whywait.agents.events import ContractError, envelope, validate
 from whywait.engine.diagnosis import Diagnosis
 from whywait.engine.errors import RuleError
 from whywait.engine.evaluate.evaluator import Evaluator
-from whywait.engine.rules.loader import TEST_SUFFIX, RuleSet
+from whywait.engine.rules.loader import TEST_SUFFIXES, RuleSet, is_test_file, tested_rule_id, yaml_files
 
 from whywait import yamlio
 from whywait.durations import parse_duration
@@ -369,14 +369,17 @@ def _describe(exp: dict[str, Any]) -> str:
 
 
 def find_test_files(paths: Iterable[str | Path]) -> list[Path]:
-    """Expand files and folders into the sorted list of ``*.test.yaml`` files; a missing path is one line."""
+    """Expand files and folders into the sorted list of ``*.test.yaml`` (and ``*.test.yml``) files.
+
+    A missing path, or a file not named as a test, is one line.
+    """
     out: list[Path] = []
     for p in map(Path, paths):
         if not p.exists():
             raise RuleTestError(f"{p}: no such file or folder")
-        if p.is_file() and not p.name.endswith(TEST_SUFFIX):
-            raise RuleTestError(f"{p}: is not a rule-test file (its name must end in {TEST_SUFFIX})")
-        out += sorted(p.rglob("*" + TEST_SUFFIX)) if p.is_dir() else [p]
+        if p.is_file() and not is_test_file(p):
+            raise RuleTestError(f"{p}: is not a rule-test file (its name must end in {' or '.join(TEST_SUFFIXES)})")
+        out += sorted(f for f in yaml_files(p) if is_test_file(f)) if p.is_dir() else [p]
     return out
 
 
@@ -414,7 +417,7 @@ def untested_rules(rules: RuleSet, paths: Iterable[str | Path]) -> list[str]:
     covered: set[str] = set()
     for f in find_test_files(paths):
         rid, _ = load_cases(f)
-        covered.add(rid or f.name[: -len(TEST_SUFFIX)])
+        covered.add(rid or tested_rule_id(f))
     return sorted(set(rules.rules) - covered)
 
 

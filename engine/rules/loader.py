@@ -1,9 +1,10 @@
-"""Loading a rule set from files: one rule per ``*.yaml`` file, macros beside them.
+"""Loading a rule set from files: one rule per ``*.yaml`` (or ``*.yml``) file, macros beside them.
 
 Called at engine start, by ``whywait rules check`` and by hot reload.  Files
-named ``*.test.yaml`` are rule tests, and ``macros.yaml`` holds named conditions
-shared by the set; both are skipped as rules.  Every error of every file is
-collected; :func:`load_rules` raises one :class:`RuleLoadError` listing them all.
+named ``*.test.yaml`` (``*.test.yml``) are rule tests, and ``macros.yaml``
+(``macros.yml``) holds named conditions shared by the set; both are skipped as
+rules.  Every error of every file is collected; :func:`load_rules` raises one
+:class:`RuleLoadError` listing them all.
 """
 
 from __future__ import annotations
@@ -27,6 +28,26 @@ from whywait.errors import YamlError
 
 MACROS_FILE = "macros.yaml"
 TEST_SUFFIX = ".test.yaml"
+# Both spellings of YAML's extension: a folder of `.yml` rules must not pass `rules check` as "0 rule(s) OK".
+YAML_SUFFIXES = (".yaml", ".yml")
+MACROS_FILES = tuple(f"macros{s}" for s in YAML_SUFFIXES)
+TEST_SUFFIXES = tuple(f".test{s}" for s in YAML_SUFFIXES)
+
+
+def yaml_files(folder: Path) -> list[Path]:
+    """Every ``*.yaml`` and ``*.yml`` file under ``folder``, sorted."""
+    return sorted(f for s in YAML_SUFFIXES for f in folder.rglob(f"*{s}"))
+
+
+def is_test_file(path: Path) -> bool:
+    """Whether ``path`` is named as a rule test (``x.test.yaml`` or ``x.test.yml``)."""
+    return path.name.endswith(TEST_SUFFIXES)
+
+
+def tested_rule_id(test_file: Path) -> str:
+    """The rule id a test file is named after: ``network.x.test.yml`` -> ``network.x``."""
+    name = test_file.name
+    return next((name[: -len(s)] for s in TEST_SUFFIXES if name.endswith(s)), name)
 
 
 class RuleLoadError(RuleError):
@@ -60,9 +81,9 @@ def rule_files(paths: Iterable[str | Path]) -> list[Path]:
     out: list[Path] = []
     seen: set[Path] = set()
     for p in map(Path, paths):
-        cands = sorted(p.rglob("*.yaml")) if p.is_dir() else [p]
+        cands = yaml_files(p) if p.is_dir() else [p]
         for c in cands:
-            if c.name.endswith(TEST_SUFFIX) or c.name == MACROS_FILE or c.resolve() in seen:
+            if is_test_file(c) or c.name in MACROS_FILES or c.resolve() in seen:
                 continue
             seen.add(c.resolve())
             out.append(c)
@@ -75,9 +96,8 @@ def _yaml_error(e: YamlError) -> RuleSchemaError:
 
 def _load_macros(paths: Iterable[Path], errors: list[RuleSchemaError]) -> dict[str, Any]:
     macros: dict[str, Any] = {}
-    for p in paths:
-        f = p / MACROS_FILE if p.is_dir() else (p if p.name == MACROS_FILE else None)
-        if f is None or not f.exists():
+    for f in (f for p in paths for f in ([p / m for m in MACROS_FILES] if p.is_dir() else [p])):
+        if f.name not in MACROS_FILES or not f.exists():
             continue
         try:
             data = yamlio.load(f).data

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from whywait.engine.rules.loader import RuleLoadError, RuleSet, load_rules
+from whywait.engine.rules.loader import RuleLoadError, RuleSet, load_rules, yaml_files
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ class RuleReloader:
     def _scan(self) -> dict[str, tuple[float, int]]:
         out: dict[str, tuple[float, int]] = {}
         for p in self.paths:
-            files = p.rglob("*.yaml") if p.is_dir() else [p]
+            files = yaml_files(p) if p.is_dir() else [p]
             for f in files:
                 try:
                     st = os.stat(f)
