@@ -26,6 +26,9 @@ def register(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rules", action="append", type=Path, help="rule files or folders to include (default: ./rules)")
     p.add_argument("--bootstrap", help="Kafka bootstrap (default: WHYWAIT_KAFKA_BOOTSTRAP or the local broker)")
     p.add_argument("-o", "--output", type=Path, required=True, help="the bundle to write (incident.whywait)")
+    p.add_argument("--read-to-end", action="store_true",
+                   help="read every partition to its end however much was written after the window (history "
+                        "backfilled with `whywait import`); by default only when that tail is short")
 
 
 def rule_files(paths: list[Path]) -> list[tuple[str, Path]]:
@@ -68,7 +71,8 @@ def run(args: argparse.Namespace) -> int:
     window = {"since": since, "until": until, "lead_s": w.lead_s, "jobs": sorted(w.jobs),
               "projects": sorted(w.projects)}
     with BundleWriter(args.output, window) as bw:
-        for topic, raw in kafka_batches(args.bootstrap or resolve_bootstrap(), w, merge):
+        for topic, raw in kafka_batches(args.bootstrap or resolve_bootstrap(), w, merge,
+                                          read_to_end=args.read_to_end):
             bw.add(topic, raw)
         bw.close(topo, rule_files(rules))
     total = sum(bw.counts.values())
