@@ -646,7 +646,10 @@ def _short(value: Any) -> str:
     """``repr`` of a refused value, cut so a reason stays one short line whatever was sent."""
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 10 ** 30:
         return f"an integer of {len(str(abs(value)))} digits"
-    text = repr(value)
+    try:
+        text = repr(value)
+    except RecursionError:  # a list nested hundreds deep where a scalar belongs
+        return f"a {type(value).__name__} nested too deeply"
     return text if len(text) <= 80 else text[:60] + f"... ({len(text)} chars)"
 
 
@@ -961,6 +964,8 @@ def decode(raw: bytes | str, topic: str | None = None) -> Message:
         ev = _DECODER.decode(raw)
     except (msgspec.ValidationError, msgspec.DecodeError):
         return _decode_slow(raw, topic)
+    except RecursionError:  # {"x": [[[...]]]}: msgspec recurses even through fields it skips
+        raise ContractError("not valid JSON: nested too deeply") from None
     if ev.schema not in SUPPORTED_SCHEMAS or (topic is not None and _TOPIC_OF_TYPE[type(ev)] != topic):
         return _decode_slow(raw, topic)  # the reference checker words the reason
     return ev
