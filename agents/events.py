@@ -327,8 +327,8 @@ DISK_STATS = Record("DiskStats", (
    entity_key="device")
 
 STEP_TIMING = Record("StepTiming", (
-    F("rank", "integer", "", "Global rank in the job."),
-    F("step", "integer", "", "Training step number (monotonic per rank)."),
+    F("rank", "integer", "", "Global rank in the job (0 to 2^31 − 1)."),
+    F("step", "integer", "", "Training step number (monotonic per rank; 0 to 2^53)."),
     F("duration_s", "number", "s", "Wall time of the whole step.",
       measure=M("step.duration_s", "a rank's step wall time")),
     F("data_wait_s", "number", "s", "Time waiting on the input pipeline. Optional since v2: a producer that "
@@ -355,7 +355,7 @@ STEP_TIMING = Record("StepTiming", (
 ), "One completed training step of one rank.", entity="rank", entity_key="rank")
 
 PLACED_RANK = Record("PlacedRank", (
-    F("rank", "integer", "", "Global rank."),
+    F("rank", "integer", "", "Global rank (0 to 2^31 − 1)."),
     F("node", "string", "", "Node id."),
     F("gpu", "integer", "index", "GPU index on that node."),
     F("dp", "integer", "index", "Data-parallel replica this rank belongs to (v2).", required=False),
@@ -628,18 +628,35 @@ STRING_MAX_BY_FIELD: dict[str, int] = {"error": 2000, "path": 4096}
 LIST_MAX = 1024
 LIST_MAX_BY_FIELD: dict[str, int] = {"ranks": 131_072, "steps": 20_000}
 _INT_LIMIT = 2 ** 63
+# Fields whose bound is tighter than their unit's, whatever record holds them.  A rank is stored in a
+# 32-bit column of the engine's step tables (``FrozenRow``): a larger one would fail there and take
+# the job's other ranks with it, so it is refused here.  Step numbers stay exact as floats (readers
+# of diagnoses in JavaScript, numpy).  A uid is an unsigned 32-bit number.
+RANK_MAX = 2 ** 31 - 1
+FIELD_BOUNDS: dict[str, tuple[float, float]] = {
+    "rank": (0, RANK_MAX),
+    "step": (0, 2 ** 53),
+    "sender_uid": (0, 2 ** 32 - 1),
+}
 
 
-def _in_bounds(value: int | float, unit: str) -> bool:
-    lo, hi = UNIT_BOUNDS.get(unit, GENERIC_BOUND)
+def _bounds(unit: str, name: str) -> tuple[float, float]:
+    """The bounds of a number: its field's own (:data:`FIELD_BOUNDS`), else its unit's, else the generic one."""
+    got = FIELD_BOUNDS.get(name)
+    return got if got is not None else UNIT_BOUNDS.get(unit, GENERIC_BOUND)
+
+
+def _in_bounds(value: int | float, unit: str, name: str = "") -> bool:
+    lo, hi = _bounds(unit, name)
     if isinstance(value, int):  # compare big ints as ints: float(10**400) raises OverflowError
         return -_INT_LIMIT <= value < _INT_LIMIT and lo <= value <= hi  # a signed 64-bit integer
     return math.isfinite(value) and lo <= value <= hi
 
 
-def _bound_text(unit: str) -> str:
-    lo, hi = UNIT_BOUNDS.get(unit, GENERIC_BOUND)
-    return f"{lo:g}..{hi:g}" + (f" {unit}" if unit else "")
+def _bound_text(unit: str, name: str = "") -> str:
+    lo, hi = _bounds(unit, name)
+    text = f"{lo}..{hi}" if name in FIELD_BOUNDS else f"{lo:g}..{hi:g}"  # a field's own bounds: exact integers
+    return text + (f" {unit}" if unit else "")
 
 
 def _short(value: Any) -> str:
@@ -658,13 +675,13 @@ def _check(value: Any, type_: str, path: str, errors: list[str], unit: str = "",
         if isinstance(value, bool) or not isinstance(value, _NUM) or \
                 (isinstance(value, float) and not math.isfinite(value)):
             errors.append(f"{path}: must be a finite number (got {_short(value)})")
-        elif not _in_bounds(value, unit):
-            errors.append(f"{path}: must be within {_bound_text(unit)} (got {_short(value)})")
+        elif not _in_bounds(value, unit, name):
+            errors.append(f"{path}: must be within {_bound_text(unit, name)} (got {_short(value)})")
     elif type_ == "integer":
         if isinstance(value, bool) or not isinstance(value, int):
             errors.append(f"{path}: must be an integer (got {_short(value)})")
-        elif not _in_bounds(value, unit):
-            errors.append(f"{path}: must be within {_bound_text(unit)} (got {_short(value)})")
+        elif not _in_bounds(value, unit, name):
+            errors.append(f"{path}: must be within {_bound_text(unit, name)} (got {_short(value)})")
     elif type_ == "string":
         cap = STRING_MAX_BY_FIELD.get(name, STRING_MAX)
         if not isinstance(value, str) or not value:
@@ -880,7 +897,7 @@ def as_dict(msg: Mapping[str, Any]) -> dict[str, Any]:
 def _bounded(type_: str, unit: str, name: str) -> Any:
     """The msgspec type of one contract type: the same checks :func:`_check` makes, compiled."""
     if type_ in ("number", "integer"):
-        lo, hi = UNIT_BOUNDS.get(unit, GENERIC_BOUND)
+        lo, hi = _bounds(unit, name)
         if type_ == "integer":  # an integer: within the unit's bounds and a signed 64-bit one
             ge, le = max(math.ceil(lo), -_INT_LIMIT), min(math.floor(hi), _INT_LIMIT - 1)
             return Annotated[int, msgspec.Meta(ge=ge, le=le)]

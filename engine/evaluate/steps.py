@@ -140,6 +140,11 @@ _STATS_ROWS = 128
 # are frozen into arrays (FrozenRow), which the step conditions read a column at a time (faster than
 # the records: a searchsorted instead of 10,240 dict lookups); a rank reporting one late is put in place.
 _HOT_ROWS = 16
+# The ranks a frozen step's int32 column can hold.  The contract refuses any other (``RANK_MAX`` in
+# ``agents/events.py``); a record that reached the table without it (a dict from a test or the
+# simulator) is dropped, because freezing its step would fail and take the job's other ranks with it.
+_RANK_DTYPE = np.int32
+_RANK_LO, _RANK_HI = int(np.iinfo(_RANK_DTYPE).min), int(np.iinfo(_RANK_DTYPE).max)
 # The record fields a frozen step keeps as columns (``t`` and ``duration_s`` always; a phase only when
 # some rank of the step sent it).
 _REC_FIELDS = _STEP_FIELDS
@@ -162,7 +167,7 @@ class FrozenRow(Mapping[int, StepRec]):
 
     def __init__(self, row: Mapping[int, StepRec], table: StepTable | None = None) -> None:
         items = sorted(row.items())
-        self.ranks = np.fromiter((r for r, _ in items), np.int32, len(items))
+        self.ranks = np.fromiter((r for r, _ in items), _RANK_DTYPE, len(items))
         self.cols: dict[str, np.ndarray] = {}
         for f in _REC_FIELDS:
             vals = [getattr(rec, f) for _, rec in items]
@@ -337,6 +342,8 @@ class StepTable:
 
     def add(self, step: int, rank: int, rec: StepRec) -> None:
         """Called by the store for each step record; keeps the table bounded by ``keep`` steps."""
+        if not _RANK_LO <= rank <= _RANK_HI:
+            return  # cannot be frozen with the step's other ranks (see _RANK_DTYPE)
         row = self.steps.get(step)
         if row is None:
             if self.steps and step < next(iter(self.steps)) and len(self.steps) >= self.keep:

@@ -8,10 +8,27 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pytest
-from whywait.agents.events import ContractError, decode, envelope, validate
+from whywait.agents.events import (
+    RANK_MAX,
+    TOPIC_PLACEMENT,
+    TOPIC_STEPS,
+    ContractError,
+    decode,
+    encode,
+    envelope,
+    validate,
+)
+from whywait.engine.evaluate.steps import FrozenRow, StepRec, StepTable
 
 T = 1_764_442_800.0
+
+
+def placement(**over: Any) -> dict[str, Any]:
+    body = {"job": "jA", "project": "p", "team": "t", "state": "running",
+            "ranks": [{"rank": r, "node": "node-01", "gpu": r} for r in range(8)], **over}
+    return envelope("placement", "sched", T, **body)
 
 
 def steps(**over: Any) -> dict[str, Any]:
@@ -22,6 +39,32 @@ def reason(raw: bytes | str, topic: str | None = None) -> str:
     with pytest.raises(ContractError) as exc:
         decode(raw, topic)
     return str(exc.value)
+
+
+# ---- A: numbers the store packs into fixed-width columns ------------------------------------------
+
+
+def test_a_rank_beyond_the_store_rank_column_is_refused() -> None:
+    big = placement(ranks=placement()["ranks"] + [{"rank": 2 ** 63 - 1, "node": "node-04", "gpu": 1}])
+    assert reason(encode(big), TOPIC_PLACEMENT) == \
+        "ranks[8].rank: must be within 0..2147483647 (got 9223372036854775807)"
+    assert reason(encode(steps(rank=2 ** 31)), TOPIC_STEPS) == \
+        "steps[0].rank: must be within 0..2147483647 (got 2147483648)"
+    assert decode(encode(steps(rank=RANK_MAX)))["steps"][0]["rank"] == RANK_MAX
+
+
+def test_the_contract_rank_bound_is_what_a_frozen_step_holds() -> None:
+    assert RANK_MAX == np.iinfo(FrozenRow({}).ranks.dtype).max
+
+
+def test_a_rank_the_store_cannot_hold_never_fails_the_job_other_ranks() -> None:
+    """Defence in depth: a record that reached the table without the contract (a dict) is dropped."""
+    table = StepTable()
+    for step in range(40):  # enough steps that the oldest freeze into arrays
+        for rank in (0, 1, 2 ** 63 - 1):
+            table.add(step, rank, StepRec(T + step, 1.0, None, None, None, None, None, None))
+    assert isinstance(table.steps[0], FrozenRow)
+    assert sorted(table.steps[0]) == [0, 1] and table.ranks == {0, 1}
 
 
 # ---- B: nesting deeper than any parser's stack ----------------------------------------------------
