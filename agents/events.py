@@ -29,9 +29,10 @@ import json
 import keyword
 import math
 import operator
+import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Union
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Union
 
 import msgspec
 from whywait.agents.errors import AgentError
@@ -126,6 +127,8 @@ class Field:
     doc: str
     required: bool = True
     measure: Measure | None = None
+    # A string field that takes one of a few words (a job's ``state``): any other word is refused.
+    choices: tuple[str, ...] = ()
 
 
 # What a list entry is, for the engine: the entity kinds a record's entries can be, each keyed by one
@@ -139,6 +142,9 @@ class Record:
 
     ``entity``/``entity_key``: for a list's records, which entity one entry describes (one of
     :data:`ENTITIES`) and the field naming it; measured fields are stored per that entity.
+    ``check``: what no field's type can say, across the record's fields once each is valid.  It reads
+    the fields as attributes and raises :class:`ContractError` with the path inside the record; the
+    compiled decoder runs it as the record's ``__post_init__``, :func:`validate` on a dict.
     """
 
     name: str
@@ -146,6 +152,7 @@ class Record:
     doc: str = ""
     entity: str = ""
     entity_key: str = ""
+    check: Callable[[Any], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -163,8 +170,9 @@ class Topic:
     periodic: bool = False
 
 
-def F(name: str, type_: str, unit: str, doc: str, required: bool = True, measure: Measure | None = None) -> Field:
-    return Field(name, type_, unit, doc, required, measure)
+def F(name: str, type_: str, unit: str, doc: str, required: bool = True, measure: Measure | None = None,
+      choices: tuple[str, ...] = ()) -> Field:
+    return Field(name, type_, unit, doc, required, measure, choices)
 
 
 def M(metric: str | None, doc: str, unit: str = "", *rollups: Rollup, each: bool = False) -> Measure:
@@ -326,6 +334,44 @@ DISK_STATS = Record("DiskStats", (
 ), "One block device's (or network mount's) figures for the interval.", entity="device",
    entity_key="device")
 
+# A phase is timed apart from its step (by another clock, or summed over overlapping kernels), so it
+# may run a little past the step; by more than half the step and a second it cannot have been measured.
+STEP_PHASES = ("data_wait_s", "compute_s", "comm_s", "collective_s", "pipeline_wait_s", "checkpoint_s")
+PHASE_SLACK = (1.5, 1.0)
+
+
+def _check_step_phases(s: Any, _mul: float = PHASE_SLACK[0], _add: float = PHASE_SLACK[1]) -> None:
+    """StepTiming: no phase longer than ``PHASE_SLACK`` allows over the step's ``duration_s``."""
+    lim = s.duration_s * _mul + _add  # the slack as locals: this runs for every record of every step batch
+    # One expression, no loop (the hot path).
+    if ((s.data_wait_s or 0.0) <= lim and (s.compute_s or 0.0) <= lim and (s.comm_s or 0.0) <= lim
+            and (s.collective_s or 0.0) <= lim and (s.pipeline_wait_s or 0.0) <= lim
+            and (s.checkpoint_s or 0.0) <= lim):
+        return
+    for name in STEP_PHASES:
+        v = getattr(s, name)
+        if v is not None and v > lim:
+            raise ContractError(f"must be at most {PHASE_SLACK[0]:g} × duration_s + {PHASE_SLACK[1]:g} s "
+                                f"({lim:g} s here), a phase cannot outlast its step (got {v:g})", name)
+
+
+def _check_placed_ranks(p: Any) -> None:
+    """Placement: each rank placed once; no rank at all only once the job has finished."""
+    ranks = p.ranks
+    if not ranks:
+        if p.state == "running":
+            raise ContractError("must name at least one rank while the job is running", "ranks")
+        return
+    rank_of = operator.attrgetter("rank") if isinstance(ranks[0], Event) else operator.itemgetter("rank")
+    if len(set(map(rank_of, ranks))) == len(ranks):
+        return
+    first: dict[int, int] = {}
+    for i, r in enumerate(map(rank_of, ranks)):
+        if r in first:
+            raise ContractError(f"rank {r} is placed twice (ranks[{first[r]}] and ranks[{i}])", f"ranks[{i}].rank")
+        first[r] = i
+
+
 STEP_TIMING = Record("StepTiming", (
     F("rank", "integer", "", "Global rank in the job (0 to 2^31 − 1)."),
     F("step", "integer", "", "Training step number (monotonic per rank; 0 to 2^53)."),
@@ -352,7 +398,9 @@ STEP_TIMING = Record("StepTiming", (
       required=False),
     F("ended_at", "number", "s since epoch (UTC)", "When this step ended (the envelope `time` is the batch's).",
       required=False),
-), "One completed training step of one rank.", entity="rank", entity_key="rank")
+), "One completed training step of one rank. No phase may exceed 1.5 × `duration_s` + 1 s (a phase is timed "
+   "apart from its step, so a little more than the step is allowed; more cannot have been measured).",
+   entity="rank", entity_key="rank", check=_check_step_phases)
 
 PLACED_RANK = Record("PlacedRank", (
     F("rank", "integer", "", "Global rank (0 to 2^31 − 1)."),
@@ -460,14 +508,15 @@ TOPICS: tuple[Topic, ...] = (
         F("project", "string", "", "Owning project."),
         F("team", "string", "", "Owning team."),
         F("slack_channel", "string", "", "The team's channel, `#name`.", required=False),
-        F("state", "string", "", "`running` or `finished`."),
-        F("ranks", "list[PlacedRank]", "", "Every rank's node and GPU."),
+        F("state", "string", "", "`running` or `finished`.", choices=("running", "finished")),
+        F("ranks", "list[PlacedRank]", "", "Every rank's node and GPU, each rank once (none only once the job "
+          "has finished)."),
         F("user", "string", "", "User the job runs as (Slurm `UserId`, pod's service account) (v2).",
           required=False),
         F("account", "string", "", "Scheduler account or Kubernetes namespace (v2).", required=False),
         F("source", "string", "", "Who published this placement: `slurm`, `k8s`, `file`, `simulator` (v2).",
           required=False),
-    )), "Which job runs where and who owns it. Compacted: the latest message per job wins. "
+    ), check=_check_placed_ranks), "Which job runs where and who owns it. Compacted: the latest message per job wins. "
         "`node` in the envelope is the producer (the scheduler hook or simulator).",
         compacted=True, lists={"ranks": PLACED_RANK}),
     Topic(TOPIC_STEPS, "steps", "job id", Record("StepBatch", (
@@ -480,7 +529,7 @@ TOPICS: tuple[Topic, ...] = (
         F("job", "string", "", "Job id."),
         F("rank", "integer", "", "Rank writing the checkpoint."),
         F("checkpoint_id", "string", "", "Identifies one save across its start and end."),
-        F("phase", "string", "", "`start`, `end` or `failed`."),
+        F("phase", "string", "", "`start`, `end` or `failed`.", choices=("start", "end", "failed")),
         F("bytes", "integer", "bytes", "Bytes written (on `end`).", required=False),
         F("duration_s", "number", "s", "Save duration (on `end` and `failed`).", required=False),
         F("path", "string", "", "Destination path.", required=False),
@@ -491,7 +540,7 @@ TOPICS: tuple[Topic, ...] = (
         F("gpus", "list[GpuSample]", "", "One sample per GPU."),
     )), "Per-GPU samples of one node for the interval.", lists={"gpus": GPU_SAMPLE}, periodic=True),
     Topic(TOPIC_NET, "net", "node id", Record("NetReport", (
-        F("interval_s", "number", "s", "Length of the interval the rates cover."),
+        F("interval_s", "number", "s", "Length of the interval the rates cover (more than 0)."),
         F("nics", "list[NicCounters]", "", "One entry per interface or IB port."),
         F("tcp_retrans_segs_per_s", "number", "segments/s", "TCP segments retransmitted (`RetransSegs`).",
           measure=M("net.tcp_retrans_segs_per_s", "TCP segments retransmitted")),
@@ -503,7 +552,7 @@ TOPICS: tuple[Topic, ...] = (
     )), "Per-NIC rates and node-wide TCP counters for the interval.", lists={"nics": NIC_COUNTERS},
         periodic=True),
     Topic(TOPIC_STORAGE, "storage", "node id", Record("StorageReport", (
-        F("interval_s", "number", "s", "Length of the interval the rates cover."),
+        F("interval_s", "number", "s", "Length of the interval the rates cover (more than 0)."),
         F("devices", "list[DiskStats]", "", "One entry per block device or network mount."),
         F("io_pressure_some_avg10", "number", "%", "PSI `io some avg10`.", required=False,
           measure=M("storage.io_pressure", "PSI io some avg10")),
@@ -615,6 +664,7 @@ UNIT_BOUNDS: dict[str, tuple[float, float]] = {
     "index": (0.0, 1e7),
     "indexes": (0.0, 1e7),
     "XID codes": (0.0, 1e6),
+    "syslog level": (0.0, 7.0),
 }
 # Any number without a unit bound (ranks, step numbers, producer extensions): finite, and an
 # integer that fits in 64 bits, so float() and the store's arithmetic can never overflow.
@@ -638,6 +688,18 @@ FIELD_BOUNDS: dict[str, tuple[float, float]] = {
     "step": (0, 2 ** 53),
     "sender_uid": (0, 2 ** 32 - 1),
 }
+# Fields whose lower bound is itself refused: a GPU share of 0 (the docs say (0, 1]), rates over an
+# interval of 0 s.
+ABOVE_MIN: frozenset[str] = frozenset({"gpu_share", "interval_s"})
+# Free-text fields (a log line, a tool's error): tab, line feed and carriage return are allowed there.
+# Every other string is a name or an id, copied into keys, log lines and Slack messages, and holds no
+# control character at all (C0, U+0000-U+001F, or C1, U+0080-U+009F; DEL is allowed: it neither breaks
+# a line nor moves a terminal's cursor, and finding it would cost the decoder another scan of every
+# message).  No string holds an unpaired surrogate (``"\ud800"``): it has no UTF-8 form.
+PROSE_FIELDS: frozenset[str] = frozenset({"error", "message", "note"})
+# What a name or id (and prose) must not hold; the importers check names with it too, to name the line.
+NOT_IN_NAMES = re.compile("[\x00-\x1f\x80-\x9f\ud800-\udfff]")
+NOT_IN_PROSE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x80-\x9f\ud800-\udfff]")
 
 
 def _bounds(unit: str, name: str) -> tuple[float, float]:
@@ -649,14 +711,16 @@ def _bounds(unit: str, name: str) -> tuple[float, float]:
 def _in_bounds(value: int | float, unit: str, name: str = "") -> bool:
     lo, hi = _bounds(unit, name)
     if isinstance(value, int):  # compare big ints as ints: float(10**400) raises OverflowError
-        return -_INT_LIMIT <= value < _INT_LIMIT and lo <= value <= hi  # a signed 64-bit integer
-    return math.isfinite(value) and lo <= value <= hi
+        ok = -_INT_LIMIT <= value < _INT_LIMIT and lo <= value <= hi  # a signed 64-bit integer
+    else:
+        ok = math.isfinite(value) and lo <= value <= hi
+    return ok and not (name in ABOVE_MIN and value == lo)
 
 
 def _bound_text(unit: str, name: str = "") -> str:
     lo, hi = _bounds(unit, name)
     text = f"{lo}..{hi}" if name in FIELD_BOUNDS else f"{lo:g}..{hi:g}"  # a field's own bounds: exact integers
-    return text + (f" {unit}" if unit else "")
+    return text + (f" {unit}" if unit else "") + (f", excluding {lo:g}" if name in ABOVE_MIN else "")
 
 
 def _short(value: Any) -> str:
@@ -670,7 +734,8 @@ def _short(value: Any) -> str:
     return text if len(text) <= 80 else text[:60] + f"... ({len(text)} chars)"
 
 
-def _check(value: Any, type_: str, path: str, errors: list[str], unit: str = "", name: str = "") -> None:
+def _check(value: Any, type_: str, path: str, errors: list[str], unit: str = "", name: str = "",
+           choices: tuple[str, ...] = ()) -> None:
     if type_ == "number":
         if isinstance(value, bool) or not isinstance(value, _NUM) or \
                 (isinstance(value, float) and not math.isfinite(value)):
@@ -688,6 +753,12 @@ def _check(value: Any, type_: str, path: str, errors: list[str], unit: str = "",
             errors.append(f"{path}: must be a non-empty string (got {_short(value)})")
         elif len(value) > cap:
             errors.append(f"{path}: must be at most {cap} characters (got {len(value)})")
+        elif choices and value not in choices:
+            errors.append(f"{path}: must be one of {', '.join(map(repr, choices))} (got {_short(value)})")
+        elif (NOT_IN_PROSE if name in PROSE_FIELDS else NOT_IN_NAMES).search(value):
+            what = "control characters (but tab, line feed, carriage return)" if name in PROSE_FIELDS \
+                else "control characters"
+            errors.append(f"{path}: must not hold {what} or unpaired surrogates (got {_short(value)})")
     elif type_ == "boolean":
         if not isinstance(value, bool):
             errors.append(f"{path}: must be true or false (got {_short(value)})")
@@ -716,11 +787,29 @@ def _check_record(obj: Any, rec: Record, path: str, errors: list[str]) -> None:
     if not isinstance(obj, dict):
         errors.append(f"{path}: must be an object ({rec.name}) (got {type(obj).__name__})")
         return
+    before = len(errors)
     for f in rec.fields:
         if f.name in obj and obj[f.name] is not None:
-            _check(obj[f.name], f.type, f"{path}.{f.name}" if path else f.name, errors, f.unit, f.name)
+            _check(obj[f.name], f.type, f"{path}.{f.name}" if path else f.name, errors, f.unit, f.name, f.choices)
         elif f.required:
             errors.append(f"{path + '.' if path else ''}{f.name}: is required ({f.type}, {f.unit or 'no unit'})")
+    if rec.check is not None and len(errors) == before:  # across fields: only once each field is valid
+        try:
+            rec.check(_Fields(obj))
+        except ContractError as exc:
+            errors.append(f"{path}.{exc}" if path else str(exc))
+
+
+class _Fields:
+    """A dict's fields read as attributes (None when absent), for a :attr:`Record.check` in :func:`validate`."""
+
+    __slots__ = ("_d",)
+
+    def __init__(self, d: dict[str, Any]) -> None:
+        self._d = d
+
+    def __getattr__(self, name: str) -> Any:
+        return self._d.get(name)
 
 
 def validate(msg: Any, topic: str | None = None) -> dict[str, Any]:
@@ -894,15 +983,22 @@ def as_dict(msg: Mapping[str, Any]) -> dict[str, Any]:
     return _plain(msg)  # type: ignore[no-any-return]
 
 
-def _bounded(type_: str, unit: str, name: str) -> Any:
-    """The msgspec type of one contract type: the same checks :func:`_check` makes, compiled."""
+def _bounded(type_: str, unit: str, name: str, choices: tuple[str, ...] = ()) -> Any:
+    """The msgspec type of one contract type: the same checks :func:`_check` makes, compiled.
+
+    All but one: msgspec has no constraint for the characters of a string, so :func:`decode` sends a
+    message that could hold a control character or an unpaired surrogate to :func:`validate`.
+    """
     if type_ in ("number", "integer"):
         lo, hi = _bounds(unit, name)
         if type_ == "integer":  # an integer: within the unit's bounds and a signed 64-bit one
-            ge, le = max(math.ceil(lo), -_INT_LIMIT), min(math.floor(hi), _INT_LIMIT - 1)
-            return Annotated[int, msgspec.Meta(ge=ge, le=le)]
-        return Annotated[float, msgspec.Meta(ge=lo, le=hi)]
+            lo, hi = max(math.ceil(lo), -_INT_LIMIT), min(math.floor(hi), _INT_LIMIT - 1)
+        meta = msgspec.Meta(gt=lo, le=hi) if name in ABOVE_MIN else msgspec.Meta(ge=lo, le=hi)
+        num: Any = int if type_ == "integer" else float
+        return Annotated[num, meta]
     if type_ == "string":
+        if choices:
+            return Literal[choices]
         return Annotated[str, msgspec.Meta(min_length=1, max_length=STRING_MAX_BY_FIELD.get(name, STRING_MAX))]
     if type_ == "boolean":
         return bool
@@ -928,13 +1024,14 @@ def _struct_for(rec: Record, head: tuple[Field, ...] = (), kind: str | None = No
             continue  # the tag
         name = f.name + "_" if keyword.iskeyword(f.name) or f.name in _VIEW_METHODS else f.name
         attr[f.name] = name
-        t = _bounded(f.type, f.unit, f.name)
+        t = _bounded(f.type, f.unit, f.name, f.choices)
         fields.append((name, t) if f.required else (name, t | None, None))  # type: ignore[operator]
     cls: type[Event] = msgspec.defstruct(  # type: ignore[assignment]
         rec.name, fields, bases=(Event,), kw_only=True, frozen=True, omit_defaults=True,
         rename={a: w for w, a in attr.items() if a != w} or None,
         tag_field="kind" if kind is not None else None, tag=kind if kind is not None else None,
-        namespace={"_attr": attr, "_kind": kind, "__module__": __name__})
+        namespace={"_attr": attr, "_kind": kind, "__module__": __name__,
+                   **({"__post_init__": rec.check} if rec.check is not None else {})})
     if kind is None:
         _STRUCTS[rec.name] = cls
     return cls
@@ -985,18 +1082,54 @@ def decode(raw: bytes | str, topic: str | None = None) -> Message:
         raise ContractError("not valid JSON: nested too deeply") from None
     if ev.schema not in SUPPORTED_SCHEMAS or (topic is not None and _TOPIC_OF_TYPE[type(ev)] != topic):
         return _decode_slow(raw, topic)  # the reference checker words the reason
+    # msgspec cannot check a string's characters.  A C0 control or an unpaired surrogate can reach a
+    # string only through an escape (JSON forbids them raw), a C1 control also raw (0xC2 0x80-0x9F in
+    # UTF-8): two scans for a byte (an int: a plain memchr) clear nearly every message.
+    if type(raw) is bytes:
+        if (92 in raw and _ESCAPED.search(raw) is not None) or (194 in raw and _C1_RAW.search(raw) is not None):
+            return _decode_slow(raw, topic)
+    elif _SUSPECT_TEXT.search(raw) is not None:  # type: ignore[arg-type]
+        return _decode_slow(raw, topic)
     return ev
+
+
+# What may spell a C0 or C1 control or an unpaired surrogate in a JSON text: a short escape (``\n``) or
+# a ``\u`` escape of one, or a C1 control raw.  It also matches harmless text (``\\n``, an escaped
+# backslash before an ``n``): such a message is only checked the slow way.
+_ESCAPED = re.compile(rb"\\(?:[bfnrt]|u(?:00[0189]|[dD][89a-fA-F]))")
+_C1_RAW = re.compile(rb"\xc2[\x80-\x9f]")
+_SUSPECT_TEXT = re.compile(r"\\(?:[bfnrt]|u(?:00[0189]|[dD][89a-fA-F]))|[\x00-\x1f\x80-\x9f\ud800-\udfff]")
+_BOM = b"\xef\xbb\xbf"
 
 
 def _decode_slow(raw: bytes | str, topic: str | None) -> Message:
     """The reference path: ``json.loads`` and :func:`validate` (raises with the reason), then the typed object.
 
-    Reached for refused messages, and for the few the compiled decoder is stricter about than the
-    contract (a string with an unpaired surrogate escape, which Python's JSON reader accepts).
+    Reached for refused messages, and for those the compiled decoder cannot fully check (a string
+    that may hold a control character).  Bytes must be UTF-8 without a byte-order mark, as the
+    contract says: ``json.loads`` alone would also read UTF-16, UTF-32 and a BOM.
     """
+    if isinstance(raw, (bytes, bytearray, memoryview)):
+        raw = bytes(raw)
+        if raw.startswith(_BOM):
+            raise ContractError("not valid JSON: starts with a UTF-8 byte-order mark (the contract is UTF-8 "
+                                "without one)")
+        if raw[:2] in (b"\xff\xfe", b"\xfe\xff"):
+            raise ContractError("not valid JSON: starts with a UTF-16 or UTF-32 byte-order mark (the contract "
+                                "is UTF-8)")
+        if 0 in raw:  # JSON text never holds a NUL byte; UTF-16 and UTF-32 text always does
+            raise ContractError(f"not valid JSON: a NUL byte at offset {raw.index(0)} (UTF-16 or UTF-32? the "
+                                "contract is UTF-8)")
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ContractError(f"not valid JSON: not UTF-8 (byte 0x{raw[exc.start]:02x} at offset "
+                                f"{exc.start})") from None
+    else:
+        text = raw
     try:
-        msg = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
+        msg = json.loads(text)
+    except ValueError as exc:
         raise ContractError(f"not valid JSON: {exc}") from None
     except RecursionError:  # [[[[...]]]] nested deeper than the parser's stack
         raise ContractError("not valid JSON: nested too deeply") from None
