@@ -25,18 +25,23 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import re
+import zlib
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from whywait.agents.events import FIELD_BOUNDS, RANK_MAX
 from whywait.engine.importers import ImportFormatError
 
-_STEP = re.compile(r"^ProfilerStep#(\d+)$")
+_STEP = re.compile(r"^ProfilerStep#([0-9]+)$")
+_STEP_MAX = int(FIELD_BOUNDS["step"][1])
 _LOADER = re.compile(r"dataloader|data_load|data loading", re.IGNORECASE)
 _PIPELINE_OPS = frozenset({"send", "recv", "_send", "_recv", "batch_isend_irecv", "isend", "irecv"})
 _EPOCH_US = 1e15  # microseconds since 1970 later than 2001: wall-clock timestamps
+_TS_MAX_US = 1e17  # about the year 5000: any later ts or longer dur is garbage, not a time
 
 
 @dataclass(frozen=True)
@@ -74,8 +79,10 @@ def load_trace(path: Path) -> dict[str, Any]:
         data = json.loads(raw)
     except FileNotFoundError:
         raise ImportFormatError(f"{path}: no such file") from None
-    except (OSError, ValueError, EOFError) as exc:
+    except (OSError, ValueError, EOFError, zlib.error) as exc:  # ValueError: bad JSON, or not UTF-8
         raise ImportFormatError(f"{path}: not a JSON trace ({exc})") from None
+    except RecursionError:
+        raise ImportFormatError(f"{path}: not a JSON trace (nested too deeply)") from None
     if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
         raise ImportFormatError(f"{path}: not a PyTorch profiler trace (no traceEvents list)")
     return data
@@ -86,9 +93,34 @@ def is_kineto(path: Path) -> bool:
     try:
         with (gzip.open(path, "rb") if path.read_bytes()[:2] == b"\x1f\x8b" else path.open("rb")) as fh:
             head = fh.read(4096)
-    except OSError:
+    except (OSError, EOFError, zlib.error):
         return False
     return b"traceEvents" in head or b"schemaVersion" in head
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:30] + f"... ({len(text)} chars)"
+
+
+def _rank(path: Path, data: dict[str, Any], given: int | None) -> int:
+    """The rank of the trace: ``given`` (``--rank``), else the trace's ``distributedInfo.rank``; checked."""
+    rank: Any = given
+    if given is not None:
+        where = "--rank"
+    else:
+        info = data.get("distributedInfo")
+        if info is not None and not isinstance(info, dict):
+            raise ImportFormatError(f"{path}: distributedInfo: must be an object with a rank (got "
+                                    f"{_short(info)}): fix the trace or pass --rank")
+        rank = (info or {}).get("rank")
+        if rank is None:
+            raise ImportFormatError(f"{path}: the trace does not say its rank (no distributedInfo.rank): "
+                                    "pass --rank")
+        where = "distributedInfo.rank"
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank <= RANK_MAX:
+        raise ImportFormatError(f"{path}: {where}: must be a rank from 0 to {RANK_MAX} (got {_short(rank)})")
+    return rank
 
 
 def _union(iv: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -134,12 +166,13 @@ def steps_from_trace(path: Path, rank: int | None = None, notes: Counter[str] | 
     notes = Counter() if notes is None else notes
     data = load_trace(path)
     events = data["traceEvents"]
-    if rank is None:
-        rank = (data.get("distributedInfo") or {}).get("rank")
-        if not isinstance(rank, int):
-            raise ImportFormatError(f"{path}: the trace does not say its rank (no distributedInfo.rank): "
-                                    "pass --rank")
-    base_us = float(data.get("baseTimeNanoseconds", 0)) / 1000.0
+    rank = _rank(path, data, rank)
+    base_ns = data.get("baseTimeNanoseconds", 0)
+    if isinstance(base_ns, bool) or not isinstance(base_ns, (int, float)) or not math.isfinite(base_ns) \
+            or not 0 <= base_ns < 1e22:
+        raise ImportFormatError(f"{path}: baseTimeNanoseconds: must be nanoseconds since 1970 (got "
+                                f"{_short(base_ns)})")
+    base_us = float(base_ns) / 1000.0
     spans: dict[int, tuple[float, float]] = {}
     launches: dict[Any, float] = {}
     annotations: list[tuple[float, float, str]] = []
@@ -150,22 +183,38 @@ def steps_from_trace(path: Path, rank: int | None = None, notes: Counter[str] | 
             continue
         try:
             ts, dur = float(e["ts"]), float(e.get("dur", 0.0))
-            name, cat = str(e.get("name", "")), str(e.get("cat", ""))
-        except (KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError, OverflowError):
             raise ImportFormatError(f"{path}: traceEvents[{i}]: a complete event needs numeric ts and dur") from None
-        args = e.get("args") or {}
+        if not (abs(ts) < _TS_MAX_US and abs(dur) < _TS_MAX_US):  # also NaN
+            raise ImportFormatError(f"{path}: traceEvents[{i}]: ts and dur must be microseconds, finite and under "
+                                    f"{_TS_MAX_US:g} (got ts {ts:g}, dur {dur:g})")
+        name, cat = e.get("name", ""), e.get("cat", "")
+        name, cat = (name if isinstance(name, str) else ""), (cat if isinstance(cat, str) else "")
+        if dur < 0:
+            if _STEP.match(name):
+                raise ImportFormatError(f"{path}: traceEvents[{i}]: {name} has a negative dur ({dur:g} µs)")
+            notes[f"{path.name}: events with a negative duration (ignored)"] += 1
+            continue
+        args = e.get("args")
+        args = args if isinstance(args, dict) else {}
+        corr = args.get("correlation")
+        if not isinstance(corr, (int, float, str)):  # a list or an object cannot key the launches
+            corr = None
         if cat in ("cpu_op", "user_annotation", "python_function"):
             m = _STEP.match(name)
             if m:
+                if len(m.group(1)) > len(str(_STEP_MAX)) or int(m.group(1)) > _STEP_MAX:
+                    raise ImportFormatError(f"{path}: traceEvents[{i}]: step number {_short(m.group(1))} is "
+                                            f"over {_STEP_MAX}")
                 spans.setdefault(int(m.group(1)), (ts, ts + dur))
             elif name.startswith("nccl:"):
                 annotations.append((ts, ts + dur, name[5:]))
             elif _LOADER.search(name):
                 loaders.append((ts, ts + dur))
-        elif cat in ("cuda_runtime", "cuda_driver") and "correlation" in args:
-            launches[args["correlation"]] = ts
+        elif cat in ("cuda_runtime", "cuda_driver") and corr is not None:
+            launches[corr] = ts
         elif cat == "kernel":
-            kernels.append((args.get("correlation"), ts, ts + dur, name, cat))
+            kernels.append((corr, ts, ts + dur, name, cat))
     if not spans:
         raise ImportFormatError(f"{path}: no ProfilerStep#N spans: profile with torch.profiler.schedule "
                                 "and call prof.step() each iteration")

@@ -10,7 +10,8 @@ per rank per step::
 zone is given).  ``job`` and ``node`` may come from ``--job``/``--node`` instead.  The
 phases (``data_wait_s``, ``compute_s``, ``comm_s``, ``collective_s``, ``pipeline_wait_s``,
 ``checkpoint_s``) are optional: an empty cell is unknown, not zero.  Any problem is one
-line naming the file, the line and the column.
+line naming the file, the line and the column.  The file is UTF-8 (a leading byte-order mark, as
+spreadsheets write, is skipped); other bytes are refused with their line and byte offset.
 """
 
 from __future__ import annotations
@@ -22,46 +23,84 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator
 
+from whywait.agents.events import FIELD_BOUNDS, NOT_IN_NAMES
 from whywait.engine.importers import ImportFormatError
 
 PHASES = ("data_wait_s", "compute_s", "comm_s", "collective_s", "pipeline_wait_s", "checkpoint_s")
 KNOWN = {"time", "ended_at", "job", "rank", "step", "duration_s", "node", *PHASES}
 
 
+def _short(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 60 else text[:40] + f"... ({len(text)} chars)"
+
+
 def _time(v: Any, where: str) -> float:
-    if isinstance(v, (int, float)) and not isinstance(v, bool):
-        return float(v)
-    s = str(v).strip()
     try:
-        return float(s)
-    except ValueError:
-        pass
-    try:
-        dt = datetime.fromisoformat(s.replace("Z", "+00:00"))
-    except ValueError:
-        raise ImportFormatError(f"{where}: time must be Unix seconds or ISO 8601 (got {v!r})") from None
-    return (dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)).timestamp()
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            t = float(v)
+        else:
+            s = str(v).strip()
+            try:
+                t = float(s)
+            except ValueError:
+                dt = datetime.fromisoformat(s.replace("Z", "+00:00"))
+                t = (dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)).timestamp()
+    except (ValueError, OverflowError, OSError):  # OverflowError: an integer of 400 digits
+        raise ImportFormatError(f"{where}: time must be Unix seconds or ISO 8601 (got {_short(v)})") from None
+    if not math.isfinite(t):
+        raise ImportFormatError(f"{where}: time must be Unix seconds or ISO 8601 (got {_short(v)})")
+    return t
 
 
-def _num(v: Any, where: str, integer: bool = False) -> float | int | None:
+def _num(v: Any, where: str, integer: bool = False, most: float = math.inf) -> float | int | None:
     if v is None or (isinstance(v, str) and not v.strip()):
         return None
     try:
+        if isinstance(v, bool):
+            raise TypeError
         x = float(v)
+    except OverflowError:  # an integer too big for a float
+        raise ImportFormatError(f"{where}: must be at most {most:.0f} (got {_short(v)})" if most < math.inf
+                                else f"{where}: must be a finite number >= 0 (got {_short(v)})") from None
     except (TypeError, ValueError):
-        raise ImportFormatError(f"{where}: must be a number (got {v!r})") from None
+        raise ImportFormatError(f"{where}: must be a number (got {_short(v)})") from None
     if not math.isfinite(x) or x < 0:
-        raise ImportFormatError(f"{where}: must be a finite number >= 0 (got {v!r})")
+        raise ImportFormatError(f"{where}: must be a finite number >= 0 (got {_short(v)})")
+    if x > most:
+        raise ImportFormatError(f"{where}: must be at most {most:.0f} (got {_short(v)})")
     if integer:
         if x != int(x):
-            raise ImportFormatError(f"{where}: must be a whole number (got {v!r})")
+            raise ImportFormatError(f"{where}: must be a whole number (got {_short(v)})")
         return int(x)
     return x
 
 
+def _not_utf8(path: Path) -> ImportFormatError:
+    """The error for a file that is not UTF-8: the line and byte offset of its first bad byte."""
+    offset = 0
+    with path.open("rb") as fh:
+        for no, line in enumerate(fh, start=1):
+            try:
+                line.decode("utf-8-sig" if no == 1 else "utf-8")
+            except UnicodeDecodeError as exc:
+                at = offset + exc.start + (3 if no == 1 and line.startswith(b"\xef\xbb\xbf") else 0)
+                return ImportFormatError(f"{path}:{no}: not UTF-8 (byte 0x{line[at - offset]:02x} at byte offset "
+                                         f"{at}): save the table as UTF-8")
+            offset += len(line)
+    return ImportFormatError(f"{path}: not UTF-8")  # pragma: no cover - the text reader saw a bad byte
+
+
 def _rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     try:
-        fh = path.open(newline="", encoding="utf-8")
+        yield from _parsed_rows(path)
+    except UnicodeDecodeError:
+        raise _not_utf8(path) from None
+
+
+def _parsed_rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    try:
+        fh = path.open(newline="", encoding="utf-8-sig")  # -sig: skips the byte-order mark spreadsheets write
     except OSError as exc:
         raise ImportFormatError(f"{path}: cannot read ({exc.strerror or exc})") from None
     with fh:
@@ -75,17 +114,22 @@ def _rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
                     row = json.loads(line)
                 except json.JSONDecodeError as exc:
                     raise ImportFormatError(f"{path}:{no}: not valid JSON ({exc.msg})") from None
+                except RecursionError:
+                    raise ImportFormatError(f"{path}:{no}: not valid JSON (nested too deeply)") from None
                 if not isinstance(row, dict):
                     raise ImportFormatError(f"{path}:{no}: expected a JSON object per line")
                 yield no, row
         else:
             reader = csv.DictReader(fh)
-            unknown = set(reader.fieldnames or ()) - KNOWN
-            if unknown:
-                raise ImportFormatError(f"{path}:1: unknown column(s) {', '.join(sorted(unknown))} "
-                                        f"(known: {', '.join(sorted(KNOWN))})")
-            for row in reader:
-                yield reader.line_num, row
+            try:
+                unknown = set(reader.fieldnames or ()) - KNOWN
+                if unknown:
+                    raise ImportFormatError(f"{path}:1: unknown column(s) {', '.join(sorted(unknown))} "
+                                            f"(known: {', '.join(sorted(KNOWN))})")
+                for row in reader:
+                    yield reader.line_num, row
+            except csv.Error as exc:  # a NUL byte, a field over the csv module's size limit
+                raise ImportFormatError(f"{path}:{reader.line_num}: not a CSV row ({exc})") from None
 
 
 def read_steps(path: Path, job: str | None = None,
@@ -98,7 +142,7 @@ def read_steps(path: Path, job: str | None = None,
             raise ImportFormatError(f"{where}: time: is required (when the step ended)")
         rec: dict[str, Any] = {"ended_at": _time(t, f"{where}: time")}
         for f, integer in (("rank", True), ("step", True), ("duration_s", False)):
-            v = _num(row.get(f), f"{where}: {f}", integer)
+            v = _num(row.get(f), f"{where}: {f}", integer, FIELD_BOUNDS[f][1] if f in FIELD_BOUNDS else math.inf)
             if v is None:
                 raise ImportFormatError(f"{where}: {f}: is required")
             rec[f] = v
@@ -112,4 +156,7 @@ def read_steps(path: Path, job: str | None = None,
             raise ImportFormatError(f"{where}: job: is required (a column, or --job)")
         if not n:
             raise ImportFormatError(f"{where}: node: is required (a column, or --node)")
+        for what, name in (("job", j), ("node", n)):
+            if isinstance(name, str) and NOT_IN_NAMES.search(name):
+                raise ImportFormatError(f"{where}: {what}: must not hold control characters (got {_short(name)})")
         yield str(j), str(n), rec
