@@ -15,6 +15,7 @@ from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from whywait.agents import events
 from whywait.agents.events import (
     _RECORDS,
     GENERIC_BOUND,
@@ -86,15 +87,18 @@ def test_envelope_fields_of_any_value_never_escape_as_other_errors(msg: dict[str
 
 
 def _number(f: Field) -> st.SearchStrategy[Any]:
-    lo, hi = UNIT_BOUNDS.get(f.unit, GENERIC_BOUND)
+    lo, hi = events._bounds(f.unit, f.name)  # the field's own bounds where the contract gives them (ranks: int32)
+    above = f.name in events.ABOVE_MIN  # (0, 1]: the lower bound itself is refused
     if f.type == "integer":
-        return st.integers(min_value=max(int(lo), -(2 ** 63)), max_value=min(int(hi), 2 ** 63 - 1))  # signed 64-bit
-    return st.floats(min_value=lo, max_value=hi, allow_nan=False, allow_infinity=False)
+        return st.integers(min_value=max(int(lo) + above, -(2 ** 63)), max_value=min(int(hi), 2 ** 63 - 1))
+    return st.floats(min_value=lo, max_value=hi, allow_nan=False, allow_infinity=False, exclude_min=above)
 
 
 def _value(f: Field, node: str) -> st.SearchStrategy[Any]:
     if f.type in ("number", "integer"):
         return _number(f)
+    if f.choices:
+        return st.sampled_from(f.choices)
     if f.type == "string":
         return st.sampled_from([node, "eth0", "start", "end", "failed", "running", "x" * 256])
     if f.type == "boolean":
@@ -111,7 +115,17 @@ def _value(f: Field, node: str) -> st.SearchStrategy[Any]:
 def _record(rec: Any, node: str) -> st.SearchStrategy[dict[str, Any]]:
     req = {f.name: _value(f, node) for f in rec.fields if f.required}
     opt = {f.name: _value(f, node) for f in rec.fields if not f.required}
-    return st.fixed_dictionaries(req, optional=opt)
+    return st.fixed_dictionaries(req, optional=opt).map(_phases_within_step)
+
+
+def _phases_within_step(r: dict[str, Any]) -> dict[str, Any]:
+    """A step's phases cut to what the contract allows (at most 1.5 x ``duration_s`` + 1 s each)."""
+    if "duration_s" in r:
+        cap = events.PHASE_SLACK[0] * r["duration_s"] + events.PHASE_SLACK[1]
+        for name in events.STEP_PHASES:
+            if name in r and r[name] > cap:
+                r[name] = cap
+    return r
 
 
 valid_messages = st.sampled_from([t for t in TOPICS if t.kind != "placement"]).flatmap(
