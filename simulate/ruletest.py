@@ -60,6 +60,7 @@ from whywait.durations import parse_duration
 from whywait.errors import DurationError, YamlError
 
 START = 1_764_442_800.0
+MAX_AT_S = 86_400.0  # a test event's `at`: as far as a scenario's duration_s may run (RULE_TEST_LIMITS)
 _TOP_KEYS = ("cases", "rule")
 _CASE_KEYS = ("events", "expect", "name", "scenario", "start", "strict", "topology")
 _DIAGNOSIS_FIELDS = tuple(f.name for f in dataclasses.fields(Diagnosis))
@@ -159,7 +160,7 @@ def _rules_hint(rule_ids: Collection[str]) -> str:
 
 def _check_case(c: _Checker, p: yamlio.KeyPath, case: Any, rule_ids: Collection[str] | None) -> None:
     from whywait.simulate.errors import SimulationError
-    from whywait.simulate.scenario import parse_scenario
+    from whywait.simulate.scenario import RULE_TEST_LIMITS, check_simulation, parse_scenario
 
     if not isinstance(case, dict):
         c.err(p, f"must be a mapping with 'name', 'expect' and 'scenario' or 'events' (got {case!r})")
@@ -188,7 +189,10 @@ def _check_case(c: _Checker, p: yamlio.KeyPath, case: Any, rule_ids: Collection[
     for key in ("scenario", "topology"):
         if key in case:
             try:
-                parse_scenario(copy.deepcopy(case[key]), source=c.doc.source, lines=c.doc.lines, prefix=p + (key,))
+                sc = parse_scenario(copy.deepcopy(case[key]), source=c.doc.source, lines=c.doc.lines,
+                                    prefix=p + (key,), limits=RULE_TEST_LIMITS)
+                if key == "scenario":
+                    check_simulation(sc, case[key], source=c.doc.source, lines=c.doc.lines, prefix=p + (key,))
             except SimulationError as exc:
                 c.problems.append(str(exc))
                 ok = False
@@ -255,6 +259,8 @@ def _event_message(ev: Any, start: float, where: str) -> dict[str, Any]:
         raise RuleTestError(f"{where}: must be a mapping (a contract message with 'kind' and 'at')")
     ev = dict(ev)
     at = _offset(ev.pop("at", 0), f"{where}.at")
+    if at > MAX_AT_S:  # the evaluator ticks through the time up to the last event
+        raise RuleTestError(f"{where}.at: must be at most {MAX_AT_S:,.0f}s (one day) after the start (got {at:,.0f}s)")
     if not isinstance(ev.get("kind"), str):
         raise RuleTestError(f"{where}: needs a 'kind' (one of the contract's kinds)")
     try:
@@ -267,18 +273,19 @@ def _event_message(ev: Any, start: float, where: str) -> dict[str, Any]:
 
 def _messages(case: dict[str, Any], start: float) -> tuple[Any, Iterable[tuple[str | None, dict[str, Any]]]]:
     """Build (engine topology, messages) for a case checked by :func:`load_cases`."""
-    from whywait.simulate.scenario import parse_scenario
+    from whywait.simulate.scenario import RULE_TEST_LIMITS, parse_scenario
     from whywait.simulate.sim import Simulation
 
     src, lines, prefix = case.get("_source", case["_where"]), case.get("_lines"), case.get("_prefix", ())
     if "scenario" in case:
-        sc = parse_scenario(copy.deepcopy(case["scenario"]), source=src, lines=lines, prefix=prefix + ("scenario",))
+        sc = parse_scenario(copy.deepcopy(case["scenario"]), source=src, lines=lines, prefix=prefix + ("scenario",),
+                            limits=RULE_TEST_LIMITS)
         engine_topo = copy.deepcopy(sc.topology)  # the engine learns the jobs from placement messages
         sim = Simulation(sc.topology, sc.jobs, sc.faults, start_time=start, duration_s=sc.duration_s,
                          interval_s=sc.interval_s, seed=sc.seed)
         return engine_topo, sim.messages()
     sc = parse_scenario(copy.deepcopy(case.get("topology") or {"cluster": {"nodes": 4}}), source=src, lines=lines,
-                        prefix=prefix + ("topology",))
+                        prefix=prefix + ("topology",), limits=RULE_TEST_LIMITS)
     msgs = [(None, _event_message(ev, start, _where(case, "events", i))) for i, ev in enumerate(case["events"])]
     msgs.sort(key=lambda tm: tm[1]["time"])
     return sc.topology, msgs
