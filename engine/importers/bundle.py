@@ -7,7 +7,9 @@ zip archive (deflate) holding:
 ``manifest.json``
     format name and version, whywait and contract schema versions, the window and
     filters it was cut with, message counts per topic, and the SHA-256 and size of
-    every other member (checked before anything is read).
+    every other member (checked before anything is read: :meth:`Bundle.verify`
+    refuses a member missing from the list, a listed one missing from the archive,
+    and any mismatch, so an edited bundle is never replayed).
 ``events.jsonl``
     one line per message, in event-time order: ``{"topic": ..., "value": "<raw JSON>"}``.
     The raw value is kept byte for byte, so a replay of the bundle sees exactly what a
@@ -15,13 +17,20 @@ zip archive (deflate) holding:
 ``topology.yaml``, ``rules/...``
     the topology and the rule files in force, so the replay needs nothing else.
 
-Events are streamed in and out: neither writing nor reading holds the range in memory.
+Events are streamed in and out: neither writing nor reading holds the range in memory.  A line
+longer than any contract message (:data:`MAX_LINE_BYTES`) is skipped as it is read, not held, and
+counted in :attr:`Bundle.skipped`.  Every problem is one line naming the bundle and the member:
+``incident.whywait: manifest.json: window: expected ...``, ``incident.whywait!topology.yaml:2: ...``.
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
+import logging
+import math
+import re
 import time
 import zipfile
 import zlib
@@ -31,13 +40,21 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import msgspec
-from whywait.agents.events import SCHEMA_VERSION
+from whywait.agents.events import MAX_MESSAGE_BYTES, SCHEMA_VERSION
 from whywait.engine.importers import ImportFormatError
+
+log = logging.getLogger(__name__)
 
 FORMAT = "whywait-bundle"
 VERSION = 1
 EVENTS = "events.jsonl"
 MANIFEST = "manifest.json"
+TOPOLOGY = "topology.yaml"
+#: The longest line of ``events.jsonl`` read: the largest contract message with every byte escaped as
+#: ``\u00XX`` (6 bytes), plus its topic.  A longer line cannot hold a message the engine would accept.
+MAX_LINE_BYTES = 6 * MAX_MESSAGE_BYTES + (64 << 10)
+_MAX_MANIFEST_BYTES = 16 << 20  # a manifest lists members and counts: kilobytes
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 class _Line(msgspec.Struct):
@@ -114,10 +131,16 @@ class BundleWriter:
 
 
 class Bundle:
-    """An opened bundle: its manifest (checked), its events as a stream, its topology and rules."""
+    """An opened bundle: its manifest (checked), its events as a stream, its topology and rules.
+
+    Opening checks the manifest's shape; :meth:`verify` checks the members against it, and is called
+    before anything else is read (``whywait replay --input``, ``whywait import``).
+    """
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        #: lines of events.jsonl skipped while reading, by reason (a line over :data:`MAX_LINE_BYTES`)
+        self.skipped: Counter[str] = Counter()
         try:
             self._zip = zipfile.ZipFile(path)
         except FileNotFoundError:
@@ -125,18 +148,81 @@ class Bundle:
         except (zipfile.BadZipFile, OSError) as exc:
             raise ImportFormatError(f"{path}: not a whywait bundle ({exc})") from None
         try:
-            self.manifest: dict[str, Any] = json.loads(self._zip.read(MANIFEST))
+            with self._zip.open(MANIFEST) as fh:
+                raw = fh.read(_MAX_MANIFEST_BYTES + 1)
         except KeyError:
             raise ImportFormatError(f"{path}: not a whywait bundle (no {MANIFEST})") from None
-        except ValueError as exc:
+        except (zipfile.BadZipFile, zlib.error, OSError) as exc:
+            raise ImportFormatError(f"{path}: {MANIFEST} is corrupt ({exc})") from None
+        if len(raw) > _MAX_MANIFEST_BYTES:
+            raise ImportFormatError(f"{path}: {MANIFEST} is over {_MAX_MANIFEST_BYTES >> 20} MiB: not a manifest")
+        try:
+            manifest = json.loads(raw)
+        except (ValueError, RecursionError) as exc:
             raise ImportFormatError(f"{path}: {MANIFEST} is not valid JSON ({exc})") from None
-        if self.manifest.get("format") != FORMAT or self.manifest.get("version") != VERSION:
+        if not isinstance(manifest, dict):
+            raise ImportFormatError(f"{path}: {MANIFEST}: expected a JSON object (got {_kind(manifest)})")
+        self.manifest: dict[str, Any] = manifest
+        if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
             raise ImportFormatError(f"{path}: {MANIFEST}: expected format {FORMAT!r} version {VERSION} "
-                                    f"(got {self.manifest.get('format')!r} {self.manifest.get('version')!r})")
+                                    f"(got {manifest.get('format')!r} {manifest.get('version')!r})")
+        self._check_manifest()
+
+    def _bad(self, key: str, expected: str, got: Any) -> ImportFormatError:
+        return ImportFormatError(f"{self.path}: {MANIFEST}: {key}: expected {expected} (got {_shown(got)})")
+
+    def _check_manifest(self) -> None:
+        """Check the types of the manifest's fields that readers use (each present one; :meth:`verify` needs them)."""
+        m = self.manifest
+        members = m.get("members")
+        if members is not None:
+            if not isinstance(members, dict):
+                raise self._bad("members", 'an object of member name → {"sha256": ..., "bytes": ...}', members)
+            for name, entry in members.items():
+                if not (isinstance(entry, dict) and isinstance(entry.get("sha256"), str)
+                        and _SHA256.fullmatch(entry["sha256"]) and _is_int(entry.get("bytes"))
+                        and entry["bytes"] >= 0):
+                    raise self._bad(f"members[{name!r}]", '{"sha256": "<64 hex digits>", "bytes": <size>}', entry)
+        window = m.get("window")
+        if window is not None:
+            if not isinstance(window, dict):
+                raise self._bad("window", "an object with since and until (Unix seconds)", window)
+            for key in ("since", "until", "lead_s"):
+                v: Any = window.get(key)
+                if (key in window or key == "since") and not (_is_number(v) and (key != "lead_s" or v >= 0)):
+                    what = "seconds ≥ 0" if key == "lead_s" else "Unix seconds"
+                    raise self._bad(f"window.{key}", what, v)
+            if "until" in window and window["until"] <= window["since"]:
+                raise self._bad("window.until", f"a time after window.since ({window['since']})", window["until"])
+            for key in ("jobs", "projects"):
+                v = window.get(key, [])
+                if not (isinstance(v, list) and all(isinstance(x, str) for x in v)):
+                    raise self._bad(f"window.{key}", "a list of names", v)
+        messages = m.get("messages")
+        if messages is not None and not (isinstance(messages, dict) and all(_is_int(v) for v in messages.values())):
+            raise self._bad("messages", "an object of topic → count", messages)
 
     def verify(self) -> None:
-        """Check every member's size and SHA-256 against the manifest (streaming); raise on a mismatch."""
-        members = self.manifest.get("members") or {}
+        """Check the bundle is whole and unedited: every member listed with its size and SHA-256, and matching.
+
+        Streams each member once.  Raises :class:`ImportFormatError` for a member the manifest does not list
+        (one added later), a listed one missing, no ``events.jsonl``, no window, or any mismatch.
+        """
+        members: dict[str, dict[str, Any]] | None = self.manifest.get("members")
+        if members is None:
+            raise self._bad("members", 'an object of member name → {"sha256": ..., "bytes": ...}', None)
+        if not isinstance(self.manifest.get("window"), dict):
+            raise self._bad("window", "an object with since and until (Unix seconds)", self.manifest.get("window"))
+        if EVENTS not in members:
+            raise ImportFormatError(f"{self.path}: {MANIFEST}: members: {EVENTS} is not listed "
+                                    "(every bundle has its events)")
+        names = Counter(i.filename for i in self._zip.infolist() if not i.is_dir())
+        for name in sorted(names):
+            if names[name] > 1:
+                raise ImportFormatError(f"{self.path}: member {name} is in the archive twice (the bundle was edited)")
+            if name != MANIFEST and name not in members:
+                raise ImportFormatError(f"{self.path}: member {name} is not listed in the manifest (the bundle was "
+                                        "edited: a bundle lists every member with its checksum)")
         for name, want in sorted(members.items()):
             h = hashlib.sha256()
             n = 0
@@ -145,18 +231,29 @@ class Bundle:
                     while chunk := fh.read(1 << 20):
                         h.update(chunk)
                         n += len(chunk)
+                        if n > want["bytes"]:  # a member bigger than listed is not read to its end
+                            break
             except KeyError:
                 raise ImportFormatError(f"{self.path}: member {name} listed in the manifest is missing") from None
             except (zipfile.BadZipFile, zlib.error, OSError) as exc:
                 raise ImportFormatError(f"{self.path}: {name} is corrupt ({exc})") from None
-            if h.hexdigest() != want.get("sha256") or n != want.get("bytes"):
+            if h.hexdigest() != want["sha256"] or n != want["bytes"]:
                 raise ImportFormatError(f"{self.path}: {name} does not match its checksum in the manifest "
                                         "(the bundle is corrupt or was edited)")
 
     def events(self) -> Iterator[tuple[str, bytes]]:
-        """Yield ``(topic, raw value)`` in the bundle's (event-time) order; a bad line names its number."""
+        """Yield ``(topic, raw value)`` in the bundle's (event-time) order; a bad line names its number.
+
+        A line over :data:`MAX_LINE_BYTES` is skipped without being held, logged and counted in :attr:`skipped`.
+        """
         with self._zip.open(EVENTS) as fh:
-            for no, line in enumerate(_lines(fh), start=1):
+            for no, line in enumerate(_lines(fh, MAX_LINE_BYTES), start=1):
+                if line is None:
+                    self.skipped[f"{EVENTS}: a line over {MAX_LINE_BYTES:,} bytes (longer than any contract "
+                                 "message)"] += 1
+                    log.warning("%s:%s:%d: line over %s bytes, longer than any contract message: skipped",
+                                self.path, EVENTS, no, f"{MAX_LINE_BYTES:,}")
+                    continue
                 try:
                     fast = _LINE.decode(line)
                     topic, value = fast.topic, fast.value.encode()
@@ -171,12 +268,17 @@ class Bundle:
                 yield topic, value
 
     def extract(self, dest: Path) -> tuple[Path | None, list[Path]]:
-        """Write the topology and rule files under ``dest``; return the topology path and the rule paths."""
+        """Write the topology and rule files under ``dest``; return the topology path and the rule paths.
+
+        The topology is loaded once here, so a bad one is named as the bundle's member
+        (``incident.whywait!topology.yaml:2: ...``), not by the temporary file it was written to.
+        """
         names = self._zip.namelist()
         topo = None
-        if "topology.yaml" in names:
-            topo = dest / "topology.yaml"
-            topo.write_bytes(self._zip.read("topology.yaml"))
+        if TOPOLOGY in names:
+            topo = dest / TOPOLOGY
+            topo.write_bytes(self._zip.read(TOPOLOGY))
+            self._check_topology(topo)
         rules = [n for n in names if n.startswith("rules/") and not n.endswith("/")]
         for n in rules:
             out = dest / n
@@ -188,23 +290,80 @@ class Bundle:
         tops = sorted({Path(n).parts[1] for n in rules})
         return topo, [dest / "rules" / t for t in tops]
 
+    def _check_topology(self, topo: Path) -> None:
+        from whywait.topology.errors import TopologyError
+        from whywait.topology.model import Topology
+
+        try:
+            Topology.from_yaml(topo)
+        except TopologyError as exc:
+            raise ImportFormatError(self.shown(str(exc), topo.parent)) from None
+
+    def shown(self, message: str, dest: Path) -> str:
+        """``message`` with the paths of members extracted under ``dest`` written as ``BUNDLE!member``.
+
+        For an error about an extracted file (a rule the replay loads): the temporary folder is gone by the
+        time the user reads it.
+        """
+        return message.replace(f"{dest}/", f"{self.path}!")
+
     def close(self) -> None:
         self._zip.close()
 
 
-def _lines(fh: Any, chunk: int = 1 << 20) -> Iterator[bytes]:
+def _lines(fh: Any, limit: int = MAX_LINE_BYTES, chunk: int = 1 << 20) -> Iterator[bytes | None]:
     """The lines of a binary file read a MiB at a time, without their ends; a last line may lack one.
 
-    A zip member's own line iteration is Python code run per line (a ``peek`` and a ``read`` each):
-    it cost more than decoding the lines did.
+    A line longer than ``limit`` is yielded as None: its bytes are dropped as they are read, so a member
+    with no line ends costs one pass and ``limit`` bytes of memory.  Each byte is looked at once (a line's
+    pieces are joined when it ends).  A zip member's own line iteration is Python code run per line (a
+    ``peek`` and a ``read`` each): it cost more than decoding the lines did.
     """
-    tail = b""
+    pending: list[bytes] = []  # the pieces of the current line read so far
+    size = 0  # their length
+    over = False  # the current line is past `limit`: its pieces are not kept
     while data := fh.read(chunk):
-        lines = (tail + data).split(b"\n")
-        tail = lines.pop()
-        yield from lines
-    if tail:
-        yield tail
+        parts = data.split(b"\n")
+        last = parts.pop()  # the start of a line this chunk does not end
+        if parts:  # the current line ends in this chunk, and the lines after it are whole
+            first = parts[0]
+            if over or size + len(first) > limit:
+                yield None
+            else:
+                yield b"".join((*pending, first)) if pending else first
+            pending, size, over = [], 0, False
+            if limit >= chunk:  # each is shorter than the chunk it was read in
+                yield from itertools.islice(parts, 1, None)
+            else:
+                yield from (x if len(x) <= limit else None for x in itertools.islice(parts, 1, None))
+        size += len(last)
+        if over or size > limit:
+            over, pending = True, []
+        elif last:
+            pending.append(last)
+    if over:
+        yield None
+    elif pending:
+        yield b"".join(pending)
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _kind(v: Any) -> str:
+    names: dict[type, str] = {dict: "an object", list: "an array", str: "a string"}
+    return names.get(type(v), type(v).__name__)
+
+
+def _shown(v: Any) -> str:
+    """A manifest value in an error: JSON, cut short."""
+    text = json.dumps(v) if v is not None else "nothing"
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def is_bundle(path: Path) -> bool:
