@@ -34,6 +34,8 @@ from jinja2.runtime import Context, Macro
 from jinja2.sandbox import SandboxedEnvironment, SecurityError
 from jinja2.visitor import NodeTransformer
 
+from whywait.errors import WhywaitError
+
 log = logging.getLogger(__name__)
 
 
@@ -113,8 +115,12 @@ _MAX_INT_BITS = 4096  # `**` and `*` on integers: 10**18 takes 60 bits
 _MAX_NOTED = 10_000  # origins and error kinds kept: far more than a rule set has templates
 
 
-class TemplateLimitError(SecurityError):
-    """A template went past one of the bounds above while rendering (a ``TemplateError``)."""
+class TemplateLimitError(SecurityError, WhywaitError):
+    """A template went past one of the bounds above while rendering.
+
+    A jinja2 ``TemplateError`` so the renderer's own handling catches it, and a :class:`WhywaitError` so a
+    CLI that lets it through prints its one line rather than a traceback.
+    """
 
 
 # ---- where templates come from, and what failed -------------------------------------------------------------
