@@ -54,6 +54,7 @@ from whywait.engine.diagnosis import Diagnosis
 from whywait.engine.errors import RuleError
 from whywait.engine.evaluate.evaluator import Evaluator
 from whywait.engine.rules.loader import TEST_SUFFIXES, RuleSet, is_test_file, tested_rule_id, yaml_files
+from whywait.engine.rules.templating import capture_render_errors
 
 from whywait import yamlio
 from whywait.durations import parse_duration
@@ -335,11 +336,18 @@ def run_case(rules: RuleSet, case: dict[str, Any], file: str = "") -> CaseResult
     topo, msgs = _messages(case, start)
     ev = Evaluator(rules, topo)
     res = CaseResult(file, str(case["name"]))
-    for _topic, m in msgs:
-        res.diagnoses += ev.ingest(m)
-    # Let pending `for` and `keep_firing_for` run out, and no longer: ticks cost time.
-    tail = max((r.for_s + r.keep_firing_for_s for r in rules), default=0.0) + 10.0
-    res.diagnoses += ev.advance(ev.store.max_time + tail)
+    with capture_render_errors() as render_failed:
+        for _topic, m in msgs:
+            res.diagnoses += ev.ingest(m)
+        # Let pending `for` and `keep_firing_for` run out, and no longer: ticks cost time.
+        tail = max((r.for_s + r.keep_firing_for_s for r in rules), default=0.0) + 10.0
+        res.diagnoses += ev.advance(ev.store.max_time + tail)
+    # A rule that raised, or a text that failed to render, is a broken rule: the case fails, one line each.
+    for rid, n in (getattr(ev, "rule_errors", None) or {}).items():
+        last = (getattr(ev, "rule_error_last", None) or {}).get(rid, "an error")
+        res.failures.append(f"{case['_where']}: rule {rid} raised on {n} tick{'s' if n != 1 else ''}: "
+                            f"{_one_line(last)}")
+    res.failures += [f"{case['_where']}: {_one_line(str(e))}" for e in render_failed]
     expects = case.get("expect", [])
     used: set[int] = set()
     for j, exp in enumerate(expects):
@@ -369,6 +377,10 @@ def run_case(rules: RuleSet, case: dict[str, Any], file: str = "") -> CaseResult
             res.failures.append(f"{case['_where']}: unexpected {d.rule_id} ({d.status}) culprit {d.culprit} "
                                 f"detected +{d.detected_at - start:.0f}s: {d.title}")
     return res
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
 
 
 def _describe(exp: dict[str, Any]) -> str:
