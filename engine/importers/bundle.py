@@ -257,12 +257,13 @@ class Bundle:
                 try:
                     fast = _LINE.decode(line)
                     topic, value = fast.topic, fast.value.encode()
-                except (msgspec.DecodeError, UnicodeEncodeError):
+                except (msgspec.DecodeError, UnicodeEncodeError, RecursionError):
                     # Anything unusual is read as it always was: the same values, the same errors.
+                    # (A line nested past the decoders' depth limit raises RecursionError: it is malformed too.)
                     try:
                         rec = json.loads(line)
                         topic, value = rec["topic"], rec["value"].encode()
-                    except (ValueError, KeyError, TypeError, AttributeError):
+                    except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
                         raise ImportFormatError(f"{self.path}:{EVENTS}:{no}: expected "
                                                 '{"topic": ..., "value": "..."}') from None
                 yield topic, value

@@ -40,6 +40,8 @@ def test_a_long_bundle_crosses_read_chunks_line_by_line(tmp_path: Path) -> None:
     (b'{"topic":"a"}\n', 1),
     (b'{"topic":"a","value":"v"}\nnot json\n', 2),
     (b'{"topic":"a","value":"\\ud800"}\n', 1),  # not text
+    (b'{"topic":"a","value":"v"}\n' + b"[" * 100_000 + b"]" * 100_000 + b"\n", 2),  # nested past any decoder's depth
+    (b'{"topic":"a","value":"v","x":' + b"[" * 100_000 + b"]" * 100_000 + b"}\n", 1),
 ])
 def test_a_bad_line_is_named(tmp_path: Path, events: bytes, line: int) -> None:
     with pytest.raises(ImportFormatError, match=f"events.jsonl:{line}: expected"):
