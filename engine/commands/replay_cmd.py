@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import re
 import sys
 import time
@@ -44,7 +45,10 @@ def parse_time(v: str, now: float | None = None, what: str = "time") -> float:
     Called for every ``--since``/``--until`` of replay, export and digest.  A time ahead of now
     (``+10m``) is for event time that runs ahead of the clock (a simulation, a skewed agent).
     """
-    now = time.time() if now is None else now
+    return _a_time(_parse_time(v, time.time() if now is None else now, what), v, what)
+
+
+def _parse_time(v: str, now: float, what: str) -> float:
     s = v.strip()
     if s[:1] in "-+" and s[1:2].isdigit() and not s[1:].replace(".", "", 1).isdigit():
         try:  # "-2h", "-1h30m", "+10m": a duration (the one syntax, whywait.durations) before or after now
@@ -62,6 +66,18 @@ def parse_time(v: str, now: float | None = None, what: str = "time") -> float:
         raise ConfigError(f"{what}: cannot read {v!r}: use Unix seconds, ISO 8601 (2026-11-29T14:00:00Z) "
                           "or a relative time (-10m, -2h, -7d, +10m)") from None
     return (dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)).timestamp()
+
+
+def _a_time(t: float, v: str, what: str) -> float:
+    """``t`` when it is a time a date can be written for (``1e400``, ``nan`` or year 30,000,000 is not)."""
+    try:
+        if math.isfinite(t):
+            datetime.fromtimestamp(t, timezone.utc)
+            return t
+    except (OverflowError, ValueError, OSError):
+        pass
+    raise ConfigError(f"{what}: {v!r} is not a time between the years 1 and 9999: use Unix seconds, ISO 8601 "
+                      "(2026-11-29T14:00:00Z) or a relative time (-10m, -2h, -7d, +10m)")
 
 
 def parse_duration(v: str, what: str) -> float:

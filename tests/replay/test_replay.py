@@ -162,6 +162,29 @@ def test_relative_iso_and_unix_times() -> None:
     assert p.parse_args(["--since", "-10m"]).since == "-10m"
 
 
+@pytest.mark.parametrize("v", ["1e400", "inf", "nan", "1e15", "+99999999999w"])
+def test_a_time_past_any_date_is_a_config_error(v: str) -> None:
+    from whywait.engine.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^--since: .* is not a time between the years 1 and 9999"):
+        parse_time(v, now=1e9, what="--since")
+
+
+@pytest.mark.parametrize("cmd", [["replay", "--since", "1e400", "--until", "1764442800"],
+                                 ["replay", "--since", "1764442800", "--until", "1e400"],
+                                 ["export", "--since", "1e400", "-o", "x.whywait"],
+                                 ["digest", "--since", "1e400"]])
+def test_a_time_past_any_date_is_one_line_exit_2(cmd: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    from whywait.engine.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WHYWAIT_KAFKA_BOOTSTRAP", "127.0.0.1:1")  # never reached: the time is refused first
+    assert main(cmd) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "'1e400' is not a time" in err and "internal error" not in err
+
+
 def report_for(faults: list[tuple[str, str, float, float]], tmp_path: Path) -> tuple[object, dict]:
     from whywait.engine.report import build_report
 
