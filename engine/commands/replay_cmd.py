@@ -372,9 +372,20 @@ async def _scan_tail(c: Any, tp: Any, pos: int, end: int, window: Window, merge:
 
 
 def bundle_batches(bundle: Any, merge: EventTimeMerge, batch: int = 5000) -> Iterator[dict[str, Any]]:
-    """Yield a bundle's messages in the window, in the same event-time order a Kafka replay uses."""
+    """Yield a bundle's messages in the window, in the same event-time order a Kafka replay uses.
+
+    The lines the bundle skipped (:attr:`Bundle.skipped`) are counted in ``merge.skipped`` as they are read, so
+    the replay's report counts them with its own skips.
+    """
     merge.open = {"bundle": -float("inf")}
     by_topic: dict[str, list[bytes]] = {}
+    counted: Counter[str] = Counter(bundle.skipped)  # skipped by an earlier read of the same bundle
+
+    def count_skipped() -> None:
+        new = bundle.skipped - counted
+        merge.skipped.update(new)
+        counted.update(new)
+
     n = 0
     for topic, raw in bundle.events():
         values = by_topic.get(topic)
@@ -383,8 +394,10 @@ def bundle_batches(bundle: Any, merge: EventTimeMerge, batch: int = 5000) -> Ite
         values.append(raw)
         n += 1
         if n >= batch:
+            count_skipped()
             yield from _add_by_topic(merge, by_topic)
             n = 0
+    count_skipped()
     yield from _add_by_topic(merge, by_topic)
     yield from merge.drain()
 

@@ -183,3 +183,18 @@ def test_replay_refuses_a_hostile_bundle_in_one_line(tmp_path: Path, capsys: pyt
     assert main(["replay", "--input", str(bad)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and says in err and "internal error" not in err
+
+
+def test_replay_counts_the_lines_a_bundle_skipped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    line = json.dumps({"topic": "whywait.host.v1", "value": EVENT.decode()}).encode() + b"\n"
+    monkeypatch.setattr(bundle_mod, "MAX_LINE_BYTES", 3 << 20)
+    bad = edited(good_bundle(tmp_path), lambda m, _: m.update({"events.jsonl": line + b"x" * (5 << 20) + b"\n"}),
+                 relist=True)
+    stats = tmp_path / "stats.json"
+    # the bundled rule alone inhibits rules the bundle lacks: replay with every shipped rule
+    assert main(["replay", "--input", str(bad), "--rules", str(RULE.parents[1]), "--stats-json", str(stats)]) == 0
+    out = capsys.readouterr().out
+    assert "replayed 1 messages" in out and "skipped 1: events.jsonl: a line over" in out
+    assert [n for why, n in json.loads(stats.read_text())["skipped"].items() if "a line over" in why] == [1]
+
