@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, AsyncGenerator, Callable, Iterator
 
 from whywait.engine.commands.gc_tuning import batch_gc
-from whywait.engine.errors import BrokerUnavailable, ConfigError
+from whywait.engine.errors import BrokerUnavailable, ConfigError, RuleError
 from whywait.engine.replay import TAIL_SCAN_MAX, EventTimeMerge, TailScan, Window
 
 from whywait.durations import parse_duration as _parse_duration
@@ -516,7 +516,13 @@ def run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="whywait-replay-") as tmpd:
         plan = Plan(args, Path(tmpd))
         w = plan.window
-        rules = load_rules(plan.rules_paths)
+        try:
+            rules = load_rules(plan.rules_paths)
+        except RuleError as err:
+            if plan.bundle is None:
+                raise
+            # the bundle's rules were extracted under tmpd, which is gone once this ends: name the members
+            raise RuleError(plan.bundle.shown(str(err), Path(tmpd))) from None
         topology = load_topology(plan.topo_path)
         against = (load_rules(plan.against), load_topology(plan.topo_path)) if plan.against else None
         merge = EventTimeMerge([], w)

@@ -198,3 +198,11 @@ def test_replay_counts_the_lines_a_bundle_skipped(tmp_path: Path, monkeypatch: p
     assert "replayed 1 messages" in out and "skipped 1: events.jsonl: a line over" in out
     assert [n for why, n in json.loads(stats.read_text())["skipped"].items() if "a line over" in why] == [1]
 
+
+def test_a_bad_bundled_rule_is_named_as_the_bundle_s_member(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    member = "rules/gpu/gpu.xid-ecc.yaml"
+    bad = edited(good_bundle(tmp_path), lambda m, _: m.update({member: m[member].replace(b"severity:", b"sevrity:")}),
+                 relist=True)
+    assert main(["replay", "--input", str(bad)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"{bad}!{member}:" in err and "whywait-replay-" not in err
