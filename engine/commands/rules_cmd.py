@@ -62,7 +62,7 @@ def _default_dir() -> Path:
 
 
 def _check(paths: list[Path]) -> int:
-    from whywait.engine.rules.loader import TEST_SUFFIX, RuleLoadError, load_rules
+    from whywait.engine.rules.loader import RuleLoadError, is_test_file, load_rules
     from whywait.simulate.ruletest import RuleTestError, find_test_files, load_cases
 
     _require(paths)
@@ -75,7 +75,7 @@ def _check(paths: list[Path]) -> int:
         rule_ids, n_rules = (rs.rules.keys() if len(rs) else None), len(rs)
     except RuleLoadError as exc:
         problems += [str(e) for e in exc.errors]
-    tests = [p for p in paths if p.is_dir() or p.name.endswith(TEST_SUFFIX)]
+    tests = [p for p in paths if p.is_dir() or is_test_file(p)]
     n_tests = 0
     for f in find_test_files(p for p in tests if p.exists()):
         n_tests += 1
@@ -95,7 +95,7 @@ def _check(paths: list[Path]) -> int:
 
 def _test(args: argparse.Namespace) -> int:
     from whywait.engine.errors import ConfigError
-    from whywait.engine.rules.loader import TEST_SUFFIX, RuleSet, load_rules, rule_files
+    from whywait.engine.rules.loader import RuleSet, load_rules, rule_files
     from whywait.simulate.ruletest import junit_xml, run_files, untested_rules
 
     paths: list[Path] = args.paths or [_default_dir()]
@@ -103,7 +103,7 @@ def _test(args: argparse.Namespace) -> int:
     # The rules under test are the ones in the paths given: a folder's rules, or the rule a test file is
     # named after.  --rules come first, so a site folder's `override:` finds the rule it changes; then the
     # rules tree a path lies in (rules/ for rules/network), for the macros and rules it refers to.
-    under_test = [p if p.is_dir() else _rule_beside(p, TEST_SUFFIX) for p in paths]
+    under_test = [p if p.is_dir() else _rule_beside(p) for p in paths]
     trees: list[Path] = []
     for p in paths:
         tree = rules_tree(p)
@@ -143,19 +143,22 @@ def _require(paths: list[Path]) -> None:
 
 
 def rules_tree(path: Path) -> Path | None:
-    """The rules tree ``path`` lies inside: the nearest folder above it holding ``macros.yaml`` (the shipped
-    ``rules/``, or a site's own tree laid out the same way), or None.
+    """The rules tree ``path`` lies inside: the nearest folder above it holding ``macros.yaml`` or ``macros.yml``
+    (the shipped ``rules/``, or a site's own tree laid out the same way), or None.
 
-    A folder that holds ``macros.yaml`` itself is a tree's root, not inside one.  Called by ``rules test``,
+    A folder that holds its macros file itself is a tree's root, not inside one.  Called by ``rules test``,
     whose rules in ``rules/network`` use macros and inhibit rules that live elsewhere in ``rules/``.
     """
-    from whywait.engine.rules.loader import MACROS_FILE
+    from whywait.engine.rules.loader import MACROS_FILES
+
+    def has_macros(folder: Path) -> bool:
+        return any((folder / m).is_file() for m in MACROS_FILES)
 
     here = path.absolute()
-    if here.is_dir() and (here / MACROS_FILE).is_file():
+    if here.is_dir() and has_macros(here):
         return None
     for folder in (here if here.is_dir() else here.parent, *here.parents):
-        if (folder / MACROS_FILE).is_file():
+        if has_macros(folder):
             return folder
     return None
 
@@ -173,10 +176,15 @@ def _shown(path: Path) -> str:
         return f"{path}/"
 
 
-def _rule_beside(test_file: Path, suffix: str) -> Path | None:
-    """The rule file a test file is named after (``x.test.yaml`` -> ``x.yaml``), when it exists."""
-    rule = test_file.with_name(test_file.name[: -len(suffix)] + ".yaml")
-    return rule if rule.is_file() else None
+def _rule_beside(test_file: Path) -> Path | None:
+    """The rule file a test file is named after (``x.test.yaml`` or ``x.test.yml`` -> ``x.yaml`` or ``x.yml``),
+    when it exists."""
+    from whywait.engine.rules.loader import YAML_SUFFIXES, is_test_file, tested_rule_id
+
+    if not is_test_file(test_file):
+        return None
+    rules = (test_file.with_name(tested_rule_id(test_file) + s) for s in YAML_SUFFIXES)
+    return next((r for r in rules if r.is_file()), None)
 
 
 def _conditions(docs: Path | None) -> int:

@@ -54,3 +54,34 @@ def test_reload_sees_an_edited_yml_rule(tmp_path: Path) -> None:
     res = r.poll()
     assert res is not None and res.ok and res.rules is not None
     assert res.rules.rules["site.cpu-hot"].severity == "critical"
+
+
+def test_a_yml_test_file_given_alone_loads_the_rule_it_is_named_after(tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    d = yml_site(tmp_path)
+    (d / "site.cpu-hot.yml").write_text(RULE)  # no macro: the rule alone, without the folder's macros.yml
+    assert main(["rules", "test", str(d / "site.cpu-hot.test.yml")]) == 0, capsys.readouterr()
+    assert "1 passed, 0 failed" in capsys.readouterr().out
+
+
+def test_rules_check_checks_a_yml_test_file_given_alone(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    d = yml_site(tmp_path)
+    f = d / "site.cpu-hot.test.yml"
+    assert main(["rules", "check", str(f)]) == 0
+    assert "0 rule(s) and 1 test file(s) OK" in capsys.readouterr().err
+    f.write_text(f.read_text().replace("- name: node-02 is saturated", "- name: node-02 is saturated\n  bogus: 1"))
+    assert main(["rules", "check", str(f)]) == 1
+    assert f"{f}:4: cases[0].bogus: is not a case key" in capsys.readouterr().out
+
+
+def test_a_folder_inside_a_tree_with_macros_yml_is_tested_with_the_rest_of_the_tree(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    tree = yml_site(tmp_path)
+    (tree / "host").mkdir()
+    for f in ("site.cpu-hot.yml", "site.cpu-hot.test.yml"):
+        (tree / f).rename(tree / "host" / f)
+    monkeypatch.chdir(tmp_path)
+    assert main(["rules", "test", "site-rules/host"]) == 0, capsys.readouterr()
+    out, err = capsys.readouterr()
+    assert "1 passed, 0 failed" in out
+    assert err.startswith("rules test: site-rules/host lies in the rules tree site-rules/: loading its other rules")
