@@ -10,7 +10,9 @@ Formats (``--format``, detected from the content when left out):
 Timing imports become ``steps`` messages (one per rank per step, at the step's end); with
 ``--project`` and ``--team`` a placement is published too, so the engine evaluates the job.
 ``-o FILE`` writes the messages as JSON lines instead of publishing (check them with
-``whywait events check FILE``).  Every message is validated against the contract first.
+``whywait events check FILE``).  Every message is validated against the contract first: a bundle's
+values with the engine's own decoder (:func:`whywait.agents.events.decode`), those that break it
+skipped and counted, as the engine would dead-letter them.
 """
 
 from __future__ import annotations
@@ -113,12 +115,14 @@ def run(args: argparse.Namespace) -> int:
     if bundles and len(files) > 1:
         raise ConfigError("import one bundle at a time, without other files")
     items: Iterator[tuple[str, bytes]]
+    skipped = Skipped()
     if bundles:
         from whywait.engine.importers.bundle import Bundle
 
         b = Bundle(bundles[0])
         b.verify()
-        items = b.events()
+        skipped.lines = b.skipped  # read as the events are
+        items = contract_values(b.events(), skipped)
         what = f"bundle {bundles[0]}"
     else:
         notes: Counter[str] = Counter()
@@ -134,17 +138,57 @@ def run(args: argparse.Namespace) -> int:
                 fh.write(raw.decode() + "\n")
                 n += 1
         print(f"wrote {n} messages from {what} to {args.output}")
+        skipped.print()
         return 0
     from whywait.engine.localkafka.broker import resolve_bootstrap
 
     bootstrap = args.bootstrap or resolve_bootstrap()
-    n = asyncio.run(publish(bootstrap, items))
+    n = asyncio.run(publish(bootstrap, items, skipped))
     print(f"published {n} messages from {what} to {bootstrap}")
+    skipped.print()
     return 0
 
 
-async def publish(bootstrap: str, items: Iterator[tuple[str, bytes]]) -> int:
-    """Send ``(topic, raw value)`` pairs with their contract keys; return how many; one line if unreachable."""
+class Skipped:
+    """What an import left out, by reason, with the first example of each (printed after the count)."""
+
+    def __init__(self) -> None:
+        self.counts: Counter[str] = Counter()
+        self.example: dict[str, str] = {}
+        self.lines: Counter[str] = Counter()  # lines the bundle itself skipped (Bundle.skipped)
+
+    def add(self, why: str, example: str) -> None:
+        self.counts[why] += 1
+        self.example.setdefault(why, example)
+
+    def print(self) -> None:
+        for why, n in sorted(self.counts.items()):
+            print(f"  skipped {n} {why} (the first: {self.example[why]})")
+        for why, n in sorted(self.lines.items()):
+            print(f"  skipped {n}: {why}")
+
+
+def contract_values(items: Iterator[tuple[str, bytes]], skipped: Skipped) -> Iterator[tuple[str, bytes]]:
+    """The ``(topic, raw value)`` pairs whose value the engine would read from that topic; the rest counted.
+
+    Checked with the engine's own decoder, so what is imported is what a consumer accepts, not dead letters.
+    """
+    from whywait.agents.events import ContractError, decode
+
+    for topic, raw in items:
+        try:
+            decode(raw, topic)
+        except ContractError as exc:
+            skipped.add(f"message(s) of {topic} that break the event contract", str(exc)[:300])
+            continue
+        yield topic, raw
+
+
+async def publish(bootstrap: str, items: Iterator[tuple[str, bytes]], skipped: Skipped | None = None) -> int:
+    """Send ``(topic, raw value)`` pairs with their contract keys; return how many; one line if unreachable.
+
+    A value whose key cannot be read (not JSON, no job or node) is skipped and counted in ``skipped``.
+    """
     from aiokafka import AIOKafkaProducer
     from aiokafka.errors import KafkaError
     from whywait.agents.events import message_key
@@ -158,7 +202,14 @@ async def publish(bootstrap: str, items: Iterator[tuple[str, bytes]]) -> int:
     try:
         await p.start()
         for topic, raw in items:
-            await p.send(topic, raw, key=message_key(json.loads(raw)))
+            try:
+                key = message_key(json.loads(raw))
+            except (ValueError, RecursionError, KeyError, TypeError) as exc:
+                if skipped is not None:
+                    skipped.add(f"message(s) of {topic} without a readable key",
+                                f"{type(exc).__name__}: {exc}"[:300])
+                continue
+            await p.send(topic, raw, key=key)
             n += 1
         await p.flush()
     except KafkaError as exc:

@@ -154,3 +154,70 @@ def test_import_of_a_kineto_trace_with_a_bad_rank_is_one_line(tmp_path: Path) ->
     assert r.stderr.strip().splitlines() == [
         f"whywait import: {f}: distributedInfo: must be an object with a rank (got 'nope'): fix the trace or "
         "pass --rank"]
+
+
+# ---- bundles -------------------------------------------------------------------------------------
+
+def _host(**over: Any) -> bytes:
+    m = {"schema": 1, "kind": "host", "time": T0 / 1e6 + 1, "node": "node-01", "cpu_busy_pct": 5.0,
+         "cpu_iowait_pct": 0.0, "mem_used_bytes": 1, "mem_total_bytes": 2, **over}
+    return json.dumps(m).encode()
+
+
+def test_import_of_a_bundle_skips_and_counts_values_that_break_the_contract(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from whywait.engine.cli import main
+    from whywait.engine.importers.bundle import BundleWriter
+
+    b, out = tmp_path / "b.whywait", tmp_path / "out.jsonl"
+    good = [_host(), _host(node="node-02")]
+    with BundleWriter(b, {"since": T0 / 1e6, "until": T0 / 1e6 + 60, "lead_s": 0.0}) as bw:
+        bw.add("whywait.host.v1", good[0])
+        bw.add("whywait.host.v1", _host(cpu_busy_pct="busy"))  # a mistyped field
+        bw.add("whywait.host.v1", b"[1, 2]")  # not a message at all
+        bw.add("whywait.gpu.v1", _host(node="node-03"))  # a host message on another kind's topic
+        bw.add("whywait.host.v1", good[1])
+        bw.close(None, [])
+    assert main(["import", str(b), "-o", str(out)]) == 0
+    said = capsys.readouterr().out.splitlines()
+    assert out.read_bytes().splitlines() == good
+    assert said[0] == f"wrote 2 messages from bundle {b} to {out}"
+    assert said[1].startswith("  skipped 1 message(s) of whywait.gpu.v1 that break the event contract (the first: ")
+    assert said[2].startswith("  skipped 2 message(s) of whywait.host.v1 that break the event contract (the first: "
+                              "cpu_busy_pct: ")
+    assert len(said) == 3
+
+
+def test_publish_skips_and_counts_a_value_whose_key_cannot_be_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    import asyncio
+
+    import aiokafka
+    from whywait.engine.commands import import_cmd
+    from whywait.engine.localkafka import broker
+
+    sent: list[tuple[str, bytes, bytes]] = []
+
+    class Producer:
+        def __init__(self, **_: Any) -> None:
+            pass
+
+        async def start(self) -> None:
+            pass
+
+        async def send(self, topic: str, raw: bytes, key: bytes) -> None:
+            sent.append((topic, raw, key))
+
+        async def flush(self) -> None:
+            pass
+
+        async def stop(self) -> None:
+            pass
+
+    monkeypatch.setattr(broker, "probe", lambda *a, **k: True)
+    monkeypatch.setattr(aiokafka, "AIOKafkaProducer", Producer)
+    skipped = import_cmd.Skipped()
+    items = [("whywait.host.v1", _host()), ("whywait.host.v1", b"{not json"),
+             ("whywait.host.v1", b"[" * 100_000 + b"]" * 100_000), ("whywait.host.v1", b'{"kind": "host"}')]
+    assert asyncio.run(import_cmd.publish("x:1", iter(items), skipped)) == 1
+    assert sent == [("whywait.host.v1", _host(), b"node-01")]
+    assert skipped.counts == Counter({"message(s) of whywait.host.v1 without a readable key": 3})
