@@ -159,6 +159,12 @@ def read_ibnetdiscover(path: str | Path) -> SourceFacts:
     if not switches:
         raise TopologyError(f"{source}: expected an ibnetdiscover dump with 'Switch' blocks (found none)",
                             source=source)
+    undescribed = [(lineno, peer) for (_sw, peer), lineno in links.items()
+                   if peer.startswith("S-") and peer not in switches]
+    if undescribed:  # the dump was cut before that switch's block: its tier and links are unknown
+        lineno, peer = min(undescribed)
+        raise TopologyError(f"{source}:{lineno}: port links to switch {peer}, which the dump does not describe "
+                            "(truncated?)", source=source)
     hca_host: dict[str, tuple[str, str]] = {}
     for guid, (desc, lineno) in hcas.items():
         m = _HOST_DESC.match(desc.strip())

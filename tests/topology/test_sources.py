@@ -199,3 +199,13 @@ def test_unreadable_and_empty_sources_are_one_line(tmp_path: Path) -> None:
     (tmp_path / "empty.conf").write_text("# nothing\n")
     with pytest.raises(TopologyError, match="expected SwitchName= or BlockName= lines"):
         read_slurm_conf(tmp_path / "empty.conf")
+
+
+def test_a_truncated_ibnetdiscover_dump_is_one_line_naming_the_undescribed_switch(tmp_path: Path) -> None:
+    src = (FIX / "topology" / "ibnetdiscover-example.out").read_text().splitlines()
+    p = tmp_path / "fabric.out"
+    p.write_text("\n".join(src[:44]) + "\n")  # the first leaf only: the spines it links to are cut off
+    with pytest.raises(TopologyError) as exc:
+        read_ibnetdiscover(p)
+    assert str(exc.value) == (f"{p}:28: port links to switch S-2c5eab0300c26280, which the dump does not describe "
+                              "(truncated?)")
