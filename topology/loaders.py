@@ -28,6 +28,8 @@ from typing import Callable, Mapping, Sequence
 from whywait.topology.errors import TopologyError
 from whywait.topology.model import Nic, Topology, natural_key
 
+from whywait.textfiles import read_text
+
 # ---------------------------------------------------------------------------------------------- ibnetdiscover
 
 _IB_NODE = re.compile(r'^(?P<type>Switch|Ca)\s+(?P<ports>\d+)\s+"(?P<id>[SH]-[0-9a-fA-F]+)"\s*#\s*"(?P<desc>[^"]*)"')
@@ -75,10 +77,7 @@ def load_ibnetdiscover(path: str | Path, gpus_per_node: int = 8,
     """
     source = str(path)
     rep = report if report is not None else LoadReport(source)
-    try:
-        lines = Path(path).read_text().splitlines()
-    except OSError as exc:
-        raise TopologyError(f"{source}: cannot read: {exc.strerror or exc}", source=source) from None
+    lines = read_text(path, lambda line: TopologyError(line, source=source)).splitlines()
     switches: dict[str, str] = {}  # guid id -> description
     hcas: dict[str, str] = {}  # guid id -> description
     links: set[tuple[str, str]] = set()  # (switch id, peer id)
@@ -239,10 +238,7 @@ def load_slurm_topology(path: str | Path, gpus_per_node: int = 8, nic: str = "ib
     than a comment.  ``BlockSizes=`` and ``LinkSpeed=`` are accepted and ignored.
     """
     source = str(path)
-    try:
-        lines = Path(path).read_text().splitlines()
-    except OSError as exc:
-        raise TopologyError(f"{source}: cannot read: {exc.strerror or exc}", source=source) from None
+    lines = read_text(path, lambda line: TopologyError(line, source=source)).splitlines()
     leaf_nodes: dict[str, list[str]] = {}
     children: dict[str, list[str]] = {}
     blocks: dict[str, list[str]] = {}

@@ -33,6 +33,8 @@ from whywait.topology.loaders import NcclLocality, load_nccl_topology
 from whywait.topology.model import TIERS, Nic, Topology, natural_key, normalise_pci
 from whywait.topology.sources import SourceFacts
 
+from whywait.textfiles import read_text
+
 # Host names that a misconfigured node description gives many machines at once.
 GENERIC_HOSTNAMES = frozenset({"localhost", "localhost.localdomain", "ubuntu", "debian", "rhel", "centos",
                                "rocky", "linux", "node", "host", "(none)"})
@@ -74,10 +76,7 @@ def load_node_types(path: str | Path) -> list[NodeType]:
     from whywait.topology.schema import parse_yaml_with_lines
 
     source = str(path)
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise TopologyError(f"{source}: cannot read: {exc.strerror or exc}", source=source) from None
+    text = read_text(path, lambda line: TopologyError(line, source=source))
     data, lines = parse_yaml_with_lines(text, source)
     problems: list[str] = []
 

@@ -32,6 +32,8 @@ from typing import Any
 from whywait.agents.events import TOPIC_PLACEMENT
 from whywait.engine.errors import ConfigError, WhywaitError
 
+from whywait.textfiles import read_text
+
 log = logging.getLogger("whywait.placement")
 
 
@@ -132,10 +134,7 @@ def _slurm(args: argparse.Namespace) -> int:
     job_id = args.job_id or env.get("SLURM_JOB_ID")
     finished = bool(args.epilog)
     if args.scontrol_json is not None:
-        try:
-            text = args.scontrol_json.read_text()
-        except OSError as exc:
-            raise ConfigError(f"{args.scontrol_json}: cannot read: {exc.strerror or exc}") from None
+        text = read_text(args.scontrol_json, ConfigError)
         facts = facts_from_scontrol(text, job_id, env, str(args.scontrol_json), finished)
     elif finished:
         facts = facts_from_env({**env, **({"SLURM_JOB_ID": job_id} if job_id else {})}, True)
@@ -237,13 +236,8 @@ async def _k8s_loop(args: argparse.Namespace, api: Any, tracker: Any) -> int:
 def _publish(args: argparse.Namespace) -> int:
     from whywait.engine.placement.filesource import placements_from_text
 
-    if args.file == "-":
-        text, source = sys.stdin.read(), "<stdin>"
-    else:
-        try:
-            text, source = Path(args.file).read_text(), args.file
-        except OSError as exc:
-            raise ConfigError(f"{args.file}: cannot read: {exc.strerror or exc}") from None
+    text = read_text(args.file, ConfigError)
+    source = "<stdin>" if args.file == "-" else args.file
     msgs = placements_from_text(text, source, _ownership(args), socket.gethostname())
     spooled = asyncio.run(_send_all(args, msgs))
     _say(msgs, spooled, args)

@@ -9,10 +9,11 @@ accident.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Mapping
 
 from whywait.engine.errors import ConfigError
+
+from whywait.textfiles import read_text
 
 
 class Secret:
@@ -54,10 +55,7 @@ def read_secret(name: str, env: Mapping[str, str] | None = None) -> Secret | Non
     if value and path:
         raise ConfigError(f"set {name} or {name}_FILE, not both")
     if path:
-        try:
-            value = Path(path).read_text(encoding="utf-8").strip()
-        except OSError as exc:
-            raise ConfigError(f"{name}_FILE: cannot read {path} ({exc.strerror or exc})") from None
+        value = read_text(path, lambda line: ConfigError(f"{name}_FILE: {line}")).strip()
         if not value:
             raise ConfigError(f"{name}_FILE: {path} is empty")
     return Secret(value.strip()) if value else None

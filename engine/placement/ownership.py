@@ -39,6 +39,7 @@ from whywait.engine.placement.model import Owner, PlacementError
 
 from whywait import yamlio
 from whywait.errors import YamlError
+from whywait.textfiles import read_text
 
 log = logging.getLogger("whywait.placement")
 
@@ -195,10 +196,7 @@ class OwnershipFile:
 
     def _read(self) -> str:
         assert self.path is not None
-        try:
-            return self.path.read_text()
-        except OSError as exc:
-            raise PlacementError(f"{self.path}: cannot read: {exc.strerror or exc}") from None
+        return read_text(self.path, PlacementError)
 
     def _stat(self) -> tuple[float, int] | None:
         try:

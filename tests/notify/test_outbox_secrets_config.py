@@ -87,7 +87,7 @@ def test_secret_from_env_or_file_never_shown(tmp_path) -> None:
     assert read_secret("SLACK_BOT_TOKEN", {}) is None
     with pytest.raises(ConfigError, match="not both"):
         read_secret("SLACK_BOT_TOKEN", {"SLACK_BOT_TOKEN": "a", "SLACK_BOT_TOKEN_FILE": str(f)})
-    with pytest.raises(ConfigError, match=r"SLACK_SIGNING_SECRET_FILE: cannot read .*nope"):
+    with pytest.raises(ConfigError, match=r"SLACK_SIGNING_SECRET_FILE: .*nope: cannot read"):
         read_secret("SLACK_SIGNING_SECRET", {"SLACK_SIGNING_SECRET_FILE": str(tmp_path / "nope")})
 
 
