@@ -169,11 +169,12 @@ def parse_topology(data: Any, source: str = "<dict>", lines: Mapping[str, int] |
             topo.add_pool(s["id"], type_)
             pools.add(s["id"])
 
+    refused_nodes: set[str] = set()  # declared, but refused for a problem of their own (already reported)
     for i, n in enumerate(_list(data, "nodes", p)):
         path = f"nodes[{i}]"
         if not _check_keys(n, _NODE_KEYS, {"id"}, path, p):
             continue
-        ok = declare(n.get("id"), f"{path}.id")
+        declared = ok = declare(n.get("id"), f"{path}.id")
         rack = n.get("rack")
         if rack is not None and rack not in racks:
             p.add(f"{path}.rack", "a rack declared under 'racks'", rack)
@@ -271,6 +272,8 @@ def parse_topology(data: Any, source: str = "<dict>", lines: Mapping[str, int] |
             mounts[m["pool"]] = dev
         if ok:
             topo.add_node(n["id"], gpus, nics, rack, mounts, gpu_pci, node_type)
+        elif declared:
+            refused_nodes.add(n["id"])
 
     unmatched = _list(data, "unmatched", p)
     for i, u in enumerate(unmatched):
@@ -305,6 +308,8 @@ def parse_topology(data: Any, source: str = "<dict>", lines: Mapping[str, int] |
             if not _int(rank) or rank in ranks:
                 p.add(f"{rpath}.rank", "a rank number unique in the job", rank)
                 ok = False
+            elif node in refused_nodes:
+                ok = False  # the node's own problem is reported: it is declared, not a second problem here
             elif node not in topo.nodes():
                 p.add(f"{rpath}.node", "a node declared under 'nodes'", node)
                 ok = False

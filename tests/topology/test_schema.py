@@ -75,3 +75,21 @@ def test_single_problems(tmp_path, text, message):
 def test_missing_file():
     with pytest.raises(TopologyError, match=r"nope.yaml: cannot read: No such file or directory"):
         Topology.from_yaml("nope.yaml")
+
+
+def test_a_rank_on_a_refused_node_is_not_a_second_problem(tmp_path, capsys):
+    """`topology check` of a file whose node-01 has bad `gpus` also said its job's rank named an undeclared node."""
+    from whywait.engine.cli import main
+
+    path = tmp_path / "t.yaml"
+    path.write_text("format: 1\nnodes:\n  - {id: node-01, gpus: -1}\n  - {id: node-02, gpus: 1}\njobs:\n"
+                    "  - {job: j, project: p, team: t, ranks: [{rank: 0, node: node-01, gpu: 0},\n"
+                    "                                          {rank: 1, node: node-09, gpu: 0}]}\n")
+    with pytest.raises(TopologyError) as info:
+        Topology.from_yaml(path)
+    assert info.value.problems == (
+        f"{path}:3: nodes[0].gpus: expected a GPU count or a list of distinct GPU indexes (got -1)",
+        f"{path}:7: jobs[0].ranks[1].node: expected a node declared under 'nodes' (got 'node-09')",
+    )
+    assert main(["topology", "check", str(path)]) == 1
+    assert capsys.readouterr().out.splitlines() == list(info.value.problems)
