@@ -80,7 +80,7 @@ def load_ibnetdiscover(path: str | Path, gpus_per_node: int = 8,
     lines = read_text(path, lambda line: TopologyError(line, source=source)).splitlines()
     switches: dict[str, str] = {}  # guid id -> description
     hcas: dict[str, str] = {}  # guid id -> description
-    links: set[tuple[str, str]] = set()  # (switch id, peer id)
+    links: dict[tuple[str, str], int] = {}  # (switch id, peer id) -> the line that first names the link
     current: str | None = None
     problems: list[str] = []
     for lineno, raw in enumerate(lines, 1):
@@ -109,7 +109,7 @@ def load_ibnetdiscover(path: str | Path, gpus_per_node: int = 8,
                                 f"(got {line[:60]!r})")
                 continue
             peer = p.group("peer")
-            links.add((current, peer))
+            links.setdefault((current, peer), lineno)
             if peer.startswith("H-") and p.group("desc") and peer not in hcas:
                 hcas[peer] = p.group("desc")
             continue
@@ -121,6 +121,12 @@ def load_ibnetdiscover(path: str | Path, gpus_per_node: int = 8,
     if not switches:
         raise TopologyError(f"{source}: expected an ibnetdiscover dump with 'Switch' blocks (found none)",
                             source=source)
+    undescribed = [(lineno, peer) for (_sw, peer), lineno in links.items()
+                   if peer.startswith("S-") and peer not in switches]
+    if undescribed:  # cut before that switch's block (as :func:`~whywait.topology.sources.read_ibnetdiscover` says)
+        lineno, peer = min(undescribed)
+        raise TopologyError(f"{source}:{lineno}: port links to switch {peer}, which the dump does not describe "
+                            "(truncated?)", source=source)
 
     # Hosts and their NICs, from HCA descriptions.
     host_nics: dict[str, dict[str, str | None]] = defaultdict(dict)  # host -> nic -> leaf guid

@@ -127,12 +127,13 @@ def parse_topology(data: Any, source: str = "<dict>", lines: Mapping[str, int] |
             racks.add(r["id"])
 
     switches: dict[str, str] = {}
+    refused_switches: set[str] = set()  # declared, but refused for a problem of their own (already reported)
     pending_uplinks: list[tuple[str, str, str]] = []
     for i, s in enumerate(_list(data, "switches", p)):
         path = f"switches[{i}]"
         if not _check_keys(s, _SWITCH_KEYS, {"id", "tier"}, path, p):
             continue
-        ok = declare(s.get("id"), f"{path}.id")
+        declared = ok = declare(s.get("id"), f"{path}.id")
         tier = s.get("tier")
         if "tier" in s and tier not in TIERS:
             p.add(f"{path}.tier", "one of " + ", ".join(TIERS), tier)
@@ -150,7 +151,11 @@ def parse_topology(data: Any, source: str = "<dict>", lines: Mapping[str, int] |
             switches[s["id"]] = tier
             for j, u in enumerate(ups):
                 pending_uplinks.append((s["id"], u, f"{path}.uplinks[{j}]"))
+        elif declared:
+            refused_switches.add(s["id"])
     for sw, up, path in pending_uplinks:
+        if up in refused_switches:
+            continue  # its own problem is reported; "not declared" would be a second, wrong one
         if up not in switches:
             p.add(path, "a switch declared under 'switches'", up)
         elif TIERS.index(switches[up]) <= TIERS.index(switches[sw]):
@@ -207,7 +212,9 @@ def parse_topology(data: Any, source: str = "<dict>", lines: Mapping[str, int] |
                 continue
             seen_nics.add(cname)
             leaf = c.get("leaf")
-            if leaf is not None and switches.get(leaf) != "leaf":
+            if leaf is not None and leaf in refused_switches:
+                ok = False  # the switch's own problem is reported already
+            elif leaf is not None and switches.get(leaf) != "leaf":
                 p.add(f"{cpath}.leaf", "a switch of tier 'leaf' declared under 'switches'", leaf)
                 ok = False
             served = c.get("gpus", []) or []
@@ -285,7 +292,7 @@ def parse_topology(data: Any, source: str = "<dict>", lines: Mapping[str, int] |
         path = f"jobs[{i}]"
         if not _check_keys(j, _JOB_KEYS, {"job", "project", "team", "ranks"}, path, p):
             continue
-        ok = True
+        ok = all(k in j for k in ("job", "project", "team"))  # a missing one is reported as "is required"
         for k in ("job", "project", "team"):
             if k in j and not _str(j[k]):
                 p.add(f"{path}.{k}", "a non-empty string", j[k])

@@ -126,3 +126,14 @@ def test_nccl_topology_errors(tmp_path):
     bad.write_text("<graphs/>")
     with pytest.raises(TopologyError, match=r"expected a <system> root element \(got <graphs>\)"):
         load_nccl_topology(bad)
+
+
+def test_a_truncated_dump_is_one_line_naming_the_undescribed_switch(tmp_path: Path) -> None:
+    # The real dump cut where read_ibnetdiscover's test cuts it: a port names a switch whose block is gone.
+    cut = tmp_path / "cut.out"
+    cut.write_text("\n".join((FIX / "ibnetdiscover-example.out").read_text().splitlines()[:44]) + "\n")
+    with pytest.raises(TopologyError) as info:
+        load_ibnetdiscover(cut)
+    assert str(info.value).startswith(f"{cut}:")
+    assert str(info.value).endswith("which the dump does not describe (truncated?)")
+    assert "\n" not in str(info.value)

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from whywait.simulate.cluster import make_cluster
 from whywait.topology import Topology, TopologyError
+from whywait.topology.model import TIERS
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "topology"
 
@@ -93,3 +94,30 @@ def test_a_rank_on_a_refused_node_is_not_a_second_problem(tmp_path, capsys):
     )
     assert main(["topology", "check", str(path)]) == 1
     assert capsys.readouterr().out.splitlines() == list(info.value.problems)
+
+
+def test_a_job_missing_a_required_key_is_reported_not_a_crash(tmp_path):
+    """A job without `project` (a file cut short, or a hand edit) was a KeyError: an internal error."""
+    path = tmp_path / "t.yaml"
+    path.write_text("format: 1\nnodes:\n  - {id: node-01, gpus: 1}\njobs:\n  - job: finetune\n")
+    with pytest.raises(TopologyError) as info:
+        Topology.from_yaml(path)
+    assert info.value.problems == (
+        f"{path}:5: jobs[0].project: is required",
+        f"{path}:5: jobs[0].ranks: is required",
+        f"{path}:5: jobs[0].team: is required",
+    )
+
+
+def test_a_refused_switch_is_not_a_second_problem_where_it_is_named(tmp_path):
+    """A leaf with a bad tier was also reported as undeclared by every uplink and NIC that names it."""
+    path = tmp_path / "t.yaml"
+    path.write_text("format: 1\nswitches:\n  - {id: spine-1, tier: spine}\n"
+                    "  - {id: leaf-1, tier: leef, uplinks: [spine-1]}\n"
+                    "  - {id: leaf-2, tier: leaf, uplinks: [leaf-1]}\n"
+                    "nodes:\n  - {id: node-01, gpus: 1, nics: [{name: eth0, leaf: leaf-1}]}\n")
+    with pytest.raises(TopologyError) as info:
+        Topology.from_yaml(path)
+    assert info.value.problems == (
+        f"{path}:4: switches[1].tier: expected one of {', '.join(TIERS)} (got 'leef')",
+    )
