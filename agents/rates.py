@@ -18,6 +18,10 @@ negative or absurd rate:
 
 A rate above ``max_rate`` (when given) is reported as ``absurd`` with no rate:
 better a gap than a spike that fires an alert.
+
+A reading no ``width``-bit counter can hold (negative, or ``2**width`` and more: a damaged file's
+``-1`` or ``2**70``, a library's garbage) is ``absurd`` too, and is not remembered: the next good
+reading is measured against the last good one, not against the garbage.
 """
 
 from __future__ import annotations
@@ -83,6 +87,8 @@ class RateTracker:
                max_rate: float | None = None) -> Delta:
         """Record ``value`` read at monotonic time ``t`` and return the change since the last reading."""
         self._seen.add(key)
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < (1 << width):
+            return Delta(None, None, ABSURD)  # no counter holds it: keep the last good reading
         prev = self._prev.get(key)
         self._prev[key] = (value, t)
         if saturating and value >= (1 << width) - 1:
