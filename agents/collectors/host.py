@@ -13,9 +13,10 @@ from __future__ import annotations
 import os
 from typing import Any, Iterable
 
-from whywait.agents.collectors.base import Collector, CollectorOff, parse_psi
+from whywait.agents.collectors.base import Collector, CollectorOff, parse_counter, parse_psi
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+_MAX_BYTES = 2 ** 63  # the contract's bound for a byte count
 
 
 class HostCollector(Collector):
@@ -35,6 +36,7 @@ class HostCollector(Collector):
         self._prev_loader: dict[int, int] = {}
         self._prev_mono: float | None = None
         self._children_via_task = True
+        self._ncpu = 1
 
     # --- /proc/stat --------------------------------------------------------
     def _cpu(self) -> tuple[list[int], int]:
@@ -47,11 +49,12 @@ class HostCollector(Collector):
             if not line.startswith("cpu"):
                 continue
             fields = line.split()
-            try:
-                values = [int(v) for v in fields[1:11]]
-            except ValueError:
+            # Tick counters: 64-bit unsigned.  A line holding anything else (-1, 2**70, 1e400) is damaged.
+            parsed = [parse_counter(v) for v in fields[1:11]]
+            if any(v is None for v in parsed):
                 self.errors += 1
                 continue
+            values = [v for v in parsed if v is not None]
             if fields[0] == "cpu":
                 if len(values) < 4:
                     self.errors += 1
@@ -60,12 +63,22 @@ class HostCollector(Collector):
             else:
                 count += 1
         if total is None:
-            raise CollectorOff(f"no 'cpu' line in {self.path('/proc/stat')}")
+            raise CollectorOff(f"no readable 'cpu' line in {self.path('/proc/stat')}")
         return total, count
 
     def _meminfo(self) -> tuple[int, int] | None:
-        text = self.read("/proc/meminfo", part="meminfo")
-        if text is None:
+        """``(used, total)`` bytes from ``/proc/meminfo``; None (and ``meminfo`` off, said once) when it
+        cannot be read or has no usable ``MemTotal``.
+
+        The part is turned back on only once a usable ``MemTotal`` was read: a file that reads but stays
+        damaged must not log "off" and "back on" every interval.
+        """
+        p = self.path("/proc/meminfo")
+        try:
+            with open(p, encoding="utf-8", errors="replace") as fh:
+                text = fh.read()
+        except OSError as exc:
+            self.part_off("meminfo", f"cannot read {p}: {exc.strerror or exc}")
             return None
         kb: dict[str, int] = {}
         for line in text.splitlines():
@@ -73,18 +86,20 @@ class HostCollector(Collector):
             parts = rest.split()
             if not parts:
                 continue
-            try:
-                kb[key] = int(parts[0])
-            except ValueError:
+            v = parse_counter(parts[0])
+            if v is None:
                 self.errors += 1
-        if "MemTotal" not in kb:
-            self.part_off("meminfo", "no MemTotal in /proc/meminfo")
+            else:
+                kb[key] = v
+        total = kb.get("MemTotal", 0) * 1024
+        if not 0 < total < _MAX_BYTES:  # absent, or no machine's memory (the contract's bytes bound)
+            self.part_off("meminfo", f"no usable MemTotal in {p}")
             return None
+        self.part_on("meminfo")
         avail = kb.get("MemAvailable")
         if avail is None:  # kernels before 3.14
             avail = kb.get("MemFree", 0) + kb.get("Buffers", 0) + kb.get("Cached", 0)
-        total = kb["MemTotal"] * 1024
-        return max(total - avail * 1024, 0), total
+        return min(max(total - avail * 1024, 0), total), total
 
     # --- data-loader processes ---------------------------------------------
     def _proc_ticks(self, pid: int) -> tuple[int, int] | None:
@@ -96,11 +111,14 @@ class HostCollector(Collector):
             return None
         # The command name sits in parentheses and may hold spaces and ')'.
         rest = text[text.rfind(")") + 2:].split()
-        try:
-            return int(rest[1]), int(rest[11]) + int(rest[12])
-        except (IndexError, ValueError):
+        if len(rest) < 13:
             self.errors += 1
             return None
+        ppid, utime, stime = parse_counter(rest[1]), parse_counter(rest[11]), parse_counter(rest[12])
+        if ppid is None or utime is None or stime is None:  # tick counters: no -1, no 2**70
+            self.errors += 1
+            return None
+        return ppid, utime + stime
 
     def children(self, pid: int) -> set[int]:
         """Every descendant of ``pid`` (the loader workers and their helpers)."""
@@ -165,11 +183,14 @@ class HostCollector(Collector):
         self._prev_loader = ticks
         if dt is None or dt <= 0:
             return None
-        return 100.0 * used / _CLK_TCK / dt
+        pct = 100.0 * used / _CLK_TCK / dt
+        # No set of processes uses more than every core of the node: a damaged stat file's jump is no reading.
+        return pct if pct <= 100.0 * max(self._ncpu, os.cpu_count() or 1) else None
 
     # --- the sample --------------------------------------------------------
     def sample(self, now: float, mono: float) -> dict[str, Any] | None:
         cpu, count = self._cpu()
+        self._ncpu = max(count, 1)
         prev, self._prev_cpu = self._prev_cpu, cpu
         dt = None if self._prev_mono is None else mono - self._prev_mono
         self._prev_mono = mono
