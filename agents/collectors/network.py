@@ -27,8 +27,17 @@ import os
 import re
 from typing import Any, Sequence
 
-from whywait.agents.collectors.base import Collector, CollectorOff, parse_int
+from whywait.agents.collectors.base import (
+    MAX_MBPS,
+    Collector,
+    CollectorOff,
+    parse_counter,
+    parse_gbps,
+    parse_int,
+    parse_word,
+)
 from whywait.agents.collectors.base import read_text as _read
+from whywait.agents.events import UNIT_BOUNDS
 from whywait.agents.rates import RateTracker
 
 _PCI_ADDR = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
@@ -56,6 +65,14 @@ _VIRTUAL = re.compile(r"^(veth|docker|br-|virbr|cali|flannel|cni|vxlan|tun|tap|i
                       r"bonding_masters)")
 _NET_STATS = ("rx_bytes", "tx_bytes", "rx_packets", "tx_packets", "rx_errors", "tx_errors", "rx_dropped",
               "tx_dropped")
+# The highest rates the contract takes.  A counter that jumps further in one interval (a damaged or
+# truncated file, then the whole one again) gives no rate that interval rather than a refused message.
+_MAX_BYTES_S = UNIT_BOUNDS["bytes/s"][1]
+_MAX_PER_S = min(UNIT_BOUNDS[u][1] for u in ("packets/s", "errors/s", "segments/s", "events/s", "ticks/s"))
+
+
+def _max_rate(stat: str) -> float:
+    return _MAX_BYTES_S if stat.endswith("bytes") else _MAX_PER_S
 
 
 def normalise_pci(addr: str) -> str:
@@ -133,20 +150,21 @@ class NetworkCollector(Collector):
             u = self.rates.update
             r = {}
             for stat in _NET_STATS:
-                v = parse_int(_read(os.path.join(d, "statistics", stat)) or "")
+                raw = _read(os.path.join(d, "statistics", stat))
+                if raw is None and stat == "rx_bytes":
+                    break  # no statistics at all (a bare entry): not an interface we can follow
+                v = parse_counter(raw)  # None: unreadable or damaged (-1, 2**70): no rate this interval
                 if v is None:
-                    if stat == "rx_bytes":
-                        break  # no statistics at all (a bare entry): not an interface we can follow
                     self.errors += 1
-                    v = 0
-                r[stat] = u((name, stat), v, mono)
+                    v = -1
+                r[stat] = u((name, stat), v, mono, max_rate=_max_rate(stat))
             if "rx_bytes" not in r:
                 continue
-            cc = parse_int(_read(os.path.join(d, "carrier_changes")) or "")
+            cc = parse_counter(_read(os.path.join(d, "carrier_changes")))
             carrier = u((name, "carrier_changes"), cc, mono) if cc is not None else None
             if dt is None or not r["rx_bytes"].ok:
                 continue
-            oper = (_read(os.path.join(d, "operstate")) or "").strip()
+            oper = parse_word(_read(os.path.join(d, "operstate")))
             speed = parse_int(_read(os.path.join(d, "speed")) or "")  # EINVAL when the link is down
             rec: dict[str, Any] = {
                 "nic": name,
@@ -161,7 +179,7 @@ class NetworkCollector(Collector):
                 "link_up": oper == "up",
                 "operstate": oper or "unknown",
             }
-            if speed is not None and speed > 0:
+            if speed is not None and 0 < speed <= MAX_MBPS:
                 rec["speed_mbps"] = speed
             if carrier is not None and carrier.delta is not None:
                 rec["carrier_changes"] = carrier.delta
@@ -215,22 +233,24 @@ class NetworkCollector(Collector):
             raw = _read(os.path.join(d, "counters", counter))
             if raw is None:
                 continue
-            v = parse_int(raw)
-            if v is None:
+            v = parse_counter(raw)
+            if v is None:  # damaged (-1, 2**70, truncated to nothing): no rate this interval
                 self.errors += 1
                 continue
             # A data counter without the extended attribute is 32 bits and saturates.
             if counter in ("port_rcv_data", "port_xmit_data", "port_rcv_packets", "port_xmit_packets") \
                     and v == 0xFFFFFFFF:
                 width, sat = 32, True
-            r[counter] = u((nic, counter), v, mono, width=width, saturating=sat)
+            # port_*_data count 4-byte words: the contract's bytes/s bound is four times the words'.
+            top = _MAX_BYTES_S / 4 if counter.endswith("_data") else _MAX_PER_S
+            r[counter] = u((nic, counter), v, mono, width=width, saturating=sat, max_rate=top)
             if r[counter].flag == "saturated":
                 saturated.append(counter)
         hw = {}
         for counter in _IB_HW:
-            v = parse_int(_read(os.path.join(d, "hw_counters", counter)) or "")
+            v = parse_counter(_read(os.path.join(d, "hw_counters", counter)))
             if v is not None:
-                hw[counter] = u((nic, "hw", counter), v, mono)
+                hw[counter] = u((nic, "hw", counter), v, mono, max_rate=_MAX_PER_S)
         if dt is None or "port_rcv_data" not in r:
             return None
         if all(not x.ok and x.flag == "first" for x in r.values()):
@@ -244,8 +264,8 @@ class NetworkCollector(Collector):
             x = r.get(c)
             return x.delta if x is not None else None
 
-        state = (_read(os.path.join(d, "state")) or "").strip()   # "4: ACTIVE"
-        rate_text = (_read(os.path.join(d, "rate")) or "").strip()  # "400 Gb/sec (4X NDR)"
+        state = parse_word(_read(os.path.join(d, "state")))   # "4: ACTIVE"
+        speed = parse_gbps(_read(os.path.join(d, "rate")))     # "400 Gb/sec (4X NDR)"
         rec: dict[str, Any] = {
             "nic": nic,
             "rx_bytes_per_s": rate("port_rcv_data", 4.0),
@@ -259,11 +279,10 @@ class NetworkCollector(Collector):
             "tx_drops_per_s": rate("port_xmit_discards"),
             "link_up": state.endswith("ACTIVE"),
             "state": state.partition(":")[2].strip() or state or "unknown",
-            "link_layer": (_read(os.path.join(d, "link_layer")) or "").strip() or "unknown",
+            "link_layer": parse_word(_read(os.path.join(d, "link_layer"))) or "unknown",
         }
-        m = re.match(r"([\d.]+)\s*Gb/sec", rate_text)
-        if m:
-            rec["speed_mbps"] = float(m.group(1)) * 1000.0
+        if speed is not None:
+            rec["speed_mbps"] = speed
         for field, counter in (("carrier_changes", "link_downed"), ("symbol_errors", "symbol_error")):
             c = count(counter)
             if c is not None:
@@ -358,9 +377,11 @@ class NetworkCollector(Collector):
         tcp = self._snmp("/proc/net/snmp", "Tcp", "tcp counters")
         ext = self._snmp("/proc/net/netstat", "TcpExt", "tcp timeouts")
         u = self.rates.update
-        retrans = u("RetransSegs", tcp["RetransSegs"], mono) if "RetransSegs" in tcp else None
-        outsegs = u("OutSegs", tcp["OutSegs"], mono) if "OutSegs" in tcp else None
-        timeouts = u("TCPTimeouts", ext["TCPTimeouts"], mono) if "TCPTimeouts" in ext else None
+        # RateTracker refuses what no counter holds (a damaged file's -1 or 2**70) and, past max_rate,
+        # a jump no interval can have.
+        retrans = u("RetransSegs", tcp["RetransSegs"], mono, max_rate=_MAX_PER_S) if "RetransSegs" in tcp else None
+        outsegs = u("OutSegs", tcp["OutSegs"], mono, max_rate=_MAX_PER_S) if "OutSegs" in tcp else None
+        timeouts = u("TCPTimeouts", ext["TCPTimeouts"], mono, max_rate=_MAX_PER_S) if "TCPTimeouts" in ext else None
         nics = self._interfaces(mono, dt) + self._infiniband(mono, dt)
         self.rates.forget_missing()
         if {"interfaces", "infiniband", "tcp counters"} <= self.parts_off.keys():
