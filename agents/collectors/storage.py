@@ -20,12 +20,17 @@ import os
 import re
 from typing import Any
 
-from whywait.agents.collectors.base import Collector, CollectorOff, parse_psi
+from whywait.agents.collectors.base import Collector, CollectorOff, parse_counter, parse_psi
+from whywait.agents.events import UNIT_BOUNDS
 from whywait.agents.rates import RateTracker
 
 _SKIP_DEV = re.compile(r"^(loop|ram|zram|fd|sr)\d+$")
 _PARTITION = re.compile(r"^((sd|hd|vd|xvd)[a-z]+\d+|(nvme\d+n\d+|mmcblk\d+|md\d+)p\d+)$")
 _SECTOR = 512
+# The highest rates the contract takes (ops/s, bytes/s; sectors are 512 bytes).  A counter that jumps
+# further in one interval (a damaged file, then the whole one again) gives no rate that interval.
+_MAX_OPS = UNIT_BOUNDS["ops/s"][1]
+_MAX_SECTORS = UNIT_BOUNDS["bytes/s"][1] / _SECTOR
 _LUSTRE_GLOBS = ("/sys/kernel/debug/lustre/llite/*/stats", "/proc/fs/lustre/llite/*/stats")
 # Lustre metadata operations whose latency a data loader opening many small files feels.
 _LUSTRE_META = ("open", "close", "getattr", "statfs", "readdir", "setattr", "inode_permission")
@@ -46,8 +51,10 @@ class StorageCollector(Collector):
         self.pid = pid
         self.rates = RateTracker()
         self._prev_mono: float | None = None
-        has_sys_block = os.path.isdir(self.path("/sys/block"))
-        self._sys_block = set(os.listdir(self.path("/sys/block"))) if has_sys_block else None
+        try:  # unreadable (permission denied) is as absent: partitions are then told by their names
+            self._sys_block: set[str] | None = set(os.listdir(self.path("/sys/block")))
+        except OSError:
+            self._sys_block = None
 
     # --- /proc/diskstats ---------------------------------------------------
     def _whole_disk(self, name: str) -> bool:
@@ -70,19 +77,19 @@ class StorageCollector(Collector):
                 self.errors += 1
                 continue
             name = f[2]
-            try:
-                v = [int(x) for x in f[3:14]]
-            except ValueError:
+            parsed = [parse_counter(x) for x in f[3:14]]  # 64-bit unsigned counters: no -1, no 2**70
+            if any(x is None for x in parsed):
                 self.errors += 1
                 continue
+            v = [x for x in parsed if x is not None]
             if not self._whole_disk(name):
                 continue
             u = self.rates.update
-            reads = u((name, "reads"), v[0], mono)
-            rsect = u((name, "rsect"), v[2], mono)
+            reads = u((name, "reads"), v[0], mono, max_rate=_MAX_OPS)
+            rsect = u((name, "rsect"), v[2], mono, max_rate=_MAX_SECTORS)
             rms = u((name, "rms"), v[3], mono)
-            writes = u((name, "writes"), v[4], mono)
-            wsect = u((name, "wsect"), v[6], mono)
+            writes = u((name, "writes"), v[4], mono, max_rate=_MAX_OPS)
+            wsect = u((name, "wsect"), v[6], mono, max_rate=_MAX_SECTORS)
             wms = u((name, "wms"), v[7], mono)
             busy = u((name, "io_ms"), v[9], mono)
             weighted = u((name, "weighted_ms"), v[10], mono)
@@ -122,10 +129,11 @@ class StorageCollector(Collector):
             op, sep, rest = line.strip().partition(":")
             if not sep or op not in ("READ", "WRITE", "bytes") and not op.isupper():
                 continue
-            try:
-                current[op] = [int(x) for x in rest.split()]
-            except ValueError:
+            values = [parse_counter(x) for x in rest.split()]  # counters: no -1, no 2**70
+            if any(x is None for x in values):
                 self.errors += 1
+                continue
+            current[op] = [x for x in values if x is not None]
         out = []
         for mnt, ops in mounts.items():
             rec = self._nfs_mount(mnt, ops, mono, dt)
@@ -143,7 +151,9 @@ class StorageCollector(Collector):
             f = ops.get(op, [])
             if len(f) < 8:
                 f = (f + [0] * 8)[:8]
-            d[op] = [u((key, op, i), f[i], mono) for i in range(8)]
+            # ops (0) and bytes (3, 4) bounded by the contract's rates; the rest only feed per-op averages.
+            d[op] = [u((key, op, i), f[i], mono, max_rate=_MAX_SECTORS * _SECTOR if i in (3, 4) else
+                       _MAX_OPS if i == 0 else None) for i in range(8)]
         totals = [0] * 4  # execute ms, errors, timeouts, retransmissions across every op
         for op, f in ops.items():
             if op == "bytes" or len(f) < 8:
@@ -201,15 +211,17 @@ class StorageCollector(Collector):
             f = line.split()
             if len(f) < 3 or f[2] != "samples":
                 continue
-            try:
-                stats[f[0]] = (int(f[1]), int(f[6]) if len(f) > 6 else 0)
-            except ValueError:
+            n, total = parse_counter(f[1]), parse_counter(f[6]) if len(f) > 6 else 0
+            if n is None or total is None:  # counters: no -1, no 2**70
                 self.errors += 1
+                continue
+            stats[f[0]] = (n, total)
         u = self.rates.update
 
         def pair(name: str) -> tuple[Any, Any]:
             n, s = stats.get(name, (0, 0))
-            return u((key, name, "n"), n, mono), u((key, name, "sum"), s, mono)
+            top = _MAX_SECTORS * _SECTOR if name.endswith("_bytes") else None
+            return u((key, name, "n"), n, mono, max_rate=_MAX_OPS), u((key, name, "sum"), s, mono, max_rate=top)
 
         rb_n, rb_sum = pair("read_bytes")
         wb_n, wb_sum = pair("write_bytes")
@@ -220,7 +232,7 @@ class StorageCollector(Collector):
             n, s = stats.get(op, (0, 0))
             meta_n += n
             meta_us += s
-        m_n = u((key, "meta", "n"), meta_n, mono)
+        m_n = u((key, "meta", "n"), meta_n, mono, max_rate=_MAX_OPS)
         m_us = u((key, "meta", "sum"), meta_us, mono)
         if dt is None or not rb_n.ok:
             return None
