@@ -29,7 +29,7 @@ import os
 import re
 from typing import Any, Sequence
 
-from whywait.agents.collectors.base import parse_int
+from whywait.agents.collectors.base import parse_counter, parse_int
 from whywait.agents.collectors.base import read_text as _read
 from whywait.agents.rates import RateTracker
 
@@ -43,11 +43,8 @@ _AER_FILES = (("aer_correctable", "aer_dev_correctable"), ("aer_nonfatal", "aer_
 
 def parse_speed(text: str | None) -> float | None:
     """``"16.0 GT/s PCIe"`` (or older kernels' ``"8 GT/s"``) → 16.0; ``"Unknown"`` or garbage → None."""
-    m = re.match(r"\s*([\d.]+)\s*GT/s", text or "")
-    try:
-        return float(m.group(1)) if m else None
-    except ValueError:
-        return None
+    m = re.match(r"\s*(\d{1,4}(?:\.\d{1,4})?)\s*GT/s", text or "")
+    return float(m.group(1)) if m else None
 
 
 def generation(gts: float | None) -> int | None:
@@ -68,7 +65,7 @@ def parse_aer(text: str | None) -> int | None:
     seen = False
     for line in text.splitlines():
         name, _, value = line.strip().rpartition(" ")
-        v = parse_int(value)
+        v = parse_counter(value)  # AER counters: unsigned; a damaged file's -1 or 2**70 is no count
         if v is None or not name:
             continue
         if name.startswith("TOTAL_ERR"):
@@ -144,8 +141,9 @@ class PcieSource:
             width_max = parse_int(_read(os.path.join(d, "max_link_width")) or "")
             gen = generation(parse_speed(_read(os.path.join(d, "current_link_speed"))))
             gen_max = generation(parse_speed(_read(os.path.join(d, "max_link_speed"))))
-            if width is None or width_max is None or gen_max is None or not 0 < width_max <= 32:
-                continue  # no PCIe capability exposed (an emulated device): nothing to compare
+            if width is None or width_max is None or gen_max is None or not 0 < width_max <= 32 \
+                    or not 0 <= width <= 32:
+                continue  # no PCIe capability exposed (an emulated device), or a damaged file: nothing to compare
             rec: dict[str, Any] = {"device": addr, "class": kind, "width": width, "width_max": width_max,
                                    "gen": gen if gen is not None else 0, "gen_max": gen_max}
             if kind == "gpu" and addr in gpus:

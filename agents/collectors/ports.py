@@ -31,6 +31,7 @@ import socket
 import struct
 from typing import Any
 
+from whywait.agents.collectors.base import MAX_MBPS, parse_gbps, parse_word
 from whywait.agents.collectors.base import read_text as _read
 
 SIOCETHTOOL = 0x8946
@@ -139,16 +140,17 @@ class PortSource:
                 continue
             for port in ports:
                 d = os.path.join(pdir, port)
-                state = (_read(os.path.join(d, "state")) or "").strip()  # "4: ACTIVE"
-                layer = (_read(os.path.join(d, "link_layer")) or "").strip()
+                # One-word attributes: a damaged file's megabyte line or escape sequence is no state.
+                state = parse_word(_read(os.path.join(d, "state")))  # "4: ACTIVE"
+                layer = parse_word(_read(os.path.join(d, "link_layer")))
                 rec: dict[str, Any] = {"nic": f"{hca}/{port}", "link_up": state.endswith("ACTIVE"), "rdma": True}
                 if layer:
                     rec["link_layer"] = layer
                 if model:
                     rec["model"] = model
-                m = re.match(r"\s*([\d.]+)\s*Gb/sec", _read(os.path.join(d, "rate")) or "")
-                if m and rec["link_up"]:
-                    rec["speed_mbps"] = float(m.group(1)) * 1000.0
+                speed = parse_gbps(_read(os.path.join(d, "rate")))  # None for "1.2.3", "1e400", garbage
+                if speed is not None and rec["link_up"]:
+                    rec["speed_mbps"] = speed
                 gids, v2 = self._gids(d)
                 if gids is not None:
                     rec["gids"] = gids
@@ -183,7 +185,7 @@ class PortSource:
             pci_dir = _pci_device_dir(d)
             if _VIRTUAL.match(name) or pci_dir is None:
                 continue  # no physical link to negotiate
-            oper = (_read(os.path.join(d, "operstate")) or "").strip()
+            oper = parse_word(_read(os.path.join(d, "operstate")))
             rec: dict[str, Any] = {"nic": name, "link_up": oper == "up", "link_layer": "Ethernet"}
             model = _model(pci_dir)
             if model:
@@ -192,7 +194,7 @@ class PortSource:
                 speed = int((_read(os.path.join(d, "speed")) or "").strip())
             except ValueError:
                 speed = -1  # EINVAL while the link is down
-            if speed > 0 and rec["link_up"]:
+            if 0 < speed <= MAX_MBPS and rec["link_up"]:  # not a damaged file's 2**70
                 rec["speed_mbps"] = float(speed)
             modes = self.link_modes(name) if self.root == "/" else None  # the ioctl sees this host's NICs only
             if modes is not None:
@@ -217,10 +219,14 @@ def _pci_device_dir(entry: str) -> str | None:
     return None
 
 
+_PCI_ID = re.compile(r"0x([0-9a-fA-F]{4})")
+
+
 def _model(device_dir: str) -> str | None:
-    vendor = (_read(os.path.join(device_dir, "vendor")) or "").strip()
-    device = (_read(os.path.join(device_dir, "device")) or "").strip()
-    if vendor.startswith("0x") and device.startswith("0x"):
-        return f"{vendor[2:]}:{device[2:]}"
+    """``15b3:1021`` from the PCI ``vendor`` and ``device`` files; None unless both hold a 16-bit id."""
+    vendor = _PCI_ID.fullmatch((_read(os.path.join(device_dir, "vendor")) or "").strip())
+    device = _PCI_ID.fullmatch((_read(os.path.join(device_dir, "device")) or "").strip())
+    if vendor and device:
+        return f"{vendor.group(1).lower()}:{device.group(1).lower()}"
     return None
 
