@@ -28,7 +28,7 @@ from __future__ import annotations
 import os
 from typing import Any, Protocol, Sequence
 
-from whywait.agents.collectors.base import Collector, CollectorOff, log
+from whywait.agents.collectors.base import Collector, CollectorOff, failure_key
 from whywait.agents.collectors.bmc import BmcSource
 from whywait.agents.collectors.kmsg import KmsgSource
 from whywait.agents.collectors.pcie import PcieSource
@@ -102,7 +102,7 @@ class HardwareCollector(Collector):
             self.turn_off("no source of hardware health here: " +
                           "; ".join(f"{k}: {v}" for k, v in self.parts_off.items()))
         self._due: dict[str, float] = {}
-        self._own_errors = 0
+        self._source_errors = 0  # the sources' own counts, as last added to errors
         self._calls = 0
         self._has_sysfs_pcie = any(isinstance(s, PcieSource) for s in self.sources)
 
@@ -120,8 +120,11 @@ class HardwareCollector(Collector):
             try:
                 got = s.read(mono)
             except Exception as exc:  # one broken source must not silence the others
-                self._own_errors += 1
-                log.warning("hw collector: %s failed: %s: %s", s.name, type(exc).__name__, exc)
+                # Counted every time, logged once per distinct failure: a source that fails on a file that
+                # stays damaged must not write a line every interval.
+                self.errors += 1
+                self.say_once(failure_key(exc, s.name), "HW collector: %s failed: %s: %s "
+                              "(counted; logged once)", s.name, type(exc).__name__, str(exc)[:300])
                 continue
             if got is not None:
                 body[s.name] = got
@@ -129,7 +132,11 @@ class HardwareCollector(Collector):
             body["nvml"] = self.gpu.take_health()
             if "pcie" in body or (not self._has_sysfs_pcie and (self._calls <= 2 or self._calls % 10 == 0)):
                 body["pcie"] = self._with_nvml_links(body.get("pcie") or [])
-        self.errors = self._own_errors + sum(getattr(s, "errors", 0) for s in self.sources)
+        # Add what the sources counted since the last round (not overwrite: the errors collect() counts,
+        # such as what the contract refused, would be lost every round).
+        source_errors = sum(getattr(s, "errors", 0) for s in self.sources)
+        self.errors += source_errors - self._source_errors
+        self._source_errors = source_errors
         return body or None
 
     def _with_nvml_links(self, links: list[dict[str, Any]]) -> list[dict[str, Any]]:
