@@ -39,13 +39,17 @@ import stat
 from typing import Any
 
 from whywait.agents.collectors.base import read_text as _read
+from whywait.agents.collectors.fit import clean_prose
 
 log = logging.getLogger("whywait.agent")
 
 MAX_RECORDS = 2000   # per interval: a log storm must not hold up the agent's round
 MAX_EVENTS = 200     # matching lines reported per interval
 MAX_MESSAGE = 300    # characters of each line kept
+MAX_LINE = 4096      # characters of a record searched (the kernel's are shorter than 1024)
 PRIME_BATCHES = 100  # at most 200,000 records skipped at first start (a 16 MiB ring buffer holds fewer)
+_INT63 = 2 ** 63  # sequence numbers and timestamps: what the contract (a signed 64-bit integer) takes
+_EPOCH_MAX = 1e11  # the contract's bound for a wall-clock time
 
 _PCI = re.compile(r"\b([0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7])\b", re.I)
 _NVRM_PCI = re.compile(r"PCI:([0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2})\b", re.I)
@@ -100,27 +104,36 @@ def classify(message: str) -> dict[str, Any] | None:
                     b = _BLOCK.search(text)
                     if b:
                         out["device"] = next(g for g in b.groups() if g)
+            if len(out.get("device", "")) > 64:  # no device is named so (a damaged line): name none
+                del out["device"]
             if cls == "xid":
                 x = _XID.search(text)
-                if x:
+                if x and len(x.group(1)) < 10:  # XIDs are small numbers; a 400-digit one names none
                     out["code"] = int(x.group(1))
             return out
     return None
 
 
 def parse_record(raw: str) -> tuple[int, int, int, str] | None:
-    """One ``/dev/kmsg`` record → ``(level, seq, usec since boot, message)``; None when malformed."""
+    """One ``/dev/kmsg`` record → ``(level, seq, usec since boot, message)``; None when malformed.
+
+    Priority, sequence and timestamp are non-negative and fit a signed 64-bit integer; a record with
+    anything else (``-1``, ``2**70``) is malformed.  The bound matters beyond the contract: the reader
+    skips every record at or below the last sequence it saw, so a single record claiming ``2**70`` would
+    silence the kernel log until the next reboot (and, saved in the state file, across restarts).
+    """
     head, sep, body = raw.partition(";")
     if not sep:
         return None
     fields = head.split(",")
-    if len(fields) < 3:
+    if len(fields) < 3 or not all(f.isascii() and f.isdigit() and len(f) < 20 for f in fields[:3]):
         return None
-    try:
-        prio, seq, usec = int(fields[0]), int(fields[1]), int(fields[2])
-    except ValueError:
+    prio, seq, usec = int(fields[0]), int(fields[1]), int(fields[2])
+    if seq >= _INT63 or usec >= _INT63:
         return None
-    message = body.split("\n", 1)[0]  # continuation lines (" KEY=value") follow the first newline
+    # Continuation lines (" KEY=value") follow the first newline.  The kernel's records are at most about
+    # a kilobyte; a longer line (a damaged file) is cut before the patterns search it.
+    message = body.split("\n", 1)[0][:MAX_LINE]
     return prio & 7, seq, usec, message
 
 
@@ -177,13 +190,20 @@ class KmsgSource:
     def _load_state(self) -> None:
         if not self.state_path:
             return
+        # A damaged state file (truncated, not JSON, nested ten thousand deep, a sequence no record has)
+        # is no state: the reader starts as on its first run rather than failing the agent's start.
         try:
-            with open(self.state_path, encoding="utf-8") as fh:
-                st = json.load(fh)
-            if st.get("boot_id") == self._boot_id and isinstance(st.get("seq"), int):
-                self._last_seq = st["seq"]
+            fd = os.open(self.state_path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO put there must not block the start
+            with os.fdopen(fd, "rb") as fh:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    raise ValueError("not a regular file")
+                st = json.loads(fh.read(4096).decode("utf-8", "replace"))
+            seq = st.get("seq")
+            if st.get("boot_id") == self._boot_id and isinstance(seq, int) and not isinstance(seq, bool) \
+                    and 0 <= seq < _INT63:
+                self._last_seq = seq
             self._primed = True  # a known boot resumes after its last record; a new boot reports from its start
-        except (OSError, ValueError, AttributeError):
+        except (OSError, ValueError, AttributeError, TypeError, RecursionError):
             pass
 
     def _save_state(self) -> None:
@@ -246,9 +266,14 @@ class KmsgSource:
             if len(events) >= MAX_EVENTS:
                 self.skipped += 1
                 continue
-            ev: dict[str, Any] = {"seq": seq, **found, "level": level, "message": message[:MAX_MESSAGE]}
+            # A control character in the line (a file in /dev/kmsg format, a driver's raw bytes) is shown as
+            # \xNN, as the kernel itself writes them, so the contract takes the message.
+            text = clean_prose(message, MAX_MESSAGE) or "?"
+            ev: dict[str, Any] = {"seq": seq, **found, "level": level, "message": text}
             if self._btime is not None:
-                ev["logged_at"] = round(self._btime + usec / 1e6, 6)
+                at = round(self._btime + usec / 1e6, 6)
+                if 0 < at <= _EPOCH_MAX:
+                    ev["logged_at"] = at
             events.append(ev)
         self._save_state()
         return events
@@ -260,11 +285,13 @@ class KmsgSource:
 
 
 def _btime(path: str) -> float | None:
+    """The boot time (``btime`` in ``/proc/stat``), or None when absent or no time (``NaN``, ``1e400``, ``-1``)."""
     for line in (_read(path) or "").splitlines():
         if line.startswith("btime "):
             try:
-                return float(line.split()[1])
-            except (IndexError, ValueError):
+                t = float(line.split()[1])
+            except (IndexError, ValueError, OverflowError):
                 return None
+            return t if 0 < t <= _EPOCH_MAX else None
     return None
 
