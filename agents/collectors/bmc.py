@@ -33,6 +33,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import math
 import os
 import re
 import shutil
@@ -45,6 +46,7 @@ import urllib.error
 import urllib.request
 from typing import Any, Callable, Iterable, Mapping
 
+from whywait.agents.collectors.fit import clean_name, clean_prose
 from whywait.agents.errors import AgentError
 
 log = logging.getLogger("whywait.agent")
@@ -108,26 +110,46 @@ def _under(reading: float | None, item: Mapping[str, Any], health: str) -> str:
 
 def _sensor(name: str, type_: str, health: str, reading: float | None = None, unit: str | None = None,
             context: str | None = None, note: str | None = None) -> dict[str, Any]:
-    rec: dict[str, Any] = {"name": name, "type": type_, "health": health}
+    """One sensor record.  The BMC's words are its own (a name with an escape sequence, 5000 characters, an
+    unpaired surrogate): names and notes are cleaned to what the contract takes, and a name with nothing
+    left is the sensor's type, so one odd sensor does not cost the message."""
+    rec: dict[str, Any] = {"name": clean_name(name) or type_, "type": type_, "health": health}
     if context:
         rec["context"] = context
     if reading is not None:
         rec["reading"] = float(reading)
     if unit:
         rec["unit"] = unit
+    note = clean_prose(note)
     if note:
         rec["note"] = note
     return rec
 
 
+_READING_MAX = 1e15  # no fan, temperature, voltage or power reads more: a larger number is the BMC's garbage
+
+
 def _num(v: Any) -> float | None:
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+    """A BMC's reading as a float; None unless a finite number of a size a sensor can read (JSON's ``1e400``
+    parses as infinity, a 400-digit integer does not fit a float at all)."""
+    if not isinstance(v, (int, float)) or isinstance(v, bool):
+        return None
+    if isinstance(v, int) and abs(v) > _READING_MAX:
+        return None
+    f = float(v)
+    return f if math.isfinite(f) and abs(f) <= _READING_MAX else None
+
+
+def _members(doc: Mapping[str, Any], key: str) -> list[Any]:
+    """``doc[key]`` when it is a list (a BMC's document may hold anything where a list belongs)."""
+    v = doc.get(key)
+    return v if isinstance(v, list) else []
 
 
 def parse_thermal(doc: Mapping[str, Any], prefix: str = "") -> list[dict[str, Any]]:
     """A Redfish ``Thermal`` resource → temperature, fan and fan-redundancy sensors."""
     out = []
-    for t in doc.get("Temperatures") or ():
+    for t in _members(doc, "Temperatures"):
         if not isinstance(t, dict) or _absent(t):
             continue
         reading = _num(t.get("ReadingCelsius"))
@@ -139,7 +161,7 @@ def parse_thermal(doc: Mapping[str, Any], prefix: str = "") -> list[dict[str, An
             ctx = "exhaust"
         health = _over(reading, t, _health(t.get("Status")))
         out.append(_sensor(prefix + name, "temperature", health, reading, "°C", ctx))
-    for f in doc.get("Fans") or ():
+    for f in _members(doc, "Fans"):
         if not isinstance(f, dict) or _absent(f):
             continue
         reading = _num(f.get("Reading", f.get("ReadingRPM")))
@@ -156,7 +178,7 @@ def parse_thermal(doc: Mapping[str, Any], prefix: str = "") -> list[dict[str, An
 def parse_power(doc: Mapping[str, Any], prefix: str = "") -> list[dict[str, Any]]:
     """A Redfish ``Power`` resource → power-supply, power-redundancy and consumption sensors."""
     out = []
-    for p in doc.get("PowerSupplies") or ():
+    for p in _members(doc, "PowerSupplies"):
         if not isinstance(p, dict):
             continue
         name = str(p.get("Name") or p.get("MemberId") or "power supply")
@@ -166,7 +188,7 @@ def parse_power(doc: Mapping[str, Any], prefix: str = "") -> list[dict[str, Any]
         health = _health(p.get("Status"))
         out.append(_sensor(prefix + name, "psu", health, _num(p.get("LastPowerOutputWatts")), "W", "psu",
                            None if health == "ok" else f"Status.Health {health.capitalize()}"))
-    for c in doc.get("PowerControl") or ():
+    for c in _members(doc, "PowerControl"):
         if isinstance(c, dict) and _num(c.get("PowerConsumedWatts")) is not None:
             out.append(_sensor(prefix + str(c.get("Name") or "power"), "power", _health(c.get("Status")),
                                _num(c.get("PowerConsumedWatts")), "W", "system"))
@@ -176,7 +198,7 @@ def parse_power(doc: Mapping[str, Any], prefix: str = "") -> list[dict[str, Any]
 
 def _redundancy(doc: Mapping[str, Any], prefix: str) -> list[dict[str, Any]]:
     out = []
-    for r in doc.get("Redundancy") or ():
+    for r in _members(doc, "Redundancy"):
         if not isinstance(r, dict) or _absent(r):
             continue
         health = _health(r.get("Status"))
@@ -226,7 +248,7 @@ class RedfishClient:
     def sensors(self) -> list[dict[str, Any]]:
         """Every chassis's thermal and power sensors."""
         coll = self.get("/redfish/v1/Chassis")
-        ids = [m.get("@odata.id") for m in coll.get("Members") or () if isinstance(m, dict)]
+        ids = [m.get("@odata.id") for m in _members(coll, "Members") if isinstance(m, dict)]
         members: list[str] = [m for m in ids if isinstance(m, str)][:MAX_CHASSIS]
         out: list[dict[str, Any]] = []
         for m in members:
@@ -266,7 +288,7 @@ def parse_sdr(text: str) -> list[dict[str, Any]]:
         ent = entity.split(".")[0]
         low = name.lower()
         m = _READING.match(rest)
-        reading = float(m.group(1)) if m else None
+        reading = _num(_float(m.group(1))) if m else None
         unit = _UNIT.get(m.group(2).lower()) if m else None
         events = rest[m.end():].strip(" ,") if m else rest
         if "redundan" in events.lower() or re.search(r"redundan|power supplies$|^fans$", low):
@@ -296,6 +318,13 @@ def parse_sdr(text: str) -> list[dict[str, Any]]:
         out.append(_sensor(name, type_, health, reading, unit, ctx or ("psu" if type_ == "psu" else None),
                            bad.group(0) if bad else None))
     return out
+
+
+def _float(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:  # "1.2.3"
+        return None
 
 
 def run_ipmitool(timeout: float = TIMEOUT_S) -> str:
