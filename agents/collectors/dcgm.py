@@ -30,13 +30,15 @@ both accepted.
 
 from __future__ import annotations
 
+import math
 import urllib.error
 import urllib.request
 from typing import Any, Iterable, Iterator
 
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
-from whywait.agents.collectors.base import Collector, CollectorOff
+from whywait.agents.collectors.base import COUNTER_MAX, Collector, CollectorOff
+from whywait.agents.collectors.fit import field_ok, name_ok
 from whywait.agents.collectors.gpu import decode_throttle
 from whywait.agents.rates import RateTracker
 
@@ -57,17 +59,20 @@ def parse_prometheus(text: str) -> tuple[list[tuple[str, dict[str, str], float]]
     # (dcgm-exporter's DCGM_FI_DEV_PCIE_REPLAY_COUNTER): keep the names the exporter wrote.
     written = {ln.split("{", 1)[0].split(None, 1)[0] for ln in lines}
     try:
-        return _samples(text_string_to_metric_families(text), written), 0
+        out = _samples(text_string_to_metric_families(text), written)
+        bad = 0
     except ValueError:
-        pass
-    out: list[tuple[str, dict[str, str], float]] = []
-    bad = 0
-    for line in lines:
-        try:
-            out += _samples(text_string_to_metric_families(line + "\n"), written)
-        except ValueError:
-            bad += 1
-    return out, bad
+        out = []
+        bad = 0
+        for line in lines:
+            try:
+                out += _samples(text_string_to_metric_families(line + "\n"), written)
+            except ValueError:
+                bad += 1
+    # The exposition format allows NaN and ±Inf; no DCGM field measures one, and an exporter that reports
+    # one (or 1e400, which parses as infinity) has nothing to say for that series: it is malformed.
+    finite = [s for s in out if math.isfinite(s[2])]
+    return finite, bad + len(out) - len(finite)
 
 
 def _samples(families: Iterable[Metric], written: set[str]) -> list[tuple[str, dict[str, str], float]]:
@@ -125,8 +130,8 @@ class DcgmCollector(Collector):
             if self.hostname and host and host != self.hostname:
                 continue
             gpu = _label(labels, "gpu", "GPU")
-            if gpu is None:
-                continue
+            if gpu is None or not (gpu.isascii() and gpu.isdigit() and len(gpu) < 8):
+                continue  # not a GPU index (a damaged label's "-1", "2**70" or escape sequence): no GPU
             if "GPU_I_ID" in labels and labels["GPU_I_ID"] not in ("", None):
                 continue  # per-MIG-instance series: the whole GPU's figures are on its own series
             g = gpus.setdefault(gpu, {"_labels": labels})
@@ -159,60 +164,77 @@ class DcgmCollector(Collector):
         except ValueError:
             idx = -1
         rec: dict[str, Any] = {"gpu": idx}
+        # Labels are the exporter's words: one that is no name (an escape sequence, 5000 characters) is
+        # left out rather than costing the GPU's record.
         uuid = _label(labels, "UUID", "uuid")
-        if uuid:
+        if uuid and name_ok(uuid):
             rec["uuid"] = uuid
-        if labels.get("pci_bus_id"):
+        if labels.get("pci_bus_id") and name_ok(labels["pci_bus_id"]):
             rec["pci_bus_id"] = labels["pci_bus_id"]
         host = _label(labels, "Hostname", "hostname")
-        if host:
+        if host and name_ok(host):
             rec["hostname"] = host
 
+        def ok(field: str, value: Any) -> bool:
+            """A value the contract takes for the field; else the field is unavailable (listed below)."""
+            return field_ok("gpu", "gpus", field, value)
+
         def put(field: str, dcgm: str, scale: float = 1.0) -> None:
-            if dcgm in f:
-                rec[field] = round(f[dcgm] * scale, 3)
+            if dcgm in f and ok(field, v := round(f[dcgm] * scale, 3)):
+                rec[field] = v
+
+        def as_int(x: float) -> int | None:
+            return int(x) if 0 <= x <= COUNTER_MAX else None  # a counter or a byte count: unsigned 64-bit
 
         put("util_pct", "DCGM_FI_DEV_GPU_UTIL")
         put("mem_util_pct", "DCGM_FI_DEV_MEM_COPY_UTIL")
         if "DCGM_FI_DEV_FB_USED" in f:
-            rec["mem_used_bytes"] = int(f["DCGM_FI_DEV_FB_USED"] * _MIB)
+            used = as_int(f["DCGM_FI_DEV_FB_USED"] * _MIB)
+            if ok("mem_used_bytes", used):
+                rec["mem_used_bytes"] = used
             parts = [f.get(k) for k in ("DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_RESERVED")]
-            if parts[1] is not None:
-                rec["mem_total_bytes"] = int(sum(p for p in parts if p is not None) * _MIB)
+            total = as_int(sum(p for p in parts if p is not None) * _MIB)
+            if parts[1] is not None and ok("mem_total_bytes", total):
+                rec["mem_total_bytes"] = total
         if "DCGM_FI_DEV_FB_TOTAL" in f:
-            rec["mem_total_bytes"] = int(f["DCGM_FI_DEV_FB_TOTAL"] * _MIB)
+            total = as_int(f["DCGM_FI_DEV_FB_TOTAL"] * _MIB)
+            if ok("mem_total_bytes", total):
+                rec["mem_total_bytes"] = total
         put("temp_c", "DCGM_FI_DEV_GPU_TEMP")
         put("power_w", "DCGM_FI_DEV_POWER_USAGE")
         put("power_limit_w", "DCGM_FI_DEV_ENFORCED_POWER_LIMIT")
         put("sm_clock_mhz", "DCGM_FI_DEV_SM_CLOCK")
         put("sm_clock_max_mhz", "DCGM_FI_DEV_MAX_SM_CLOCK")
         mask = f.get("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", f.get("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS"))
-        rec["throttle_reasons"] = decode_throttle(int(mask)) if mask is not None else []
+        m = as_int(mask) if mask is not None else None
+        rec["throttle_reasons"] = decode_throttle(m) if m is not None else []
         u = self.rates.update
         key = rec.get("uuid") or gpu
+        # Counters: RateTracker refuses what no counter holds (negative, 2**64 and more): no count then.
         for field, dcgm in (("ecc_corrected", "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL"),
                             ("ecc_uncorrected", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"),
                             ("pcie_replay", "DCGM_FI_DEV_PCIE_REPLAY_COUNTER")):
             if dcgm in f:
-                d = u((key, field), int(f[dcgm]), mono)
-                rec[field] = d.delta or 0
+                d = u((key, field), as_int(f[dcgm]), mono)  # type: ignore[arg-type]
+                rec[field] = d.delta if ok(field, d.delta) else 0
         nvl = [f[k] for k in _NVLINK_ERRS if k in f]
         if nvl:
-            d = u((key, "nvlink"), int(sum(nvl)), mono)
-            rec["nvlink_errors"] = d.delta or 0
+            d = u((key, "nvlink"), as_int(sum(nvl)), mono)  # type: ignore[arg-type]
+            rec["nvlink_errors"] = d.delta if ok("nvlink_errors", d.delta) else 0
         if "DCGM_FI_DEV_ROW_REMAP_PENDING" in f:
             rec["remapped_rows_pending"] = bool(f["DCGM_FI_DEV_ROW_REMAP_PENDING"])
         if "DCGM_FI_DEV_ROW_REMAP_FAILURE" in f:
             rec["remapped_rows_failed"] = bool(f["DCGM_FI_DEV_ROW_REMAP_FAILURE"])
         if "DCGM_FI_DEV_XID_ERRORS" in f:
-            last = int(f["DCGM_FI_DEV_XID_ERRORS"])
-            prev = self._last_xid.get(key)
-            self._last_xid[key] = last
-            rec["xid"] = [last] if last and prev is not None and last != prev else []
+            last = as_int(f["DCGM_FI_DEV_XID_ERRORS"])
+            if last is not None and field_ok("gpu", "gpus", "xid", [last]) and last < 10 ** 6:  # an XID code
+                prev = self._last_xid.get(key)
+                self._last_xid[key] = last
+                rec["xid"] = [last] if last and prev is not None and last != prev else []
         for k, field in (("DCGM_FI_PROF_PCIE_TX_BYTES", "pcie_tx_bytes_per_s"),
                          ("DCGM_FI_PROF_PCIE_RX_BYTES", "pcie_rx_bytes_per_s")):
-            if k in f:
-                rec[field] = int(f[k])
+            if k in f and ok(field, v := as_int(f[k])):
+                rec[field] = v
         missing = [k for k in ("util_pct", "mem_util_pct", "mem_used_bytes", "mem_total_bytes", "temp_c",
                                "power_w", "sm_clock_mhz") if k not in rec]
         if missing:
