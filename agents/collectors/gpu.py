@@ -29,11 +29,13 @@ when none is given.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import math
 import threading
 import time
 from typing import Any
 
-from whywait.agents.collectors.base import Collector, CollectorOff, log
+from whywait.agents.collectors.base import COUNTER_MAX, Collector, CollectorOff, failure_key, log
+from whywait.agents.collectors.fit import field_ok, name_ok
 from whywait.agents.rates import RateTracker
 
 # Clock-event (throttle) reason bits, as in nvml.h, and the names events.py documents.
@@ -59,6 +61,7 @@ _PCIE_TX_BYTES = 0
 _PCIE_RX_BYTES = 1
 _XID_CRITICAL = 0x0000000000000008
 _NVLINK_MAX_LINKS = 18
+_MAX_GPUS = 1024  # the contract's longest list: a count past it is NVML's garbage, not GPUs
 _NVLINK_ERRORS = (0, 1, 2, 3)  # DL_REPLAY, DL_RECOVERY, DL_CRC_FLIT, DL_CRC_DATA
 
 
@@ -117,8 +120,12 @@ class NvmlCollector(Collector):
         exc = box["exc"]
         if isinstance(exc, CollectorOff):
             self.turn_off(str(exc))
+        elif isinstance(exc, Exception):
+            # NVML answering what it never should (a handle call failing on a GPU fallen off the bus, a
+            # type never seen) turns the GPU collector off with one line; the agent's other collectors run.
+            self.turn_off(f"NVML did not start: {_why(exc)}")
         elif exc is not None:
-            raise exc
+            raise exc  # KeyboardInterrupt, SystemExit: not NVML's
         else:
             self._pool = cf.ThreadPoolExecutor(max_workers=len(self.handles) + 1,
                                                thread_name_prefix="whywait-nvml")
@@ -142,14 +149,16 @@ class NvmlCollector(Collector):
             raise CollectorOff(f"NVML could not count GPUs: {_why(exc)}") from None
         if count == 0:
             raise CollectorOff("NVML sees no GPUs")
+        if isinstance(count, bool) or not isinstance(count, int) or not 0 < count <= _MAX_GPUS:
+            raise CollectorOff(f"NVML reports {str(count)[:40]} GPUs (no node has that many)")
         for i in range(count):
             h = n.nvmlDeviceGetHandleByIndex(i)
             self.handles.append(h)
             self.uuids.append(_str(self._try(i, "uuid", n.nvmlDeviceGetUUID, h)))
             pci = self._try(i, "pci", n.nvmlDeviceGetPciInfo, h)
             self.bus_ids.append(_str(getattr(pci, "busId", None)) if pci is not None else None)
-            mx = self._try(i, "max_sm", n.nvmlDeviceGetMaxClockInfo, h, _CLOCK_SM)
-            self._max_sm.append(float(mx) if mx is not None else None)
+            mx = _num(self._try(i, "max_sm", n.nvmlDeviceGetMaxClockInfo, h, _CLOCK_SM), "sm_clock_max_mhz")
+            self._max_sm.append(mx)
             links = []
             for link in range(int(getattr(n, "NVML_NVLINK_MAX_LINKS", _NVLINK_MAX_LINKS))):
                 try:
@@ -269,6 +278,14 @@ class NvmlCollector(Collector):
         return -1
 
     def _gpu(self, i: int, h: Any, mono: float, xids: list[int]) -> dict[str, Any]:
+        """One GPU's record.
+
+        NVML's answers are not trusted blindly: a failing GPU answers 0xFFFFFFFF for its temperature or
+        clock, and a binding may hand back NaN.  A value the contract would refuse is treated as one NVML
+        could not give (the field goes to ``unavailable``, the GPU to ``gpus_incomplete``), a counter that
+        no counter holds gives no count, so one bad answer never costs the GPU's other fields, nor the
+        node's other GPUs.
+        """
         n = self.nvml
         util = self._try(i, "util", n.nvmlDeviceGetUtilizationRates, h)
         mem = self._try(i, "mem", n.nvmlDeviceGetMemoryInfo, h)
@@ -281,30 +298,33 @@ class NvmlCollector(Collector):
         if self.bus_ids[i]:
             rec["pci_bus_id"] = self.bus_ids[i]
         # Under MIG the whole-GPU utilisation is not available (nvidia-smi: [N/A]).
-        rec["util_pct"] = float(util.gpu) if util is not None else None
-        rec["mem_util_pct"] = float(util.memory) if util is not None else None
-        if mem is not None:
-            rec["mem_used_bytes"] = int(mem.used)
-            rec["mem_total_bytes"] = int(mem.total)
-        rec["temp_c"] = float(temp) if temp is not None else None
-        rec["power_w"] = round(power / 1000.0, 3) if power is not None else None
-        limit = self._try(i, "power_limit", n.nvmlDeviceGetEnforcedPowerLimit, h)
+        rec["util_pct"] = _num(getattr(util, "gpu", None), "util_pct")
+        rec["mem_util_pct"] = _num(getattr(util, "memory", None), "mem_util_pct")
+        used, total = _int(getattr(mem, "used", None)), _int(getattr(mem, "total", None))
+        if field_ok("gpu", "gpus", "mem_used_bytes", used) and field_ok("gpu", "gpus", "mem_total_bytes", total):
+            rec["mem_used_bytes"] = used
+            rec["mem_total_bytes"] = total
+        else:
+            mem = None
+        rec["temp_c"] = _num(temp, "temp_c")
+        rec["power_w"] = _num(power, "power_w", 1e-3)
+        limit = _num(self._try(i, "power_limit", n.nvmlDeviceGetEnforcedPowerLimit, h), "power_limit_w", 1e-3)
         if limit is not None:
-            rec["power_limit_w"] = round(limit / 1000.0, 3)
-        rec["sm_clock_mhz"] = float(sm) if sm is not None else None
+            rec["power_limit_w"] = limit
+        rec["sm_clock_mhz"] = _num(sm, "sm_clock_mhz")
         if self._max_sm[i] is not None:
             rec["sm_clock_max_mhz"] = self._max_sm[i]
         reasons_fn = getattr(n, "nvmlDeviceGetCurrentClocksEventReasons", None) \
             or n.nvmlDeviceGetCurrentClocksThrottleReasons
-        mask = self._try(i, "throttle", reasons_fn, h)
-        rec["throttle_reasons"] = decode_throttle(int(mask)) if mask is not None else []
+        mask = _int(self._try(i, "throttle", reasons_fn, h))
+        rec["throttle_reasons"] = decode_throttle(mask) if mask is not None else []
         u = self.rates.update
         for field, etype in (("ecc_corrected", _MEMORY_ERROR_CORRECTED),
                              ("ecc_uncorrected", _MEMORY_ERROR_UNCORRECTED)):
             v = self._try(i, field, n.nvmlDeviceGetTotalEccErrors, h, etype, _VOLATILE_ECC)
             if v is not None:
-                d = u((i, field), int(v), mono)
-                rec[field] = d.delta if d.delta is not None else 0
+                d = u((i, field), _int(v), mono)  # type: ignore[arg-type]  # None: refused as no counter
+                rec[field] = d.delta if field_ok("gpu", "gpus", field, d.delta) else 0
         rows = self._try(i, "remapped_rows", n.nvmlDeviceGetRemappedRows, h)
         if rows is not None:
             rec["remapped_rows_pending"] = bool(rows[2])
@@ -312,21 +332,21 @@ class NvmlCollector(Collector):
         rec["xid"] = xids
         replay = self._try(i, "pcie_replay", n.nvmlDeviceGetPcieReplayCounter, h)
         if replay is not None:
-            d = u((i, "pcie_replay"), int(replay), mono)
-            rec["pcie_replay"] = d.delta if d.delta is not None else 0
+            d = u((i, "pcie_replay"), _int(replay), mono)  # type: ignore[arg-type]
+            rec["pcie_replay"] = d.delta if field_ok("gpu", "gpus", "pcie_replay", d.delta) else 0
         for field, counter in (("pcie_tx_bytes_per_s", _PCIE_TX_BYTES), ("pcie_rx_bytes_per_s", _PCIE_RX_BYTES)):
-            kb = self._try(i, field, n.nvmlDeviceGetPcieThroughput, h, counter)
-            if kb is not None:
-                rec[field] = int(kb) * 1024  # NVML reports KB/s over a 20 ms window
+            kb = _int(self._try(i, field, n.nvmlDeviceGetPcieThroughput, h, counter))
+            if kb is not None and field_ok("gpu", "gpus", field, kb * 1024):
+                rec[field] = kb * 1024  # NVML reports KB/s over a 20 ms window
         pcie: dict[str, int] = {}
         for field, fname in (("pcie_link_gen", "nvmlDeviceGetCurrPcieLinkGeneration"),
                              ("pcie_link_gen_max", "nvmlDeviceGetMaxPcieLinkGeneration"),
                              ("pcie_link_width", "nvmlDeviceGetCurrPcieLinkWidth"),
                              ("pcie_link_width_max", "nvmlDeviceGetMaxPcieLinkWidth")):
             fn = getattr(n, fname, None)
-            v = self._try(i, field, fn, h) if fn is not None else None
-            if v is not None:
-                pcie[field] = int(v)
+            v = _int(self._try(i, field, fn, h)) if fn is not None else None
+            if v is not None and v <= _PCIE_MAX[field]:  # 0xFFFFFFFF: NVML could not say
+                pcie[field] = v
         rec.update(pcie)
         self.pcie[i] = {**pcie, **{k: rec[k] for k in ("pcie_tx_bytes_per_s", "pcie_rx_bytes_per_s") if k in rec}}
         if self._nvlinks[i]:
@@ -334,9 +354,10 @@ class NvmlCollector(Collector):
             for link in self._nvlinks[i]:
                 for counter in _NVLINK_ERRORS:
                     v = self._try(i, f"nvlink{link}.{counter}", n.nvmlDeviceGetNvLinkErrorCounter, h, link, counter)
-                    total += int(v or 0)
+                    c = _int(v) if v is not None else 0
+                    total = -1 if c is None or total < 0 else total + c  # one garbage answer: no count
             d = u((i, "nvlink"), total, mono)
-            rec["nvlink_errors"] = d.delta if d.delta is not None else 0
+            rec["nvlink_errors"] = d.delta if field_ok("gpu", "gpus", "nvlink_errors", d.delta) else 0
         missing = [k for k in ("util_pct", "mem_util_pct", "temp_c", "power_w", "sm_clock_mhz")
                    if rec.get(k) is None] + (["mem_used_bytes"] if mem is None else [])
         if missing:
@@ -368,7 +389,14 @@ class NvmlCollector(Collector):
                 log.warning("GPU collector: GPU %d did not answer NVML within %g s; skipping it until it does",
                             i, self.call_timeout_s)
                 continue
-            rec = fut.result()
+            try:
+                rec = fut.result()
+            except Exception as exc:  # one GPU's sample failing (a bug, an answer of a type never seen)
+                self.errors += 1  # must not cost the other GPUs' records: skip this one, say so once
+                self._note(i, error=_why(exc))
+                self.say_once(failure_key(exc), "GPU collector: GPU %d sample failed: %s (counted; logged once)",
+                              i, _why(exc)[:300])
+                continue
             if rec is None:
                 continue
             # A GPU lacking a field the contract requires (utilisation under MIG) travels in
@@ -399,6 +427,40 @@ def _why(exc: BaseException) -> str:
 
 
 def _str(v: Any) -> str | None:
+    """A UUID or PCI bus id from NVML (bytes or str), or None unless it is a name the contract takes: a sick
+    GPU or an odd binding may hand back bytes that are not UTF-8, or control characters.  An identity is
+    not repaired (a cleaned-up UUID would name another GPU): it is left out."""
     if v is None:
         return None
-    return v.decode() if isinstance(v, bytes) else str(v)
+    if isinstance(v, bytes):
+        try:
+            v = v.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+    v = str(v).strip()
+    return v if name_ok(v) else None
+
+
+# PCIe generations and widths NVML can report; 0xFFFFFFFF (or anything past these) means it could not say.
+_PCIE_MAX = {"pcie_link_gen": 16, "pcie_link_gen_max": 16, "pcie_link_width": 64, "pcie_link_width_max": 64}
+
+
+def _int(v: Any) -> int | None:
+    """An NVML integer as an unsigned 64-bit one; None for anything else (NaN, infinity, -1, 2**70, a bool)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return int(v) if 0 <= v <= COUNTER_MAX else None
+
+
+def _num(v: Any, field: str, scale: float = 1.0) -> float | None:
+    """An NVML number as the contract's ``field`` (times ``scale``, rounded), or None when NVML's answer is
+    no value the contract takes for it (a failing GPU's 4294967295 °C, NaN)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    if isinstance(v, int) and abs(v) > COUNTER_MAX:
+        return None
+    x = float(v) * scale
+    x = round(x, 3) if scale != 1.0 else x
+    return x if field_ok("gpu", "gpus", field, x) else None
