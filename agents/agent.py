@@ -43,8 +43,20 @@ from typing import Any, Callable, Iterable
 
 from whywait.agents.collectors.base import AgentConfigError, Collector
 from whywait.agents.collectors.bmc import SlowdownWatch
+from whywait.agents.collectors.fit import clean_prose, name_ok
 from whywait.agents.collectors.host import HostCollector
-from whywait.agents.events import TOPIC_AGENT_HEALTH, TOPIC_CHECKPOINTS, TOPIC_STEPS, envelope, topic_for_kind
+from whywait.agents.events import (
+    FIELD_BOUNDS,
+    PHASE_SLACK,
+    RANK_MAX,
+    STRING_MAX_BY_FIELD,
+    TOPIC_AGENT_HEALTH,
+    TOPIC_CHECKPOINTS,
+    TOPIC_STEPS,
+    UNIT_BOUNDS,
+    envelope,
+    topic_for_kind,
+)
 from whywait.agents.publisher import Publisher
 
 log = logging.getLogger("whywait.agent")
@@ -54,6 +66,12 @@ SOCKET_GROUP = "whywait"  # the default group allowed to write the training sock
 OWNER_TTL_S = 3600.0  # a job silent this long on this node may be claimed by another user (a new run)
 MAX_JOBS = 1024  # distinct jobs tracked per node: a flood of invented job names cannot grow memory
 _UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+# What the contract takes from a datagram's numbers (a datagram is the training process's word, and a
+# value the contract refuses would cost the whole job's batch for the interval at the publisher).
+_STEP_MAX = FIELD_BOUNDS["step"][1]
+_SECONDS_MAX = UNIT_BOUNDS["s"][1]
+_EPOCH_MAX = UNIT_BOUNDS["s since epoch (UTC)"][1]
+_BYTES_MAX = 2 ** 63 - 1
 
 
 class TrainingInbox:
@@ -79,7 +97,13 @@ class TrainingInbox:
         self._users: dict[str, dict[str, Any]] = {}  # job -> sender_uid (and sender_user) for the batches
 
     def feed(self, data: bytes, uid: int | None = None, pid: int | None = None) -> None:
-        """Take one datagram; ``uid``/``pid`` are the kernel's word on the sender (None: not known)."""
+        """Take one datagram; ``uid``/``pid`` are the kernel's word on the sender (None: not known).
+
+        A datagram whose job, rank or step the contract would refuse (a control character in the job, a
+        rank past 2^31 - 1, a phase longer than its step can hold, a 400-digit number) is malformed: it
+        is counted and dropped alone, so it never takes the other ranks' steps of the interval with it
+        (the publisher refuses a batch whole).
+        """
         self.received += 1
         try:
             d = json.loads(data)
@@ -87,7 +111,7 @@ class TrainingInbox:
                 raise ValueError("not an object")
             job = d["job"]
             rank = d["rank"]
-            if not isinstance(job, str) or not job or len(job) > 256 or not _is_int(rank) or rank < 0:
+            if not name_ok(job) or not _is_int(rank) or not 0 <= rank <= RANK_MAX:
                 raise ValueError("bad job or rank")
             if uid is not None and not self._may_report(job, uid, pid):
                 return
@@ -101,7 +125,7 @@ class TrainingInbox:
             sender = pid if pid is not None else d.get("pid")  # the kernel's pid when known
             if isinstance(sender, int) and not isinstance(sender, bool) and sender > 0:
                 self.pids.add(sender)
-        except (ValueError, KeyError, TypeError, RecursionError):
+        except (ValueError, KeyError, TypeError, RecursionError, OverflowError):
             self.malformed += 1
 
     def _may_report(self, job: str, uid: int, pid: int | None) -> bool:
@@ -134,16 +158,19 @@ class TrainingInbox:
 
     def _step(self, job: str, rank: int, d: dict[str, Any]) -> None:
         step = d["step"]
-        if not _is_int(step) or step < 0:
+        if not _is_int(step) or not 0 <= step <= _STEP_MAX:
             raise ValueError("bad step")
         rec: dict[str, Any] = {"rank": rank, "step": step}
         for k in ("duration_s", "data_wait_s", "compute_s", "comm_s", "checkpoint_s"):
             v = d.get(k, 0.0)
-            if not _is_num(v) or v < 0:
+            if not _is_num(v) or not 0 <= v <= _SECONDS_MAX:
                 raise ValueError(f"bad {k}")
             rec[k] = float(v)
+        lim = rec["duration_s"] * PHASE_SLACK[0] + PHASE_SLACK[1]  # the contract's bound on a phase
+        if any(rec[k] > lim for k in ("data_wait_s", "compute_s", "comm_s", "checkpoint_s")):
+            raise ValueError("a phase longer than its step")
         rec["node"] = self.node  # the agent's own node, whatever the datagram claims
-        if _is_num(d.get("time")):
+        if _is_num(d.get("time")) and 0 <= d["time"] <= _EPOCH_MAX:
             rec["ended_at"] = float(d["time"])
         buf = self._steps.setdefault(job, [])
         if len(buf) >= MAX_STEPS_PER_JOB:
@@ -154,17 +181,23 @@ class TrainingInbox:
     def _checkpoint(self, job: str, rank: int, d: dict[str, Any]) -> None:
         phase = d.get("phase")
         cid = d.get("checkpoint_id")
-        if phase not in ("start", "end", "failed") or not isinstance(cid, str) or not cid:
+        if phase not in ("start", "end", "failed") or not name_ok(cid):
             raise ValueError("bad checkpoint")
-        t = float(d["time"]) if _is_num(d.get("time")) else time.time()
+        # Optional figures the contract would refuse are left out; a time it would refuse is the agent's.
+        t = float(d["time"]) if _is_num(d.get("time")) and 0 <= d["time"] <= _EPOCH_MAX else time.time()
         body: dict[str, Any] = {"job": job, "rank": rank, "checkpoint_id": cid, "phase": phase}
-        if _is_int(d.get("bytes")) and d["bytes"] >= 0:
+        if _is_int(d.get("bytes")) and 0 <= d["bytes"] <= _BYTES_MAX:
             body["bytes"] = d["bytes"]
-        if _is_num(d.get("duration_s")) and d["duration_s"] >= 0:
+        if _is_num(d.get("duration_s")) and 0 <= d["duration_s"] <= _SECONDS_MAX:
             body["duration_s"] = float(d["duration_s"])
-        for k, cap in (("path", 4096), ("error", 2000)):
-            if isinstance(d.get(k), str) and d[k]:
-                body[k] = d[k][:cap]
+        path, error = d.get("path"), d.get("error")
+        if isinstance(path, str) and path:
+            path = path[:STRING_MAX_BY_FIELD["path"]]
+            if name_ok(path, STRING_MAX_BY_FIELD["path"]):  # a path with a control character: left out
+                body["path"] = path
+        error = clean_prose(error, STRING_MAX_BY_FIELD["error"])  # free text: control characters shown as \xNN
+        if error:
+            body["error"] = error
         body.update(self._users.get(job, {}))
         self._checkpoints.append(envelope("checkpoint", self.node, t, **body))
 
@@ -471,4 +504,9 @@ def _is_int(v: Any) -> bool:
 
 
 def _is_num(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    """A finite number; an int too large for a float (a 400-digit JSON number) is none."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return False
+    if isinstance(v, int):
+        return -(2 ** 63) <= v < 2 ** 63
+    return math.isfinite(v)
