@@ -71,7 +71,7 @@ def load_diagnoses(path: str) -> list[Any]:
 
 
 def _diagnoses(where: str, data: Any) -> list[Any]:
-    from whywait.engine.diagnosis import Diagnosis
+    from whywait.engine.diagnosis import Diagnosis, DiagnosisFormatError
 
     items = data if isinstance(data, list) else [data]
     out = []
@@ -81,7 +81,7 @@ def _diagnoses(where: str, data: Any) -> list[Any]:
             raise ConfigError(f"{at}: a diagnosis must be a JSON object (got {type(item).__name__})")
         try:
             out.append(Diagnosis.from_dict(item))
-        except TypeError as exc:
+        except (TypeError, DiagnosisFormatError) as exc:
             raise ConfigError(f"{at}: not a diagnosis ({exc})") from None
     if not out:
         raise ConfigError(f"{where}: no diagnosis in it")

@@ -94,8 +94,15 @@ class Digest:
                 j.minute_steps[int(msg["time"] // 60)].append(s["duration_s"])
 
     def add_diagnosis(self, d: dict[str, Any]) -> None:
-        """Add one diagnosis as published on the diagnoses topic (firing or resolved)."""
-        if not (self.since - 86400 <= d.get("detected_at", 0) <= self.until):
+        """Add one diagnosis as published on the diagnoses topic (firing or resolved).
+
+        Raises :class:`~whywait.engine.diagnosis.DiagnosisFormatError` (a ``ValueError``) for a dict that
+        is not a diagnosis, here rather than in :meth:`finish`, where one bad record would end the digest.
+        """
+        from whywait.engine.diagnosis import Diagnosis
+
+        d = Diagnosis.from_dict(d).to_dict()
+        if not (self.since - 86400 <= d["detected_at"] <= self.until):
             return
         self.last_diag[d["fingerprint"]] = d
 

@@ -11,6 +11,9 @@ from whywait.engine.report.digest import Digest, cause_of
 
 T0 = 1_764_442_800.0
 
+#: what every published diagnosis also carries, and the digest does not read
+_REST = {"severity": "warning", "cause": "c", "owner": None}
+
 
 def placement(job: str, project: str, ranks: int, share: float = 1.0) -> dict:
     return envelope("placement", "sched", T0, job=job, project=project, team=f"team-{project}", state="running",
@@ -35,16 +38,16 @@ def digest() -> Digest:
         t += dur
     for k in range(3600):
         d.add(steps("rec", T0 + k + 1, 8, 1.0))
-    d.add_diagnosis({"rule_id": "network.straggler-retransmits", "fingerprint": "a", "status": "firing",
+    d.add_diagnosis({**_REST, "rule_id": "network.straggler-retransmits", "fingerprint": "a", "status": "firing",
                      "job": "llm", "starts_at": T0 + 1800, "detected_at": T0 + 1805, "culprit": "n1",
                      "title": "x", "cost": {"gpu_hours_lost": 0.5}})
-    d.add_diagnosis({"rule_id": "network.straggler-retransmits", "fingerprint": "a", "status": "resolved",
+    d.add_diagnosis({**_REST, "rule_id": "network.straggler-retransmits", "fingerprint": "a", "status": "resolved",
                      "job": "llm", "starts_at": T0 + 1800, "detected_at": T0 + 1805, "ends_at": T0 + 2400,
                      "culprit": "n1", "title": "x", "cost": {"gpu_hours_lost": 1.25}})
-    d.add_diagnosis({"rule_id": "storage.read-latency-starvation", "fingerprint": "b", "status": "resolved",
+    d.add_diagnosis({**_REST, "rule_id": "storage.read-latency-starvation", "fingerprint": "b", "status": "resolved",
                      "job": "llm", "starts_at": T0 + 1800, "detected_at": T0 + 1810, "ends_at": T0 + 2400,
                      "culprit": "pool-a", "title": "y", "cost": None})
-    d.add_diagnosis({"rule_id": "data.cpu-bound-loader", "fingerprint": "c", "status": "resolved",
+    d.add_diagnosis({**_REST, "rule_id": "data.cpu-bound-loader", "fingerprint": "c", "status": "resolved",
                      "job": "llm", "starts_at": T0 + 2100, "detected_at": T0 + 2110, "ends_at": T0 + 2400,
                      "culprit": "n0", "title": "z"})
     d.finish()
