@@ -666,7 +666,7 @@ def test_dcgm_survives_a_damaged_scrape(agent_log: LogLines) -> None:
         lines: list[str] = []
         body = None
         for k, state in enumerate(SEQUENCE):
-            c.fetch = lambda s=state, t=texts: t[s]  # type: ignore[method-assign]
+            c.fetch = lambda s=state, t=texts: t[s]  # type: ignore[method-assign,misc]
             mark = len(agent_log.records)
             body = c.collect(T0 + k, float(k))
             lines += agent_log.since(mark)

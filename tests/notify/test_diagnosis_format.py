@@ -20,7 +20,7 @@ from whywait.engine.report.digest import Digest
 
 from whywait.errors import EXIT_INTERNAL
 
-WRONG = (None, "x", -1, 1e308, [], {}, True, 10**30)
+WRONG: tuple[Any, ...] = (None, "x", -1, 1e308, [], {}, True, 10**30)
 
 
 def _paths(o: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
