@@ -33,7 +33,9 @@ import asyncio
 import json
 import logging
 import os
+import re
 import sys
+import time
 from abc import ABC, abstractmethod
 from collections import deque
 from typing import IO, Any
@@ -43,6 +45,10 @@ from whywait.agents.events import ContractError, encode, validate
 log = logging.getLogger("whywait.agent")
 
 
+#: seconds between two log lines about messages refused for the same kind and field
+_REFUSAL_LOG_S = 60.0
+
+
 class Publisher(ABC):
     """Where messages go.  Counters: ``sent``, ``spooled`` (waiting on disk now), ``dropped``, ``invalid``."""
 
@@ -50,6 +56,7 @@ class Publisher(ABC):
         self.sent = 0
         self.dropped = 0
         self.invalid = 0
+        self._refusals: dict[tuple[str, str], tuple[float, int]] = {}  # (kind, field) -> (last logged, since)
 
     @property
     def spooled(self) -> int:
@@ -67,8 +74,26 @@ class Publisher(ABC):
             return True
         except ContractError as exc:
             self.invalid += 1
-            log.error("not publishing an invalid %s message: %s", msg.get("kind", "?"), exc)
+            self._log_refusal(str(msg.get("kind", "?")), exc)
             return False
+
+    def _log_refusal(self, kind: str, exc: ContractError) -> None:
+        """Log a refused message: the first of its kind and field, then at most once a minute with a count.
+
+        A producer that keeps sending one bad field (every second, from every GPU) would otherwise
+        write a line per message; the count in :attr:`invalid` still sees every one.
+        """
+        key = (kind, re.sub(r"\[\d+\]", "[]", exc.path)[:200])  # gpus[3].temp_c and gpus[5].temp_c: one field
+        now = time.monotonic()
+        last, since = self._refusals.get(key, (-_REFUSAL_LOG_S, 0))
+        if now - last < _REFUSAL_LOG_S:
+            self._refusals[key] = (last, since + 1)
+            return
+        if len(self._refusals) >= 1024:  # bounded: distinct fields are few, but reasons come from the input
+            self._refusals.clear()
+        self._refusals[key] = (now, 0)
+        more = f" ({since} more like it since, not logged)" if since else ""
+        log.error("not publishing an invalid %s message: %s%s", kind, exc, more)
 
     async def start(self) -> None:  # noqa: B027 - an optional hook
         """Connect (when there is something to connect to); never fails for an unreachable broker."""

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 from typing import Any
 
@@ -200,3 +201,23 @@ async def test_real_aiokafka_producer_to_a_closed_port_spools(tmp_path: "os.Path
         await p.close()
     finally:
         s.close()
+
+
+def test_a_field_refused_again_and_again_is_logged_once_a_minute(caplog: pytest.LogCaptureFixture,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A producer that sends the same bad field every second writes one line a minute, with a count."""
+    import whywait.agents.publisher as publisher
+
+    clock = [1000.0]
+    monkeypatch.setattr(publisher.time, "monotonic", lambda: clock[0])
+    p = MemoryPublisher()
+    bad = {"kind": "host", "node": "n1", "time": 1.7e9, "mem_used_bytes": -5}
+    with caplog.at_level(logging.ERROR, logger=publisher.log.name):
+        for _ in range(30):
+            p.check("whywait.host.v1", dict(bad))
+            clock[0] += 1.0
+        assert len(caplog.records) == 1 and p.invalid == 30
+        clock[0] += 60.0
+        p.check("whywait.host.v1", dict(bad))
+    assert len(caplog.records) == 2 and p.invalid == 31
+    assert "(29 more like it since, not logged)" in caplog.records[1].getMessage()
