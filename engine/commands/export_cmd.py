@@ -48,7 +48,7 @@ def rule_files(paths: list[Path]) -> list[tuple[str, Path]]:
 
 def run(args: argparse.Namespace) -> int:
     from whywait.engine.commands.engine_cmd import default_rules_dir, load_topology
-    from whywait.engine.commands.replay_cmd import _fmt, kafka_batches, parse_duration, parse_time
+    from whywait.engine.commands.replay_cmd import _fmt, kafka_batches, parse_duration, parse_time, progress_bar
     from whywait.engine.errors import ConfigError
     from whywait.engine.importers.bundle import BundleWriter
     from whywait.engine.localkafka.broker import resolve_bootstrap
@@ -70,10 +70,13 @@ def run(args: argparse.Namespace) -> int:
     merge.raw = True
     window = {"since": since, "until": until, "lead_s": w.lead_s, "jobs": sorted(w.jobs),
               "projects": sorted(w.projects)}
-    with BundleWriter(args.output, window) as bw:
+    with BundleWriter(args.output, window) as bw, \
+            progress_bar(w, "exporting", lambda _: max(merge.released_to, w.read_from)) as tick:
         for topic, raw in kafka_batches(args.bootstrap or resolve_bootstrap(), w, merge,
                                           read_to_end=args.read_to_end):
             bw.add(topic, raw)
+            if tick is not None:
+                tick(None)
         bw.close(topo, rule_files(rules))
     total = sum(bw.counts.values())
     print(f"exported {total} messages from {_fmt(since)} to {_fmt(until)} UTC into {args.output} "

@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import json
 import math
+import operator
 import re
 import sys
 import time
@@ -649,32 +650,37 @@ class progress_bar:  # noqa: N801 - used as a context manager like a function
     """A rich progress bar over event time (events/s, time left), shown only when stderr is a terminal.
 
     Entering gives the function to call per replayed message, or None when there is no terminal.
+    ``label`` leads the line; ``time_of`` gives a message's event time (``whywait export`` passes the
+    merge's watermark, as its messages are raw bytes).
     """
 
-    def __init__(self, w: Window) -> None:
-        self.w = w
+    def __init__(self, w: Window, label: str = "replaying",
+                 time_of: Callable[[Any], float] = operator.itemgetter("time")) -> None:
+        self.w, self.label, self.time_of = w, label, time_of
         self.bar: Any = None
 
-    def __enter__(self) -> Callable[[dict[str, Any]], None] | None:
+    def __enter__(self) -> Callable[[Any], None] | None:
         if not sys.stderr.isatty():
             return None  # nothing to call per message
         from rich.console import Console
         from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
-        self.bar = Progress(TextColumn("replaying"), BarColumn(), TextColumn("{task.fields[rate]} events/s"),
+        self.bar = Progress(TextColumn(self.label), BarColumn(), TextColumn("{task.fields[rate]} events/s"),
                             TimeRemainingColumn(), console=Console(file=sys.stderr), transient=True)
         self.bar.start()
         total = self.w.until - self.w.read_from
         task = self.bar.add_task("replay", total=total, rate="0")
         state = {"n": 0, "t0": time.monotonic(), "last": 0.0}
 
-        def tick(m: dict[str, Any]) -> None:
+        time_of = self.time_of
+
+        def tick(m: Any) -> None:
             state["n"] += 1
             now = time.monotonic()
             if now - state["last"] > 0.2:  # redraw five times a second, not per message
                 state["last"] = now
                 rate = state["n"] / max(now - state["t0"], 1e-9)
-                self.bar.update(task, completed=min(total, m["time"] - self.w.read_from), rate=f"{rate:,.0f}")
+                self.bar.update(task, completed=min(total, time_of(m) - self.w.read_from), rate=f"{rate:,.0f}")
 
         return tick
 
