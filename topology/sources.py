@@ -502,6 +502,130 @@ def read_k8s_nodes(path: str | Path) -> SourceFacts:
     return facts
 
 
+# ---------------------------------------------------------------------------------------------- NVIDIA NetQ
+
+#: NetQ ``device_type`` values that are switches; every other device with a link is a host
+#: (``discovered_via_lldp``: a server NetQ knows from its switches' LLDP neighbours).
+_NETQ_SWITCH_TYPES = frozenset({"switch", "router"})
+
+
+def _netq_graph(data: object, source: str) -> tuple[list[object], list[object]] | None:
+    """A NetQ topology graph's ``nodes`` and ``links`` (the API's list of one graph, or the graph); None if not one."""
+    graph = data[0] if isinstance(data, list) and len(data) == 1 else data
+    if isinstance(graph, dict) and isinstance(graph.get("nodes"), list) and isinstance(graph.get("links"), list):
+        return graph["nodes"], graph["links"]
+    return None
+
+
+def read_netq(path: str | Path) -> SourceFacts:
+    """Facts of an NVIDIA NetQ export: its topology graph (Ethernet / Spectrum-X fabrics), or its compute nodes.
+
+    ``topologyGraph.json`` (``/api/netq/telemetry/v1/object/topologygraph``): devices grouped by
+    tier, and links between them, each with the interface pairs it bundles.  Switches are tiered by
+    wiring, as a fabric dump is (host-facing = leaf, above = spine, above that = core: NetQ's own
+    ``tier`` numbers are its guess from the same wiring); every other device with a link is a host,
+    each of its interfaces cabled to a switch a NIC on that leaf, named as the kernel names it
+    (``ens4f0np0``), which is the name the agent reports.  ``computeNodes.json``
+    (``/api/netq/.../computenodes``): each compute node's GPU count (``GpuIDList``).  Neither says
+    more (no GUIDs, no PCI ids); what a reader cannot use is listed in ``skipped``.
+    """
+    source = str(path)
+    text = _read_text(path)
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise TopologyError(f"{source}:{exc.lineno}: not valid JSON: {exc.msg}", source=source) from None
+    facts = SourceFacts(source, "netq")
+    lines: dict[str, int] = {}
+    for m in re.finditer(r'"(?:id|Name|name)"\s*:\s*"([^"]+)"', text):
+        lines.setdefault(m.group(1), text.count("\n", 0, m.start()) + 1)
+
+    def where(name: str) -> str:
+        return f"{source}:{lines.get(name, 1)}"
+
+    if isinstance(data, list) and data and all(isinstance(d, dict) and "GpuIDList" in d for d in data):
+        for i, node in enumerate(data):
+            name, gpus = node.get("Name"), node.get("GpuIDList")
+            if not isinstance(name, str) or not name or not isinstance(gpus, list):
+                facts.skipped.append(f"{source}: [{i}]: a compute node needs a Name and a GpuIDList, skipped")
+                continue
+            facts.hosts[name] = HostFacts(name, where(name), gpus=tuple(range(len(gpus))))
+        return facts
+    graph = _netq_graph(data, source)
+    if graph is None:
+        raise TopologyError(f"{source}: expected a NetQ topology graph (an object with 'nodes' and 'links', or a "
+                            "list of one) or NetQ compute nodes (objects with 'GpuIDList')", source=source)
+    nodes, links = graph
+    devices: dict[str, tuple[str, bool]] = {}  # NetQ id -> (name, is a switch)
+    stack = list(nodes)
+    while stack:  # tier groups hold their devices in compounded_nodes (and may nest)
+        n = stack.pop()
+        if not isinstance(n, dict):
+            continue
+        stack += n.get("compounded_nodes") or []
+        if n.get("node_type", "device") != "device":
+            continue
+        nid, name = n.get("id"), n.get("name") or n.get("id")
+        if not isinstance(nid, str) or not isinstance(name, str) or not name:
+            facts.skipped.append(f"{source}: a device without an id and a name, skipped (got {str(n)[:60]!r})")
+            continue
+        devices[nid] = (name, str(n.get("device_type", "")).lower() in _NETQ_SWITCH_TYPES)
+    cables: list[tuple[str, str | None, str, str | None, str]] = []  # (node, interface, node, interface, where)
+    for i, link in enumerate(links):
+        if not isinstance(link, dict):
+            facts.skipped.append(f"{source}: links[{i}]: not an object, skipped")
+            continue
+        pairs = [c.get("interfaces") for c in link.get("compounded_links") or [] if isinstance(c, dict)]
+        if not pairs:  # a link without its interface pairs: the two devices only
+            pairs = [link.get("interfaces") or [{"node": link.get("src")}, {"node": link.get("target")}]]
+        for pair in pairs:
+            ends = [e for e in pair if isinstance(e, dict)] if isinstance(pair, list) else []
+            if len(ends) != 2 or not all(isinstance(e.get("node"), str) for e in ends):
+                facts.skipped.append(f"{where(str(link.get('id', '')))}: links[{i}]: an interface pair without two "
+                                     "nodes, skipped")
+                continue
+            unknown = [e["node"] for e in ends if e["node"] not in devices]
+            if unknown:
+                facts.skipped.append(f"{where(str(link.get('id', '')))}: links[{i}]: device {unknown[0]!r} is not "
+                                     "among the graph's nodes, skipped")
+                continue
+            near, far = ends
+            cables.append((near["node"], near.get("interface"), far["node"], far.get("interface"),
+                           where(str(link.get("id", "")))))
+    peers: dict[str, set[str]] = defaultdict(set)  # switch -> switches cabled to it
+    host_ports: dict[str, dict[str | None, tuple[str, str]]] = defaultdict(dict)  # host -> nic -> (switch, where)
+    for a, ia, b, ib, at in cables:
+        (na, sa), (nb, sb) = devices[a], devices[b]
+        if sa and sb:
+            peers[a].add(b)
+            peers[b].add(a)
+        elif sa != sb:
+            (host, nic), switch = ((b, ib), a) if sa else ((a, ia), b)
+            host_ports[host].setdefault(nic if isinstance(nic, str) and nic else None, (switch, at))
+        else:
+            facts.skipped.append(f"{at}: a cable between two hosts ({na}, {nb}), skipped")
+    leaves = {sw for ports in host_ports.values() for sw, _ in ports.values()}
+    spines = {p for leaf in leaves for p in peers[leaf] if p not in leaves}
+    tiers = {sw: "leaf" if sw in leaves else "spine" if sw in spines else "core"
+             for sw, (_, is_switch) in devices.items() if is_switch}
+    order = {t: k for k, t in enumerate(TIERS)}
+    for sw, tier in tiers.items():
+        name = devices[sw][0]
+        ups = {devices[p][0] for p in peers[sw] if order[tiers[p]] > order[tier]}
+        facts.switches[name] = SwitchFacts(name, where(sw), tier, ups)
+    for host, ports in sorted(host_ports.items(), key=lambda kv: natural_key(devices[kv[0]][0])):
+        name = devices[host][0]
+        h = facts.hosts.setdefault(name, HostFacts(name, where(host)))
+        for nic, (sw, at) in sorted(ports.items(), key=lambda kv: natural_key(kv[0] or "")):
+            if nic is None:  # the cable's host end has no interface name: the host's switch, not a NIC's
+                h.leaf = h.leaf or devices[sw][0]
+                continue
+            h.nics.append(NicFacts(nic, at, devices[sw][0]))
+    if not facts.switches and not facts.hosts:
+        raise TopologyError(f"{source}: a NetQ topology graph with no switch and no cabled host", source=source)
+    return facts
+
+
 # ---------------------------------------------------------------------------------------------- the agent
 
 def read_agent(path: str | Path) -> SourceFacts:
@@ -571,6 +695,8 @@ FORMATS: dict[str, tuple[Callable[[str], SourceFacts], str]] = {
     "nvidia-smi": (read_nvidia_smi_topo, "HOST=FILE: 'nvidia-smi topo -m' output (GPUs, NICs, locality)"),
     "k8s-nodes": (read_k8s_nodes, "kubectl get nodes -o json: GPU capacity and topology labels"),
     "agent": (read_agent, "JSON lines of agent net/gpu messages: sysfs names, GUIDs, PCI ids"),
+    "netq": (read_netq, "NVIDIA NetQ topology graph (Ethernet fabric: switches, hosts, their cabled NICs) or its "
+                        "compute nodes (GPU counts)"),
 }
 
 

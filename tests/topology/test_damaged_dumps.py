@@ -1,10 +1,11 @@
 """Every topology source, fed its real capture damaged: a result or a one-line error, never an internal error.
 
-The captures are the real fabric dump, Slurm files, NCCL topology XML and `nvidia-smi` outputs under
-tests/fixtures (see the ATTRIBUTION.md files there), plus the cluster YAML of the fixtures.  The damage
-is deterministic: cut at many lines and bytes (a dump copied while being written, a full disk), a line
-deleted or doubled, one non-UTF-8 byte.  Found this way: a cut ibnetdiscover dump (a port naming a
-switch whose block was cut off) and a cluster YAML whose job lacked ``project`` were KeyErrors.
+The captures are the real InfiniBand fabric dump and NetQ (Ethernet fabric) export, Slurm files,
+NCCL topology XML and `nvidia-smi` outputs under tests/fixtures (see the ATTRIBUTION.md files
+there), plus the cluster YAML of the fixtures.  The damage is deterministic: cut at many lines and
+bytes (a dump copied while being written, a full disk), a line deleted or doubled, one non-UTF-8
+byte.  Found this way: a cut ibnetdiscover dump (a port naming a switch whose block was cut off)
+and a cluster YAML whose job lacked ``project`` were KeyErrors.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ SOURCES = [("ibnetdiscover", None, FIX / "topology" / "ibnetdiscover-example.out
            ("slurm-conf", None, FIX / "topology" / "slurm-block.conf"),
            ("nccl", "node-01", FIX / "topology" / "ndv5-topo.xml"),
            ("nccl", "node-01", FIX / "topology" / "ncv4-topo.xml"),
+           ("netq", None, FIX / "topology" / "netq-topologyGraph.json"),
+           ("netq", None, FIX / "topology" / "netq-computeNodes.json"),
            *(("nvidia-smi", "node-01", p) for p in SMI[:2])]
 
 

@@ -36,7 +36,8 @@ TOPO_M = (
 
 
 def test_every_format_is_registered() -> None:
-    assert list(FORMATS) == ["ibnetdiscover", "slurm-conf", "slurm-yaml", "nccl", "nvidia-smi", "k8s-nodes", "agent"]
+    assert list(FORMATS) == ["ibnetdiscover", "slurm-conf", "slurm-yaml", "nccl", "nvidia-smi", "k8s-nodes", "agent",
+                             "netq"]
     with pytest.raises(TopologyError, match=r"unknown format 'ufm' \(valid: ibnetdiscover, slurm-conf"):
         read_source("ufm", "x")
 
