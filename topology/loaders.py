@@ -362,7 +362,9 @@ def load_nccl_topology(path: str | Path, nic_prefix: str = "mlx5_") -> NcclLocal
     except (OSError, ET.ParseError) as exc:
         raise TopologyError(f"{source}: not a readable NCCL topology XML: {exc}", source=source) from None
     if root.tag != "system":
-        raise TopologyError(f"{source}: expected a <system> root element (got <{root.tag}>)", source=source)
+        hint = (": an NCCL graph file (NCCL_GRAPH_FILE, ring and tree channels), not the topology file "
+                "(NCCL_TOPO_FILE, or NCCL_TOPO_DUMP_FILE's output)") if root.tag == "graphs" else ""
+        raise TopologyError(f"{source}: expected a <system> root element (got <{root.tag}>){hint}", source=source)
     # (gpu bus ids, nic bus ids) per PCIe switch, and per CPU for the fallback.
     groups: list[tuple[list[str], list[str]]] = []
     cpu_groups: list[tuple[list[str], list[str]]] = []

@@ -124,7 +124,7 @@ def test_nccl_topology_pairs_gpus_with_their_nics():
 def test_nccl_topology_errors(tmp_path):
     bad = tmp_path / "t.xml"
     bad.write_text("<graphs/>")
-    with pytest.raises(TopologyError, match=r"expected a <system> root element \(got <graphs>\)"):
+    with pytest.raises(TopologyError, match=r"expected a <system> root element \(got <graphs>\): an NCCL graph file"):
         load_nccl_topology(bad)
 
 
