@@ -26,6 +26,7 @@ SOURCES = [("ibnetdiscover", None, FIX / "topology" / "ibnetdiscover-example.out
            ("slurm-conf", None, FIX / "topology" / "slurm-block.conf"),
            ("nccl", "node-01", FIX / "topology" / "ndv5-topo.xml"),
            ("nccl", "node-01", FIX / "topology" / "ncv4-topo.xml"),
+           ("nccl", "node-01", FIX / "topology" / "ndv2-topo.xml"),
            ("netq", None, FIX / "topology" / "netq-topologyGraph.json"),
            ("netq", None, FIX / "topology" / "netq-computeNodes.json"),
            *(("nvidia-smi", "node-01", p) for p in SMI[:2])]

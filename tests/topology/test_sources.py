@@ -172,6 +172,16 @@ def test_nccl_xml_is_one_hosts_locality() -> None:
         read_nccl(str(xml))
 
 
+def test_nccl_xml_of_a_v100_machine_with_one_nic() -> None:
+    """ND v2 (8 V100, one InfiniBand adapter as a bare <pci> of class 0x0207 under CPU 0): the NIC serves
+    the four GPUs of its CPU, and the other four none (they cross the CPUs' link to reach it)."""
+    from whywait.topology.sources import read_nccl
+
+    h = read_nccl(f"nd2-1={FIX / 'topology' / 'ndv2-topo.xml'}").hosts["nd2-1"]
+    assert h.gpus == tuple(range(8)) and h.gpu_pci[4] == "0005:00:00.0"
+    assert [(n.name, n.pci, n.gpus) for n in h.nics] == [("mlx5_0", "0101:00:00.0", (0, 1, 2, 3))]
+
+
 def test_nccl_xml_nic_without_a_pci_device_is_imported(tmp_path: Path) -> None:
     """NC A100 v4's XML has `<nic><net name="eth0">` under its first CPU, outside any <pci>: it was dropped
     with '0 line(s) skipped'."""
