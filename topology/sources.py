@@ -100,6 +100,15 @@ def _read_text(path: str | Path) -> str:
         raise TopologyError(f"{path}: cannot read: {exc.strerror or exc}", source=str(path)) from None
 
 
+def _read_json(path: str | Path) -> tuple[str, object]:
+    """The text of a JSON file and what it holds; bad JSON is a :class:`TopologyError` naming its line."""
+    text = _read_text(path)
+    try:
+        return text, json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise TopologyError(f"{path}:{exc.lineno}: not valid JSON: {exc.msg}", source=str(path)) from None
+
+
 def split_host_arg(arg: str) -> tuple[str | None, str]:
     """``HOST=PATH`` → (HOST, PATH); a bare PATH → (None, PATH).  For per-host formats (NCCL, nvidia-smi)."""
     host, sep, path = arg.partition("=")
@@ -455,11 +464,7 @@ def read_k8s_nodes(path: str | Path) -> SourceFacts:
     topology labels of :data:`K8S_SWITCH_LABELS` (leaf, spine, core).
     """
     source = str(path)
-    text = _read_text(path)
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise TopologyError(f"{source}:{exc.lineno}: not valid JSON: {exc.msg}", source=source) from None
+    text, data = _read_json(path)
     items = data.get("items") if isinstance(data, dict) else None
     if not isinstance(items, list):
         raise TopologyError(f"{source}: expected a Kubernetes list ('kind: List' or 'NodeList' with 'items') "
@@ -530,11 +535,7 @@ def read_netq(path: str | Path) -> SourceFacts:
     more (no GUIDs, no PCI ids); what a reader cannot use is listed in ``skipped``.
     """
     source = str(path)
-    text = _read_text(path)
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise TopologyError(f"{source}:{exc.lineno}: not valid JSON: {exc.msg}", source=source) from None
+    text, data = _read_json(path)
     facts = SourceFacts(source, "netq")
     lines: dict[str, int] = {}
     for m in re.finditer(r'"(?:id|Name|name)"\s*:\s*"([^"]+)"', text):
