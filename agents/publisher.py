@@ -42,6 +42,8 @@ from typing import IO, Any
 
 from whywait.agents.events import ContractError, encode, validate
 
+from whywait import jsonl
+
 log = logging.getLogger("whywait.agent")
 
 
@@ -190,7 +192,7 @@ class Spool:
             with open(path, "rb") as fh:
                 for line in fh:
                     try:
-                        topic, key, value = json.loads(line)
+                        topic, key, value = jsonl.loads(line)
                         yield str(topic), str(key), value.encode() if isinstance(value, str) else b""
                     except (ValueError, TypeError):
                         continue  # a torn last line after a crash

@@ -35,6 +35,7 @@ from whywait.topology.loaders import (
 )
 from whywait.topology.model import TIERS, natural_key, normalise_guid, normalise_pci
 
+from whywait import jsonl
 from whywait.jsonl import json_records
 
 
@@ -104,7 +105,7 @@ def _read_json(path: str | Path) -> tuple[str, object]:
     """The text of a JSON file and what it holds; bad JSON is a :class:`TopologyError` naming its line."""
     text = _read_text(path)
     try:
-        return text, json.loads(text)
+        return text, jsonl.loads(text)
     except json.JSONDecodeError as exc:
         raise TopologyError(f"{path}:{exc.lineno}: not valid JSON: {exc.msg}", source=str(path)) from None
 
@@ -647,7 +648,7 @@ def read_agent(path: str | Path) -> SourceFacts:
             continue
         where = f"{source}:{lineno}"
         try:
-            msg = json.loads(line)
+            msg = jsonl.loads(line)
         except json.JSONDecodeError as exc:
             facts.skipped.append(f"{where}: not a JSON message ({exc.msg}), skipped")
             continue

@@ -1,7 +1,10 @@
 """Files of JSON messages: JSON lines (what ``--print`` and the topics hold), or one JSON array of them.
 
 Read by ``whywait events check`` and ``whywait topology import agent``, so a file saved from any of
-whywait's outputs, or a hand-made list, is accepted without converting it first.
+whywait's outputs, or a hand-made list, is accepted without converting it first.  :func:`loads` is
+``json.loads`` for input whywait did not write (files, records, HTTP bodies): nesting deeper than the
+parser's stack is a ``JSONDecodeError`` like any other bad JSON, not a ``RecursionError`` that no
+``except ValueError`` catches.
 """
 
 from __future__ import annotations
@@ -9,9 +12,18 @@ from __future__ import annotations
 import itertools
 import json
 import re
-from typing import Iterable, Iterator
+from typing import Any, Iterable, Iterator
 
 _SPACE = re.compile(r"\s*")
+
+
+def loads(text: str | bytes | bytearray) -> Any:
+    """``json.loads(text)``; JSON nested past the parser's stack raises ``json.JSONDecodeError`` (a ``ValueError``)."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        doc = text if isinstance(text, str) else ""  # JSONDecodeError counts lines in a str only
+        raise json.JSONDecodeError("nested too deeply", doc, 0) from None
 
 
 def json_records(lines: Iterable[str]) -> Iterator[tuple[int, str]]:
@@ -34,7 +46,7 @@ def json_records(lines: Iterable[str]) -> Iterator[tuple[int, str]]:
     text = "".join(head)
     try:
         whole = json.loads(text)
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):  # nested past the parser's stack: not an array of messages
         whole = None
     if not isinstance(whole, list):  # JSON lines whose first line happens to be an array
         yield from _lines(head, iter(()))

@@ -31,7 +31,6 @@ library is used (the agent stays small): ``urllib`` speaks Redfish's JSON.
 from __future__ import annotations
 
 import base64
-import json
 import logging
 import math
 import os
@@ -48,6 +47,8 @@ from typing import Any, Callable, Iterable, Mapping
 
 from whywait.agents.collectors.fit import clean_name, clean_prose
 from whywait.agents.errors import AgentError
+
+from whywait import jsonl
 
 log = logging.getLogger("whywait.agent")
 
@@ -238,7 +239,7 @@ class RedfishClient:
         except (urllib.error.URLError, OSError) as exc:
             raise BmcError(f"GET {url}: {getattr(exc, 'reason', exc)}") from None
         try:
-            doc = json.loads(body)
+            doc = jsonl.loads(body)
         except ValueError:
             raise BmcError(f"GET {url}: not JSON") from None
         if not isinstance(doc, dict):

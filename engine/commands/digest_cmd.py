@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from whywait import jsonl
+
 
 def register(p: argparse.ArgumentParser) -> None:
     from whywait.engine.commands.replay_cmd import allow_relative_times
@@ -77,7 +79,7 @@ async def read_period(bootstrap: str, since: float, until: float, digest: Any) -
                         continue
                     if tp.topic == TOPIC_DIAGNOSES:
                         try:
-                            digest.add_diagnosis(json.loads(r.value))
+                            digest.add_diagnosis(jsonl.loads(r.value))
                         except (ValueError, KeyError, TypeError):
                             digest.skipped[f"unreadable diagnosis on {tp.topic}"] += 1
                         continue

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import os
 import socket
@@ -21,6 +20,8 @@ from typing import Any
 
 from whywait.engine.commands.gc_tuning import batch_gc
 from whywait.engine.errors import ConfigError, TopologyError
+
+from whywait import jsonl
 
 log = logging.getLogger("whywait.engine")
 
@@ -154,7 +155,7 @@ async def read_snapshot(bootstrap: str, group: str) -> dict[str, Any] | None:
             batch = await c.getmany(tp, timeout_ms=1000)
             for msg in batch.get(tp, []):
                 if msg.key == group.encode():
-                    snap = json.loads(msg.value) if msg.value else None
+                    snap = jsonl.loads(msg.value) if msg.value else None
         return snap
     finally:
         await c.stop()

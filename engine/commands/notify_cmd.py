@@ -20,6 +20,8 @@ from typing import Any
 
 from whywait.engine.errors import ConfigError
 
+from whywait import jsonl
+
 
 def register(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="notify_command", metavar="ACTION", required=True)
@@ -47,7 +49,7 @@ def load_messages(path: str) -> list[list[Any]]:
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: cannot read (not UTF-8 text)") from None
     try:
-        docs = [(path, json.loads(raw))]
+        docs = [(path, jsonl.loads(raw))]
     except json.JSONDecodeError as exc:
         if exc.msg != "Extra data":
             raise ConfigError(f"{path}:{exc.lineno}: not JSON ({exc.msg})") from None
@@ -56,7 +58,7 @@ def load_messages(path: str) -> list[list[Any]]:
             if not line.strip():
                 continue
             try:
-                docs.append((f"{path}:{n}", json.loads(line)))
+                docs.append((f"{path}:{n}", jsonl.loads(line)))
             except json.JSONDecodeError as exc:
                 raise ConfigError(f"{path}:{n}: not JSON ({exc.msg}); expected one diagnosis a line") from None
     groups = [_diagnoses(where, data) for where, data in docs]

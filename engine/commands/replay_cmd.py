@@ -33,6 +33,7 @@ from whywait.engine.commands.gc_tuning import batch_gc
 from whywait.engine.errors import BrokerUnavailable, ConfigError, RuleError
 from whywait.engine.replay import TAIL_SCAN_MAX, EventTimeMerge, TailScan, Window
 
+from whywait import jsonl
 from whywait.durations import parse_duration as _parse_duration
 from whywait.errors import DurationError
 
@@ -492,7 +493,7 @@ async def notify_records(bootstrap: str) -> list[dict[str, Any]]:
                 for r in recs:
                     if r.value is not None:  # records later tombstoned still tell where the thread was
                         try:
-                            out.append(json.loads(r.value))
+                            out.append(jsonl.loads(r.value))
                         except ValueError:
                             pass
                 if await c.position(tp) >= ends[tp]:

@@ -26,6 +26,8 @@ from typing import Any, Iterator
 from whywait.agents.events import FIELD_BOUNDS, NOT_IN_NAMES
 from whywait.engine.importers import ImportFormatError
 
+from whywait import jsonl
+
 PHASES = ("data_wait_s", "compute_s", "comm_s", "collective_s", "pipeline_wait_s", "checkpoint_s")
 KNOWN = {"time", "ended_at", "job", "rank", "step", "duration_s", "node", *PHASES}
 
@@ -111,7 +113,7 @@ def _parsed_rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
                 if not line.strip():
                     continue
                 try:
-                    row = json.loads(line)
+                    row = jsonl.loads(line)
                 except json.JSONDecodeError as exc:
                     raise ImportFormatError(f"{path}:{no}: not valid JSON ({exc.msg})") from None
                 except RecursionError:
@@ -129,7 +131,7 @@ def _parsed_rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
                 for row in reader:
                     yield reader.line_num, row
             except csv.Error as exc:  # a NUL byte, a field over the csv module's size limit
-                raise ImportFormatError(f"{path}:{reader.line_num}: not a CSV row ({exc})") from None
+                raise ImportFormatError(f"{path}:{max(reader.line_num, 1)}: not a CSV row ({exc})") from None
 
 
 def read_steps(path: Path, job: str | None = None,

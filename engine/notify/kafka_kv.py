@@ -22,6 +22,8 @@ from typing import Any, Coroutine, TypeVar
 
 from whywait.engine.errors import BrokerUnavailable, NotifyError
 
+from whywait import jsonl
+
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
@@ -175,7 +177,7 @@ class CompactedTopic:
                         self._table.pop(key, None)
                         continue
                     try:
-                        value = json.loads(r.value)
+                        value = jsonl.loads(r.value)
                     except (UnicodeDecodeError, json.JSONDecodeError):
                         log.warning("%s: skipping a record that is not JSON (key %r, offset %s)",
                                     self.topic, key, r.offset)

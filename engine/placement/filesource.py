@@ -28,7 +28,7 @@ from whywait.agents.events import ContractError, validate
 from whywait.engine.placement.model import JobFacts, Owner, PlacementError, placement_message
 from whywait.engine.placement.ownership import OwnershipFile
 
-from whywait import yamlio
+from whywait import jsonl, yamlio
 from whywait.errors import YamlError
 
 _SHORT = {"job", "user", "account", "project", "team", "channel", "state", "nodes", "ranks"}
@@ -38,7 +38,7 @@ def _load(text: str, source: str) -> tuple[Any, dict[str, int]]:
     stripped = text.lstrip()
     if stripped.startswith(("{", "[")):
         try:
-            return json.loads(text), {}
+            return jsonl.loads(text), {}
         except json.JSONDecodeError as exc:
             raise PlacementError(f"{source}:{exc.lineno}: not valid JSON: {exc.msg}") from None
     try:

@@ -21,6 +21,8 @@ from typing import Any, Mapping
 from whywait.engine.placement.model import JobFacts, PlacementError
 from whywait.topology.loaders import expand_hostlist
 
+from whywait import jsonl
+
 _GRES_IDX = re.compile(r"(?:^|,)gpu(?::[^:(,]+)?:\d+\(IDX:([^)]*)\)")
 
 
@@ -68,7 +70,7 @@ def facts_from_scontrol(text: str, job_id: str | None = None, env: Mapping[str, 
     """
     env = env or {}
     try:
-        data = json.loads(text)
+        data = jsonl.loads(text)
     except json.JSONDecodeError as exc:
         raise PlacementError(f"{source}:{exc.lineno}: not valid JSON: {exc.msg}") from None
     jobs = data.get("jobs") if isinstance(data, dict) else None

@@ -41,6 +41,8 @@ from whywait.engine.stream.processor import Processor, Record
 from whywait.engine.stream.tables import PlacementTable, job_state_key, read_job_states, read_notify_state, read_window
 from whywait.engine.stream.topics import TOPIC_BY_JOB
 
+from whywait import jsonl
+
 log = logging.getLogger(__name__)
 
 # A copied message's source (topic/partition/offset), in a header of each copy.
@@ -343,7 +345,7 @@ def wire(app: faust.App, cfg: Any, processor: Processor, inputs: Any, by_job: An
 
     def take_progress(value: bytes | None, wall: float) -> None:
         try:
-            for source, (t, unrouted) in json.loads(value or b"{}").get("sources", {}).items():
+            for source, (t, unrouted) in jsonl.loads(value or b"{}").get("sources", {}).items():
                 order.progress(str(source), float("-inf") if t is None else float(t), int(unrouted), wall)
         except (ValueError, TypeError, AttributeError) as exc:  # another version's marker: ignored, counted
             processor.counts["evaluate.bad_progress"] += 1

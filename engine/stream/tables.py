@@ -23,6 +23,8 @@ from typing import Any, Callable, Mapping
 from whywait.agents.events import TOPIC_PLACEMENT, ContractError, decode
 from whywait.engine.stream.topics import TOPIC_ENGINE_STATE
 
+from whywait import jsonl
+
 log = logging.getLogger(__name__)
 
 
@@ -216,7 +218,7 @@ async def read_job_states(bootstrap: str, group: str, want: Callable[[str], bool
         if not value:
             continue
         try:
-            state = json.loads(value)
+            state = jsonl.loads(value)
         except ValueError:
             log.warning("ignoring an unreadable checkpoint of job %s", job[:80])
             continue
@@ -235,7 +237,7 @@ async def read_notify_state(bootstrap: str, want: Callable[[str], bool],
     out = {}
     for key, value in (await read_compacted(bootstrap, topic, "whywait-notify-read")).items():
         try:
-            rec = json.loads(value) if value else None
+            rec = jsonl.loads(value) if value else None
         except ValueError:
             continue
         if key is None or not isinstance(rec, dict) or rec.get("status") == "resolved":
@@ -433,7 +435,7 @@ async def read_group_start(bootstrap: str, group: str) -> dict[str, int]:
     key = group_start_key(group)
     got = await read_compacted(bootstrap, TOPIC_ENGINE_STATE, "whywait-state-read", lambda k: k == key)
     try:
-        raw = json.loads(got.get(key) or b"{}")
+        raw = jsonl.loads(got.get(key) or b"{}")
         return {str(k): int(v) for k, v in raw.items()} if isinstance(raw, dict) else {}
     except (ValueError, TypeError, AttributeError):
         log.warning("ignoring an unreadable start record of group %s", group[:80])

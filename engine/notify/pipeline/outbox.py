@@ -22,6 +22,8 @@ from typing import Any, Literal
 
 from whywait.engine.errors import NotifyError
 
+from whywait import jsonl
+
 log = logging.getLogger(__name__)
 
 Kind = Literal["post", "update", "reply"]
@@ -106,7 +108,7 @@ class Outbox:
                 if not line:
                     continue
                 try:
-                    rec = json.loads(line)
+                    rec = jsonl.loads(line)
                     if "add" in rec:
                         item = OutboxItem(**rec["add"])
                         self._items[item.seq] = item

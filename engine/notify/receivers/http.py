@@ -6,13 +6,14 @@ time, so a blocking client with a timeout is all that is needed.
 
 from __future__ import annotations
 
-import json
 import urllib.error
 import urllib.request
 from typing import Any, Mapping
 
 from whywait.engine.errors import ConfigError
 from whywait.engine.notify.pipeline.receiver import ReceiverError
+
+from whywait import jsonl
 
 
 def check_url(url: str, what: str) -> str:
@@ -52,6 +53,6 @@ def post_json(url: str, body: bytes, *, headers: Mapping[str, str] | None = None
         reason = getattr(exc, "reason", None) or exc
         raise ReceiverError(f"{who} unreachable ({reason})", retryable=True) from None
     try:
-        return status, json.loads(raw) if raw.strip() else None
+        return status, jsonl.loads(raw) if raw.strip() else None
     except ValueError:
         return status, None
