@@ -98,7 +98,7 @@ async def ensure_topics_async(bootstrap: str, topics: list[str] | None = None, p
                else {}), **TOPIC_CONFIGS.get(t, {})})
                for t in topics if t not in existing]
         if new:
-            await admin.create_topics(new)
+            refused(await admin.create_topics(new), replication)
         if partitions > 1:
             have = await partition_counts(admin, [t for t in topics if t in SCALED and t in existing])
             grow = {t: NewPartitions(partitions) for t, n in have.items() if n < partitions}
@@ -107,6 +107,33 @@ async def ensure_topics_async(bootstrap: str, topics: list[str] | None = None, p
         return [t.name for t in new]
     finally:
         await admin.close()
+
+
+def refused(response: object, replication: int) -> None:
+    """Raise when the broker refused to create a topic; the admin client returns its answer, never raises.
+
+    A topic another worker created meanwhile (``TOPIC_ALREADY_EXISTS``) is fine.  An error Kafka calls
+    retriable (no controller yet, a timeout) is a ``KafkaError`` for :func:`engine_partitions` to retry;
+    anything else (too few brokers for ``--replication``, no permission, a policy) is a
+    :class:`~whywait.engine.errors.ConfigError` naming the topic and the broker's reason, instead of the
+    topics going missing and the engine later saying the broker is unreachable.
+    """
+    from aiokafka.errors import InvalidReplicationFactorError, KafkaError, TopicAlreadyExistsError, for_code
+    from whywait.engine.errors import ConfigError
+
+    errors = [(str(e[0]), int(e[1]), str(e[2] or "") if len(e) > 2 else "")
+              for e in getattr(response, "topic_errors", []) or []]
+    bad = [(t, code, msg) for t, code, msg in errors if code and code != TopicAlreadyExistsError.errno]
+    if not bad:
+        return
+    topic, code, msg = bad[0]
+    err = for_code(code)
+    reason = f"{err.message}{': ' + msg if msg else ''}"
+    more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+    if err.retriable:
+        raise KafkaError(f"creating topic {topic}{more}: {reason}")
+    hint = f" (--replication / WHYWAIT_REPLICATION is {replication})" if err is InvalidReplicationFactorError else ""
+    raise ConfigError(f"Kafka refused to create topic {topic}{more}: {reason}{hint}")
 
 
 async def partition_counts(admin: object, topics: list[str]) -> dict[str, int]:

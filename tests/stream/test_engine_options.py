@@ -34,3 +34,60 @@ def test_a_bad_setting_is_said_before_the_broker_is_asked(tmp_path, capsys, flag
     assert main(["engine", "--bootstrap", "127.0.0.1:1", "--topology", str(topo), flag, value]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and flag in err[0] and "127.0.0.1:1" not in err[0], err
+
+
+class _Answer:
+    def __init__(self, topic_errors: list[tuple[str, int, str]]) -> None:
+        self.topic_errors = topic_errors
+
+
+class _RefusingAdmin:
+    """aiokafka's admin client as a one-broker cluster answers ``--replication 3``: per-topic errors, no raise."""
+
+    def __init__(self, **_: object) -> None:
+        pass
+
+    async def start(self) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
+    async def list_topics(self) -> list[str]:
+        return []
+
+    async def create_topics(self, new: list[object]) -> _Answer:
+        why = ("Unable to replicate the partition 3 time(s): The target replication factor of 3 cannot be "
+               "reached because only 1 broker(s) are registered.")
+        return _Answer([(t.name, 38, why) for t in new])  # type: ignore[attr-defined]
+
+
+def test_a_replication_the_cluster_cannot_give_is_one_line_naming_the_flag(monkeypatch, tmp_path, capsys) -> None:
+    # The refusal was dropped: the topics went missing, were auto-created with one replica (or the engine
+    # retried for 15 s and said the broker was unreachable).  Now it is exit 2 with the broker's reason.
+    from whywait.engine.cli import main
+    from whywait.simulate.cluster import make_cluster
+
+    monkeypatch.setattr("whywait.engine.localkafka.broker.probe", lambda *a, **k: True)
+    monkeypatch.setattr("aiokafka.admin.AIOKafkaAdminClient", _RefusingAdmin)
+    for var in ("SLACK_BOT_TOKEN", "SLACK_BOT_TOKEN_FILE", "WHYWAIT_RECEIVERS"):
+        monkeypatch.delenv(var, raising=False)
+    topo = tmp_path / "t.yaml"
+    make_cluster(nodes=2).to_yaml(topo)
+    assert main(["engine", "--bootstrap", "127.0.0.1:1", "--topology", str(topo), "--replication", "3"]) == 2
+    err = [line for line in capsys.readouterr().err.strip().splitlines() if not line.startswith("20")]
+    assert len(err) == 1, err
+    assert "INVALID_REPLICATION_FACTOR" in err[0] and "only 1 broker(s)" in err[0], err
+    assert "--replication" in err[0] and "unreachable" not in err[0], err
+
+
+def test_topic_creation_answers() -> None:
+    from aiokafka.errors import KafkaError
+    from whywait.engine.stream.topics import refused
+
+    refused(_Answer([("a", 0, ""), ("b", 36, "Topic 'b' already exists.")]), 1)  # a race between workers: fine
+    with pytest.raises(ConfigError, match=r"topic a \(and 1 more\): TOPIC_AUTHORIZATION_FAILED") as bad:
+        refused(_Answer([("a", 29, ""), ("b", 29, "")]), 1)
+    assert "--replication" not in str(bad.value)
+    with pytest.raises(KafkaError, match="NOT_CONTROLLER"):  # retriable: engine_partitions tries again
+        refused(_Answer([("a", 41, "")]), 1)
