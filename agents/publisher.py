@@ -418,8 +418,12 @@ class KafkaPublisher(Publisher):
                 backoff = min(backoff * 2, self.max_backoff_s)
             else:
                 if not len(self.spool):
-                    if not self._connected:
+                    # Until the first connection every message is spooled, so draining is no news then:
+                    # "reachable again" only after an outage was said (a one-shot `placement publish`
+                    # said it every time, although the broker had never been down).
+                    if not self._connected and self.last_error is not None:
                         log.info("Kafka at %s reachable again; spool drained", self.bootstrap)
+                        self.last_error = None
                     self._connected = True
                 backoff = 0.5
 

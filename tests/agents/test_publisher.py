@@ -129,6 +129,33 @@ async def test_unreachable_broker_spools_then_delivers_in_order(tmp_path: "os.Pa
     await p.close()
 
 
+async def test_reachable_again_is_said_after_an_outage_only(tmp_path: "os.PathLike[str]",
+                                                           caplog: pytest.LogCaptureFixture) -> None:
+    # Before the first connection every message goes through the spool: `whywait placement publish` logged
+    # "reachable again; spool drained" on every run, against a broker that had never been down.
+    def said() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "reachable again" in r.getMessage()]
+
+    broker = Broker(up=True)
+    p = kafka(tmp_path, broker)
+    with caplog.at_level(logging.INFO, logger="whywait.agent"):
+        await p.send(TOPIC_HOST, "node-01", host_msg(0))
+        assert await p.flush(timeout=5) and broker.values() == [0]
+        assert said() == []
+        broker.up = False
+        await p._producer.stop()
+        p._producer = None  # the connection is lost: the next connect fails while the broker is down
+        for i in range(1, 5):
+            await p.send(TOPIC_HOST, "node-01", host_msg(i))
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)
+        assert p.spooled > 0
+        broker.up = True
+        assert await p.flush(timeout=5) and broker.values() == list(range(5))
+        assert said() == ["Kafka at fake:9092 reachable again; spool drained"]
+    await p.close()
+
+
 async def test_broker_lost_midway_nothing_lost_order_kept(tmp_path: "os.PathLike[str]") -> None:
     broker = Broker(up=True)
     p = kafka(tmp_path, broker)
