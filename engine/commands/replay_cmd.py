@@ -113,9 +113,11 @@ def register(p: argparse.ArgumentParser) -> None:
     how = p.add_argument_group("how")
     how.add_argument("--topology", type=Path, help="topology YAML (default: the bundle's, or WHYWAIT_TOPOLOGY)")
     how.add_argument("--rules", action="append", type=Path, help="rule files or folders (default: the bundle's, "
-                                                                 "else ./rules)")
+                                                                 "else the engine's: ./rules or the shipped "
+                                                                 "rules, plus $WHYWAIT_SITE_RULES)")
     how.add_argument("--against", action="append", type=Path, metavar="OLD",
-                     help="backtest: also run these rules over the same events and compare ('live': ./rules)")
+                     help="backtest: also run these rules over the same events and compare ('live': the "
+                          "engine's rules, ./rules or the shipped ones, plus $WHYWAIT_SITE_RULES)")
     out = p.add_argument_group("output")
     out.add_argument("--json", type=Path, help="write the diagnoses as JSON lines")
     out.add_argument("--stats-json", type=Path, help="write what the replay read and cost as JSON: messages, "
@@ -421,7 +423,7 @@ class Plan:
     def __init__(self, args: argparse.Namespace, tmp: Path) -> None:
         import os
 
-        from whywait.engine.commands.engine_cmd import default_rules_dir
+        from whywait.engine.commands.engine_cmd import default_rule_paths
 
         now = time.time()
         self.bundle = None
@@ -445,12 +447,14 @@ class Plan:
         if until <= since:
             raise ConfigError(f"--until ({_fmt(until)}) must be after --since ({_fmt(since)})")
         self.window = Window(since, until, lead, frozenset(args.job), frozenset(args.project))
-        self.rules_paths: list[Path] = rules_paths or [default_rules_dir()]
+        # Without --rules, and for --against live: the rules the live engine loads, $WHYWAIT_SITE_RULES
+        # included (it was ./rules only, so a site's own rules were missing from its replays and backtests).
+        self.rules_paths: list[Path] = rules_paths or default_rule_paths()
         self.topo_path: Path | None = topo_path or (Path(os.environ["WHYWAIT_TOPOLOGY"])
                                                     if os.environ.get("WHYWAIT_TOPOLOGY") else None)
         self.against: list[Path] | None = None
         if args.against:
-            self.against = [default_rules_dir() if str(a) == "live" else a for a in args.against]
+            self.against = [p for a in args.against for p in (default_rule_paths() if str(a) == "live" else [a])]
         self.bootstrap = args.bootstrap
         self.read_to_end = bool(getattr(args, "read_to_end", False))
 

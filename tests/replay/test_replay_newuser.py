@@ -276,3 +276,26 @@ def test_a_missing_slack_token_is_refused_before_any_work(cmd: list[str], says: 
                        text=True, cwd=REPO, timeout=60, env=env)
     assert r.returncode == 2 and says in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert r.stdout == ""
+
+
+def test_replay_and_against_live_load_the_engines_rules_site_rules_included(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    # `whywait engine` loads ./rules (or the shipped ones) plus $WHYWAIT_SITE_RULES; replay's default and
+    # `--against live` loaded ./rules only, so a site's own rules were missing from its postmortems and backtests.
+    from whywait.engine.cli import build_parser
+    from whywait.engine.commands.engine_cmd import default_rule_paths
+    from whywait.engine.commands.replay_cmd import Plan
+
+    site = tmp_path / "site-rules"
+    site.mkdir()
+    monkeypatch.setenv("WHYWAIT_SITE_RULES", str(site))
+    engine = default_rule_paths()
+    assert engine[-1] == site and len(engine) == 2
+    parse = build_parser("replay").parse_args
+    plain = Plan(parse(["replay", "--since", "-2h"]), tmp_path)
+    assert plain.rules_paths == engine and plain.against is None
+    new = tmp_path / "new-rules"
+    backtest = Plan(parse(["replay", "--since", "-2h", "--rules", str(new), "--against", "live"]), tmp_path)
+    assert backtest.rules_paths == [new] and backtest.against == engine
+    other = Plan(parse(["replay", "--since", "-2h", "--against", str(new)]), tmp_path)
+    assert other.against == [new]
