@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -83,4 +84,16 @@ def run(args: argparse.Namespace) -> int:
           f"({args.output.stat().st_size / 1e6:.1f} MB)")
     for why, n in sorted(merge.skipped.items()):
         print(f"  skipped {n}: {why}")
+    # What replay says of the same window: a --job or --project that matched nothing (the bundle then holds
+    # only node telemetry), and where reading stopped.
+    for note in merge.notes + merge.filter_hints():
+        print(f"  note: {note}")
+    if merge.stopped_early:
+        first, more = merge.stopped_early[0], len(merge.stopped_early) - 1
+        print(f"whywait export: stopped reading {first['partition']} at offset {first['offset']} of "
+              f"{first['end']}" + (f" (and {more} more partition(s))" if more else "")
+              + ": records after it are stamped after the window; --read-to-end reads them all", file=sys.stderr)
+    if topo is None:
+        print("whywait export: no topology in the bundle (give --topology FILE or set WHYWAIT_TOPOLOGY): "
+              f"`whywait replay --input {args.output}` will need --topology", file=sys.stderr)
     return 0

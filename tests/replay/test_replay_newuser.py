@@ -299,3 +299,38 @@ def test_replay_and_against_live_load_the_engines_rules_site_rules_included(tmp_
     assert backtest.rules_paths == [new] and backtest.against == engine
     other = Plan(parse(["replay", "--since", "-2h", "--against", str(new)]), tmp_path)
     assert other.against == [new]
+
+
+@pytest.mark.parametrize("with_topology", [False, True])
+def test_export_says_what_replay_says_of_a_filter_and_a_missing_topology(
+        history: list, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        with_topology: bool) -> None:
+    # The README's `whywait export --since -2h --job llama-70b-run7 -o incident.whywait` (no --topology) wrote a
+    # bundle silently: the job matched nothing, so it held only node telemetry, and the documented next step
+    # `whywait replay --input incident.whywait` then failed with "no topology".
+    import whywait.engine.commands.replay_cmd as replay_cmd
+    from whywait.engine.cli import main
+
+    def from_history(bootstrap: str, window: Window, merge: EventTimeMerge, **_: object) -> list:
+        merge.open = {"a": -float("inf")}
+        for t, m in history:
+            merge.add("a", t, [encode(m)])
+        return merge.drain()
+
+    monkeypatch.setattr(replay_cmd, "kafka_batches", from_history)
+    monkeypatch.delenv("WHYWAIT_TOPOLOGY", raising=False)
+    monkeypatch.delenv("WHYWAIT_SITE_RULES", raising=False)
+    monkeypatch.chdir(tmp_path)
+    topo = tmp_path / "cluster.yaml"
+    make_cluster(nodes=8).to_yaml(topo)
+    argv = ["export", "--since", str(START), "--until", str(START + 260), "--job", "llama-70b-run7",
+            "-o", str(tmp_path / "incident.whywait"), "--bootstrap", "127.0.0.1:1"]
+    assert main(argv + (["--topology", str(topo)] if with_topology else [])) == 0
+    out, err = capsys.readouterr()
+    assert "note: --job llama-70b-run7: no message of it in the window (jobs seen: " in out, out
+    if with_topology:
+        assert err == ""
+    else:
+        assert err.strip().splitlines() == [
+            "whywait export: no topology in the bundle (give --topology FILE or set WHYWAIT_TOPOLOGY): "
+            f"`whywait replay --input {tmp_path / 'incident.whywait'}` will need --topology"]
