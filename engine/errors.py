@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from whywait.topology.errors import TopologyError
 
-from whywait.errors import EXIT_UNAVAILABLE, WhywaitError
+from whywait.errors import EXIT_UNAVAILABLE, EXIT_USAGE, WhywaitError
 
 __all__ = ["EngineError", "ConfigError", "BrokerUnavailable", "RuleError", "NotifyError", "TopologyError",
            "WhywaitError"]
@@ -59,3 +59,16 @@ class NotifyError(EngineError):
     def __init__(self, message: str, retryable: bool) -> None:
         self.retryable = retryable
         super().__init__(message)
+
+
+class NotifyRefused(NotifyError):
+    """The service answered, and refused what it was configured with (Slack rejecting the token at start).
+
+    Not an outage: waiting will not help, the configuration must change, so it exits 2 (bad input),
+    not 3 (unavailable).  Never retryable.
+    """
+
+    exit_code = EXIT_USAGE
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, retryable=False)

@@ -50,7 +50,7 @@ class RuleSchemaError(RuleError, ValueError):
         self.file, self.line, self.rule_id, self.path, self.message = file, line, rule_id, path, message
         where = f"rule '{rule_id}': " if rule_id else ""
         key = f"'{path}' " if path else ""
-        super().__init__(f"{file}:{line}: {where}{key}{message}")
+        super().__init__(f"{file}:{line}: {where}{key}{message}" if line else f"{file}: {where}{key}{message}")
 
 
 @dataclass(frozen=True)

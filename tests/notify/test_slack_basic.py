@@ -74,4 +74,5 @@ def test_wrong_token_is_one_clear_error(slack_server, tmp_path) -> None:
         make_notifier(env)
     assert str(err.value) == "Slack rejected the token (invalid_auth)"
     assert err.value.retryable is False
+    assert err.value.exit_code == 2  # the configuration must change: bad input, not an outage (3)
     assert "xoxb-wrong" not in str(err.value)

@@ -14,7 +14,7 @@ within one ``send``:
 Errors become :class:`ReceiverError`: rate limits (429, honouring ``Retry-After``),
 5xx, connection errors and a rejected token are ``retryable`` (the items wait in the
 outbox); anything else is not.  A token Slack rejects at start is fatal, in one line:
-``NotifyError("Slack rejected the token (invalid_auth)", retryable=False)``.  The
+``NotifyRefused("Slack rejected the token (invalid_auth)")``, exit 2 (the configuration must change).  The
 token is never logged (slack_sdk redacts the header; we hold it in a
 :class:`~whywait.engine.notify.secrets.Secret`).
 
@@ -40,7 +40,7 @@ from slack_sdk.http_retry.builtin_handlers import (
     ServerErrorRetryHandler,
 )
 from slack_sdk.http_retry.builtin_interval_calculators import BackoffRetryIntervalCalculator
-from whywait.engine.errors import ConfigError, NotifyError
+from whywait.engine.errors import ConfigError, NotifyRefused
 from whywait.engine.notify.pipeline.core import Pipeline
 from whywait.engine.notify.pipeline.receiver import Announcement, Receipt, Receiver, ReceiverError
 from whywait.engine.notify.render import MessageContext, escape_mrkdwn, fallback_text, plain_text, render_blocks
@@ -194,7 +194,7 @@ class SlackReceiver(Receiver):
         except SlackApiError as exc:
             err = exc.response.get("error") or f"HTTP {exc.response.status_code}"
             if err in AUTH_ERRORS:
-                raise NotifyError(f"Slack rejected the token ({err})", retryable=False) from None
+                raise NotifyRefused(f"Slack rejected the token ({err})") from None
             log.warning("Slack auth.test failed (%s); notifications will wait in the outbox until it answers", err)
             return {}
         except (URLError, OSError, SlackClientError) as exc:
