@@ -24,7 +24,9 @@ def register(p: argparse.ArgumentParser) -> None:
     p.add_argument("--job", action="append", default=[], help="only this job (repeatable)")
     p.add_argument("--project", action="append", default=[], help="only this project's jobs (repeatable)")
     p.add_argument("--topology", type=Path, help="topology YAML to include (default: WHYWAIT_TOPOLOGY)")
-    p.add_argument("--rules", action="append", type=Path, help="rule files or folders to include (default: ./rules)")
+    p.add_argument("--rules", action="append", type=Path,
+                   help="rule files or folders to include (default: the engine's, ./rules or the shipped rules, "
+                        "plus $WHYWAIT_SITE_RULES)")
     p.add_argument("--bootstrap", help="Kafka bootstrap (default: WHYWAIT_KAFKA_BOOTSTRAP or the local broker)")
     p.add_argument("-o", "--output", type=Path, required=True, help="the bundle to write (incident.whywait)")
     p.add_argument("--read-to-end", action="store_true",
@@ -33,22 +35,32 @@ def register(p: argparse.ArgumentParser) -> None:
 
 
 def rule_files(paths: list[Path]) -> list[tuple[str, Path]]:
-    """``(name inside the bundle, file)`` for every rule YAML under ``paths``."""
+    """``(name inside the bundle, file)`` for every rule YAML under ``paths``.
+
+    Each path keeps its own top-level name (a folder's name, or a file's), which the replay of the
+    bundle loads as one rule path each.  Two with the same name (``./rules`` and a site's
+    ``/etc/whywait/rules``) get ``rules`` and ``rules-2``: the second no longer overwrites the first.
+    """
     from whywait.engine.errors import ConfigError
 
     out: list[tuple[str, Path]] = []
+    tops: set[str] = set()
     for p in paths:
+        top, k = p.name, 2
+        while top in tops:
+            top, k = (f"{p.stem}-{k}{p.suffix}" if p.is_file() else f"{p.name}-{k}"), k + 1
+        tops.add(top)
         if p.is_dir():
-            out += [(f"{p.name}/{f.relative_to(p)}", f) for f in sorted(p.rglob("*")) if f.is_file()]
+            out += [(f"{top}/{f.relative_to(p)}", f) for f in sorted(p.rglob("*")) if f.is_file()]
         elif p.is_file():
-            out.append((p.name, p))
+            out.append((top, p))
         else:
             raise ConfigError(f"--rules {p}: no such file or folder")
     return out
 
 
 def run(args: argparse.Namespace) -> int:
-    from whywait.engine.commands.engine_cmd import default_rules_dir, load_topology
+    from whywait.engine.commands.engine_cmd import default_rule_paths, load_topology
     from whywait.engine.commands.replay_cmd import _fmt, kafka_batches, parse_duration, parse_time, progress_bar
     from whywait.engine.errors import ConfigError
     from whywait.engine.importers.bundle import BundleWriter
@@ -64,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     topo = args.topology or (Path(os.environ["WHYWAIT_TOPOLOGY"]) if os.environ.get("WHYWAIT_TOPOLOGY") else None)
     if topo is not None:
         load_topology(topo)  # a broken topology is refused now, not at replay time
-    rules = args.rules or [default_rules_dir()]
+    rules = args.rules or default_rule_paths()  # what the live engine loads, as replay does
     load_rules(rules)
     w = Window(since, until, parse_duration(args.lead, "--lead"), frozenset(args.job), frozenset(args.project))
     merge = EventTimeMerge([], w)

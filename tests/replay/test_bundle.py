@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from whywait.engine.importers import ImportFormatError
-from whywait.engine.importers.bundle import Bundle
+from whywait.engine.importers.bundle import Bundle, BundleWriter
 
 
 def bundle_with(tmp_path: Path, events: bytes) -> Bundle:
@@ -46,3 +46,27 @@ def test_a_long_bundle_crosses_read_chunks_line_by_line(tmp_path: Path) -> None:
 def test_a_bad_line_is_named(tmp_path: Path, events: bytes, line: int) -> None:
     with pytest.raises(ImportFormatError, match=f"events.jsonl:{line}: expected"):
         list(bundle_with(tmp_path, events).events())
+
+
+def test_two_rule_folders_of_one_name_both_travel(tmp_path: Path) -> None:
+    """The shipped ./rules and a site's /etc/whywait/rules: the second overwrote the first in the bundle."""
+    from whywait.engine.commands.export_cmd import rule_files
+    from whywait.engine.rules.loader import load_rules
+
+    shipped = Path(__file__).resolve().parents[2] / "rules"
+    site = tmp_path / "site" / "rules"
+    site.mkdir(parents=True)
+    own = next(shipped.rglob("network.straggler-retransmits.yaml")).read_text()
+    (site / "site.retransmits.yaml").write_text(own.replace("id: network.straggler-retransmits",
+                                                            "id: site.retransmits", 1))
+    names = [n for n, _ in rule_files([shipped, site])]
+    assert "rules-2/site.retransmits.yaml" in names and any(n.startswith("rules/network/") for n in names)
+    p = tmp_path / "b.whywait"
+    with BundleWriter(p, {"since": 0.0, "until": 1.0, "lead_s": 0.0}) as bw:
+        bw.close(None, rule_files([shipped, site]))
+    b = Bundle(p)
+    b.verify()
+    _, paths = b.extract(tmp_path / "out")
+    assert [q.name for q in paths] == ["rules", "rules-2"]
+    ids = {r.id for r in load_rules(paths)}
+    assert {"site.retransmits", "network.straggler-retransmits"} <= ids
