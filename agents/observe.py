@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -50,6 +51,22 @@ def metrics_addr(flag: str | None) -> tuple[str, int] | None:
     if raw is None or raw.strip().lower() in ("", "off", "none"):
         return None
     return parse_addr(raw, "--metrics-addr" if flag is not None else f"${METRICS_ADDR_ENV}")
+
+
+def check_addr_free(addr: tuple[str, int]) -> None:
+    """Raise :class:`MetricsAddrError` now if ``addr`` cannot be bound (a port taken, an address not ours).
+
+    Called by ``whywait engine`` before it connects to Kafka, reads placements and restores state, so a
+    taken port is said in a second, not after that work.  It binds as :class:`ObserveServer` will
+    (``SO_REUSEADDR``, as ``http.server`` sets it) and lets go; the server binds again when it starts.
+    """
+    family = socket.AF_INET6 if ":" in addr[0] else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(addr)
+    except OSError as exc:
+        raise MetricsAddrError(f"cannot serve metrics on {addr[0]}:{addr[1]}: {exc.strerror or exc}") from None
 
 
 Readiness = Callable[[], "str | None"]  # None: ready; else the one-line reason it is not

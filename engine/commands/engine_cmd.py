@@ -175,7 +175,7 @@ def fresh_state_store(bootstrap: str, topic: str | None = None) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     import faust
-    from whywait.agents.observe import metrics_addr
+    from whywait.agents.observe import check_addr_free, metrics_addr
     from whywait.engine.evaluate.evaluator import Evaluator
     from whywait.engine.localkafka.broker import probe, resolve_bootstrap
     from whywait.engine.notify import make_notifier, receiver_names
@@ -186,6 +186,8 @@ def run(args: argparse.Namespace) -> int:
     from whywait.engine.stream.topics import engine_partitions
 
     addr = metrics_addr(getattr(args, "metrics_addr", None))  # a bad address is said before anything starts
+    if addr is not None:
+        check_addr_free(addr)  # and a taken port, before Kafka, placements and the restore
     rule_paths = args.rules or default_rule_paths()
     rules = load_rules(rule_paths)
     topology = load_topology(args.topology)

@@ -14,7 +14,7 @@ from typing import Any, Iterator
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from whywait.agents.events import encode, envelope, topic_for_kind
-from whywait.agents.observe import MetricsAddrError, ObserveServer, metrics_addr, parse_addr
+from whywait.agents.observe import MetricsAddrError, ObserveServer, check_addr_free, metrics_addr, parse_addr
 from whywait.engine.diagnosis import Diagnosis, Owner
 from whywait.engine.evaluate.evaluator import Evaluator
 from whywait.engine.notify.silences import InMemorySilenceStore, Silence
@@ -247,8 +247,28 @@ def test_env_address_and_a_busy_port(monkeypatch: pytest.MonkeyPatch) -> None:
     try:
         with pytest.raises(MetricsAddrError, match=f"cannot serve metrics on 127.0.0.1:{first.port}"):
             ObserveServer(("127.0.0.1", first.port), EngineMetrics().registry)
+        with pytest.raises(MetricsAddrError, match=f"cannot serve metrics on 127.0.0.1:{first.port}"):
+            check_addr_free(("127.0.0.1", first.port))  # what the engine asks before it connects to Kafka
     finally:
         first.stop()
+    check_addr_free(("127.0.0.1", first.port))  # free again
+
+
+def test_the_engine_says_a_taken_port_before_it_connects(capsys: pytest.CaptureFixture[str],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """It connected to Kafka, read the placements and restored its state first, then failed on the port."""
+    from whywait.engine.cli import main
+
+    monkeypatch.setenv("WHYWAIT_KAFKA_BOOTSTRAP", "127.0.0.1:1")  # nothing there: reaching it would be exit 3
+    first = ObserveServer(("127.0.0.1", 0), EngineMetrics().registry)
+    topo = Path(__file__).resolve().parents[1] / "fixtures" / "topology" / "small.yaml"
+    try:
+        rc = main(["engine", "--topology", str(topo), "--metrics-addr", f"127.0.0.1:{first.port}"])
+    finally:
+        first.stop()
+    assert rc == 2
+    assert capsys.readouterr().err.strip() == (f"whywait engine: cannot serve metrics on 127.0.0.1:{first.port}: "
+                                               "Address already in use")
 
 
 def test_a_broken_collector_is_a_500_in_one_line_not_a_dead_server() -> None:
