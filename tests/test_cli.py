@@ -114,3 +114,12 @@ def test_events_check_reads_json_lines_and_a_json_array_alike(tmp_path: Path,
         assert main(["events", "check", str(f)]) == 1
         out, err = capsys.readouterr()
         assert out.startswith(f"{f}:{bad_line}: node: ") and err == "2 valid, 1 invalid\n", (out, err)
+
+
+def test_the_demo_says_an_unreachable_broker_as_the_engine_does(capsys: pytest.CaptureFixture[str],
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """It ended in aiokafka's bare 'KafkaConnectionError' after trying to create its topics."""
+    monkeypatch.setenv("WHYWAIT_KAFKA_BOOTSTRAP", "127.0.0.1:1")
+    assert main(["demo"]) == 3
+    assert capsys.readouterr().err == ("whywait demo: Kafka at 127.0.0.1:1 is unreachable: no answer to ApiVersions "
+                                       "(start one with `whywait kafka start` or set WHYWAIT_KAFKA_BOOTSTRAP)\n")

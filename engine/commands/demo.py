@@ -132,12 +132,15 @@ def _timeline(bootstrap: str, topo_file: Path, since: float, until: float, out: 
 
 
 def run(args: argparse.Namespace) -> int:
-    from whywait.engine.localkafka.broker import ensure_broker
+    from whywait.engine.errors import BrokerUnavailable
+    from whywait.engine.localkafka.broker import ensure_broker, probe
     from whywait.engine.stream.topics import ensure_topics
     from whywait.simulate.cluster import make_cluster
 
     print("whywait demo: a 16-node training job, one NIC dropping packets, and the alert it raises\n")
     bootstrap = ensure_broker()
+    if not probe(bootstrap, timeout=5.0):  # $WHYWAIT_KAFKA_BOOTSTRAP set to nothing there: the engine's one line
+        raise BrokerUnavailable(bootstrap, "no answer to ApiVersions")
     ensure_topics(bootstrap)
     work = args.workdir or Path(tempfile.mkdtemp(prefix="whywait-demo-"))
     work.mkdir(parents=True, exist_ok=True)
