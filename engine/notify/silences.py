@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import fnmatch
 import logging
+import math
 import threading
 import time
 import uuid
@@ -66,6 +67,22 @@ class Silence:
     expired_by: str | None = None
 
     def __post_init__(self) -> None:
+        # Types first: a silence read back from the silences topic may have been written by anyone, and a
+        # wrong one must be refused here (and ignored with a warning), not fail later inside notify().
+        if not isinstance(self.id, str) or not self.id:
+            raise SilenceError(f"a silence id must be a non-empty string (got {self.id!r})")
+        if not isinstance(self.matchers, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in self.matchers.items()):
+            raise SilenceError(f"matchers must map names to patterns (got {self.matchers!r:.80})")
+        for name in ("starts_at", "ends_at"):
+            v = getattr(self, name)
+            if not (v is None and name == "ends_at") and (
+                    not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v)):
+                raise SilenceError(f"{name} must be a Unix time in seconds (got {v!r:.40})")
+        for name in ("created_by", "comment", "expired_by"):
+            v = getattr(self, name)
+            if not isinstance(v, str) and not (v is None and name == "expired_by"):
+                raise SilenceError(f"{name} must be a string (got {v!r:.40})")
         if not self.matchers:
             raise SilenceError("a silence needs at least one matcher (e.g. job=llm-70b)")
         if self.ends_at is None and "group" not in self.matchers:
@@ -94,6 +111,9 @@ class Silence:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Silence:
+        """A silence from :meth:`to_dict` output (the silences topic); a :class:`SilenceError` if it is not one."""
+        if not isinstance(d, Mapping):
+            raise SilenceError(f"a silence must be an object (got {type(d).__name__})")
         return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
 
 

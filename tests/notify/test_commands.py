@@ -141,3 +141,16 @@ def test_silence_names_are_checked_against_what_diagnoses_carry(store, capsys) -
     assert _run(silence_cmd, ["add", "-m", "site_label=x", "--for", "2s", "--force"]) == 0
     assert [sorted(s.matchers) for s in store.all()] == [["cause", "node", "phase"], ["site_label"]]
     assert abs(store.all()[1].ends_at - store.all()[1].starts_at - 2) < 1e-6
+
+
+@pytest.mark.parametrize("change", [
+    {"matchers": ["job", "llm"]}, {"matchers": {"job": 5}}, {"starts_at": "yesterday"}, {"ends_at": float("inf")},
+    {"id": None}, {"created_by": 7}, {"expired_by": []}, {"starts_at": True},
+])
+def test_a_silence_of_the_wrong_shape_is_refused_when_read(change: dict) -> None:
+    """The silences topic can be written by anyone: a wrong type failed later, inside notify() (matches(), active())."""
+    good = Silence.new({"job": "llm"}, duration=60.0, created_by="me", now=1000.0).to_dict()
+    with pytest.raises(SilenceError):
+        Silence.from_dict({**good, **change})
+    with pytest.raises(SilenceError, match="a silence must be an object"):
+        Silence.from_dict(["not", "a", "silence"])  # type: ignore[arg-type]
