@@ -155,8 +155,12 @@ async def read_snapshot(bootstrap: str, group: str) -> dict[str, Any] | None:
             batch = await c.getmany(tp, timeout_ms=1000)
             for msg in batch.get(tp, []):
                 if msg.key == group.encode():
-                    snap = jsonl.loads(msg.value) if msg.value else None
-        return snap
+                    try:
+                        snap = jsonl.loads(msg.value) if msg.value else None
+                    except ValueError as exc:  # not JSON: ignored like a checkpoint of another version
+                        log.warning("ignoring an unreadable checkpoint at offset %d (%s)", msg.offset, exc)
+                        snap = None
+        return snap if isinstance(snap, dict) else None
     finally:
         await c.stop()
 
@@ -239,9 +243,12 @@ def run(args: argparse.Namespace) -> int:
         if snap:
             try:
                 evaluator.restore(snap)
-            except (KeyError, TypeError, ValueError) as exc:  # a checkpoint from another version
+            except (KeyError, TypeError, ValueError, AttributeError) as exc:  # another version's, or damaged
                 log.warning("ignoring an unreadable checkpoint (%s: %s); starting without it",
                             type(exc).__name__, exc)
+                # restore() may have taken part of it: start from a clean evaluator, not a half-restored one
+                evaluator = Evaluator(rules, topology, arrival_clock=time.monotonic, max_skew_s=skew,
+                                      warmup_s=args.warmup)
             else:
                 log.info("restored %d incident(s) from the last checkpoint", len(snap.get("incidents", ())))
     placed = 0

@@ -29,3 +29,28 @@ def test_fresh_state_store_loads_nothing_but_still_writes(kafka_bootstrap: str) 
         assert set(later.load()) == {"incident-1", "incident-2"}
     finally:
         later.close()
+
+
+@pytest.mark.parametrize("value", [b"{not json", b"[" * 100_000, b'["a", "list"]', b"42"])
+def test_a_damaged_checkpoint_is_ignored_not_fatal(kafka_bootstrap: str, value: bytes) -> None:
+    """The newest checkpoint of the group is not a snapshot: the engine starts without it (it crashed at start)."""
+    import asyncio
+
+    from aiokafka import AIOKafkaProducer
+    from whywait.engine.commands.engine_cmd import read_snapshot
+    from whywait.engine.stream.topics import TOPIC_ENGINE_STATE, ensure_topics
+
+    ensure_topics(kafka_bootstrap)
+    group = f"test-group-{uuid.uuid4().hex[:8]}"
+
+    async def put() -> None:
+        p = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, max_request_size=4 << 20)
+        await p.start()
+        try:
+            await p.send_and_wait(TOPIC_ENGINE_STATE, b'{"incidents": []}', key=group.encode(), partition=0)
+            await p.send_and_wait(TOPIC_ENGINE_STATE, value, key=group.encode(), partition=0)
+        finally:
+            await p.stop()
+
+    asyncio.run(put())
+    assert asyncio.run(read_snapshot(kafka_bootstrap, group)) is None
