@@ -35,6 +35,7 @@ class Hook:
 
     def __init__(self) -> None:
         self.requests: list[tuple[dict[str, str], bytes]] = []
+        self.attempts: list[dict[str, str]] = []  # the headers of every POST, refused ones too
         self.fail: list[int] = []  # statuses to answer, one per request, before answering 200
         hook = self
 
@@ -45,6 +46,7 @@ class Hook:
             def do_POST(self) -> None:  # noqa: N802
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 status = hook.fail.pop(0) if hook.fail else 200
+                hook.attempts.append({k.lower(): v for k, v in self.headers.items()})
                 if status == 200:
                     hook.requests.append(({k.lower(): v for k, v in self.headers.items()}, body))
                 self.send_response(status)
@@ -102,6 +104,18 @@ def test_webhook_5xx_is_retried_and_4xx_is_dropped(hook: Hook, make_diagnosis: A
         assert p.flush(5)
         assert p.stats()["receivers"]["webhook"]["failed"] == 1
     assert len(hook.requests) == 1
+
+
+def test_webhook_retries_repeat_the_delivery_id(hook: Hook, make_diagnosis: Any) -> None:
+    # docs/notify.md: X-Whywait-Delivery identifies a delivery, "a retry repeats it"; it used the attempt's
+    # time, so each retry had a new id and a receiver could not tell a retry from a new announcement.
+    with Pipeline([WebhookReceiver(hook.url, secret="s")], FAST) as p:
+        hook.fail = [503, 503]
+        p.notify(make_diagnosis())
+        assert p.flush(5)
+    ids = [h["x-whywait-delivery"] for h in hook.attempts]
+    assert len(ids) == 3 and len(set(ids)) == 1 and ids[0].endswith(":post:" + ids[0].rsplit(":", 1)[1])
+    assert int(hook.attempts[-1]["x-whywait-timestamp"]) >= int(hook.attempts[0]["x-whywait-timestamp"])
 
 
 def test_rate_limit_429_is_counted(hook: Hook, make_diagnosis: Any) -> None:

@@ -419,7 +419,7 @@ class Pipeline(Notifier):
             raised=bool(item.meta.get("raised")), receipt=inc.receipts.get(lane.receiver.name),
             acked_by=inc.acked_by, acked_at=inc.acked_at, silenced_by=inc.silenced_by if silenced else None,
             silenced_until=None if inc.silenced_until_resolved else inc.silenced_until,
-            resolved_at=inc.resolved_at, attempt=item.attempts, meta=dict(item.meta))
+            resolved_at=inc.resolved_at, attempt=item.attempts, meta=dict(item.meta), queued_at=item.created)
 
     def _deliver(self, lane: _Lane, item: OutboxItem) -> None:
         r = lane.receiver

@@ -58,7 +58,8 @@ class Announcement:
     of the first message), ``reply`` (news about it: ``lines``).  ``view`` is the incident's findings
     merged into one diagnosis; ``findings`` are the findings themselves.  ``route`` is the channel
     routing chose (owner's, severity override, or default).  ``receipt`` is what this receiver
-    returned last time for this incident (None before its first delivery).
+    returned last time for this incident (None before its first delivery).  ``now`` is the time of
+    this attempt; ``queued_at`` that of the outbox item, which its retries share.
     """
 
     kind: Kind
@@ -79,6 +80,7 @@ class Announcement:
     resolved_at: float | None = None
     attempt: int = 0
     meta: Mapping[str, Any] = field(default_factory=dict)
+    queued_at: float | None = None  # when the outbox item was queued: the same on every retry of it
 
     @property
     def text(self) -> str:

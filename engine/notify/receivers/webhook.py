@@ -15,7 +15,8 @@ Times are Unix seconds.  With a secret (``WHYWAIT_WEBHOOK_SECRET`` or ``_FILE``)
 request carries ``X-Whywait-Timestamp: <unix seconds>`` and ``X-Whywait-Signature:
 sha256=<hex>``, the HMAC-SHA256 of ``"{timestamp}.{body}"`` with the secret; check it
 (constant-time) and refuse timestamps older than a few minutes.  ``X-Whywait-Delivery``
-is ``{incident id}:{kind}:{sent_at}`` for de-duplicating retries.
+is ``{incident id}:{kind}:{queued_at}`` (when the delivery was queued), the same on every retry,
+for de-duplicating them.
 
 Environment: ``WHYWAIT_WEBHOOK_URL`` (required), ``WHYWAIT_WEBHOOK_SECRET`` /
 ``WHYWAIT_WEBHOOK_SECRET_FILE``, ``WHYWAIT_WEBHOOK_TIMEOUT`` (10s), ``WHYWAIT_DASHBOARD_URL``.
@@ -94,7 +95,10 @@ class WebhookReceiver(Receiver):
         """POST the payload; the receipt names where it went."""
         ann = announcement
         body = json.dumps(payload(ann, self.dashboard_url_template), separators=(",", ":")).encode()
-        headers = {"X-Whywait-Delivery": f"{ann.incident_id}:{ann.kind}:{ann.now:.3f}"}
+        # The outbox item's time, not this attempt's: a retry repeats the id, so the receiving side can
+        # de-duplicate a delivery it took whose answer was lost.
+        queued = ann.now if ann.queued_at is None else ann.queued_at
+        headers = {"X-Whywait-Delivery": f"{ann.incident_id}:{ann.kind}:{queued:.3f}"}
         if self._secret is not None:
             ts = str(int(ann.now))
             headers[TIMESTAMP_HEADER] = ts
