@@ -100,16 +100,27 @@ def run(args: argparse.Namespace) -> int:
         diagnoses = [d for group in messages for d in group]
         from whywait.engine.notify import make_notifier
 
-        notifier = make_notifier()
+        # In memory: the default outbox folder is the engine's, and its waiting items, which this
+        # process has no incident state for, would be taken and dropped.
+        notifier = make_notifier(outbox=False)
         ok = False
+        stats: dict[str, Any] = {}
         try:
             for d in diagnoses:
                 notifier.notify(d)
             ok = notifier.flush(args.timeout)
+            stats = notifier.stats()
         finally:
-            notifier.close(timeout=1.0 if ok else 0.0)  # --timeout was the wait; what is left stays queued
-        print("delivered" if ok else f"not all delivered within {args.timeout:.0f}s", file=sys.stderr)
-        return 0 if ok else 1
+            notifier.close(timeout=1.0 if ok else 0.0)  # --timeout was the wait
+        refused = int(stats.get("failed", 0)) + int(stats.get("given_up", 0))
+        if not ok:
+            print(f"not all delivered within {args.timeout:.0f}s: {stats.get('waiting', 0)} delivery(ies) "
+                  "still waiting, dropped (the warnings above say why)", file=sys.stderr)
+        elif refused:
+            print(f"{refused} delivery(ies) refused, dropped (the errors above say why)", file=sys.stderr)
+        else:
+            print("delivered", file=sys.stderr)
+        return 0 if ok and not refused else 1
 
     from whywait.engine.notify.pipeline import PipelineConfig, group_key, incident_id, routed_channel
     from whywait.engine.notify.receivers.slack import SlackSettings, check_dashboard_template

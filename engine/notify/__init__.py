@@ -51,14 +51,17 @@ def receiver_names(env: Mapping[str, str]) -> list[str]:
 
 
 def make_notifier(env: Mapping[str, str] | None = None, *, kafka_bootstrap: str | None = None,
-                  **kwargs: Any) -> Pipeline:
+                  outbox: bool = True, **kwargs: Any) -> Pipeline:
     """Return the pipeline with the receivers the environment asks for (:func:`receiver_names`).
 
     Each receiver reads its own settings (``RECEIVERS[name].from_env``), the pipeline its own
     (:meth:`PipelineConfig.from_env`).  With ``kafka_bootstrap`` and a receiver that keeps
     messages (any but the console), the incident state and the silences live in their compacted
     topics (so a restart edits the same messages); otherwise in memory.  ``kwargs`` go to
-    :class:`Pipeline` (``state_store``, ``silence_store``, ``clock``, ``close_stores``).  A bad
+    :class:`Pipeline` (``state_store``, ``silence_store``, ``clock``, ``close_stores``).  ``outbox=False``
+    keeps deliveries in memory whatever ``WHYWAIT_NOTIFY_OUTBOX`` says: a one-shot sender (``whywait
+    notify send``) must not take the engine's outbox, whose items only the engine's incident state
+    can deliver (without it they are dropped as forgotten).  A bad
     setting raises :class:`ConfigError`; a rejected Slack token ``NotifyError(retryable=False)``.
     """
     from whywait.engine.notify.pipeline import Pipeline, PipelineConfig
@@ -69,7 +72,7 @@ def make_notifier(env: Mapping[str, str] | None = None, *, kafka_bootstrap: str 
     receivers = [receiver_class(n).from_env(env) for n in names]
     durable = any(r.durable for r in receivers)
     cfg_kw = PipelineConfig.env_kwargs(env)
-    if not durable and not env.get("WHYWAIT_NOTIFY_OUTBOX"):
+    if not outbox or (not durable and not env.get("WHYWAIT_NOTIFY_OUTBOX")):
         cfg_kw["outbox_dir"], cfg_kw["outbox_shared_ok"] = None, False  # nothing printed is worth a disk queue
     config = PipelineConfig(**cfg_kw)
     if durable and kafka_bootstrap and "state_store" not in kwargs:

@@ -154,3 +154,38 @@ def test_a_silence_of_the_wrong_shape_is_refused_when_read(change: dict) -> None
         Silence.from_dict({**good, **change})
     with pytest.raises(SilenceError, match="a silence must be an object"):
         Silence.from_dict(["not", "a", "silence"])  # type: ignore[arg-type]
+
+
+def test_notify_send_says_a_refused_delivery_and_leaves_the_engines_outbox_alone(
+        tmp_path, capsys, monkeypatch, make_diagnosis) -> None:
+    # It printed "delivered" and exited 0 when the receiver refused (dropped) the delivery, and it took the
+    # engine's default outbox: the engine's waiting items, unknown to it, were dropped as forgotten.
+    from tests.notify.test_receivers import Hook
+
+    state = tmp_path / "state"
+    outbox = state / "whywait" / "notify-outbox"
+    outbox.mkdir(parents=True)
+    waiting = ('{"add":{"seq":1,"kind":"post","key":"r|#c|job=j","lane":"#c","created":1.0,"text":"",'
+               '"blocks":null,"attempts":0,"meta":{},"receiver":"webhook"}}\n')
+    (outbox / "outbox.jsonl").write_text(waiting)
+    hook = Hook()
+    try:
+        for var in ("WHYWAIT_NOTIFY_OUTBOX", "SLACK_BOT_TOKEN", "SLACK_BOT_TOKEN_FILE"):
+            monkeypatch.delenv(var, raising=False)
+        monkeypatch.setenv("XDG_STATE_HOME", str(state))
+        monkeypatch.setenv("WHYWAIT_RECEIVERS", "webhook")
+        monkeypatch.setenv("WHYWAIT_WEBHOOK_URL", hook.url)
+        monkeypatch.setenv("WHYWAIT_NOTIFY_GROUP_WAIT", "0s")
+        f = tmp_path / "d.json"
+        f.write_text(json.dumps(make_diagnosis().to_dict()))
+        hook.fail = [400]
+        assert _run(notify_cmd, ["send", str(f), "--timeout", "10"]) == 1
+        assert capsys.readouterr().err.strip().splitlines()[-1] == \
+            "1 delivery(ies) refused, dropped (the errors above say why)"
+        assert _run(notify_cmd, ["send", str(f), "--timeout", "10"]) == 0
+        assert capsys.readouterr().err.strip().splitlines()[-1] == "delivered"
+        assert len(hook.requests) == 1
+    finally:
+        hook.server.shutdown()
+        hook.server.server_close()
+    assert (outbox / "outbox.jsonl").read_text() == waiting
