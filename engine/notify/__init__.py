@@ -75,12 +75,18 @@ def make_notifier(env: Mapping[str, str] | None = None, *, kafka_bootstrap: str 
     if not outbox or (not durable and not env.get("WHYWAIT_NOTIFY_OUTBOX")):
         cfg_kw["outbox_dir"], cfg_kw["outbox_shared_ok"] = None, False  # nothing printed is worth a disk queue
     config = PipelineConfig(**cfg_kw)
+    # Each store on its own: a caller passing its own state store (the engine's --no-restore) still
+    # gets the silences topic; defaulting both together left it in-memory silences, so silences set
+    # with `whywait silence add` did not hold and a button's silence was lost on the next start.
     if durable and kafka_bootstrap and "state_store" not in kwargs:
-        from whywait.engine.notify.silences import KafkaSilenceStore
         from whywait.engine.notify.state import KafkaStateStore
 
         kwargs["state_store"] = KafkaStateStore(kafka_bootstrap)
-        kwargs.setdefault("silence_store", KafkaSilenceStore(kafka_bootstrap))
+        kwargs.setdefault("close_stores", True)
+    if durable and kafka_bootstrap and "silence_store" not in kwargs:
+        from whywait.engine.notify.silences import KafkaSilenceStore
+
+        kwargs["silence_store"] = KafkaSilenceStore(kafka_bootstrap)
         kwargs.setdefault("close_stores", True)
     log.info("notifications go to: %s", ", ".join(names))
     try:

@@ -159,3 +159,39 @@ def test_console_is_default_and_imports_no_kafka() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["console", "None", "False"]  # nothing printed is worth a disk queue or Kafka
 
+
+
+def test_make_notifier_keeps_the_silences_topic_with_a_state_store_of_its_own(monkeypatch, tmp_path) -> None:
+    # The engine's --no-restore passes its own (fresh) state store; the silences then fell back to an
+    # in-memory store: `whywait silence add` did not apply and Slack's Silence buttons were not kept.
+    from whywait.engine.notify import make_notifier, silences, state
+    from whywait.engine.notify.silences import InMemorySilenceStore
+    from whywait.engine.notify.state import InMemoryStateStore
+
+    made: list[str] = []
+
+    class FakeSilences(InMemorySilenceStore):
+        def __init__(self, bootstrap: str) -> None:
+            super().__init__()
+            made.append("silences@" + bootstrap)
+
+    class FakeState(InMemoryStateStore):
+        def __init__(self, bootstrap: str) -> None:
+            super().__init__()
+            made.append("state@" + bootstrap)
+
+    monkeypatch.setattr(silences, "KafkaSilenceStore", FakeSilences)
+    monkeypatch.setattr(state, "KafkaStateStore", FakeState)
+    env = {"WHYWAIT_RECEIVERS": "webhook", "WHYWAIT_WEBHOOK_URL": "http://127.0.0.1:9/x",
+           "WHYWAIT_NOTIFY_OUTBOX": str(tmp_path / "o")}
+    own = InMemoryStateStore()
+    n = make_notifier(env, kafka_bootstrap="b:9092", state_store=own)
+    try:
+        assert made == ["silences@b:9092"] and isinstance(n.silences, FakeSilences)
+    finally:
+        n.close()
+    n = make_notifier({**env, "WHYWAIT_NOTIFY_OUTBOX": str(tmp_path / "o2")}, kafka_bootstrap="b:9092")
+    try:
+        assert made == ["silences@b:9092", "state@b:9092", "silences@b:9092"]
+    finally:
+        n.close()
