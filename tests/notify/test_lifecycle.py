@@ -145,3 +145,34 @@ def test_state_round_trips_through_records(make_diagnosis) -> None:
     assert again.incidents[book.key_for(d)].to_dict() == records[book.key_for(d)]
     again.observe(dataclasses.replace(d, status="resolved", ends_at=T0 + 60), T0 + 60)
     assert kinds(again.due(T0 + 60)) == ["update", "reply"]
+
+
+def test_a_damaged_state_record_is_ignored_at_load_not_failed_on_later(make_diagnosis) -> None:
+    """Every field of a real record replaced by a value of another type: the book loads it or ignores it,
+    and whatever it loads can be announced (a wrong type used to fail in the delivery, every time it came due)."""
+    import copy
+    import json
+
+    book = IncidentBook(CFG)
+    book.observe(make_diagnosis(rank=3, node="node-3"), T0)
+    book.due(T0 + 30)
+    ((key, inc),) = book.incidents.items()
+    real = json.loads(json.dumps(inc.to_dict()))
+    failures = []
+    for field in list(real):
+        for wrong in (None, "x", -1, [], {}, True, [["a"]], {"k": "v"}):
+            rec = copy.deepcopy(real)
+            rec[field] = wrong
+            try:
+                loaded = IncidentBook(CFG, {key: rec})
+                for i in loaded.incidents.values():
+                    i.view(), i.fields()
+                loaded.force(T0 + 10_000)
+                loaded.due(T0 + 10_000)
+            except Exception as exc:  # noqa: BLE001 - any escape is the defect this test looks for
+                failures.append(f"{field}={wrong!r}: {type(exc).__name__}: {exc}")
+    member = next(iter(real["members"]))
+    rec = copy.deepcopy(real)
+    rec["members"][member]["evidence"] = [{"metric": "m", "entity": "e", "value": "909"}]
+    assert IncidentBook(CFG, {key: rec}).incidents == {}  # a member that is no diagnosis: the record is ignored
+    assert failures == []

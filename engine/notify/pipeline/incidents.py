@@ -108,6 +108,20 @@ def incident_id(key: str) -> str:
     return hashlib.sha256(key.encode("utf-8")).hexdigest()[:16]
 
 
+_KIND_NAMES = {str: "a string", int: "a number", float: "a number", bool: "true or false", dict: "an object",
+               list: "a list", type(None): "null"}
+#: The JSON types of an :class:`Incident` record's fields (what :meth:`Incident.to_dict` writes).
+_RECORD_TYPES: dict[str, tuple[type, ...]] = {
+    "key": (str,), "rule_id": (str,), "lane": (str,), "channel": (str,), "members": (dict,), "status": (str,),
+    "created": (int, float), "due": (int, float, type(None)), "posted": (bool,), "receipts": (dict,),
+    "delivered_at": (dict,), "ts": (str, type(None)), "channel_id": (str, type(None)),
+    "announced": (dict, type(None)), "last_announced_at": (int, float, type(None)),
+    "resolved_at": (int, float, type(None)), "reopen_note": (str, type(None)), "acked_by": (str, type(None)),
+    "acked_at": (int, float, type(None)), "silence_id": (str, type(None)), "silenced_by": (str, type(None)),
+    "silenced_until": (int, float, type(None)), "silenced_until_resolved": (bool,), "timeline": (list,),
+}
+
+
 @dataclass
 class Incident:
     """One message's worth of findings, and what has been said about it (to every receiver)."""
@@ -157,8 +171,24 @@ class Incident:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Incident:
-        """Rebuild from :meth:`to_dict` output; unknown keys (a newer writer) are ignored."""
-        return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
+        """Rebuild from :meth:`to_dict` output; unknown keys (a newer writer) are ignored.
+
+        A record of the wrong shape (the state topic is a Kafka topic like any other) raises
+        ``ValueError`` naming the field, here, rather than a ``TypeError`` in a later delivery.
+        """
+        if not isinstance(d, dict):
+            raise ValueError(f"an incident record must be an object (got {type(d).__name__})")
+        for name, kinds in _RECORD_TYPES.items():
+            if name in d and not (isinstance(d[name], kinds) and not (isinstance(d[name], bool) and bool not in kinds)):
+                raise ValueError(f"{name} must be {' or '.join(_KIND_NAMES[k] for k in kinds)} (got {d[name]!r:.40})")
+        if d.get("status", "firing") not in ("firing", "resolved"):
+            raise ValueError(f"status must be firing or resolved (got {d['status']!r:.40})")
+        inc = cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
+        inc.diagnoses()  # every member must read back as a diagnosis (DiagnosisFormatError is a ValueError)
+        if not all(isinstance(r, dict) for r in inc.receipts.values()) or not all(
+                isinstance(t, list) for t in inc.timeline):
+            raise ValueError("receipts must be objects and timeline entries lists")
+        return inc
 
     def diagnoses(self) -> list[Diagnosis]:
         return [Diagnosis.from_dict(m) for m in self.members.values()]
@@ -260,7 +290,9 @@ class IncidentBook:
         """Put one stored record in the book (at start, or adopted from another worker); False if damaged."""
         try:
             inc = Incident.from_dict(rec)
-        except (TypeError, ValueError, KeyError) as exc:
+            if not inc.members:  # nothing it could show: view() needs a finding
+                raise ValueError("an incident without members")
+        except (TypeError, ValueError, KeyError, AttributeError) as exc:
             log.warning("ignoring a damaged notifier state record %r: %s", key, exc)
             return False
         self.incidents[key] = inc
