@@ -175,7 +175,7 @@ def handle_request(handler: ActionHandler, secret: Secret | str, headers: Mappin
         if not isinstance(action, dict):
             continue
         action_id, key = action.get("action_id"), action.get("value")
-        if action_id not in ACTIONS or not isinstance(key, str):
+        if not isinstance(action_id, str) or action_id not in ACTIONS or not isinstance(key, str):
             continue
         try:
             answers.append(handler.handle_action(action_id, key, user))
@@ -224,15 +224,18 @@ class InteractivityServer:
         if secret is None:
             return None
         addr = env.get("WHYWAIT_SLACK_ACTIONS_ADDR") or "127.0.0.1:3000"
-        host, _, port = addr.rpartition(":")
-        try:
-            return cls(handler, secret, host=host or "127.0.0.1", port=int(port))
-        except ValueError:
-            raise ConfigError(f"WHYWAIT_SLACK_ACTIONS_ADDR must look like 127.0.0.1:3000 (got {addr!r})") from None
+        host, _, port = addr.strip().rpartition(":")
+        # A port out of range was a traceback (OverflowError) at start; "[::1]:3000" was looked up as the
+        # host name "[::1]" and failed: brackets are taken off, as for --metrics-addr.
+        if not port.isdigit() or int(port) > 65535:
+            raise ConfigError(f"WHYWAIT_SLACK_ACTIONS_ADDR must look like 127.0.0.1:3000 or [::1]:3000 "
+                              f"(got {addr!r})")
+        return cls(handler, secret, host=host.strip("[]") or "127.0.0.1", port=int(port))
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}{self.path}"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}{self.path}"
 
     async def _actions(self, request: web.Request) -> web.Response:
         """POST ``path``: read the body (bounded), verify and apply it off the loop."""

@@ -10,6 +10,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 import pytest
+from whywait.engine.errors import ConfigError
 from whywait.engine.notify.interactivity import InteractivityServer, InvalidSignature, sign, verify_signature
 from whywait.engine.notify.render import ACTION_ACK, ACTION_SILENCE_1H, ACTION_SILENCE_RESOLVED, ACTION_TIMELINE
 from whywait.engine.notify.silences import InMemorySilenceStore
@@ -155,3 +156,25 @@ def test_endpoint_from_env(tmp_path) -> None:
     srv = InteractivityServer.from_env(object(), {"SLACK_SIGNING_SECRET_FILE": str(f),  # type: ignore[arg-type]
                                                   "WHYWAIT_SLACK_ACTIONS_ADDR": "127.0.0.1:0"})
     assert srv is not None and srv.port == 0 and SECRET not in repr(vars(srv))
+
+
+@pytest.mark.parametrize("addr", ["127.0.0.1:70000", "127.0.0.1:-1", "127.0.0.1:", "localhost", "host:abc"])
+def test_a_bad_actions_addr_is_one_line(addr) -> None:
+    with pytest.raises(ConfigError, match=r"^WHYWAIT_SLACK_ACTIONS_ADDR must look like 127\.0\.0\.1:3000"):
+        InteractivityServer.from_env(object(), {"SLACK_SIGNING_SECRET": SECRET,  # type: ignore[arg-type]
+                                                "WHYWAIT_SLACK_ACTIONS_ADDR": addr})
+
+
+def test_an_ipv6_actions_addr_is_served() -> None:
+    srv = InteractivityServer.from_env(object(), {"SLACK_SIGNING_SECRET": SECRET,  # type: ignore[arg-type]
+                                                  "WHYWAIT_SLACK_ACTIONS_ADDR": "[::1]:0"})
+    assert srv is not None and srv.host == "::1"
+    try:
+        srv.start()
+    except ConfigError as exc:  # a host without IPv6 loopback: the one line, never a traceback
+        assert "cannot listen" in str(exc)
+        return
+    try:
+        assert srv.port > 0 and srv.url == f"http://[::1]:{srv.port}/slack/actions"
+    finally:
+        srv.stop()
