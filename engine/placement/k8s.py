@@ -51,6 +51,10 @@ def _count(v: Any) -> int:
         return 0
 
 
+#: The most GPUs one pod's request is read as (a node holds at most a few dozen; a larger count is refused).
+MAX_POD_GPUS = 1024
+
+
 def pod_gpu_count(pod: Mapping[str, Any]) -> int:
     """GPUs the pod's containers request (limits, else requests, of ``nvidia.com/gpu``)."""
     total = 0
@@ -96,6 +100,32 @@ class PodTracker:
         self.warned: set[str] = set()
         self.skipped = 0
 
+    def _safe_info(self, pod: Mapping[str, Any]) -> PodInfo | None:
+        """:meth:`_info`, but a pod of a shape it cannot read is skipped (counted, said once), never the watcher's end.
+
+        The API server's pods are typed, but annotations and labels are anyone's strings, and one pod must
+        not stop the placements of every other job.
+        """
+        try:
+            return self._info(pod)
+        except (AttributeError, TypeError, ValueError, KeyError) as exc:
+            self.skipped += 1
+            meta = pod.get("metadata") if isinstance(pod, Mapping) else None
+            name = meta.get("name") if isinstance(meta, Mapping) else None
+            if str(name) not in self.warned:
+                self.warned.add(str(name))
+                log.error("pod %r: skipped, it cannot be read (%s: %s)", name, type(exc).__name__, exc)
+            return None
+
+    def _safe_job_message(self, job: str) -> dict[str, Any] | None:
+        """:meth:`_job_message`, with a job whose placement breaks the contract skipped and said, not raised."""
+        try:
+            return self._job_message(job)
+        except (PlacementError, AttributeError, TypeError, ValueError, KeyError) as exc:
+            self.skipped += 1
+            log.error("job %s: skipped (%s)", job, exc)
+            return None
+
     def _info(self, pod: Mapping[str, Any]) -> PodInfo | None:
         meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
         n = pod_gpu_count(pod)
@@ -103,6 +133,8 @@ class PodTracker:
         phase = (pod.get("status") or {}).get("phase")
         if n <= 0 or not node or phase in _DONE or meta.get("deletionTimestamp"):
             return None
+        if n > MAX_POD_GPUS:  # no machine has that many: a typo or a hostile spec, not GPUs to number one by one
+            raise ValueError(f"it requests {n} GPUs (at most {MAX_POD_GPUS} are read)")
         labels = meta.get("labels") or {}
         annotations = meta.get("annotations") or {}
         ns = meta.get("namespace") or "default"
@@ -167,17 +199,19 @@ class PodTracker:
 
     def handle(self, event: str, pod: Mapping[str, Any]) -> list[dict[str, Any]]:
         """Apply one watch event (``ADDED``, ``MODIFIED``, ``DELETED``); return the placements to publish."""
-        meta = pod.get("metadata") or {}
-        uid = meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}"
+        meta = (pod.get("metadata") if isinstance(pod, Mapping) else None) or {}
+        if not isinstance(meta, Mapping):
+            meta = {}
+        uid = str(meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}")
         before = self.pods.get(uid)
-        info = None if event == "DELETED" else self._info(pod)
+        info = None if event == "DELETED" else self._safe_info(pod)
         if info is None:
             self.pods.pop(uid, None)
         else:
             self.pods[uid] = info
         out = []
         for job in sorted({j for j in (before.job if before else None, info.job if info else None) if j}):
-            msg = self._job_message(job)
+            msg = self._safe_job_message(job)
             if msg is not None:
                 out.append(msg)
         return out
@@ -186,12 +220,12 @@ class PodTracker:
         """Replace the state with a full list (at start and after the watch expired); return what changed."""
         self.pods = {}
         for pod in pods:
-            info = self._info(pod)
+            info = self._safe_info(pod)
             if info is not None:
                 self.pods[info.uid] = info
         out = []
         for job in sorted({p.job for p in self.pods.values()} | set(self.published)):
-            msg = self._job_message(job)
+            msg = self._safe_job_message(job)
             if msg is not None:
                 out.append(msg)
         return out
