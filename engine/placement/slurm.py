@@ -66,9 +66,20 @@ def facts_from_scontrol(text: str, job_id: str | None = None, env: Mapping[str, 
     """The facts of job ``job_id`` (the only job when None) in ``scontrol show job -d --json`` output.
 
     ``env`` (the prolog's) fills in the user, account and job id when the JSON lacks
-    them.  Raises :class:`PlacementError` naming ``source`` and what is missing.
+    them.  Raises :class:`PlacementError` naming ``source`` and what is missing, or, for
+    output of a shape no Slurm version writes (a job that is not an object, a count where
+    a list belongs), what was found where.
     """
-    env = env or {}
+    try:
+        return _facts_from_scontrol(text, job_id, env or {}, source, finished)
+    except (AttributeError, TypeError, KeyError, IndexError) as exc:  # typed access on a shape we do not know
+        raise PlacementError(f"{source}: not scontrol's job JSON as this version reads it "
+                             f"({type(exc).__name__}: {exc})") from None
+
+
+def _facts_from_scontrol(text: str, job_id: str | None, env: Mapping[str, str], source: str,
+                         finished: bool) -> JobFacts:
+    """:func:`facts_from_scontrol`'s reading, which assumes the shape Slurm writes."""
     try:
         data = jsonl.loads(text)
     except json.JSONDecodeError as exc:
