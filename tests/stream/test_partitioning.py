@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -283,6 +284,49 @@ def test_a_worker_adopts_the_incident_another_worker_announced() -> None:
     again = survivor.observe(d, 1010.0)
     assert again is not None and again.receipts["slack"]["ts"] == "1.000"
     assert survivor.adopt({inc.key: record}) == 0  # what it holds already is left as it is
+
+
+def test_a_console_worker_adopts_nothing_and_prints_the_incident() -> None:
+    """A console-only worker keeps its state in memory and never writes the state topic: what is there came
+    from other runs' receivers (an Alertmanager run left the incident firing).  Adopting it marked the incident
+    announced, so the console group never printed it; a worker with a shared state store still adopts."""
+    import io
+
+    from whywait.engine.diagnosis import Diagnosis, Owner
+    from whywait.engine.notify.pipeline import Pipeline
+    from whywait.engine.notify.pipeline.config import PipelineConfig
+    from whywait.engine.notify.pipeline.incidents import IncidentBook
+    from whywait.engine.notify.receivers.console import ConsoleReceiver
+    from whywait.engine.notify.state import StateStore
+
+    d = Diagnosis(rule_id="gpu.thermal-throttle", fingerprint="fp-job-t", status="firing", severity="warning",
+                  title="job-t waits on node-03/gpu2", cause="hot", job="job-t", owner=Owner("llm", "ml", "#ml"),
+                  starts_at=100.0, detected_at=105.0, next_step="x", confidence=0.9)
+    other_run = IncidentBook(PipelineConfig())
+    inc = other_run.observe(d, time.time())
+    assert inc is not None
+    inc.posted, inc.receipts["alertmanager"] = True, {"alerts": 1}
+    record = json.loads(json.dumps(inc.to_dict()))
+    cfg = PipelineConfig(group_wait=0.0)
+    out = io.StringIO()
+    with Pipeline([ConsoleReceiver(out)], cfg) as console:
+        assert console.adopt({inc.key: record}) == 0
+        console.notify(d)
+        assert console.flush(5)
+    assert "[FIRING · warning] job-t waits on node-03/gpu2" in out.getvalue()
+
+    class Shared(StateStore):  # stands for the Kafka topic
+        def load(self) -> dict[str, dict[str, Any]]:
+            return {}
+
+        def put(self, key: str, record: dict[str, Any]) -> None:
+            pass
+
+        def delete(self, key: str) -> None:
+            pass
+
+    with Pipeline([ConsoleReceiver(io.StringIO())], cfg, state_store=Shared()) as shared:
+        assert shared.adopt({inc.key: record}) == 1
 
 
 def test_router_counts_a_redelivered_record_apart(sim: Any, topo: Any) -> None:

@@ -159,7 +159,14 @@ class Pipeline(Notifier):
 
         Called by the partitioned engine when it gains jobs (``engine/stream/scaleout.py``): their
         incidents' later updates then edit the messages the other worker posted.
+
+        A pipeline whose state lives in memory (the console alone) takes none: it never writes the
+        state topic, so what is there is other runs' announcements to other receivers, and taking one
+        as its own kept it from ever printing that incident (a console group started after an
+        Alertmanager run said nothing of a fault still firing in the topic).
         """
+        if isinstance(self.state_store, InMemoryStateStore):
+            return 0
         with self._cond:
             return self.book.adopt(records)
 
