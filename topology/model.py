@@ -42,6 +42,10 @@ _T = TypeVar("_T")
 
 KINDS: tuple[str, ...] = ("rack", "switch", "node", "gpu", "nic", "pool")
 TIERS: tuple[str, ...] = ("leaf", "spine", "core")
+#: The most GPUs one machine is read as having (the largest hold a few dozen).  A count beyond it is refused
+#: where it is read (a cluster file's ``gpus: N``, a placement's, a pod's, Kubernetes capacity): numbering
+#: GPUs 0..N-1 for a typo of 10**9 would take the process's memory.
+MAX_GPUS_PER_NODE = 1024
 LINKS: tuple[str, ...] = ("nic-leaf", "switch-uplink", "node-rack", "switch-rack", "gpu-node", "nic-node",
                           "mount")
 

@@ -14,7 +14,7 @@ from typing import Any, Mapping
 
 import yaml
 from whywait.topology.errors import TopologyError
-from whywait.topology.model import TIERS, Nic, Topology, normalise_guid, normalise_pci
+from whywait.topology.model import MAX_GPUS_PER_NODE, TIERS, Nic, Topology, normalise_guid, normalise_pci
 
 from whywait import yamlio
 from whywait.errors import YamlError
@@ -186,13 +186,14 @@ def parse_topology(data: Any, source: str = "<dict>", lines: Mapping[str, int] |
             ok = False
         gpus_raw = n.get("gpus", 0)
         gpus: tuple[int, ...] = ()
-        if _int(gpus_raw) and gpus_raw >= 0:
+        if _int(gpus_raw) and 0 <= gpus_raw <= MAX_GPUS_PER_NODE:
             gpus = tuple(range(gpus_raw))
-        elif isinstance(gpus_raw, list) and all(_int(g) and g >= 0 for g in gpus_raw) \
-                and len(set(gpus_raw)) == len(gpus_raw):
+        elif isinstance(gpus_raw, list) and len(gpus_raw) <= MAX_GPUS_PER_NODE \
+                and all(_int(g) and g >= 0 for g in gpus_raw) and len(set(gpus_raw)) == len(gpus_raw):
             gpus = tuple(gpus_raw)
         else:
-            p.add(f"{path}.gpus", "a GPU count or a list of distinct GPU indexes", gpus_raw)
+            p.add(f"{path}.gpus", f"a GPU count or a list of distinct GPU indexes (at most {MAX_GPUS_PER_NODE})",
+                  gpus_raw)
             ok = False
         nics: list[Nic] = []
         nic_list = n.get("nics", []) or []

@@ -33,7 +33,7 @@ from whywait.topology.loaders import (
     load_nccl_topology,
     switch_name,
 )
-from whywait.topology.model import TIERS, natural_key, normalise_guid, normalise_pci
+from whywait.topology.model import MAX_GPUS_PER_NODE, TIERS, natural_key, normalise_guid, normalise_pci
 
 from whywait import jsonl
 from whywait.jsonl import json_records
@@ -486,7 +486,10 @@ def read_k8s_nodes(path: str | Path) -> SourceFacts:
         h = HostFacts(name, where)
         if cap is not None:
             try:
-                h.gpus = tuple(range(int(cap)))
+                count = int(cap)
+                if not 0 <= count <= MAX_GPUS_PER_NODE:
+                    raise ValueError(f"more than {MAX_GPUS_PER_NODE}")
+                h.gpus = tuple(range(count))
             except (TypeError, ValueError):
                 facts.skipped.append(f"{where}: node {name!r}: nvidia.com/gpu capacity must be a count "
                                      f"(got {cap!r}); GPUs not taken")
@@ -551,7 +554,7 @@ def read_netq(path: str | Path) -> SourceFacts:
             if not isinstance(name, str) or not name or not isinstance(gpus, list):
                 facts.skipped.append(f"{source}: [{i}]: a compute node needs a Name and a GpuIDList, skipped")
                 continue
-            facts.hosts[name] = HostFacts(name, where(name), gpus=tuple(range(len(gpus))))
+            facts.hosts[name] = HostFacts(name, where(name), gpus=tuple(range(min(len(gpus), MAX_GPUS_PER_NODE))))
         return facts
     graph = _netq_graph(data, source)
     if graph is None:

@@ -27,6 +27,7 @@ from typing import Any, Mapping
 from whywait.agents.events import ContractError, validate
 from whywait.engine.placement.model import JobFacts, Owner, PlacementError, placement_message
 from whywait.engine.placement.ownership import OwnershipFile
+from whywait.topology.model import MAX_GPUS_PER_NODE
 
 from whywait import jsonl, yamlio
 from whywait.errors import YamlError
@@ -83,13 +84,19 @@ def _one(item: Any, where: str, ownership: OwnershipFile, producer: str, now: fl
     unknown = sorted(set(item) - _SHORT)
     if unknown:
         raise PlacementError(f"{where}: job {job!r}: unknown key {unknown[0]!r} (valid: {', '.join(sorted(_SHORT))})")
+    for name in ("user", "account", "project", "team", "channel"):  # names: a number or a list here is a mistake
+        if item.get(name) is not None and not isinstance(item[name], str):
+            raise PlacementError(f"{where}: job {job!r}: {name} must be a string (got {item[name]!r:.40})")
+    for name in ("nodes", "ranks"):
+        if item.get(name) is not None and not isinstance(item[name], list):
+            raise PlacementError(f"{where}: job {job!r}: {name} must be a list (got {item[name]!r:.40})")
     state = item.get("state", "running")
     if state not in ("running", "finished"):
         raise PlacementError(f"{where}: job {job!r}: state must be 'running' or 'finished' (got {state!r})")
     nodes: list[tuple[str, tuple[int, ...]]] = []
     for n in item.get("nodes") or []:
         gpus = n.get("gpus") if isinstance(n, dict) else None
-        if isinstance(gpus, int) and not isinstance(gpus, bool) and gpus > 0:
+        if isinstance(gpus, int) and not isinstance(gpus, bool) and 0 < gpus <= MAX_GPUS_PER_NODE:
             gpus = list(range(gpus))  # a count, as the topology file takes it: GPUs 0 to N-1
         if not isinstance(n, dict) or not isinstance(n.get("node"), str) or not isinstance(gpus, list) \
                 or not all(isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in gpus):

@@ -30,6 +30,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 from whywait.engine.placement.model import JobFacts, PlacementError, placement_message
 from whywait.engine.placement.ownership import OwnershipFile
+from whywait.topology.model import MAX_GPUS_PER_NODE
 
 log = logging.getLogger("whywait.placement.k8s")
 
@@ -49,10 +50,6 @@ def _count(v: Any) -> int:
         return int(str(v))
     except (TypeError, ValueError):
         return 0
-
-
-#: The most GPUs one pod's request is read as (a node holds at most a few dozen; a larger count is refused).
-MAX_POD_GPUS = 1024
 
 
 def pod_gpu_count(pod: Mapping[str, Any]) -> int:
@@ -133,8 +130,8 @@ class PodTracker:
         phase = (pod.get("status") or {}).get("phase")
         if n <= 0 or not node or phase in _DONE or meta.get("deletionTimestamp"):
             return None
-        if n > MAX_POD_GPUS:  # no machine has that many: a typo or a hostile spec, not GPUs to number one by one
-            raise ValueError(f"it requests {n} GPUs (at most {MAX_POD_GPUS} are read)")
+        if n > MAX_GPUS_PER_NODE:  # no machine has that many: a typo or a hostile spec, not GPUs to number one by one
+            raise ValueError(f"it requests {n} GPUs (at most {MAX_GPUS_PER_NODE} are read)")
         labels = meta.get("labels") or {}
         annotations = meta.get("annotations") or {}
         ns = meta.get("namespace") or "default"

@@ -50,3 +50,19 @@ def test_gpus_may_be_a_count_as_in_the_topology_file() -> None:
     for bad in ("0", "true", "-1"):
         with pytest.raises(PlacementError, match="gpus: COUNT"):
             placements_from_text(text.replace("gpus: 2", f"gpus: {bad}"), "p.yaml", OWN, "me")
+
+
+def test_a_gpu_count_past_any_machine_is_refused_not_numbered() -> None:
+    """`gpus: 100000000` in a placement file was numbered one by one until the process ran out of memory."""
+    with pytest.raises(PlacementError, match="each of 'nodes' must be"):
+        placements_from_text("job: j\nnodes:\n  - {node: n1, gpus: 100000000}\n", "p.yaml", OWN, "me")
+
+
+@pytest.mark.parametrize(("field", "value", "says"), [
+    ("account", "[1]", "account must be a string"), ("user", "{a: 1}", "user must be a string"),
+    ("nodes", "7", "nodes must be a list"), ("ranks", "true", "ranks must be a list"),
+])
+def test_a_field_of_the_wrong_type_is_named(field: str, value: str, says: str) -> None:
+    """A number or a list where a name belongs reached the ownership rules as a TypeError (an internal error)."""
+    with pytest.raises(PlacementError, match=f"p.yaml:1: job 'j': {says}"):
+        placements_from_text(f"job: j\n{field}: {value}\n", "p.yaml", OWN, "me")

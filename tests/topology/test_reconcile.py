@@ -103,7 +103,7 @@ def test_check_lists_gaps_with_lines_and_fails_on_schema_errors(tmp_path: Path,
     assert main(["topology", "check", str(tmp_path / "bad.yaml")]) == 1
     out = capsys.readouterr().out
     assert f"{tmp_path / 'bad.yaml'}:3: nodes[0].gpus: expected a GPU count or a list of distinct GPU indexes " \
-           "(got 'two')" in out
+           "(at most 1024) (got 'two')" in out
     gpu = Topology.from_dict({"switches": [{"id": "l1", "tier": "leaf"}], "nodes": [
         {"id": "n1", "gpus": 2, "nics": [{"name": "mlx5_0", "leaf": "l1", "gpus": [0]}, {"name": "mlx5_1",
                                                                                        "leaf": "l1"}]}]})

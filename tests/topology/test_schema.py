@@ -44,7 +44,7 @@ def test_every_problem_of_a_file_is_reported_with_its_line():
         f"{path}:6: switches[0].tier: expected one of leaf, spine, core (got 'edge')",
         f"{path}:7: switches[1].uplinks[0]: expected a switch declared under 'switches' (got 'spine-9')",
         f"{path}:9: storage_pools[0].size: unknown key (valid: id, type)",
-        f"{path}:12: nodes[0].gpus: expected a GPU count or a list of distinct GPU indexes (got 'eight')",
+        f"{path}:12: nodes[0].gpus: expected a GPU count or a list of distinct GPU indexes (at most 1024) (got 'eight')",
         f"{path}:14: nodes[1].rack: expected a rack declared under 'racks' (got 'rack-z')",
         f"{path}:17: nodes[1].nics[0].leaf: expected a switch of tier 'leaf' declared under 'switches' "
         "(got 'leaf-9')",
@@ -89,7 +89,7 @@ def test_a_rank_on_a_refused_node_is_not_a_second_problem(tmp_path, capsys):
     with pytest.raises(TopologyError) as info:
         Topology.from_yaml(path)
     assert info.value.problems == (
-        f"{path}:3: nodes[0].gpus: expected a GPU count or a list of distinct GPU indexes (got -1)",
+        f"{path}:3: nodes[0].gpus: expected a GPU count or a list of distinct GPU indexes (at most 1024) (got -1)",
         f"{path}:7: jobs[0].ranks[1].node: expected a node declared under 'nodes' (got 'node-09')",
     )
     assert main(["topology", "check", str(path)]) == 1
@@ -121,3 +121,13 @@ def test_a_refused_switch_is_not_a_second_problem_where_it_is_named(tmp_path):
     assert info.value.problems == (
         f"{path}:4: switches[1].tier: expected one of {', '.join(TIERS)} (got 'leef')",
     )
+
+
+def test_a_gpu_count_past_any_machine_is_refused_not_numbered(tmp_path):
+    """`gpus: 100000000` (a typo) numbered GPUs 0..N-1 and took the process's memory."""
+    path = tmp_path / "t.yaml"
+    path.write_text("format: 1\nnodes:\n  - {id: node-01, gpus: 100000000}\n")
+    with pytest.raises(TopologyError) as info:
+        Topology.from_yaml(path)
+    assert info.value.problems == (f"{path}:3: nodes[0].gpus: expected a GPU count or a list of distinct GPU "
+                                   "indexes (at most 1024) (got 100000000)",)
