@@ -47,4 +47,4 @@ def test_publish_errors_are_one_line(tmp_path, capsys: pytest.CaptureFixture[str
     bad.write_text("job: j1\nnodes: {node: n1}\n")
     assert main(["placement", "publish", str(bad), "--print"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"whywait placement: {bad}:1: job 'j1': each of 'nodes'") and "Traceback" not in err
+    assert err.startswith(f"whywait placement: {bad}:1: job 'j1': nodes must be a list") and "Traceback" not in err

@@ -44,7 +44,8 @@ def test_every_problem_of_a_file_is_reported_with_its_line():
         f"{path}:6: switches[0].tier: expected one of leaf, spine, core (got 'edge')",
         f"{path}:7: switches[1].uplinks[0]: expected a switch declared under 'switches' (got 'spine-9')",
         f"{path}:9: storage_pools[0].size: unknown key (valid: id, type)",
-        f"{path}:12: nodes[0].gpus: expected a GPU count or a list of distinct GPU indexes (at most 1024) (got 'eight')",
+        f"{path}:12: nodes[0].gpus: expected a GPU count or a list of distinct GPU indexes (at most 1024) "
+        "(got 'eight')",
         f"{path}:14: nodes[1].rack: expected a rack declared under 'racks' (got 'rack-z')",
         f"{path}:17: nodes[1].nics[0].leaf: expected a switch of tier 'leaf' declared under 'switches' "
         "(got 'leaf-9')",
