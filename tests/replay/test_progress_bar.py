@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import time
+from typing import Any, Callable
 
 import pytest
 from whywait.engine.commands.replay_cmd import progress_bar
@@ -23,7 +24,7 @@ def test_no_terminal_no_bar_and_nothing_to_call(monkeypatch: pytest.MonkeyPatch)
 
 @pytest.mark.parametrize(("label", "time_of"), [("replaying", None), ("exporting", lambda _: 1500.0)])
 def test_on_a_terminal_it_shows_the_label_and_the_rate(monkeypatch: pytest.MonkeyPatch, label: str,
-                                                       time_of: object) -> None:
+                                                       time_of: Callable[[Any], float] | None) -> None:
     term = _Terminal()
     monkeypatch.setattr("sys.stderr", term)
     bar = progress_bar(Window(1000.0, 2000.0), label, time_of) if time_of else progress_bar(Window(1000.0, 2000.0))
