@@ -22,9 +22,12 @@ at least 3, so a write acknowledged by ``acks=all`` survives one broker lost.
 from __future__ import annotations
 
 import asyncio
+import logging
 
 from whywait.agents.events import INPUT_TOPICS, TOPIC_DEADLETTER, TOPIC_DIAGNOSES, TOPIC_PLACEMENT
 from whywait.engine.errors import BrokerUnavailable
+
+log = logging.getLogger(__name__)
 
 TOPIC_ENGINE_STATE = "whywait.engine-state.v1"
 # The partitioned engine's repartition topic (see engine/stream/partitioning.py): input messages
@@ -99,6 +102,8 @@ async def ensure_topics_async(bootstrap: str, topics: list[str] | None = None, p
                for t in topics if t not in existing]
         if new:
             refused(await admin.create_topics(new), replication)
+        if replication > 1:
+            warn_under_replicated(await replica_counts(admin, [t for t in topics if t in existing]), replication)
         if partitions > 1:
             have = await partition_counts(admin, [t for t in topics if t in SCALED and t in existing])
             grow = {t: NewPartitions(partitions) for t, n in have.items() if n < partitions}
@@ -142,6 +147,33 @@ async def partition_counts(admin: object, topics: list[str]) -> dict[str, int]:
         return {}
     meta = await admin.describe_topics(topics)  # type: ignore[attr-defined]
     return {m["topic"]: len(m["partitions"]) for m in meta if not m.get("error_code") and m.get("partitions")}
+
+
+async def replica_counts(admin: object, topics: list[str]) -> dict[str, int]:
+    """The fewest replicas of any partition of each topic in ``topics`` that exists."""
+    if not topics:
+        return {}
+    meta = await admin.describe_topics(topics)  # type: ignore[attr-defined]
+    return {m["topic"]: min(len(p.get("replicas") or ()) for p in m["partitions"])
+            for m in meta if not m.get("error_code") and m.get("partitions")}
+
+
+def warn_under_replicated(counts: dict[str, int], replication: int) -> list[str]:
+    """Say, in one warning, which existing topics have fewer replicas than ``--replication`` asks; return them.
+
+    ``--replication`` applies to the topics created here: one that already existed (an earlier run, a
+    simulation, or the broker's auto-creation when agents published first) kept its replicas, and the
+    engine went on as if the flag had been applied.
+    """
+    short = sorted(t for t, n in counts.items() if n < replication)
+    if short:
+        fewest = min(counts[t] for t in short)
+        names = ", ".join(short[:3]) + (f" and {len(short) - 3} more" if len(short) > 3 else "")
+        log.warning("%d existing topic(s) have fewer replicas than --replication %d (as few as %d: %s); "
+                    "Kafka keeps a topic's replication when it exists: raise it with "
+                    "kafka-reassign-partitions.sh, or delete and recreate the topics", len(short), replication,
+                    fewest, names)
+    return short
 
 
 async def topic_partitions_async(bootstrap: str, topics: list[str], timeout_s: float = 15.0) -> dict[str, int]:

@@ -91,3 +91,36 @@ def test_topic_creation_answers() -> None:
     assert "--replication" not in str(bad.value)
     with pytest.raises(KafkaError, match="NOT_CONTROLLER"):  # retriable: engine_partitions tries again
         refused(_Answer([("a", 41, "")]), 1)
+
+
+def test_existing_topics_with_fewer_replicas_than_asked_are_said(monkeypatch, caplog) -> None:
+    # --replication 3 applies to topics it creates; existing ones (auto-created when agents published first,
+    # or by an earlier run) kept one replica and the engine said nothing.
+    import asyncio
+    import logging
+
+    from whywait.engine.stream.topics import ensure_topics_async
+
+    class Admin(_RefusingAdmin):
+        async def list_topics(self) -> list[str]:
+            return ["whywait.gpu.v1", "whywait.net.v1", "whywait.host.v1", "whywait.steps.v1", "other"]
+
+        async def create_topics(self, new: list[object]) -> _Answer:
+            return _Answer([])
+
+        async def describe_topics(self, topics: list[str]) -> list[dict[str, object]]:
+            replicas = {"whywait.gpu.v1": [[1], [1, 2, 3]], "whywait.net.v1": [[1, 2, 3]]}
+            return [{"topic": t, "error_code": 0,
+                     "partitions": [{"partition": i, "replicas": r} for i, r in enumerate(replicas.get(t, [[1, 2]]))]}
+                    for t in topics]
+
+    caplog.set_level(logging.WARNING, logger="whywait.engine.stream.topics")
+    monkeypatch.setattr("aiokafka.admin.AIOKafkaAdminClient", Admin)
+    asyncio.run(ensure_topics_async("b:9092", replication=3))
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 1, warned
+    assert warned[0].startswith("3 existing topic(s) have fewer replicas than --replication 3 (as few as 1: "
+                                "whywait.gpu.v1, whywait.host.v1, whywait.steps.v1)"), warned
+    caplog.clear()
+    asyncio.run(ensure_topics_async("b:9092", replication=1))
+    assert not caplog.records
