@@ -163,6 +163,13 @@ def kafka_errors_in_one_line(loop: asyncio.AbstractEventLoop, context: dict[str,
         name = getattr(getattr(task, "get_coro", lambda: None)(), "__qualname__", None) or "a Kafka request"
         log.warning("Kafka: %s (in %s; the consumer retries or the engine is stopping)", exc, name)
         return
+    message = str(context.get("message") or "")
+    if exc is None and message.startswith("Unclosed AIOKafka"):
+        # aiokafka's __del__ of a client whose thread stopped before closing it (the broker gone as the engine
+        # stopped): asyncio's default printed it as an ERROR of two lines, the client's repr on the second.
+        log.warning("Kafka: %s, dropped as the engine stopped (its thread ended before closing it)",
+                    message.splitlines()[0].replace("Unclosed", "an unclosed"))
+        return
     loop.default_exception_handler(context)
 
 
@@ -191,6 +198,12 @@ def _thread_excepthook(args: Any) -> None:
 _DEFAULT_THREAD_EXCEPTHOOK = threading.excepthook
 
 
+# whywait's own faust consumer (BatchConsumer, BatchConsumerThread) are mode services whose records carry
+# their module's logger name: mode's "Error while stopping child ... TimeoutError" came with its whole
+# traceback under it, as an ERROR, when the engine stopped with the broker gone.
+_WHYWAIT_MODE_SERVICES = frozenset({"whywait.engine.stream.batches"})
+
+
 class _OneLineStopErrors(logging.Filter):
     """A faust, mode or aiokafka log record carrying a timeout, a cancellation or a Kafka error: its message and
     the error's name on one line, as a warning.  (Stopping with the broker gone, mode logs each service that
@@ -200,8 +213,8 @@ class _OneLineStopErrors(logging.Filter):
         from aiokafka.errors import KafkaError
 
         exc = record.exc_info[1] if record.exc_info else None
-        if record.name.split(".", 1)[0] in ("faust", "mode", "aiokafka") and isinstance(
-                exc, (asyncio.TimeoutError, asyncio.CancelledError, KafkaError)):
+        if (record.name.split(".", 1)[0] in ("faust", "mode", "aiokafka") or record.name in _WHYWAIT_MODE_SERVICES) \
+                and isinstance(exc, (asyncio.TimeoutError, asyncio.CancelledError, KafkaError)):
             record.msg = f"{record.getMessage()} ({type(exc).__name__})"
             record.args = ()
             record.exc_info = None

@@ -97,6 +97,25 @@ def test_mode_s_stop_timeouts_are_one_warning_line() -> None:
     assert f.filter(mine) and mine.exc_info is not None and mine.levelname == "ERROR"
     other = record("mode.services", ValueError("a bug"))
     assert f.filter(other) and other.exc_info is not None
+    # whywait's own faust consumer is a mode service logging under its module: it printed the traceback
+    ours = record("whywait.engine.stream.batches", asyncio.TimeoutError())
+    assert f.filter(ours) and ours.exc_info is None and ours.levelname == "WARNING"
+    assert ours.getMessage() == "Error while stopping child x (TimeoutError)"
+
+
+def test_an_unclosed_aiokafka_client_at_stop_is_one_warning_line(caplog: pytest.LogCaptureFixture) -> None:
+    # What aiokafka's __del__ reports when its thread ended first: an ERROR of two lines (the repr on the second).
+    loop = asyncio.new_event_loop()
+    try:
+        with caplog.at_level(logging.DEBUG):
+            kafka_errors_in_one_line(loop, {"message": "Unclosed AIOKafkaConsumer", "consumer": object()})
+            kafka_errors_in_one_line(loop, {"message": "Unclosed something else"})
+    finally:
+        loop.close()
+    got = [(r.levelname, r.getMessage()) for r in caplog.records]
+    assert got[0] == ("WARNING", "Kafka: an unclosed AIOKafkaConsumer, dropped as the engine stopped "
+                                 "(its thread ended before closing it)"), got
+    assert got[1][0] == "ERROR" and got[1][1].startswith("Unclosed something else")  # the default handler
 
 
 def test_the_consumer_thread_is_waited_for_a_bounded_time() -> None:
