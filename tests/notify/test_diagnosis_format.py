@@ -8,43 +8,19 @@ turn by values of the wrong type: each is one line naming the field, or renders.
 
 from __future__ import annotations
 
-import copy
 import json
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import pytest
 from whywait.engine.cli import main
 from whywait.engine.diagnosis import Diagnosis, DiagnosisFormatError
 from whywait.engine.report.digest import Digest
 
+from tests.support.hostile import retyped
 from whywait.errors import EXIT_INTERNAL
 
 WRONG: tuple[Any, ...] = (None, "x", -1, 1e308, [], {}, True, 10**30)
-
-
-def _paths(o: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
-    items = o.items() if isinstance(o, dict) else enumerate(o) if isinstance(o, list) else ()
-    for k, v in items:
-        yield (*path, k)
-        yield from _paths(v, (*path, k))
-
-
-def _variants(d: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
-    for path in list(_paths(d)):
-        for wrong in WRONG:
-            o = copy.deepcopy(d)
-            t = o
-            for k in path[:-1]:
-                t = t[k]
-            t[path[-1]] = wrong
-            yield f"{'.'.join(map(str, path))} = {wrong!r}", o
-        o = copy.deepcopy(d)
-        t = o
-        for k in path[:-1]:
-            t = t[k]
-        del t[path[-1]]
-        yield f"{'.'.join(map(str, path))} deleted", o
 
 
 def test_every_field_of_the_wrong_type_is_one_line(make_diagnosis: Callable[..., Diagnosis], tmp_path: Path,
@@ -52,7 +28,7 @@ def test_every_field_of_the_wrong_type_is_one_line(make_diagnosis: Callable[...,
     real = json.loads(json.dumps(make_diagnosis(ranks=(48, 49), cost={"gpu_hours_lost": 1.5}).to_dict()))
     path = tmp_path / "d.json"
     failures = []
-    for what, d in _variants(real):
+    for what, d in retyped(real, WRONG, deleted=True):
         path.write_text(json.dumps(d))
         rc = main(["notify", "render", str(path)])
         err = capsys.readouterr().err

@@ -8,41 +8,29 @@ from __future__ import annotations
 
 import copy
 import json
-from typing import Any, Iterator
+from typing import Any
 
 from whywait.engine.placement.k8s import PodTracker
 from whywait.engine.placement.ownership import OwnershipFile
 
 from tests.placement.conftest import FIX
+from tests.support.hostile import retyped
 
 PODS = json.loads((FIX / "k8s-pods-list.json").read_text())["items"]
 WRONG: tuple[Any, ...] = (None, "x", -1, [], {}, True, 10**30, "\x00" * 3)
 
 
-def _paths(o: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
-    items = o.items() if isinstance(o, dict) else enumerate(o) if isinstance(o, list) else ()
-    for k, v in items:
-        yield (*path, k)
-        yield from _paths(v, (*path, k))
-
-
 def test_every_field_of_a_real_pod_damaged_is_skipped_not_fatal() -> None:
     failures = []
     for pod in PODS[:6]:
-        for path in list(_paths(pod)):
-            for wrong in WRONG:
-                damaged = copy.deepcopy(pod)
-                t = damaged
-                for k in path[:-1]:
-                    t = t[k]
-                t[path[-1]] = wrong
-                tracker = PodTracker(OwnershipFile(FIX / "ownership.yaml"), "watcher", lambda: 1.0)
-                try:
-                    tracker.resync([damaged, *PODS])
-                    tracker.handle("MODIFIED", damaged)
-                    tracker.handle("DELETED", damaged)
-                except Exception as exc:  # noqa: BLE001 - any escape ends the watcher: the defect looked for
-                    failures.append(f"{'.'.join(map(str, path))} = {wrong!r}: {type(exc).__name__}: {exc}")
+        for what, damaged in retyped(pod, WRONG):
+            tracker = PodTracker(OwnershipFile(FIX / "ownership.yaml"), "watcher", lambda: 1.0)
+            try:
+                tracker.resync([damaged, *PODS])
+                tracker.handle("MODIFIED", damaged)
+                tracker.handle("DELETED", damaged)
+            except Exception as exc:  # noqa: BLE001 - any escape ends the watcher: the defect looked for
+                failures.append(f"{what}: {type(exc).__name__}: {exc}")
     assert failures == []
 
 

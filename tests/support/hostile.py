@@ -10,9 +10,10 @@ times far in the future or the past, wrong topics, unknown schema versions, unkn
 
 from __future__ import annotations
 
+import copy
 import json
 import random
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from whywait.agents.events import TOPIC_GPU, TOPIC_HOST, TOPIC_NET, TOPIC_PLACEMENT, TOPIC_STEPS, TOPIC_STORAGE
 
@@ -92,3 +93,38 @@ def bad_messages(n: int, now: float, nodes: list[str], seed: int = 0) -> list[tu
         big = {**_host(nodes[0], now), "kind": "host", "note": "x" * 600_000, "cpu_busy_pct": "oops"}
         out.append((TOPIC_HOST, _j(big), "oversized"))
     return out
+
+
+#: What a field of a real record is replaced by in :func:`retyped`: every JSON type, and numbers past any bound.
+WRONG_TYPES: tuple[Any, ...] = (None, "x", -1, [], {}, True, 10**30, 1e308, "\x00" * 3)
+
+
+def retyped(doc: Any, wrongs: tuple[Any, ...] = WRONG_TYPES,
+            deleted: bool = False) -> Iterator[tuple[str, Any]]:
+    """``(what, copy)``: ``doc`` with one field (at any depth) replaced by each of ``wrongs``, and with it deleted.
+
+    Used by the tests that feed a real record (a diagnosis, a pod, scontrol's job) with each field of the
+    wrong type: a reader must refuse the record in its own words, never fail on the field later.
+    """
+    def paths(o: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
+        items = o.items() if isinstance(o, dict) else enumerate(o) if isinstance(o, list) else ()
+        for k, v in items:
+            yield (*path, k)
+            yield from paths(v, (*path, k))
+
+    for path in list(paths(doc)):
+        name = ".".join(map(str, path))
+        for wrong in (*wrongs, _DELETE) if deleted else wrongs:
+            out = copy.deepcopy(doc)
+            parent = out
+            for k in path[:-1]:
+                parent = parent[k]
+            if wrong is _DELETE:
+                del parent[path[-1]]
+                yield f"{name} deleted", out
+            else:
+                parent[path[-1]] = wrong
+                yield f"{name} = {wrong!r}", out
+
+
+_DELETE = object()
