@@ -202,21 +202,13 @@ def _fields(obj: dict[str, Any], rules: dict[str, Rule], path: str, lists: dict[
                 problems.append(f"{path}{key}: a NaN, infinity, oversized number or unreadable name")
                 del obj[key]
             continue
-        if v is None:
-            if r.required:
-                whole = False
-                problems.append(f"{path}{key}: is required")
-            else:
-                del obj[key]
+        if v is None and not r.required:
+            del obj[key]  # an optional field left out, as the contract allows
             continue
-        if r.type.startswith("list["):
-            if not isinstance(v, list):
-                problems.append(f"{path}{key}: must be a list")
-                if r.required:
-                    whole = False
-                else:
-                    del obj[key]
-                continue
+        why: str | None = None
+        if v is None:
+            why = "is required"
+        elif r.type.startswith("list[") and isinstance(v, list):
             if key in lists:
                 _list(obj, key, lists[key], path, problems)
             else:
@@ -225,8 +217,12 @@ def _fields(obj: dict[str, Any], rules: dict[str, Rule], path: str, lists: dict[
                     problems.append(f"{path}{key}[]: each must be a valid {r.inner}")
                     obj[key] = kept
             continue
-        if not _value_ok(r, v):
-            problems.append(f"{path}{key}: {_why(r)}")
+        elif r.type.startswith("list["):
+            why = "must be a list"
+        elif not _value_ok(r, v):
+            why = _why(r)
+        if why is not None:  # a required field spoils the record; an optional one is dropped
+            problems.append(f"{path}{key}: {why}")
             if r.required:
                 whole = False
             else:
