@@ -32,8 +32,9 @@ class MetricsAddrError(AgentConfigError):
     """``--metrics-addr`` / ``$WHYWAIT_METRICS_ADDR`` is not ``HOST:PORT``, or the port cannot be bound."""
 
 
-def parse_addr(raw: str, what: str = "--metrics-addr") -> tuple[str, int]:
-    """``HOST:PORT`` (``:PORT`` means every interface, ``[::1]:PORT`` an IPv6 host) as ``(host, port)``.
+def parse_addr(raw: str, what: str = "--metrics-addr", bare: str = "0.0.0.0") -> tuple[str, int]:
+    """``HOST:PORT`` (``:PORT`` means the host ``bare``, every interface by default; ``[::1]:PORT`` an IPv6
+    host) as ``(host, port)``.
 
     Raises :class:`MetricsAddrError` with a one-line reason naming ``what`` for anything else.
     """
@@ -41,7 +42,7 @@ def parse_addr(raw: str, what: str = "--metrics-addr") -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
     if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise MetricsAddrError(f"{what} must be HOST:PORT like 127.0.0.1:9464 or :9464 (got {raw!r})")
-    host = host.strip("[]") or "0.0.0.0"
+    host = host.strip("[]") or bare
     return host, int(port)
 
 

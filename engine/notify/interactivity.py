@@ -224,13 +224,16 @@ class InteractivityServer:
         if secret is None:
             return None
         addr = env.get("WHYWAIT_SLACK_ACTIONS_ADDR") or "127.0.0.1:3000"
-        host, _, port = addr.strip().rpartition(":")
-        # A port out of range was a traceback (OverflowError) at start; "[::1]:3000" was looked up as the
-        # host name "[::1]" and failed: brackets are taken off, as for --metrics-addr.
-        if not port.isdigit() or int(port) > 65535:
+        # The --metrics-addr parser (ports in range, "[::1]:3000" unbracketed), but ":3000" stays on
+        # 127.0.0.1, as it always did: the narrower default for an endpoint that acts on incidents.
+        from whywait.agents.observe import MetricsAddrError, parse_addr
+
+        try:
+            host, port = parse_addr(addr, "WHYWAIT_SLACK_ACTIONS_ADDR", bare="127.0.0.1")
+        except MetricsAddrError:
             raise ConfigError(f"WHYWAIT_SLACK_ACTIONS_ADDR must look like 127.0.0.1:3000 or [::1]:3000 "
-                              f"(got {addr!r})")
-        return cls(handler, secret, host=host.strip("[]") or "127.0.0.1", port=int(port))
+                              f"(got {addr!r})") from None
+        return cls(handler, secret, host=host, port=port)
 
     @property
     def url(self) -> str:
