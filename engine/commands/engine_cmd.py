@@ -237,7 +237,10 @@ def run(args: argparse.Namespace) -> int:
 
         topology = OwnedTopology(topology, partitions)  # evaluates the jobs of its partitions only
         log.info("engine: partitioned pipeline on %d partition(s) of the repartition topic", partitions)
-    evaluator = Evaluator(rules, topology, arrival_clock=time.monotonic, max_skew_s=skew, warmup_s=args.warmup)
+    def new_evaluator() -> Evaluator:
+        return Evaluator(rules, topology, arrival_clock=time.monotonic, max_skew_s=skew, warmup_s=args.warmup)
+
+    evaluator = new_evaluator()
     if not args.no_restore and partitions == 1:  # partitioned: per job, when its partition is assigned
         snap = asyncio.run(read_snapshot(bootstrap, args.group))
         if snap:
@@ -247,8 +250,7 @@ def run(args: argparse.Namespace) -> int:
                 log.warning("ignoring an unreadable checkpoint (%s: %s); starting without it",
                             type(exc).__name__, exc)
                 # restore() may have taken part of it: start from a clean evaluator, not a half-restored one
-                evaluator = Evaluator(rules, topology, arrival_clock=time.monotonic, max_skew_s=skew,
-                                      warmup_s=args.warmup)
+                evaluator = new_evaluator()
             else:
                 log.info("restored %d incident(s) from the last checkpoint", len(snap.get("incidents", ())))
     placed = 0
