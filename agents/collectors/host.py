@@ -184,8 +184,11 @@ class HostCollector(Collector):
         if dt is None or dt <= 0:
             return None
         pct = 100.0 * used / _CLK_TCK / dt
-        # No set of processes uses more than every core of the node: a damaged stat file's jump is no reading.
-        return pct if pct <= 100.0 * max(self._ncpu, os.cpu_count() or 1) else None
+        # No set of processes uses more than every core of the node: a damaged stat file's jump (10^21 ticks) is
+        # no reading.  Twice the cores, not once: ticks are counted at 1/CLK_TCK and ``dt`` between two reads of
+        # the clock, so processes busy on every core read a few percent over it (201% on 2 cores), and that
+        # real reading was dropped.
+        return pct if pct <= 200.0 * max(self._ncpu, os.cpu_count() or 1) else None
 
     # --- the sample --------------------------------------------------------
     def sample(self, now: float, mono: float) -> dict[str, Any] | None:
