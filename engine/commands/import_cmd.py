@@ -63,14 +63,28 @@ def timing_messages(args: argparse.Namespace, files: list[tuple[Path, str]],
     from whywait.engine.importers.kineto import steps_from_trace
     from whywait.engine.importers.steps_table import read_steps
 
+    traces = [path for path, fmt in files if fmt == "kineto"]
+    if args.rank is not None and len(traces) > 1:
+        # one --rank for several traces would give every one of them the same rank
+        raise ImportFormatError(f"--rank names the rank of one profiler trace, and {len(traces)} were given: "
+                                "import them one at a time")
     rows: list[tuple[str, str, dict[str, Any]]] = []
-    for path, fmt in files:
+    seen: dict[tuple[str, int, int], tuple[int, Path]] = {}  # (job, rank, step) -> the file that gave it
+    for i, (path, fmt) in enumerate(files):
         if fmt == "kineto":
             if not args.job or not args.node:
                 raise ImportFormatError(f"{path}: a profiler trace names neither job nor node: pass --job and --node")
-            rows += [(args.job, args.node, s.record()) for s in steps_from_trace(path, args.rank, notes)]
+            got = [(args.job, args.node, s.record()) for s in steps_from_trace(path, args.rank, notes)]
         else:
-            rows += list(read_steps(path, args.job, args.node))
+            got = list(read_steps(path, args.job, args.node))
+        for job, _, rec in got:
+            # The same step of the same rank twice is one trace given twice, or two ranks' traces that
+            # both claim one rank: either way the job's peer comparison would be wrong, so say which.
+            first = seen.setdefault((job, rec["rank"], rec["step"]), (i, path))
+            if first[0] != i:
+                raise ImportFormatError(f"{path}: job {job} rank {rec['rank']} step {rec['step']} is also in "
+                                        f"{first[1]}: the same trace twice, or two traces that claim one rank")
+        rows += got
     rows.sort(key=lambda r: (r[2]["ended_at"], r[0], r[2]["rank"], r[2]["step"]))
     out: list[dict[str, Any]] = []
     if args.project or args.team:

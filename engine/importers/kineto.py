@@ -16,7 +16,10 @@ Called by ``whywait import`` for a Chrome-trace JSON file (``.json`` or ``.json.
   (every other NCCL kernel);
 - ``data_wait_s`` is the union of data-loader spans (``enumerate(DataLoader)...``,
   ``## data_load ##``) inside the step.  A trace without any such span leaves the phase
-  out: unknown, not zero.
+  out: unknown, not zero.  Likewise a trace with no GPU kernel at all (a CPU-only profile) leaves
+  the GPU phases out;
+- the rank is ``--rank``, else ``distributedInfo.rank``, else a ``rank-N`` in the file name (said in
+  a note), else the import stops and asks for ``--rank``.
 
 Memory copies and sets count as neither compute nor communication.
 """
@@ -53,20 +56,20 @@ class KinetoStep:
     start: float
     end: float
     duration_s: float
-    compute_s: float
-    comm_s: float
-    collective_s: float
-    pipeline_wait_s: float
+    compute_s: float | None  # None: the trace holds no GPU kernel at all (a CPU-only profile): unknown
+    comm_s: float | None
+    collective_s: float | None
+    pipeline_wait_s: float | None
     data_wait_s: float | None
 
     def record(self) -> dict[str, Any]:
         """The contract's StepTiming record for this step (an unknown phase is left out)."""
         r: dict[str, Any] = {"rank": self.rank, "step": self.step, "duration_s": round(self.duration_s, 6),
-                             "compute_s": round(self.compute_s, 6), "comm_s": round(self.comm_s, 6),
-                             "collective_s": round(self.collective_s, 6),
-                             "pipeline_wait_s": round(self.pipeline_wait_s, 6), "ended_at": self.end}
-        if self.data_wait_s is not None:
-            r["data_wait_s"] = round(self.data_wait_s, 6)
+                             "ended_at": self.end}
+        for name in ("compute_s", "comm_s", "collective_s", "pipeline_wait_s", "data_wait_s"):
+            v = getattr(self, name)
+            if v is not None:
+                r[name] = round(v, 6)
         return r
 
 
@@ -103,8 +106,18 @@ def _short(value: object) -> str:
     return text if len(text) <= 40 else text[:30] + f"... ({len(text)} chars)"
 
 
-def _rank(path: Path, data: dict[str, Any], given: int | None) -> int:
-    """The rank of the trace: ``given`` (``--rank``), else the trace's ``distributedInfo.rank``; checked."""
+# A rank in a trace's file name: ``rank-3.Jul_15_10_52_41.1074.pt.trace.json.gz``, ``rank_3.json``,
+# ``inference_rank_1.json.gz``, ``rank0.json``; the word must stand alone (not ``crank3``, ``ranks2``).
+_FILE_RANK = re.compile(r"(?:^|[^a-z0-9])rank[-_]?([0-9]{1,7})(?![0-9])", re.IGNORECASE)
+
+
+def _rank(path: Path, data: dict[str, Any], given: int | None, notes: Counter[str] | None = None) -> int:
+    """The rank of the trace: ``given`` (``--rank``), else ``distributedInfo.rank``, else its file name's; checked.
+
+    The file name is the last resort because a trace without ``distributedInfo`` (an inference run, a
+    profiler started before ``init_process_group``) is often saved as ``rank-N...``; ``notes`` says so
+    when it is used, for a name can lie where the trace cannot.
+    """
     rank: Any = given
     if given is not None:
         where = "--rank"
@@ -114,10 +127,15 @@ def _rank(path: Path, data: dict[str, Any], given: int | None) -> int:
             raise ImportFormatError(f"{path}: distributedInfo: must be an object with a rank (got "
                                     f"{_short(info)}): fix the trace or pass --rank")
         rank = (info or {}).get("rank")
-        if rank is None:
-            raise ImportFormatError(f"{path}: the trace does not say its rank (no distributedInfo.rank): "
-                                    "pass --rank")
         where = "distributedInfo.rank"
+        if rank is None:
+            named = _FILE_RANK.findall(path.name)
+            if len(set(named)) != 1:
+                raise ImportFormatError(f"{path}: the trace does not say its rank (no distributedInfo.rank, "
+                                        "and no single rank-N in the file name): pass --rank")
+            rank, where = int(named[0]), "the file name"
+            if notes is not None:
+                notes[f"{path.name}: no distributedInfo.rank: rank {rank} taken from the file name"] += 1
     if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank <= RANK_MAX:
         raise ImportFormatError(f"{path}: {where}: must be a rank from 0 to {RANK_MAX} (got {_short(rank)})")
     return rank
@@ -166,7 +184,7 @@ def steps_from_trace(path: Path, rank: int | None = None, notes: Counter[str] | 
     notes = Counter() if notes is None else notes
     data = load_trace(path)
     events = data["traceEvents"]
-    rank = _rank(path, data, rank)
+    rank = _rank(path, data, rank, notes)
     base_ns = data.get("baseTimeNanoseconds", 0)
     if isinstance(base_ns, bool) or not isinstance(base_ns, (int, float)) or not math.isfinite(base_ns) \
             or not 0 <= base_ns < 1e22:
@@ -227,7 +245,8 @@ def steps_from_trace(path: Path, rank: int | None = None, notes: Counter[str] | 
 
     import bisect
 
-    annotations.sort()
+    comm_ops = _annotation_of(annotations, [launches[k[0]] for k in kernels
+                                            if "nccl" in k[3].lower() and k[0] in launches])
     for corr, a, b, name, _ in kernels:
         launch = launches.get(corr)
         if launch is None:
@@ -239,10 +258,14 @@ def steps_from_trace(path: Path, rank: int | None = None, notes: Counter[str] | 
             continue
         step, (s0, s1) = order[k]
         if "nccl" in name.lower():
-            op = next((n for (x, y, n) in annotations if x <= launch <= y), "")
-            per[step]["pipe" if op in _PIPELINE_OPS else "coll"].append((a, b))
+            per[step]["pipe" if comm_ops.get(launch, "") in _PIPELINE_OPS else "coll"].append((a, b))
         else:
             per[step]["comp"].append((a, b))
+    # A trace without a single GPU kernel is a CPU-only profile (a CPU job, or a profiler run without
+    # ProfilerActivity.CUDA): its steps' GPU phases are unknown, not zero.
+    gpu_known = bool(kernels)
+    if not gpu_known:
+        notes[f"{path.name}: no GPU kernels in the trace (CPU-only profile): compute and communication unknown"] += 1
     has_loader = bool(loaders)
     out: list[KinetoStep] = []
     for step, (s0, s1) in order:
@@ -253,7 +276,34 @@ def steps_from_trace(path: Path, rank: int | None = None, notes: Counter[str] | 
         if has_loader:
             data_wait = _length(_union([(max(a, s0), min(b, s1)) for a, b in loaders if a < s1 and b > s0])) / 1e6
         out.append(KinetoStep(rank=rank, step=step, start=(s0 + base_us) / 1e6, end=(s1 + base_us) / 1e6,
-                              duration_s=(s1 - s0) / 1e6, compute_s=_length(comp) / 1e6,
-                              comm_s=_minus(comm, comp) / 1e6, collective_s=_minus(coll, comp) / 1e6,
-                              pipeline_wait_s=_minus(pipe, comp) / 1e6, data_wait_s=data_wait))
+                              duration_s=(s1 - s0) / 1e6,
+                              compute_s=_length(comp) / 1e6 if gpu_known else None,
+                              comm_s=_minus(comm, comp) / 1e6 if gpu_known else None,
+                              collective_s=_minus(coll, comp) / 1e6 if gpu_known else None,
+                              pipeline_wait_s=_minus(pipe, comp) / 1e6 if gpu_known else None,
+                              data_wait_s=data_wait))
+    return out
+
+
+def _annotation_of(annotations: list[tuple[float, float, str]], launches: list[float]) -> dict[float, str]:
+    """For each launch time, the op of the earliest-starting ``nccl:`` annotation that contains it ("" if none).
+
+    One sweep over both sorted lists with a heap of the open annotations (by start), so a trace with
+    tens of thousands of collectives costs n log n, not one scan of every annotation per kernel.  An
+    annotation that ended before the current launch has ended for every later one too, so it is
+    popped for good when it reaches the top.
+    """
+    import heapq
+
+    annotations = sorted(annotations)
+    out: dict[float, str] = {}
+    open_: list[tuple[float, float, str]] = []
+    i = 0
+    for launch in sorted(set(launches)):
+        while i < len(annotations) and annotations[i][0] <= launch:
+            heapq.heappush(open_, annotations[i])
+            i += 1
+        while open_ and open_[0][1] < launch:
+            heapq.heappop(open_)
+        out[launch] = open_[0][2] if open_ else ""
     return out

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from whywait.agents.events import validate
+from whywait.agents.events import envelope, validate
 from whywait.engine.importers import ImportFormatError
 from whywait.engine.importers.kineto import steps_from_trace
 
@@ -122,3 +122,109 @@ def test_kernels_outside_every_step_are_counted_not_dropped_silently(tmp_path: P
     (s,) = steps_from_trace(f, notes=notes)
     assert (s.rank, s.step, s.compute_s, s.comm_s) == (3, 1, 0.0003, 0.0)
     assert notes == {"t.json: GPU kernels launched outside every ProfilerStep (not attributed)": 1}
+
+
+def _trace(events: list[dict[str, object]], rank: int | None = 3) -> dict[str, object]:
+    out: dict[str, object] = {"traceEvents": events}
+    if rank is not None:
+        out["distributedInfo"] = {"rank": rank}
+    return out
+
+
+T0 = 1_764_442_800_000_000.0  # µs, 2025-11-29
+
+
+def test_a_trace_without_a_rank_takes_the_one_its_file_name_gives(tmp_path: Path) -> None:
+    from collections import Counter
+
+    real = json.loads(gzip.open(HTA / "sampled_rank-1.json.gz").read())
+    del real["distributedInfo"]
+    f = tmp_path / "rank-34.Jul_15_10_52_41.1074.pt.trace.json"
+    f.write_text(json.dumps(real))
+    notes: Counter[str] = Counter()
+    got = steps_from_trace(f, notes=notes)
+    assert {s.rank for s in got} == {34} and [s.step for s in got] == [551, 552]
+    assert notes[f"{f.name}: no distributedInfo.rank: rank 34 taken from the file name"] == 1
+    for name in ("inference_rank_1.json", "rank0.json", "job.rank_7.json"):
+        (tmp_path / name).write_text(json.dumps(real))
+        assert {s.rank for s in steps_from_trace(tmp_path / name)} == {int(re.findall(r"\d+", name)[0])}
+    for name in ("crank3.json", "ranks2.json", "rank-1-of-rank-2.json", "trace.json"):
+        (tmp_path / name).write_text(json.dumps(real))
+        with pytest.raises(ImportFormatError, match=f"{re.escape(name)}: the trace does not say its rank"):
+            steps_from_trace(tmp_path / name)
+    # the trace's own rank wins over its name
+    (tmp_path / "rank-9.json").write_text(json.dumps({**real, "distributedInfo": {"rank": 2}}))
+    assert {s.rank for s in steps_from_trace(tmp_path / "rank-9.json")} == {2}
+
+
+def test_a_cpu_only_profile_leaves_the_gpu_phases_unknown_not_zero(tmp_path: Path) -> None:
+    from collections import Counter
+
+    # the real trace with every GPU event taken out, as torch.profiler writes it without ProfilerActivity.CUDA
+    real = json.loads(gzip.open(HTA / "sampled_rank-0.json.gz").read())
+    real["traceEvents"] = [e for e in real["traceEvents"]
+                           if e.get("cat") not in ("kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation")]
+    f = tmp_path / "cpu.json"
+    f.write_text(json.dumps(real))
+    notes: Counter[str] = Counter()
+    got = steps_from_trace(f, notes=notes)
+    assert [s.step for s in got] == [551, 552]
+    for s in got:
+        assert (s.compute_s, s.comm_s, s.collective_s, s.pipeline_wait_s) == (None, None, None, None)
+        rec = s.record()
+        assert not {"compute_s", "comm_s", "collective_s", "pipeline_wait_s"} & set(rec)
+        assert rec["data_wait_s"] == pytest.approx(independent(HTA / "sampled_rank-0.json.gz")[s.step]["data_wait_s"],
+                                                   abs=1e-4)
+        validate(envelope("steps", "n", s.end, job="j", steps=[rec]))
+    assert any("CPU-only profile" in k for k in notes)
+
+
+def test_pipeline_and_collective_kernels_follow_their_annotation_in_any_nesting(tmp_path: Path) -> None:
+    """Each NCCL kernel goes by the earliest-starting ``nccl:`` annotation around its launch, checked against a
+    brute-force scan on thousands of overlapping, nested and disjoint annotations."""
+    import random
+
+    from whywait.engine.importers.kineto import _PIPELINE_OPS, _annotation_of
+
+    rnd = random.Random(7)
+    ops = ["send", "recv", "all_reduce", "broadcast", "batch_isend_irecv", "all_gather"]
+    ann = []
+    for _ in range(3000):
+        a = rnd.uniform(0, 1e5)
+        ann.append((a, a + rnd.choice([1.0, 30.0, 400.0, 5e3]), rnd.choice(ops)))
+    launches = [rnd.uniform(-10, 1.1e5) for _ in range(3000)] + [a for a, _, _ in ann[:50]] + [b for _, b, _ in ann[:50]]
+    got = _annotation_of(ann, launches)
+    srt = sorted(ann)
+    for t in launches:
+        assert got[t] == next((n for (x, y, n) in srt if x <= t <= y), "")
+    assert sum(got[t] in _PIPELINE_OPS for t in launches) > 100  # both kinds really occur
+
+    # and through a whole trace: a send kernel is pipeline wait, an all-reduce inside no send is collective
+    ev = [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "ts": T0, "dur": 10_000},
+          {"ph": "X", "cat": "user_annotation", "name": "nccl:send", "ts": T0 + 100, "dur": 50},
+          {"ph": "X", "cat": "user_annotation", "name": "nccl:all_reduce", "ts": T0 + 1000, "dur": 50}]
+    for i, (launch, run) in enumerate([(T0 + 120, T0 + 200), (T0 + 1010, T0 + 3000)]):
+        ev += [{"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": launch, "dur": 5,
+                "args": {"correlation": i}},
+               {"ph": "X", "cat": "kernel", "name": "ncclDevKernel_Generic", "ts": run, "dur": 400,
+                "args": {"correlation": i}}]
+    f = tmp_path / "t.json"
+    f.write_text(json.dumps(_trace(ev)))
+    (s,) = steps_from_trace(f)
+    assert (s.pipeline_wait_s, s.collective_s, s.compute_s) == (0.0004, 0.0004, 0.0)
+
+
+def test_import_refuses_one_rank_for_several_traces_and_a_trace_given_twice(tmp_path: Path) -> None:
+    def imp(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "whywait", "import", *argv, "--job", "j", "--node", "n",
+                               "-o", str(tmp_path / "out.jsonl")], capture_output=True, text=True, cwd=REPO,
+                              timeout=120)
+
+    a, b = str(HTA / "sampled_rank-0.json.gz"), str(HTA / "sampled_rank-1.json.gz")
+    r = imp(a, b, "--rank", "5")
+    assert r.returncode == 2 and "--rank names the rank of one profiler trace, and 2 were given" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    r = imp(a, a)
+    assert r.returncode == 2 and "job j rank 0 step 551 is also in" in r.stderr and "Traceback" not in r.stderr
+    assert imp(a, "--rank", "5").returncode == 0  # one trace: --rank is its rank
+    assert {json.loads(x)["steps"][0]["rank"] for x in (tmp_path / "out.jsonl").read_text().splitlines()} == {5}
