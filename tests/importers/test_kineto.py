@@ -192,7 +192,8 @@ def test_pipeline_and_collective_kernels_follow_their_annotation_in_any_nesting(
     for _ in range(3000):
         a = rnd.uniform(0, 1e5)
         ann.append((a, a + rnd.choice([1.0, 30.0, 400.0, 5e3]), rnd.choice(ops)))
-    launches = [rnd.uniform(-10, 1.1e5) for _ in range(3000)] + [a for a, _, _ in ann[:50]] + [b for _, b, _ in ann[:50]]
+    edges = [a for a, _, _ in ann[:50]] + [b for _, b, _ in ann[:50]]  # launches exactly on a start or an end
+    launches = [rnd.uniform(-10, 1.1e5) for _ in range(3000)] + edges
     got = _annotation_of(ann, launches)
     srt = sorted(ann)
     for t in launches:
