@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +26,9 @@ def render(result: dict[str, Any], console: Any = None) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    con = console or Console()
+    # Piped into a file or a CI log, rich would fold the eleven columns into 80 characters ("eng…"):
+    # off a terminal, print them at full width (COLUMNS still wins when set).
+    con = console or Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 220)
     cfg = result["config"]
     t = Table(title=f"whywait bench: {cfg['reps']} alternating runs per size, {cfg['seconds']:g} s of event time "
                     f"(median ±spread); ratios are messages per CPU-second relative to raw consume+decode")

@@ -62,3 +62,27 @@ def test_the_bench_cluster_can_run_several_jobs_on_blocks_of_its_nodes(tmp_path)
     assert w.fault[0] in placed["train-01"]  # the faulty fifth node belongs to one of them
     one, _ = simulated_cluster(4, 1.7e9, 10.0, tmp_path / "u.yaml")
     assert {m["job"] for _, m in one if m["kind"] == "placement"} == {"train-llm"}
+
+
+def test_the_table_keeps_every_header_whole_off_a_terminal(tmp_path, monkeypatch) -> None:
+    """Piped into a file or a CI log, the figures table is printed at full width, not folded into 80 columns."""
+    import json
+    import subprocess
+    import sys
+
+    spread = {"median": 0.1, "spread": 0.05, "min": 0.1, "max": 0.1, "n": 3}
+    run = {"cpu_s": spread, "wall_s": spread, "msgs_per_cpu_s": spread, "load": spread, "peak_rss_bytes": 2**27}
+    result = {"config": {"reps": 3, "seconds": 60.0, "jobs": 1},
+              "machine": {"cpus": 2, "load_at_start": 0.2, "load_at_end": 0.3},
+              "sizes": [{"gpus": 1024, "messages": 44289, "raw": run, "engine": run, "replay": run,
+                         "ratio_engine_raw": spread, "ratio_replay_raw": spread,
+                         "latency_s": {"p50": 0.4, "p99": 0.4, "n": 1}}]}
+    f = tmp_path / "r.json"
+    f.write_text(json.dumps(result))
+    env = {k: v for k, v in __import__("os").environ.items() if k != "COLUMNS"}
+    out = subprocess.run([sys.executable, "-c", "import json,sys; from whywait.engine.bench.table import render; "
+                          f"render(json.load(open({str(f)!r})))"], capture_output=True, text=True, env=env,
+                         timeout=60, check=True).stdout
+    for header in ("engine / raw", "replay / raw", "raw msgs/CPU-s", "peak RSS MiB raw/engine/replay"):
+        assert header in out, out
+    assert "44,289" in out and "…" not in out
