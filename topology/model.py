@@ -534,11 +534,16 @@ class Topology:
         aliases, and the name without an IB port suffix (the agent reports ``mlx5_0/1``).  Called by
         the engine for each NIC of each ``net`` message (cached per :attr:`version`).
         """
+        hit = self._resolve_ranked(node, reported, guid, pci)
+        return hit[0] if hit is not None else None
+
+    def _resolve_ranked(self, node: str, reported: str, guid: str | None, pci: str | None) -> tuple[Nic, int] | None:
+        """:meth:`resolve_nic` with how it matched: 0 by GUID, 1 by PCI bus id, 2 by name or alias."""
         index = self._nic_index(node)
-        for key in (normalise_guid(guid) if guid else None, normalise_pci(pci) if pci else None, reported,
-                    reported.split("/", 1)[0]):
+        for rank, key in enumerate((normalise_guid(guid) if guid else None, normalise_pci(pci) if pci else None,
+                                    reported, reported.split("/", 1)[0])):
             if key and key in index:
-                return index[key]
+                return index[key], min(rank, 2)
         return None
 
     def canonical_net(self, msg: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -546,23 +551,46 @@ class Topology:
 
         Called by the evaluator before it stores a ``net`` message, so a rule that compares a NIC's
         traffic with :meth:`expected_nic` sees one name per adapter whatever source named it.  NICs
-        the topology cannot match, and nodes it does not hold, keep their reported names.  Returns
-        ``msg`` itself when no name changes (the usual case: copying a decoded message into a dict
+        the topology cannot match, and nodes it does not hold, keep their reported names; of two samples
+        of one adapter (its netdev and its RDMA port) only one takes the adapter's name.  Returns
+        ``msg`` itself when nothing changes (the usual case: copying a decoded message into a dict
         cost more than storing it), else a new dict; ``msg`` is never modified.
         """
         node = str(msg.get("node", ""))
         if node not in self._hosts or not msg.get("nics"):
             return msg
+        given = msg["nics"]
+        hits = [self._resolve_ranked(node, str(n["nic"]), n.get("port_guid") or n.get("node_guid"),
+                                     n.get("pci_bus_id")) for n in given]
+        # One sample per adapter.  A host reports an adapter twice, as its netdev (``ib0``, or the
+        # RoCE ``ens1f0np1``) and as its RDMA port (``mlx5_0/1``), with one PCI address; renaming both
+        # would store two points a second for one NIC and count a link that is down twice.  The
+        # topology's name goes to the best-matched sample (GUID, then PCI, then name; a sample with a
+        # GUID, the fabric port whose counters see RDMA traffic, before one without); another sample
+        # of the adapter keeps its own name, or is left out when that name is the adapter's.
+        best: dict[str, tuple[tuple[int, int, int], int]] = {}
+        for i, hit in enumerate(hits):
+            if hit is not None:
+                n = given[i]
+                rank = (hit[1], 0 if (n.get("port_guid") or n.get("node_guid")) else 1, i)
+                if hit[0].name not in best or rank < best[hit[0].name][0]:
+                    best[hit[0].name] = (rank, i)
         nics = []
-        renamed = False
-        for n in msg["nics"]:
-            nic = self.resolve_nic(node, str(n["nic"]), n.get("port_guid") or n.get("node_guid"), n.get("pci_bus_id"))
-            if nic is not None and nic.name != n["nic"]:
-                renamed = True
-                nics.append({**n, "nic": nic.name})
+        changed = False
+        for i, (n, hit) in enumerate(zip(given, hits, strict=True)):
+            if hit is None:
+                nics.append(n)
+            elif best[hit[0].name][1] == i:
+                if hit[0].name != n["nic"]:
+                    changed = True
+                    nics.append({**n, "nic": hit[0].name})
+                else:
+                    nics.append(n)
+            elif n["nic"] in best:
+                changed = True  # the adapter's other view, under the adapter's own name: left out
             else:
                 nics.append(n)
-        return {**msg, "nics": nics} if renamed else msg
+        return {**msg, "nics": nics} if changed else msg
 
     def canonical_gpu(self, msg: Mapping[str, Any]) -> Mapping[str, Any]:
         """A ``gpu`` message whose GPU indexes are the topology's, matched by PCI bus id where both have it.

@@ -105,10 +105,16 @@ def test_agent_names_and_nvml_indexes_map_onto_the_topology():
         {"id": "n1", "gpus": 2, "gpu_pci": {0: "0000:1a:00.0", 1: "0000:3b:00.0"},
          "nics": [{"name": "HCA-1", "leaf": "l1", "gpus": [0], "aliases": ["mlx5_0"],
                    "guids": ["0xe09d7303008594c4"], "pci": "0000:1c:00.0"}]}]})
+    # by alias, by GUID, by PCI bus id (each sample alone: one message holds one sample per adapter)
+    for sample in ({"nic": "mlx5_0/1"}, {"nic": "ib7", "node_guid": "e09d:7303:0085:94c4"},
+                   {"nic": "eth0", "pci_bus_id": "1c:00.0"}):
+        net = t.canonical_net({"kind": "net", "node": "n1", "nics": [sample, {"nic": "eth1"}]})
+        assert [n["nic"] for n in net["nics"]] == ["HCA-1", "eth1"], sample
+    # All three in one message: the adapter's name goes to one of them only (the GUID's), the others keep theirs
     net = t.canonical_net({"kind": "net", "node": "n1", "nics": [
         {"nic": "mlx5_0/1"}, {"nic": "ib7", "node_guid": "e09d:7303:0085:94c4"},
         {"nic": "eth0", "pci_bus_id": "1c:00.0"}, {"nic": "eth1"}]})
-    assert [n["nic"] for n in net["nics"]] == ["HCA-1", "HCA-1", "HCA-1", "eth1"]
+    assert [n["nic"] for n in net["nics"]] == ["mlx5_0/1", "HCA-1", "eth0", "eth1"]
     gpu = t.canonical_gpu({"kind": "gpu", "node": "n1", "gpus": [
         {"gpu": 0, "pci_bus_id": "00000000:3B:00.0"}, {"gpu": 1, "pci_bus_id": "00000000:1A:00.0"}, {"gpu": 5}]})
     assert [g["gpu"] for g in gpu["gpus"]] == [1, 0, 5]
@@ -119,3 +125,25 @@ def test_agent_names_and_nvml_indexes_map_onto_the_topology():
     same_gpu = {"kind": "gpu", "node": "n1", "gpus": [{"gpu": 0, "pci_bus_id": "0000:1a:00.0"}]}
     assert t.canonical_gpu(same_gpu) is same_gpu
     assert net is not None and gpu["gpus"][2] == {"gpu": 5}
+
+
+def test_an_adapter_reported_as_netdev_and_as_rdma_port_is_one_nic_in_the_message():
+    """A host reports each adapter twice, as its netdev and its RDMA port, with one PCI address; only one sample
+    may carry the topology's name, else the NIC gets two points a second and a down link counts twice."""
+    t = Topology.from_dict({"switches": [{"id": "l1", "tier": "leaf"}], "nodes": [
+        {"id": "n1", "gpus": 0, "nics": [
+            {"name": "HCA-1", "leaf": "l1", "pci": "0000:1c:00.0"},  # an NCCL XML gives PCI ids, no GUIDs
+            {"name": "ens1f0np1", "leaf": "l1", "pci": "0000:1a:00.0", "aliases": ["mlx5_1"],
+             "guids": ["0xba3fd2fffe123400"]}]}]})  # NetQ's netdev name, matched with the agent's RDMA port
+    ib = t.canonical_net({"kind": "net", "node": "n1", "nics": [
+        {"nic": "ib0", "pci_bus_id": "0000:1c:00.0", "link_up": False},
+        {"nic": "mlx5_0/1", "pci_bus_id": "0000:1c:00.0", "node_guid": "e09d:7303:0085:94c4", "link_up": False}]})
+    # the RDMA port (it has a GUID: its counters see the RDMA traffic) is HCA-1; IPoIB's ib0 stays ib0
+    assert [(n["nic"], n.get("node_guid")) for n in ib["nics"]] == [("ib0", None), ("HCA-1", "e09d:7303:0085:94c4")]
+    roce = t.canonical_net({"kind": "net", "node": "n1", "nics": [
+        {"nic": "ens1f0np1", "pci_bus_id": "0000:1a:00.0", "tx_bytes_per_s": 1.0},
+        {"nic": "mlx5_1/1", "pci_bus_id": "0000:1a:00.0", "port_guid": "ba3f:d2ff:fe12:3400",
+         "tx_bytes_per_s": 9.0}]})
+    # RoCE: the netdev already has the adapter's name; the RDMA port takes it, the netdev's view is left out
+    assert roce["nics"] == [{"nic": "ens1f0np1", "pci_bus_id": "0000:1a:00.0", "port_guid": "ba3f:d2ff:fe12:3400",
+                             "tx_bytes_per_s": 9.0}]

@@ -71,3 +71,44 @@ def test_a_link_to_a_device_the_graph_lacks_is_skipped_and_said(tmp_path: Path) 
     assert "net-unit-s1" not in f.switches and {s.tier for s in f.switches.values()} == {"leaf"}
     assert len(f.skipped) == 47 and all("device 'node3' is not among the graph's nodes, skipped" in s
                                         for s in f.skipped)
+
+
+def test_a_roce_host_s_rdma_ports_match_the_netdevs_netq_cabled(tmp_path: Path) -> None:
+    """NetQ names a RoCE host's ports by netdev (``ens1f0np1``); the agent reports each adapter as that netdev and as
+    its RDMA port (``mlx5_0/1``, with GUIDs), both with the adapter's PCI address.  Imported together, each
+    adapter is one NIC cabled to its leaf, and the engine stores the RDMA port's counters under NetQ's name."""
+    from whywait.agents.events import envelope
+    from whywait.engine.evaluate.store import MetricStore
+
+    pci = {port: f"0000:{bus}" for port, bus in zip(PORTS, ("1a:00.0", "1a:00.1", "9b:00.0", "9b:00.1"), strict=True)}
+
+    def sample(nic: str, port: str, tx: float, up: bool = True, **ids: str) -> dict[str, object]:
+        return {"nic": nic, "link_up": up, "rx_bytes_per_s": 1.0, "tx_bytes_per_s": tx, "rx_packets_per_s": 1.0,
+                "tx_packets_per_s": 1.0, "pci_bus_id": pci[port], **ids}
+
+    def message(t: float, down: str | None = None) -> dict[str, object]:
+        nics = [sample(p, p, 1e3, up=p != down) for p in PORTS]
+        nics += [sample(f"mlx5_{i}/1", p, 4e10, up=p != down, node_guid=f"b83f:d203:0012:34{i:02x}",
+                        port_guid=f"ba3f:d2ff:fe12:34{i:02x}") for i, p in enumerate(PORTS)]
+        return envelope("net", "dgx-05", t, tcp_retrans_segs_per_s=0.0, tcp_out_segs_per_s=10.0, nics=nics)
+
+    agent = tmp_path / "agent.jsonl"
+    agent.write_text(json.dumps(message(1_764_442_800.0)) + "\n")
+    out = tmp_path / "cluster.yaml"
+    assert main(["topology", "import", "netq", str(GRAPH), "agent", str(agent), "-o", str(out)]) == 0
+    topo = Topology.from_yaml(out)
+    nics = topo.nics_of("dgx-05")
+    assert [n.name for n in nics] == PORTS  # four adapters, not eight NICs
+    assert {n.leaf for n in nics} == {"net-unit-l2"}
+    assert [n.pci for n in nics] == [pci[p] for p in PORTS]
+    assert all(f"mlx5_{i}/1" in n.aliases for i, n in enumerate(nics))
+    hit = topo.resolve_nic("dgx-05", "mlx5_3/1", "ba3f:d2ff:fe12:3403")
+    assert hit is not None and hit.name == "ens4f1np2"
+
+    store = MetricStore()  # keeps every metric; the evaluator hands it each net message canonical, as here
+    for s in range(5):
+        store.ingest(topo.canonical_net(message(1_764_442_800.0 + s, down="ens4f0np0" if s >= 3 else None)))
+    now = 1_764_442_804.0
+    times, values = store.window("nic.tx_bytes_per_s", "dgx-05/ens1f0np1", now - 10, now)
+    assert list(values) == [4e10] * 5  # one point a second, the RDMA port's (NCCL's traffic), not the netdev's too
+    assert list(store.window("net.links_down", "dgx-05", now - 1.5, now)[1]) == [1.0, 1.0]  # one port, not two
