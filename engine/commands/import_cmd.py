@@ -33,6 +33,8 @@ def register(p: argparse.ArgumentParser) -> None:
     p.add_argument("--job", help="job id for timing imports (or a `job` column)")
     p.add_argument("--node", help="node the ranks ran on (or a `node` column)")
     p.add_argument("--rank", type=int, help="rank of a profiler trace that does not say it")
+    p.add_argument("--max-trace-mib", type=int, default=2048, metavar="MIB",
+                   help="largest profiler trace read, decompressed (default 2048: parsing needs several times it)")
     p.add_argument("--project", help="publish a placement for the job: its project")
     p.add_argument("--team", help="... its team")
     p.add_argument("--channel", help="... its team's Slack channel")
@@ -64,6 +66,9 @@ def timing_messages(args: argparse.Namespace, files: list[tuple[Path, str]],
     from whywait.engine.importers.steps_table import read_steps
 
     traces = [path for path, fmt in files if fmt == "kineto"]
+    cap_mib = getattr(args, "max_trace_mib", 2048)
+    if cap_mib < 1:
+        raise ImportFormatError(f"--max-trace-mib must be at least 1 (got {cap_mib})")
     if args.rank is not None and len(traces) > 1:
         # one --rank for several traces would give every one of them the same rank
         raise ImportFormatError(f"--rank names the rank of one profiler trace, and {len(traces)} were given: "
@@ -74,7 +79,8 @@ def timing_messages(args: argparse.Namespace, files: list[tuple[Path, str]],
         if fmt == "kineto":
             if not args.job or not args.node:
                 raise ImportFormatError(f"{path}: a profiler trace names neither job nor node: pass --job and --node")
-            got = [(args.job, args.node, s.record()) for s in steps_from_trace(path, args.rank, notes)]
+            got = [(args.job, args.node, s.record())
+                   for s in steps_from_trace(path, args.rank, notes, cap_mib << 20)]
         else:
             got = list(read_steps(path, args.job, args.node))
         for job, _, rec in got:

@@ -73,12 +73,39 @@ class KinetoStep:
         return r
 
 
-def load_trace(path: Path) -> dict[str, Any]:
-    """Read a (possibly gzipped) Chrome-trace JSON file; raise :class:`ImportFormatError` naming it."""
+# The largest trace read, decompressed (``whywait import --max-trace-mib``).  Parsing holds several
+# times this in memory; a 2 GiB trace is a very long profile, and a small .gz that inflates past
+# it (a decompression bomb) is refused before it fills the machine's memory.
+TRACE_MAX_BYTES = 2 << 30
+
+
+def _read_capped(path: Path, cap: int) -> bytes:
+    """The file's bytes, gunzipped when it is gzip, refused once they pass ``cap``."""
+    with path.open("rb") as fh:
+        gz = fh.read(2) == b"\x1f\x8b"
+    if not gz:
+        if path.stat().st_size > cap:
+            raise ImportFormatError(f"{path}: over {cap / 2**20:,.0f} MiB: a trace this large cannot be parsed "
+                                    "here (profile fewer steps, or raise --max-trace-mib)")
+        return path.read_bytes()
+    out = bytearray()
+    with gzip.open(path, "rb") as g:  # read in chunks: the size is known only as it inflates
+        while chunk := g.read(1 << 22):
+            out += chunk
+            if len(out) > cap:
+                raise ImportFormatError(f"{path}: inflates past {cap / 2**20:,.0f} MiB (a decompression bomb, or "
+                                        "a trace too large to parse here: profile fewer steps, or raise "
+                                        "--max-trace-mib)")
+    return bytes(out)
+
+
+def load_trace(path: Path, max_bytes: int = TRACE_MAX_BYTES) -> dict[str, Any]:
+    """Read a (possibly gzipped) Chrome-trace JSON file; raise :class:`ImportFormatError` naming it.
+
+    ``max_bytes`` caps the trace's size once decompressed.
+    """
     try:
-        raw = path.read_bytes()
-        if raw[:2] == b"\x1f\x8b":
-            raw = gzip.decompress(raw)
+        raw = _read_capped(path, max_bytes)
         data = json.loads(raw)
     except FileNotFoundError:
         raise ImportFormatError(f"{path}: no such file") from None
@@ -175,14 +202,15 @@ def _intersect(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> li
     return out
 
 
-def steps_from_trace(path: Path, rank: int | None = None, notes: Counter[str] | None = None) -> list[KinetoStep]:
+def steps_from_trace(path: Path, rank: int | None = None, notes: Counter[str] | None = None,
+                     max_bytes: int = TRACE_MAX_BYTES) -> list[KinetoStep]:
     """Every ``ProfilerStep`` of the trace at ``path`` with its split; ``rank`` overrides the trace's own.
 
     ``notes`` counts what could not be attributed (kernels launched outside every step, or whose
     launch is not in the trace), so the caller can say so instead of dropping it silently.
     """
     notes = Counter() if notes is None else notes
-    data = load_trace(path)
+    data = load_trace(path, max_bytes)
     events = data["traceEvents"]
     rank = _rank(path, data, rank, notes)
     base_ns = data.get("baseTimeNanoseconds", 0)

@@ -230,3 +230,27 @@ def test_import_refuses_one_rank_for_several_traces_and_a_trace_given_twice(tmp_
     assert r.returncode == 2 and "job j rank 0 step 551 is also in" in r.stderr and "Traceback" not in r.stderr
     assert imp(a, "--rank", "5").returncode == 0  # one trace: --rank is its rank
     assert {json.loads(x)["steps"][0]["rank"] for x in (tmp_path / "out.jsonl").read_text().splitlines()} == {5}
+
+
+def test_a_decompression_bomb_is_refused_before_it_fills_memory(tmp_path: Path) -> None:
+    """A small .gz that inflates past the cap is one line, read in chunks: never inflated whole first."""
+    import resource
+
+    bomb = tmp_path / "rank-0.json.gz"
+    with gzip.open(bomb, "wb", compresslevel=9) as g:  # 64 MiB of one byte: about 64 KiB on disk
+        g.write(b'{"traceEvents": [' + b" " * (64 << 20))
+    assert bomb.stat().st_size < 1 << 20
+    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(ImportFormatError, match=r"rank-0.json.gz: inflates past 16 MiB \(a decompression bomb"):
+        steps_from_trace(bomb, max_bytes=16 << 20)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0 < 48 << 10  # KiB: it stopped near the cap
+    big = tmp_path / "big.json"
+    big.write_bytes(b" " * (17 << 20))
+    with pytest.raises(ImportFormatError, match=r"big.json: over 16 MiB"):
+        steps_from_trace(big, rank=0, max_bytes=16 << 20)
+    # the real traces pass under a cap that holds them; through the CLI the cap is --max-trace-mib
+    assert len(steps_from_trace(HTA / "nccl_data.json.gz", max_bytes=10 << 20)) == 3
+    r = subprocess.run([sys.executable, "-m", "whywait", "import", str(bomb), "--job", "j", "--node", "n",
+                        "--max-trace-mib", "16", "-o", str(tmp_path / "o.jsonl")], capture_output=True, text=True,
+                       cwd=REPO, timeout=120)
+    assert r.returncode == 2 and "inflates past 16 MiB" in r.stderr and "Traceback" not in r.stderr
