@@ -102,6 +102,11 @@ def _names(args: argparse.Namespace) -> list[str]:
         raise AgentConfigError("--collectors names none (valid: " + ", ".join(COLLECTORS) + ")")
     for n in names:
         collector_class(n)
+    if "gpu" in names and "dcgm" in names:
+        # Both publish the node's gpu message: the engine would get every GPU twice a second.
+        raise AgentConfigError("--collectors names both gpu and dcgm, which report the same GPUs: keep one "
+                               "(dcgm to read an existing dcgm-exporter, gpu to read NVML)")
+    names = list(dict.fromkeys(names))  # `gpu,gpu` is one collector, not two publishing the same readings
     # Network locality and the hw collector want the GPU collector, so it starts first (and hw last).
     return sorted(names, key=lambda n: 0 if n == "gpu" else 2 if n == "hw" else 1)
 

@@ -156,6 +156,15 @@ def test_cli_dcgm_needs_a_url() -> None:
     assert proc.returncode == 2 and "needs --dcgm-url" in proc.stderr
 
 
+def test_cli_refuses_two_collectors_of_the_same_gpus_and_runs_a_repeated_one_once() -> None:
+    proc = run_cli("--once", "--print", "--collectors", "gpu,dcgm", "--dcgm-url", "http://127.0.0.1:9/metrics")
+    assert proc.returncode == 2 and "names both gpu and dcgm, which report the same GPUs" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    proc = run_cli("--once", "--print", "--node", "n1", "--collectors", "host,host")
+    assert proc.returncode == 0, proc.stderr
+    assert [json.loads(line)["kind"] for line in proc.stdout.splitlines() if line.strip()].count("host") == 1
+
+
 def test_cli_registers_into_a_parent_parser() -> None:
     import argparse
 
