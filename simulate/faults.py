@@ -195,6 +195,11 @@ class Fault:
         """Change ``node``'s ``hw`` report for the interval ending at offset ``t``; called after
         :meth:`on_host` while the fault is active during that interval (the fail-slow hardware faults)."""
 
+    def clock_offset_s(self, node: str) -> float:
+        """Seconds ``node``'s clock is off while the fault is active (its messages and step ends are
+        stamped that far from the true time); 0 for every fault but a clock's."""
+        return 0.0
+
     # ------------------------------------------------------------------ ground truth
 
     def tally(self, job: str, lost_s: float, step_s: float | None, whatif_s: float | None) -> None:
@@ -830,6 +835,22 @@ class RankSilent(Fault):
             g.update(util_pct=0.0, mem_util_pct=0.0, power_w=round(90.0 + self.rng.gauss(0, 3), 1))
 
 
+class ClockSkew(Fault):
+    """A node's clock is off: everything it reports is stamped ``offset_s`` from the true time."""
+
+    name = "clock-skew"
+    cause = "node.clock-skew"
+    signals = ("time of every message from the node", "steps[].ended_at (out of line with the job's other ranks' "
+               "ends of the same steps)")
+    PARAMS = {"offset_s": -8.0}
+    doc = ("every message of the node, and its ranks' step ends, is stamped offset_s seconds from the true time "
+           "(a stopped or misconfigured time daemon); training is not slowed, but the node's telemetry no longer "
+           "lines up with its peers'")
+
+    def clock_offset_s(self, node: str) -> float:
+        return self.params["offset_s"] if node in self.nodes else 0.0
+
+
 class UplinkOversubscribed(Fault):
     """A leaf's uplinks are oversubscribed: its nodes' ports wait for credits, traffic through it slows."""
 
@@ -1280,6 +1301,7 @@ FAULTS: dict[str, type[Fault]] = {
     GpuEccXid.name: GpuEccXid,
     WholeJobSlow.name: WholeJobSlow,
     RankSilent.name: RankSilent,
+    ClockSkew.name: ClockSkew,
     StragglerCompute.name: StragglerCompute,
     StragglerInput.name: StragglerInput,
     MultiStraggler.name: MultiStraggler,

@@ -308,11 +308,15 @@ class Simulation:
                 f.on_host(t1, frac, node, host)
                 f.on_hw(t1, node, hw)
             self._hw.observe(node, t1, gpus=gpus)
-            yield TOPIC_GPU, envelope("gpu", node, ts, gpus=gpus)
-            yield TOPIC_NET, envelope("net", node, ts, **net)
-            yield TOPIC_STORAGE, envelope("storage", node, ts, **storage)
-            yield TOPIC_HOST, envelope("host", node, ts, **host)
-            yield TOPIC_HW, envelope("hw", node, ts, **hw)
+            # A node whose clock is off stamps what it sends that far off (the clock-skew fault); the
+            # messages still come out when they are sent, as a live engine would receive them.
+            off = sum(f.clock_offset_s(node) for f, _ in node_faults)
+            tn = ts + off
+            yield TOPIC_GPU, envelope("gpu", node, tn, gpus=gpus)
+            yield TOPIC_NET, envelope("net", node, tn, **net)
+            yield TOPIC_STORAGE, envelope("storage", node, tn, **storage)
+            yield TOPIC_HOST, envelope("host", node, tn, **host)
+            yield TOPIC_HW, envelope("hw", node, tn, **hw)
             for js in self.jobs:
                 pend = js.pending.get(node)
                 if not pend:
@@ -325,10 +329,10 @@ class Simulation:
                 for rec, truth in done:
                     js.last[rec["rank"]] = truth  # the telemetry follows what the GPU did, published or not
                     if not rec.pop("_silent", False):
-                        steps.append(rec)
+                        steps.append({**rec, "ended_at": round(rec["ended_at"] + off, 4)} if off else rec)
                 if steps:
                     self._hw.observe(node, t1, job=js.spec.job, steps=steps)
-                    yield TOPIC_STEPS, envelope("steps", node, ts, job=js.spec.job, steps=steps)
+                    yield TOPIC_STEPS, envelope("steps", node, tn, job=js.spec.job, steps=steps)
 
     # ------------------------------------------------------------------ the step model
 
