@@ -721,7 +721,7 @@ import whywait.engine.evaluate.step_conditions  # noqa: E402,F401
 # tests/evaluate/test_kept_metrics.py checks this list against the metric names quoted in engine/evaluate.
 IMPLICIT_METRICS = frozenset({"nic.tx_bytes_per_s", "nic.link_up", "job.duration_s", "job.checkpoint_s",
                               "checkpoint.duration_s",
-                              "step.duration_s", "step.work_s", "job.step_s"})
+                              "step.duration_s", "step.work_s", "job.step_s", "step.end_offset_s"})
 
 
 def rule_leaves(rules: Iterable[Any]) -> Iterator[tuple[Any, frozenset[str]]]:

@@ -514,6 +514,71 @@ def _pipeline_loss(row: Mapping[int, StepRec], layout: dict[int, dict[int, list[
 
 
 @dataclass(frozen=True, kw_only=True)
+class ClockOffsetCondition(ConditionParams):
+    """Nodes whose ranks end their steps out of line with the job's other ranks: a clock that is off."""
+
+    steps: Number = param(3.0, "judged on the job's latest this many complete steps")
+    offset: Comparison = param(Compare(">", 2.0), "seconds between the node's step ends and the job's (the median "
+                                                  "over the node's ranks and those steps), early or late")
+    step_times: Number = param(2.0, "... and more than this many of the job's median step times: what pipeline "
+                                    "stages ending apart cannot explain")
+    min_nodes: Number = param(3.0, "fewer nodes with ranks in the steps: no judgement (the job's majority sets "
+                                   "the time)")
+    level: Literal["node"] = param("node", "the culprit's level: always `node`")
+
+
+@condition("clock_offset", ClockOffsetCondition)
+def _clock_offset(c: Condition, ctx: Ctx) -> Result:
+    """Nodes whose clocks are off, found from the job's own structure: a synchronous job's ranks end each
+    step together (they leave the same collective), so a node whose ranks stamp the same steps seconds
+    away from the others' ends has a clock that is off, whatever its telemetry says.
+
+    Per step, each rank's end minus the median end over the step's ranks; per node, the median of that
+    over its ranks and the latest ``steps`` steps.  Why it matters: everything such a node sends is
+    stamped as far off, so its telemetry no longer lines up with its peers' and its ranks look silent
+    (their newest step seems seconds old) although they train on.
+    """
+    p = c.params
+    table = ctx.store.step_tables.get(ctx.job.job)
+    if table is None:
+        return Result(False)
+    done = table.complete(ctx.now)
+    n = int(p["steps"])
+    placed = ctx.job.ranks
+    if len(done) < n or not placed:
+        return Result(False)
+    rows = done[-n:]
+    ranks = sorted(placed)
+    ends = np.vstack([column_of(row, ranks, "t") for _, row in rows])  # steps x ranks, NaN: not in the step
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a step without a rank of a node: NaN, skipped
+        dev = ends - np.nanmedian(ends, axis=1, keepdims=True)
+    by_node: dict[str, list[int]] = {}
+    for i, r in enumerate(ranks):
+        by_node.setdefault(placed[r][0], []).append(i)
+    offsets: dict[str, float] = {}
+    for node, idx in by_node.items():
+        vals = dev[:, idx]
+        vals = vals[~np.isnan(vals)]
+        if vals.size:
+            offsets[node] = float(np.median(vals))
+    if len(offsets) < int(p["min_nodes"]):
+        return Result(False)
+    step_s = statistics.median(_median_duration(row) for _, row in rows)
+    floor = p["step_times"] * step_s
+    off = {node: o for node, o in offsets.items() if p["offset"](abs(o)) and abs(o) > floor}
+    if not off or len(off) * 2 >= len(offsets):
+        return Result(False)  # half the nodes or more "off": the reference itself is in doubt
+    ev = [Evidence("step.end_offset_s", node, round(o, 3), "s", 0.0,
+                   f"|offset| {p['offset']} and > {p['step_times']:g} step times ({floor:.2f} s)", None,
+                   f"{node}'s ranks end each step {abs(o):.1f} s {'before' if o < 0 else 'after'} the job's other "
+                   "ranks")
+          for node, o in sorted(off.items())]
+    ctx.facts.update(aligned_steps=len(rows))
+    return Result(True, sorted(off), ev)
+
+
+@dataclass(frozen=True, kw_only=True)
 class RotationCondition(ConditionParams):
     """A different rank slow on each step (data or sequence-length imbalance): no single culprit."""
 

@@ -63,6 +63,9 @@ DERIVED: list[Metric] = [
     *_m("rank", "s",
         ("step.work_s", "a rank's own time per step: compute plus input wait (step-aligned conditions)")),
     *_m("rank", "s", ("step.since_last_s", "seconds since the rank last reported a step (absence)")),
+    # Per node, from its ranks' step ends against the job's (the clock_offset condition's evidence).
+    *_m("node", "s", ("step.end_offset_s", "seconds a node's ranks end their steps away from the job's other "
+                                           "ranks (clock_offset)")),
     # Per job: the median over its ranks, per second of event time.
     *_m("job", "s",
         ("job.duration_s", "the job's median step time"),

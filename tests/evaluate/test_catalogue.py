@@ -157,7 +157,7 @@ def test_real_mountstats_to_a_diagnosis(tmp_path: Path) -> None:
 # Metrics that name figures rather than series: ages the store answers at evaluation time, and the
 # step-aligned conditions' evidence (their values come from the step tables, not from a series).
 _AGES = {"step.since_last_s", "node.since_last_s", "checkpoint.open_s"}
-_EVIDENCE_ONLY = {"step.work_s", "job.step_s"}
+_EVIDENCE_ONLY = {"step.work_s", "job.step_s", "step.end_offset_s"}
 
 
 def _every_kind() -> list[dict[str, Any]]:

@@ -54,7 +54,7 @@ class _Job:
 
 def test_every_registered_type_has_schema_docs_and_evaluation() -> None:
     types_ = condition_types()
-    assert list(types_)[:3] == ["threshold", "peer_outlier", "self_history"] and len(types_) == 14
+    assert list(types_)[:3] == ["threshold", "peer_outlier", "self_history"] and len(types_) == 15
     for name, ct in types_.items():
         assert ct.params.type_name == name
         assert dataclasses.is_dataclass(ct.params) and ct.params.__dataclass_params__.frozen  # type: ignore

@@ -42,7 +42,7 @@ CASES = [
     ("unknown-type", GOOD.replace("type: self_history", "type: selfhistory"),
      ["{f}:13: rule 'network.test-rule': 'when.all[1].type' must be one of all, any, not, macro, or a condition "
       "type (threshold, peer_outlier, self_history, trend, change_point, absence, event, topology, step_outlier, "
-      "phase, stage_imbalance, rotation, periodic, what_if) "
+      "phase, stage_imbalance, clock_offset, rotation, periodic, what_if) "
       "(got 'selfhistory')"]),
     ("missing-keys", "apiVersion: whywait/v1\nid: network.test-rule\nwhen: {type: absence, level: rank}\n",
      ["{f}:1: rule 'network.test-rule': 'title' is required (a Jinja2 template string)",
