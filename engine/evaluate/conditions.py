@@ -19,6 +19,7 @@ from typing import Any, Iterable, Iterator, Literal, Protocol, Sequence, TypeVar
 
 import numpy as np
 from whywait.engine.diagnosis import Evidence
+from whywait.engine.evaluate.steps import known
 from whywait.engine.evaluate.store import MetricStore
 from whywait.engine.rules.condition_types import (
     CONDITIONS,
@@ -518,14 +519,47 @@ def _absence(c: Condition, ctx: Ctx) -> Result:
     ages = ctx.store.ages(metric, ents, ctx.now)  # NaN: never reported (the job may still be starting)
     known = int(np.count_nonzero(~np.isnan(ages)))
     with np.errstate(invalid="ignore"):
-        res.entities = [ents[i] for i in np.nonzero(ages >= p.for_)[0]]
-    # Share of the entities that have reported at all: a whole job pausing (a checkpoint) is not
-    # one rank falling silent.
-    res.holds = bool(res.entities) and len(res.entities) <= p.max_share * max(known, 1)
+        silent = np.nonzero(ages >= p.for_)[0]
+    # Share of the entities that have reported at all, by their reports' times: a whole job pausing (a
+    # checkpoint) is not one rank falling silent, nor is every node but one whose clock runs ahead.
+    quiet = len(silent)
+    if p.level == "rank" and 0 < quiet < known:
+        silent = _behind(ctx, ents, silent, p.for_)
+    res.entities = [ents[i] for i in silent]
+    res.holds = bool(res.entities) and quiet <= p.max_share * max(known, 1)
     if res.holds:
         res.evidence = [_ev(c, metric, ents[i], float(ages[i]), None, f">= {p.for_:g}s", None, "no report since")
-                        for i in np.nonzero(ages >= p.for_)[0]]
+                        for i in silent]
     return res
+
+
+def _behind(ctx: Ctx, ents: Sequence[str], silent: np.ndarray, for_s: float) -> np.ndarray:
+    """Of the ranks whose last report looks old while others report, those the job has really left behind.
+
+    A rank is silent when the job finished the step after its newest one at least ``for_s`` ago (by the
+    step's median end over its ranks), not when its own last stamp is that old: a node whose clock is
+    behind (``job.node-clock-skew``) stamps everything it sends seconds early, so its ranks' reports
+    look old although they reported the job's newest step; a rank that stopped has not reported the
+    steps its peers finished since.  Called for rank absences only while some ranks still report (a
+    whole job that stops completing steps is judged on the times alone).
+    """
+    table = ctx.store.step_tables.get(ctx.job.job)
+    if table is None or not table.newest_step:
+        return silent
+    newest = max(table.newest_step.values())
+    keep = []
+    for i in silent:
+        _, _, rank = ents[i].rpartition(":")
+        mine = table.newest_step.get(int(rank), -1) if rank.lstrip("-").isdigit() else -1
+        if mine < 0:
+            keep.append(i)  # never reported a step the table holds: as silent as its age says
+            continue
+        if mine >= newest:
+            continue  # it reported the job's newest step: not behind, whatever its stamp
+        after = table.steps.get(mine + 1)
+        if after is None or ctx.now - statistics.median(known(after, None, "t")) >= for_s:
+            keep.append(i)  # the job finished the next step long enough ago (or it is no longer kept)
+    return np.asarray(keep, np.int64)
 
 
 @dataclass(frozen=True, kw_only=True)

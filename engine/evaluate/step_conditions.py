@@ -534,7 +534,8 @@ def _clock_offset(c: Condition, ctx: Ctx) -> Result:
     away from the others' ends has a clock that is off, whatever its telemetry says.
 
     Per step, each rank's end minus the median end over the step's ranks; per node, the median of that
-    over its ranks and the latest ``steps`` steps.  Why it matters: everything such a node sends is
+    over its ranks and the latest ``steps`` steps.  Ranks whose producer sends no ``ended_at`` are left
+    out: their step ends are when a batch was sent.  Why it matters: everything such a node sends is
     stamped as far off, so its telemetry no longer lines up with its peers' and its ranks look silent
     (their newest step seems seconds old) although they train on.
     """
@@ -548,7 +549,9 @@ def _clock_offset(c: Condition, ctx: Ctx) -> Result:
     if len(done) < n or not placed:
         return Result(False)
     rows = done[-n:]
-    ranks = sorted(placed)
+    ranks = sorted(r for r in placed if r not in table.unstamped)
+    if not ranks:
+        return Result(False)
     ends = np.vstack([column_of(row, ranks, "t") for _, row in rows])  # steps x ranks, NaN: not in the step
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # a step without a rank of a node: NaN, skipped

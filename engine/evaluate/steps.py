@@ -328,13 +328,17 @@ class StepTable:
     The newest ``_HOT_ROWS`` steps are :class:`StepRow` (records); older ones :class:`FrozenRow` (arrays).
     """
 
-    __slots__ = ("keep", "steps", "ranks", "newest_t", "_memo", "_with_stats")
+    __slots__ = ("keep", "steps", "ranks", "newest_t", "_memo", "_with_stats", "unstamped", "newest_step")
 
     def __init__(self, keep: int = 600) -> None:
         self.keep = keep
         self.steps: OrderedDict[int, Mapping[int, StepRec]] = OrderedDict()
         self._with_stats: deque[Any] = deque()  # rows holding statistics, oldest first (bounded)
         self.ranks: set[int] = set()  # every rank that has reported (the coverage a complete step needs)
+        # Ranks whose latest records came without their own ``ended_at``: their step ends are the
+        # batch's send time, not when the step ended, so they say nothing of the node's clock.
+        self.unstamped: set[int] = set()
+        self.newest_step: dict[int, int] = {}  # rank -> the newest step it reported (whatever its stamp)
         self.newest_t = -math.inf
         # complete() is asked several times per tick (one per step-aligned leaf): the answer for one
         # (now, coverage) holds until a record arrives.
@@ -344,6 +348,8 @@ class StepTable:
         """Called by the store for each step record; keeps the table bounded by ``keep`` steps."""
         if not _RANK_LO <= rank <= _RANK_HI:
             return  # cannot be frozen with the step's other ranks (see _RANK_DTYPE)
+        if step > self.newest_step.get(rank, -1):
+            self.newest_step[rank] = step
         row = self.steps.get(step)
         if row is None:
             if self.steps and step < next(iter(self.steps)) and len(self.steps) >= self.keep:
@@ -395,7 +401,12 @@ class StepTable:
         """Called when ``row`` first holds statistics: keeps at most ``_STATS_ROWS`` rows' worth per job."""
         self._with_stats.append(row)
         while len(self._with_stats) > _STATS_ROWS:
-            self._with_stats.popleft().stats = None
+            old = self._with_stats.popleft()
+            # A row whose statistics were emptied by a late record stays in the list, and is appended
+            # again when it keeps statistics anew: its stale entry must not empty what it keeps now
+            # (keep_stat would then write into None: a rule failing for the tick).
+            if old is not row:
+                old.stats = None
 
     def complete(self, now: float, coverage: float = 0.9) -> list[tuple[int, Mapping[int, StepRec]]]:
         """Steps every (``coverage`` of the) reporting ranks ended by ``now``, oldest first.

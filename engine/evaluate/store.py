@@ -1197,6 +1197,10 @@ class MetricStore:
             self.put_many("step.comm_s", "rank", ents, rows, t, derived)
             phases[2] = comm
         add = table.add
+        if None in ended:
+            table.unstamped.update(int(r) for r, e in zip(ranks, ended, strict=True) if e is None)
+        elif table.unstamped:
+            table.unstamped.difference_update(int(r) for r in ranks)
         for r, n, dur, end, d, c, m, k, w, ck in zip(ranks, nums, durs, ended, *phases, strict=True):
             # A step's own end time when the producer gives it (several steps per message), else the
             # message's time; never later than the message, so a bad clock cannot run ahead of it.
