@@ -19,7 +19,7 @@ from typing import Any, Iterable, Iterator, Literal, Protocol, Sequence, TypeVar
 
 import numpy as np
 from whywait.engine.diagnosis import Evidence
-from whywait.engine.evaluate.steps import known
+from whywait.engine.evaluate.steps import known as step_values
 from whywait.engine.evaluate.store import MetricStore
 from whywait.engine.rules.condition_types import (
     CONDITIONS,
@@ -556,9 +556,10 @@ def _behind(ctx: Ctx, ents: Sequence[str], silent: np.ndarray, for_s: float) -> 
             continue
         if mine >= newest:
             continue  # it reported the job's newest step: not behind, whatever its stamp
-        after = table.steps.get(mine + 1)
-        if after is None or ctx.now - statistics.median(known(after, None, "t")) >= for_s:
-            keep.append(i)  # the job finished the next step long enough ago (or it is no longer kept)
+        # The job's next step after the rank's newest (a producer may report every Nth step only).
+        after = table.steps.get(mine + 1) or next((row for s, row in table.steps.items() if s > mine), None)
+        if after is None or ctx.now - statistics.median(step_values(after, None, "t")) >= for_s:
+            keep.append(i)  # the job finished its next step long enough ago
     return np.asarray(keep, np.int64)
 
 

@@ -79,9 +79,10 @@ def test_a_node_whose_clock_is_behind_is_named_and_its_ranks_are_not_called_stuc
     assert d.starts_at - T0 < 10  # within the first steps
 
 
-def _silence_only(offset: float, stop_rank: int | None = None) -> dict[str, set[str | None]]:
+def _silence_only(offset: float, stop_rank: int | None = None, every: int = 1) -> dict[str, set[str | None]]:
     """Steps of 4 nodes x 8 ranks through the shipped rules without the clock rule; node-03's clock off by
-    ``offset``; ``stop_rank`` stops reporting from step 30 while the job trains on."""
+    ``offset``; ``stop_rank`` stops reporting from step 30 while the job trains on; only every ``every``-th
+    step is reported (a producer that samples its steps)."""
     from whywait.engine.rules.loader import RuleSet
 
     shipped = load_rules([RULES])
@@ -94,6 +95,8 @@ def _silence_only(offset: float, stop_rank: int | None = None) -> dict[str, set[
     t = T0
     for step in range(1, 70):
         t += 1.0
+        if step % every:
+            continue
         for n in range(4):
             node = f"node-{n + 1:02d}"
             off = offset if node == "node-03" else 0.0
@@ -109,6 +112,9 @@ def test_rank_silence_alone_tells_a_late_clock_from_a_rank_that_stopped() -> Non
     assert _silence_only(-6.0) == {}
     assert _silence_only(-6.0, stop_rank=5) == {"job.rank-silent": {"node-01"}}
     assert _silence_only(0.0, stop_rank=20) == {"job.rank-silent": {"node-03"}}
+    # a producer that reports every 3rd step: the step after a rank's newest is the next one reported
+    assert _silence_only(-6.0, every=3) == {}
+    assert _silence_only(-6.0, stop_rank=5, every=3) == {"job.rank-silent": {"node-01"}}
 
 
 def test_a_clock_ahead_is_named_too() -> None:
@@ -141,7 +147,7 @@ def test_a_step_keeping_statistics_again_after_a_late_record_keeps_them() -> Non
     for s in range(_STATS_ROWS + 10):
         table.add(s, 0, StepRec(T0 + s, 1.0))
     rows = list(table.steps.values())
-    newest = rows[-1]
+    newest: Any = rows[-1]  # a StepRow: what it keeps is its ``stats``
     keep_stat(newest, ("k",), 1)
     table.add(_STATS_ROWS + 9, 1, StepRec(T0 + 200, 1.0))  # a late rank of the newest step
     assert newest.stats is None
