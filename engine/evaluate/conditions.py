@@ -19,7 +19,7 @@ from typing import Any, Iterable, Iterator, Literal, Protocol, Sequence, TypeVar
 
 import numpy as np
 from whywait.engine.diagnosis import Evidence
-from whywait.engine.evaluate.steps import known as step_values
+from whywait.engine.evaluate.steps import row_median
 from whywait.engine.evaluate.store import MetricStore
 from whywait.engine.rules.condition_types import (
     CONDITIONS,
@@ -558,7 +558,7 @@ def _behind(ctx: Ctx, ents: Sequence[str], silent: np.ndarray, for_s: float) -> 
             continue  # it reported the job's newest step: not behind, whatever its stamp
         # The job's next step after the rank's newest (a producer may report every Nth step only).
         after = table.steps.get(mine + 1) or next((row for s, row in table.steps.items() if s > mine), None)
-        if after is None or ctx.now - statistics.median(step_values(after, None, "t")) >= for_s:
+        if after is None or ctx.now - row_median(after, "t") >= for_s:
             keep.append(i)  # the job finished its next step long enough ago
     return np.asarray(keep, np.int64)
 

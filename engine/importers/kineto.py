@@ -121,7 +121,9 @@ def load_trace(path: Path, max_bytes: int = TRACE_MAX_BYTES) -> dict[str, Any]:
 def is_kineto(path: Path) -> bool:
     """Whether ``path`` looks like a Kineto trace (cheap check of its first bytes)."""
     try:
-        with (gzip.open(path, "rb") if path.read_bytes()[:2] == b"\x1f\x8b" else path.open("rb")) as fh:
+        with path.open("rb") as fh:  # two bytes tell gzip; the whole file is read once, by load_trace
+            gz = fh.read(2) == b"\x1f\x8b"
+        with (gzip.open(path, "rb") if gz else path.open("rb")) as fh:
             head = fh.read(4096)
     except (OSError, EOFError, zlib.error):
         return False
