@@ -4,7 +4,8 @@ Pure and synchronous: no Kafka, no faust, no Slack.  The live engine, ``whywait
 rules test``, ``whywait eval`` and replays all drive this one class, so a rule
 that passes its test behaves the same in production.
 
-Time is event time.  The watermark is the newest event time seen minus the
+Time is event time.  The watermark is how far every input has come (as far as most
+of its producers have: one node's wrong clock cannot move it) minus the
 allowed lateness; every ``step_s`` of watermark the evaluator runs one *tick*:
 each rule against each running job.  A rule's lifecycle follows Prometheus:
 a condition must hold ``for`` before it fires, and it keeps firing for
@@ -29,6 +30,7 @@ from typing import Any, Callable, Iterable, Mapping
 from whywait.agents.events import TOPICS
 from whywait.engine.diagnosis import Diagnosis, Evidence, Owner
 from whywait.engine.evaluate.conditions import IMPLICIT_METRICS, Ctx, Result, evaluate, rule_leaves, rule_metrics
+from whywait.engine.evaluate.frontier import InputFrontier
 from whywait.engine.evaluate.store import MetricStore
 from whywait.engine.rules.condition_types import Kind
 from whywait.engine.rules.loader import RuleSet
@@ -96,6 +98,9 @@ class Evaluator:
     idle_s: float = 60.0
     next_tick: float | None = None
     ticks: int = 0
+    # Per periodic input: how far it has come in event time, robust to producers whose clocks are off
+    # (see :mod:`.frontier`); ``kind_max`` holds their values, which the watermark reads.
+    frontiers: dict[str, InputFrontier] = field(default_factory=dict)
     kind_max: dict[str, float] = field(default_factory=dict)
     # Live engines pass a wall clock: an input is "idle" when nothing of it has *arrived* lately,
     # which stays right while the consumer catches up on a backlog (every topic still arrives,
@@ -158,9 +163,9 @@ class Evaluator:
     _evaluated_at: dict[str, float] = field(default_factory=dict, repr=False)
     # The first tick this evaluator ran (this process): a rule's onset is never looked for before it.
     _first_tick: float | None = field(default=None, repr=False)
-    # The offline watermark, kept until an input's newest time moves (see ``watermark``): it was computed
+    # The offline watermark, kept until an input's progress moves (see ``watermark``): it was computed
     # for every message, although it changes about once per input per second.
-    _offline_wm: tuple[tuple[float, ...], float, float, float] | None = field(default=None, repr=False)
+    _offline_wm: tuple[tuple[float | None, ...], float, float, float] | None = field(default=None, repr=False)
 
     # ---- feeding ---------------------------------------------------------------------------------
 
@@ -181,8 +186,10 @@ class Evaluator:
         t = self.store.ingest(msg)
         kind = msg["kind"]
         if kind in _PERIODIC:
-            if t > self.kind_max.get(kind, -math.inf):
-                self.kind_max[kind] = t
+            fr = self.frontiers.get(kind)
+            if fr is None:
+                fr = self.frontiers[kind] = InputFrontier()
+            self.kind_max[kind] = fr.note(msg["node"], t)
             if self.arrival_clock is not None:
                 self.kind_arrival[kind] = (self.arrival_clock(), self.batch_no)
                 if self.first_arrival is None:
@@ -200,7 +207,8 @@ class Evaluator:
     def watermark(self) -> float:
         """Event time up to which every input is complete (minus the allowed lateness).
 
-        The minimum over the periodic inputs, as in Flink: when the consumer catches up on a
+        The minimum over the periodic inputs, as in Flink (each input's progress is robust to the few
+        producers whose clocks are off: :meth:`_progress`): when the consumer catches up on a
         backlog, one topic can run minutes ahead of another, and evaluating at the fastest
         topic's time would see steps without their network samples.  Offline (sorted input), an
         input lagging the newest by more than ``idle_s`` (a collector that is off) no longer holds
@@ -225,18 +233,37 @@ class Evaluator:
                 return -math.inf
             if not self.kind_max:
                 return -math.inf
-            active = [t for k, t in self.kind_max.items() if not self._idle(k, now)]
-            return min(active or self.kind_max.values()) - self.lateness_s
-        # Sorted input: a function of the inputs' newest times (and two settings) only, so it is kept
+            prog = self._progress()
+            active = [t for k, t in prog.items() if not self._idle(k, now)]
+            return min(active or prog.values()) - self.lateness_s
+        # Sorted input: a function of the inputs' progress (and two settings) only, so it is kept
         # until one of them moves.
-        times = tuple(self.kind_max.values())
+        steps = self.frontiers.get("steps")
+        times = (*self.kind_max.values(), steps.raw if steps is not None else None)
         kept = self._offline_wm
         if kept is not None and kept[0] == times and kept[1] == self.lateness_s and kept[2] == self.idle_s:
             return kept[3]
-        top = max(times)
-        wm = min(t for k, t in self.kind_max.items() if top - t <= _IDLE_S.get(k, self.idle_s)) - self.lateness_s
+        prog = self._progress()
+        top = max(prog.values())
+        wm = min(t for k, t in prog.items() if top - t <= _IDLE_S.get(k, self.idle_s)) - self.lateness_s
         self._offline_wm = (times, self.lateness_s, self.idle_s, wm)
         return wm
+
+    def _progress(self) -> dict[str, float]:
+        """Each periodic input's progress in event time, for the watermark.
+
+        Node telemetry: its robust frontier (:mod:`.frontier`).  Steps: jobs report at their own cadence
+        (a job with 30 s steps sends every 30 s), so the median over producers lags the jobs that just
+        reported; steps count as far as their newest report, but never past the furthest input's robust
+        frontier (the steps' own median included, for when they are all that arrives), so one producer
+        whose clock runs ahead cannot move them either.
+        """
+        steps = self.frontiers.get("steps")
+        if steps is None:
+            return self.kind_max
+        prog = dict(self.kind_max)
+        prog["steps"] = min(steps.raw, max(self.kind_max.values()))
+        return prog
 
     def _idle(self, kind: str, now: float) -> bool:
         return kind not in self.pending_kinds and self._idle_since(self.kind_arrival.get(kind), now)
