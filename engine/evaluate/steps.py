@@ -124,13 +124,14 @@ class StepRow(dict[int, StepRec]):
     of ticks, and is judged the same way on each.  A record added to the step empties it.
     """
 
-    __slots__ = ("stats", "table", "t_max")
+    __slots__ = ("stats", "table", "t_max", "t_min")
 
     def __init__(self, table: StepTable | None = None) -> None:
         super().__init__()
         self.stats: dict[tuple[Any, ...], Any] | None = None
         self.table = table
         self.t_max = -math.inf  # when its last rank ended (kept by StepTable.add)
+        self.t_min = math.inf  # when its first rank ended (kept by StepTable.add)
 
 
 # Steps whose per-step statistics are kept, per job: the window and history one tick reads (60 + the
@@ -163,7 +164,7 @@ class FrozenRow(Mapping[int, StepRec]):
     (:meth:`column`, :func:`row_end`, :func:`row_median`) instead of building records.
     """
 
-    __slots__ = ("ranks", "cols", "stats", "table", "t_max")
+    __slots__ = ("ranks", "cols", "stats", "table", "t_max", "t_end")
 
     def __init__(self, row: Mapping[int, StepRec], table: StepTable | None = None) -> None:
         items = sorted(row.items())
@@ -176,6 +177,7 @@ class FrozenRow(Mapping[int, StepRec]):
         self.stats: dict[tuple[Any, ...], Any] | None = getattr(row, "stats", None)
         self.table = table
         self.t_max = float(self.cols["t"].max()) if len(items) else -math.inf
+        self.t_end = _end_of(self.cols["t"], self.cols["duration_s"]) if len(items) else -math.inf
 
     def _at(self, rank: int) -> int:
         i = int(np.searchsorted(self.ranks, rank))
@@ -220,6 +222,7 @@ class FrozenRow(Mapping[int, StepRec]):
         if new:
             self.ranks = np.insert(self.ranks, i, rank)
         self.t_max = float(self.cols["t"].max())
+        self.t_end = _end_of(self.cols["t"], self.cols["duration_s"])
 
     def records(self) -> dict[int, StepRec]:
         """Every rank's record (built: for readers that need whole records)."""
@@ -263,10 +266,45 @@ class FrozenRow(Mapping[int, StepRec]):
 StepRows = (StepRow, FrozenRow)  # the rows a StepTable holds (isinstance checks)
 
 
+# A rank's end of a step this far past the step's median end is not the step ending late: it is a node
+# whose clock runs ahead (the bound ``job.node-clock-skew`` names a clock past: 2 s, and 2 median step
+# times, more than pipeline stages explain).
+_END_AHEAD_S = 2.0
+_END_AHEAD_STEPS = 2.0
+
+
 def row_end(row: Mapping[int, StepRec]) -> float:
-    """When the step's last rank ended: kept by the table's rows, else computed."""
+    """When the step ended: its last rank's end, unless that rank's clock is ahead of the others'.
+
+    Called wherever a step is placed in event time (is it complete by ``now``, which window holds it).
+    Why not simply the last end: one node whose clock ran 120 s ahead held every step of its job
+    incomplete for 120 s, so no step rule judged that job (a straggler, the clock itself) for two
+    minutes.  Ends further past the median end than :func:`_end_of` allows are left out.  The ranks of
+    a step end within ``_END_AHEAD_S`` of each other as a rule, and then nothing is computed.
+    """
+    t = getattr(row, "t_end", None)  # a frozen step: computed when it froze
+    if t is not None:
+        return float(t)
     t = getattr(row, "t_max", None)
-    return float(t) if t is not None else max(r.t for r in row.values())
+    if t is None:  # a plain dict of records (tests, imports)
+        recs = list(row.values())
+        return _end_of([r.t for r in recs], [r.duration_s for r in recs])
+    if t - row.t_min <= _END_AHEAD_S:  # type: ignore[attr-defined]  # a StepRow
+        return float(t)
+    return float(kept_stat(row, ("end",), lambda: _end_of([r.t for r in row.values()],
+                                                            [r.duration_s for r in row.values()])))
+
+
+def _end_of(ends: Sequence[float] | np.ndarray, durations: Sequence[float] | np.ndarray) -> float:
+    """The latest of ``ends`` that is at most the ahead bound past their median (see :func:`row_end`)."""
+    ts = np.asarray(ends, np.float64)
+    if len(ts) == 0:
+        return -math.inf
+    top = float(ts.max())
+    if top - float(ts.min()) <= _END_AHEAD_S:
+        return top
+    cap = float(np.median(ts)) + max(_END_AHEAD_S, _END_AHEAD_STEPS * float(np.median(np.asarray(durations))))
+    return float(ts[ts <= cap].max())
 
 
 def known(row: Mapping[int, StepRec], ranks: Iterable[int] | None, measure: str, skip: int | None = None
@@ -373,11 +411,15 @@ class StepTable:
         row[rank] = rec  # type: ignore[index]  # a StepRow here
         if isinstance(row, StepRow):
             row.stats = None  # a late rank changes the step's statistics
-            # the latest end over its ranks (recomputed when the record replaced was that latest one)
-            if old is not None and old.t >= row.t_max:
+            # the latest and earliest ends over its ranks (recomputed when the record replaced was one)
+            if old is not None and (old.t >= row.t_max or old.t <= row.t_min):
                 row.t_max = max(r.t for r in row.values())
-            elif rec.t > row.t_max:
-                row.t_max = rec.t
+                row.t_min = min(r.t for r in row.values())
+            else:
+                if rec.t > row.t_max:
+                    row.t_max = rec.t
+                if rec.t < row.t_min:
+                    row.t_min = rec.t
         self._memo = None
         self.ranks.add(rank)
         if rec.t > self.newest_t:

@@ -20,11 +20,13 @@ import pytest
 from whywait.agents.events import envelope, validate
 from whywait.engine.evaluate.evaluator import Evaluator
 from whywait.engine.evaluate.steps import (
+    FrozenRow,
     StepRec,
     StepTable,
     fast_sigma,
     judge_ranks,
     lower_quartile,
+    row_end,
     select,
     sequential_onset,
     work,
@@ -147,6 +149,39 @@ def test_table_is_bounded_and_waits_for_every_rank() -> None:
     assert len(tab.steps) == 10
     done = tab.complete(100.0, coverage=1.0)
     assert [s for s, _ in done][-1] == 28  # step 29 misses rank 3
+
+
+def _step(tab: StepTable, s: int, ends: dict[int, float], dur: float) -> None:
+    for r, t in ends.items():
+        tab.add(s, r, StepRec(t, dur))
+
+
+def test_a_step_ends_when_its_ranks_did_not_when_one_nodes_clock_says() -> None:
+    """Ranks 8-15 (one node) stamp their ends 120 s ahead: the step still ends with the other ranks.
+
+    With the last end as the step's end, every step of the job stayed incomplete for 120 s and no step
+    rule judged it.  Frozen steps (older than the newest 16) answer the same.
+    """
+    tab = StepTable()
+    for s in range(40):
+        true_end = T0 + s + 1.0
+        _step(tab, s, {r: true_end + 0.003 * r + (120.0 if 8 <= r < 16 else 0.0) for r in range(32)}, 1.0)
+    done = tab.complete(T0 + 40.2)
+    assert [s for s, _ in done] == list(range(40))
+    assert all(row_end(row) == pytest.approx(T0 + s + 1.0 + 0.003 * 31) for s, row in done)
+    assert isinstance(done[0][1], FrozenRow) and not isinstance(done[-1][1], FrozenRow)
+
+
+@pytest.mark.parametrize("step_s", [1.0, 30.0])
+def test_pipeline_stages_that_end_apart_are_still_the_step(step_s: float) -> None:
+    """A 4-stage pipeline whose stage k ends 0.9 k step times after stage 0: the step ends with the last."""
+    tab = StepTable()
+    for s in range(20):
+        t0 = T0 + s * step_s
+        _step(tab, s, {r: t0 + 0.9 * step_s * (r % 4) for r in range(16)}, step_s)
+    for s, row in tab.steps.items():
+        assert row_end(row) == pytest.approx(T0 + s * step_s + 2.7 * step_s)
+    assert row_end(dict(tab.steps[19].items())) == row_end(tab.steps[19])  # a plain dict of records too
 
 
 def test_window_is_seconds_or_steps_whichever_longer() -> None:
