@@ -19,7 +19,8 @@ zip archive (deflate) holding:
 
 Events are streamed in and out: neither writing nor reading holds the range in memory.  A line
 longer than any contract message (:data:`MAX_LINE_BYTES`) is skipped as it is read, not held, and
-counted in :attr:`Bundle.skipped`.  Every problem is one line naming the bundle and the member:
+counted in :attr:`Bundle.skipped`; so is a line that is not a topic and a value.  Every problem is one
+line naming the bundle and the member:
 ``incident.whywait: manifest.json: window: expected ...``, ``incident.whywait!topology.yaml:2: ...``.
 """
 
@@ -139,8 +140,10 @@ class Bundle:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        #: lines of events.jsonl skipped while reading, by reason (a line over :data:`MAX_LINE_BYTES`)
+        #: lines of events.jsonl skipped while reading, by reason (a line over :data:`MAX_LINE_BYTES`, or
+        #: one that is not ``{"topic": ..., "value": "..."}``)
         self.skipped: Counter[str] = Counter()
+        self.bad_lines = 0
         try:
             self._zip = zipfile.ZipFile(path)
         except FileNotFoundError:
@@ -242,9 +245,11 @@ class Bundle:
                                         "(the bundle is corrupt or was edited)")
 
     def events(self) -> Iterator[tuple[str, bytes]]:
-        """Yield ``(topic, raw value)`` in the bundle's (event-time) order; a bad line names its number.
+        """Yield ``(topic, raw value)`` in the bundle's (event-time) order.
 
-        A line over :data:`MAX_LINE_BYTES` is skipped without being held, logged and counted in :attr:`skipped`.
+        A line over :data:`MAX_LINE_BYTES` is skipped without being held, and a line that is not
+        ``{"topic": ..., "value": "..."}`` is skipped too; each is logged with its number and counted in
+        :attr:`skipped`.  (A bundle whose checksums were recomputed after an edit can hold such lines.)
         """
         with self._zip.open(EVENTS) as fh:
             for no, line in enumerate(_lines(fh, MAX_LINE_BYTES), start=1):
@@ -264,8 +269,15 @@ class Bundle:
                         rec = json.loads(line)
                         topic, value = rec["topic"], rec["value"].encode()
                     except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
-                        raise ImportFormatError(f"{self.path}:{EVENTS}:{no}: expected "
-                                                '{"topic": ..., "value": "..."}') from None
+                        # One bad line costs that line, as a malformed message on a topic does: the
+                        # replay (or import) goes on, and its summary counts it.  The first few are
+                        # named by number (the log names every one).
+                        self.bad_lines += 1
+                        where = f"line {no}" if self.bad_lines <= 3 else "more lines"
+                        self.skipped[f"{EVENTS}: {where}: expected " + '{"topic": ..., "value": "..."}'] += 1
+                        log.warning("%s:%s:%d: expected {\"topic\": ..., \"value\": \"...\"}: skipped",
+                                    self.path, EVENTS, no)
+                        continue
                 yield topic, value
 
     def extract(self, dest: Path) -> tuple[Path | None, list[Path]]:

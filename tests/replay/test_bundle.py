@@ -7,7 +7,6 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from whywait.engine.importers import ImportFormatError
 from whywait.engine.importers.bundle import Bundle, BundleWriter
 
 
@@ -43,9 +42,19 @@ def test_a_long_bundle_crosses_read_chunks_line_by_line(tmp_path: Path) -> None:
     (b'{"topic":"a","value":"v"}\n' + b"[" * 100_000 + b"]" * 100_000 + b"\n", 2),  # nested past any decoder's depth
     (b'{"topic":"a","value":"v","x":' + b"[" * 100_000 + b"]" * 100_000 + b"}\n", 1),
 ])
-def test_a_bad_line_is_named(tmp_path: Path, events: bytes, line: int) -> None:
-    with pytest.raises(ImportFormatError, match=f"events.jsonl:{line}: expected"):
-        list(bundle_with(tmp_path, events).events())
+def test_a_bad_line_is_skipped_named_and_counted(tmp_path: Path, events: bytes, line: int) -> None:
+    """One bad line costs that line (it used to stop a replay half done): the good ones are all read."""
+    b = bundle_with(tmp_path, events)
+    good = [(x["topic"], x["value"].encode()) for x in map(json.loads, events.splitlines()[:line - 1])]
+    assert list(b.events())[:line - 1] == good
+    assert b.skipped == {f'events.jsonl: line {line}: expected {{"topic": ..., "value": "..."}}': 1}
+
+
+def test_past_three_bad_lines_they_are_counted_together(tmp_path: Path) -> None:
+    good = b'{"topic":"a","value":"v"}\n'
+    b = bundle_with(tmp_path, good + b"x\n" * 5 + good)
+    assert list(b.events()) == [("a", b"v")] * 2
+    assert sorted(b.skipped.values()) == [1, 1, 1, 2] and sum(b.skipped.values()) == 5
 
 
 def test_two_rule_folders_of_one_name_both_travel(tmp_path: Path) -> None:

@@ -153,12 +153,10 @@ def test_an_overlong_events_line_is_counted_and_skipped(tmp_path: Path, monkeypa
     bad = edited(good_bundle(tmp_path), lambda m, _: m.update({"events.jsonl": events}), relist=True)
     b = Bundle(bad)
     b.verify()
-    got = []
-    with pytest.raises(ImportFormatError, match=r"events\.jsonl:4: expected"):  # line numbers still count it
-        for item in b.events():
-            got.append(item)
-    assert got == [("whywait.host.v1", EVENT)] * 2
-    assert list(b.skipped.values()) == [1] and "longer than any contract message" in next(iter(b.skipped))
+    assert list(b.events()) == [("whywait.host.v1", EVENT)] * 2
+    assert sum(b.skipped.values()) == 2
+    assert any("line 4: expected" in why for why in b.skipped)  # line numbers still count the long one
+    assert "longer than any contract message" in next(iter(b.skipped))
 
 
 def test_a_bad_bundled_topology_is_named_as_the_bundle_s_member(tmp_path: Path) -> None:
