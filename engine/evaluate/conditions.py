@@ -211,12 +211,12 @@ def _threshold(c: Condition, ctx: Ctx) -> Result:
     level = METRICS[p.metric].level
     res = Result(False)
     ents = ctx.entities(level, c.on)
-    if not p.steps and p.agg != "count" and not _vec(p.value, _ZERO)[0] and ctx.store.zero_in(p.metric, ctx.now,
-                                                                                             p.window):
+    if (not p.steps and p.agg != "count" and not compare_all(p.value, _ZERO)[0]
+            and ctx.store.zero_in(p.metric, ctx.now, p.window)):
         return res  # every aggregate is 0 or missing, and 0 does not pass
     vals = _aggregates(ctx, p.metric, ents, p.agg, p.window, p.steps)
     with np.errstate(invalid="ignore"):
-        hits = np.nonzero(~np.isnan(vals) & _vec(p.value, vals))[0]
+        hits = np.nonzero(~np.isnan(vals) & compare_all(p.value, vals))[0]
     for i in hits:
         e, v = ents[i], float(vals[i])
         res.entities.append(e)
@@ -229,8 +229,11 @@ def _threshold(c: Condition, ctx: Ctx) -> Result:
 _ZERO = np.zeros(1)
 
 
-def _vec(cmp: Compare, x: np.ndarray) -> np.ndarray:
-    """A comparison applied to every element of ``x`` (its operators work elementwise on arrays)."""
+def compare_all(cmp: Compare, x: np.ndarray) -> np.ndarray:
+    """A comparison applied to every element of ``x`` (its operators work elementwise on arrays).
+
+    Called by the vectorised conditions here and in :mod:`.step_conditions`; returns a bool array.
+    """
     f: Any = cmp
     return np.asarray(f(x), bool)
 
@@ -318,11 +321,11 @@ def _judge_peers(c: Condition, p: PeerOutlierCondition, all_ents: list[str], idx
             z = (vals - med) / scale
         ok = np.ones(len(vals), bool)
         if p.ratio is not None:
-            ok &= _vec(p.ratio, ratio)
+            ok &= compare_all(p.ratio, ratio)
         if p.zscore is not None:
-            ok &= _vec(p.zscore, z)
+            ok &= compare_all(p.zscore, z)
         if p.min_value is not None:
-            ok &= _vec(p.min_value, vals)
+            ok &= compare_all(p.min_value, vals)
     thr = " and ".join(x for x in (f"ratio {p.ratio}" if p.ratio else "",
                                    f"robust z {p.zscore}" if p.zscore else "") if x)
     for i in np.nonzero(ok)[0]:

@@ -32,7 +32,7 @@ from typing import Any, Callable, Literal, Mapping, Sequence
 
 import numpy as np
 from whywait.engine.diagnosis import Evidence
-from whywait.engine.evaluate.conditions import Ctx, Result, _vec
+from whywait.engine.evaluate.conditions import Ctx, Result, compare_all
 from whywait.engine.evaluate.steps import (
     PHASE_NAMES,
     FrozenRow,
@@ -208,7 +208,7 @@ def _step_outlier(c: Condition, ctx: Ctx) -> Result:
     prefix = (ctx.rule_id, c.line, ctx.job.job)
     # Only a rank passing the first tests, or one flagged before (its frozen past in the state), is looked
     # at: all ranks are screened at once, in the judgement's order, and the rest skipped as the loop did.
-    ok_all = _vec(is_ratio, judged.ratio) & _vec(is_z, judged.z) & (judged.slow_share >= persist)
+    ok_all = compare_all(is_ratio, judged.ratio) & compare_all(is_z, judged.z) & (judged.slow_share >= persist)
     for i in _looked_at(judged, ok_all, _held_ranks(ctx.state, prefix)):
         j = judged.judgement(i)
         key = (*prefix, j.rank)
