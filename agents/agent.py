@@ -304,6 +304,24 @@ def bind_training_socket(path: str, gid: int | None = None) -> socket.socket:
     return sock
 
 
+
+def agent_instance(boot_id_path: str = "/proc/sys/kernel/random/boot_id") -> str:
+    """This agent process's identity for its health messages: ``<boot id>/<pid>``.
+
+    Called once when the agent starts.  Why: two machines cloned from one image publish under one host
+    name, and their telemetry mixes in every metric of that node; the engine tells them apart by this
+    (``whywait.duplicate-node``).  The boot id is random per boot (unlike ``/etc/machine-id``, which a
+    clone copies), so an operator can match it on the hosts; a restart changes the pid, never back.
+    """
+    try:
+        with open(boot_id_path) as fh:
+            boot = fh.read(64).strip()
+    except OSError:
+        boot = ""
+    if not boot or not name_ok(boot):
+        boot = os.urandom(8).hex()  # not Linux, or an odd file: still unique to this process
+    return f"{boot}/{os.getpid()}"
+
 class Agent:
     """Runs the collectors every ``interval`` seconds and publishes what they return.
 
@@ -325,6 +343,7 @@ class Agent:
         self.socket_gid = socket_gid(socket_group) if socket_path else None
         self.clock = clock
         self.inbox = TrainingInbox(node)
+        self.instance = agent_instance()
         self.samples = 0
         self.rounds = 0
         # collector name -> (samples taken, seconds spent): read by agents.observe for /metrics
@@ -370,6 +389,7 @@ class Agent:
             sources_off={f"{c.name}.{k}": v for c in self.collectors for k, v in c.parts_off.items()},
             training_datagrams=self.inbox.received, training_malformed=self.inbox.malformed,
             training_dropped=self.inbox.dropped, training_rejected=self.inbox.rejected,
+            instance=self.instance,
         )
         return msg
 

@@ -604,6 +604,9 @@ TOPICS: tuple[Topic, ...] = (
           required=False),
         F("training_rejected", "integer", "count", "Step datagrams refused because the sender does not own the job "
           "(or named another node) since start.", required=False),
+        F("instance", "string", "", "This agent process: its host's boot id and its pid, `<boot id>/<pid>`. Two "
+          "instances taking turns under one node name are two hosts publishing as one (a cloned machine).",
+          required=False),
     )), "The agent's own health, once per interval."),
 )
 

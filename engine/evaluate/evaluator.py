@@ -31,6 +31,7 @@ from whywait.agents.events import TOPICS
 from whywait.engine.diagnosis import Diagnosis, Evidence, Owner
 from whywait.engine.evaluate.conditions import IMPLICIT_METRICS, Ctx, Result, evaluate, rule_leaves, rule_metrics
 from whywait.engine.evaluate.frontier import InputFrontier
+from whywait.engine.evaluate.identity import NodeIdentities
 from whywait.engine.evaluate.store import MetricStore
 from whywait.engine.rules.condition_types import Kind
 from whywait.engine.rules.loader import RuleSet
@@ -135,6 +136,10 @@ class Evaluator:
     max_skew_s: float | None = 300.0
     max_late_s: float = 900.0
     skew: dict[str, ClockSkew] = field(default_factory=dict)
+    # The agent processes sending as each node, from their health messages (see :mod:`.identity`), and the
+    # duplicate-node diagnoses announced (node -> its firing diagnosis).
+    identities: NodeIdentities = field(default_factory=NodeIdentities)
+    duplicates: dict[str, Diagnosis] = field(default_factory=dict)
     late: dict[str, int] = field(default_factory=dict)  # node -> messages refused as too late
     # After a restore: event time of the first tick, and how much event time a restored incident is
     # held (its rule's longest recent window + ``for``, at most ``warmup_max_s``).
@@ -183,6 +188,8 @@ class Evaluator:
             msg = self.topology.canonical_net(msg)
         elif msg["kind"] == "gpu" and self.topology is not None:
             msg = self.topology.canonical_gpu(msg)  # NVML's index order → the topology's, by PCI bus id
+        elif msg["kind"] == "agent_health" and msg.get("instance"):
+            self.identities.note(str(msg["node"]), str(msg["instance"]), float(msg["time"]))
         t = self.store.ingest(msg)
         kind = msg["kind"]
         if kind in _PERIODIC:
@@ -399,6 +406,42 @@ class Evaluator:
             elif sk.announced is not None and wall_now - sk.last_rejected_wall >= quiet_s:
                 out.append(replace(sk.announced, status="resolved", ends_at=wall_now))
                 del self.skew[node]
+        return out
+
+    def duplicate_diagnoses(self) -> list[Diagnosis]:
+        """Diagnoses for nodes that two agent processes publish as; called after each live batch.
+
+        A node is announced once two of its agents' instances have taken turns (:mod:`.identity`), and
+        resolved once they stopped for ``quiet_s`` of event time.  Operations channel, no job: a
+        duplicated host name is the cluster's problem, and it makes every job's view of that node a mix.
+        """
+        out: list[Diagnosis] = []
+        ids = self.identities
+        kind_of = getattr(self.topology, "kind_of", None)
+        for node in list(ids.nodes):
+            if node not in self.duplicates:
+                turns = ids.duplicated(node)
+                if turns is None or (kind_of is not None and kind_of(node) != "node"):
+                    continue  # one process; or a name outside the topology (it never becomes a message)
+                shown = ", ".join(f"`{i}`" for i in turns[:4])
+                first = ids.nodes[node].returns[0][0]
+                d = Diagnosis(
+                    rule_id="whywait.duplicate-node",
+                    fingerprint="whywait-duplicate-node-" + hashlib.sha1(node.encode()).hexdigest()[:12],
+                    status="firing", severity="warning",
+                    title=f"{len(turns)} agents publish as {node}: its telemetry mixes {len(turns)} machines",
+                    cause=f"Agent processes {shown} (boot id/pid) take turns sending as {node}. Every metric of "
+                          f"{node} alternates between machines, so what whywait says of {node} (and of the jobs "
+                          "placed on it) is not to be trusted until one of them is renamed.",
+                    job=None, owner=None, starts_at=first, detected_at=ids.now,
+                    next_step=f"Find the machines: `cat /proc/sys/kernel/random/boot_id` on the hosts named {node} "
+                              "(a machine cloned from an image keeps its host name); give each agent its own "
+                              "`--node`, matching the topology.",
+                    confidence=1.0, culprit=node, labels={"node": node})
+                self.duplicates[node] = d
+                out.append(d)
+            elif ids.quiet(node):
+                out.append(replace(self.duplicates.pop(node), status="resolved", ends_at=ids.now))
         return out
 
     def _place(self, msg: Mapping[str, Any]) -> None:

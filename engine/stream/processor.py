@@ -149,6 +149,7 @@ class Processor:
         try:
             out.diagnoses += self.evaluator.catch_up()
             out.diagnoses += self.evaluator.clock_diagnoses(wall)
+            out.diagnoses += self.evaluator.duplicate_diagnoses()
         except Exception:  # noqa: BLE001 - a tick that fails is logged; the next batch tries again
             log.exception("evaluation after the batch failed")
             self.counts["errors.batch_end"] += 1

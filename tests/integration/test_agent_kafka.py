@@ -135,3 +135,47 @@ def test_whywait_agent_command_publishes(kafka_bootstrap: str, tmp_path: Any) ->
     got = asyncio.run(consume(kafka_bootstrap, [TOPIC_HOST, TOPIC_AGENT_HEALTH], node,
                               {TOPIC_HOST: 2, TOPIC_AGENT_HEALTH: 2}))
     assert len(got[TOPIC_HOST]) == 2 and got[TOPIC_AGENT_HEALTH][-1]["samples"] == 4
+
+
+def test_two_agents_publishing_as_one_node_are_announced(kafka_bootstrap: str, tmp_path: Any) -> None:
+    """A cloned machine: two real agent processes with one host name, through the broker, to the engine's
+    record processor, which announces ``whywait.duplicate-node`` for that node (and only once)."""
+    from aiokafka import AIOKafkaConsumer
+    from whywait.engine.evaluate.evaluator import Evaluator
+    from whywait.engine.rules.loader import RuleSet
+    from whywait.engine.stream.processor import Processor, Record
+    from whywait.engine.stream.topics import ensure_topics_async
+    from whywait.topology.model import Topology
+
+    asyncio.run(ensure_topics_async(kafka_bootstrap))  # as the engine does at start
+    node = f"it-clone-{uuid.uuid4().hex[:8]}"
+    env = {**os.environ, "WHYWAIT_KAFKA_BOOTSTRAP": kafka_bootstrap}
+    procs = [subprocess.Popen(
+        [sys.executable, "-m", "whywait.agents.cli", "--node", node, "--interval", "0.5", "--rounds", "8",
+         "--collectors", "host", "--socket", "none", "--spool-dir", os.path.join(str(tmp_path), f"spool{i}")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for i in range(2)]
+    for p in procs:
+        _, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+
+    async def health_records() -> list[Record]:
+        consumer = AIOKafkaConsumer(TOPIC_AGENT_HEALTH, bootstrap_servers=kafka_bootstrap,
+                                    auto_offset_reset="earliest", enable_auto_commit=False, group_id=None)
+        await consumer.start()
+        out: list[Record] = []
+        try:
+            async with asyncio.timeout(60):
+                while len(out) < 16:
+                    for tp, batch in (await consumer.getmany(timeout_ms=500)).items():
+                        out += [Record(tp.topic, r.value, r.key, tp.partition, r.offset) for r in batch
+                                if r.key == node.encode()]
+        finally:
+            await consumer.stop()
+        return out
+
+    records = asyncio.run(health_records())
+    assert len({decode(r.value, TOPIC_AGENT_HEALTH)["instance"] for r in records if r.value}) == 2
+    topo = Topology.from_dict({"format": 1, "name": "it", "nodes": [{"id": node, "gpus": 0}]})
+    proc = Processor(Evaluator(RuleSet({}, ()), topo))
+    diags = [d for r in records for d in proc.process([r]).diagnoses]
+    assert [(d.rule_id, d.status, d.culprit) for d in diags] == [("whywait.duplicate-node", "firing", node)]
