@@ -611,6 +611,9 @@ TOPICS: tuple[Topic, ...] = (
 )
 
 _TOPIC_BY_KIND = {t.kind: t for t in TOPICS}
+#: Kinds whose envelope ``node`` is the measured node (steps, checkpoints and placements are keyed by job):
+#: the engine refuses them from a node its topology does not hold.
+NODE_KINDS = frozenset(t.kind for t in TOPICS if t.key == "node id")
 _TOPIC_BY_NAME = {t.name: t for t in TOPICS}
 _RECORDS = {r.name: r for t in TOPICS for r in (t.body, *t.lists.values())}
 

@@ -31,7 +31,7 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
-from whywait.agents.events import TOPIC_PLACEMENT, ContractError, decode
+from whywait.agents.events import NODE_KINDS, TOPIC_PLACEMENT, ContractError, decode
 from whywait.engine.diagnosis import Diagnosis
 from whywait.engine.evaluate.evaluator import Evaluator
 from whywait.engine.rules.loader import RuleSet
@@ -390,7 +390,7 @@ def replay(messages: Iterable[dict[str, Any]], rules: RuleSet, topology: Any, *,
     evs = [Evaluator(rules, topology)] + ([Evaluator(against[0], against[1])] if against else [])
     results = [ReplayResult([], 0, None, None) for _ in evs]
     first = results[0]
-    pairs = [(ev.ingest, res) for ev, res in zip(evs, results, strict=True)]
+    pairs = [(ev.ingest, res, _node_check(ev.topology)) for ev, res in zip(evs, results, strict=True)]
     # Per message only what must be: the counts and the range are kept in locals and stored once at the end.
     n, lo, hi = 0, float("inf"), -float("inf")
     try:
@@ -401,7 +401,12 @@ def replay(messages: Iterable[dict[str, Any]], rules: RuleSet, topology: Any, *,
                 lo = t
             if t > hi:
                 hi = t
-            for ingest, res in pairs:
+            for ingest, res, unknown in pairs:
+                # Telemetry of a node the topology lacks: the live engine dead-letters it (an invented name
+                # cannot grow its memory, nor count in event time), so the replay leaves it out too.
+                if unknown is not None and m["kind"] in NODE_KINDS and unknown(m["node"]):
+                    res.skipped["telemetry from a node the topology does not hold"] += 1
+                    continue
                 try:
                     got = ingest(m)
                 except TopologyError as exc:
@@ -422,6 +427,24 @@ def replay(messages: Iterable[dict[str, Any]], rules: RuleSet, topology: Any, *,
     for res in results[1:]:
         res.messages, res.start, res.end = first.messages, first.start, first.end
     return first, (results[1] if against else None)
+
+
+def _node_check(topology: Any) -> Callable[[str], bool] | None:
+    """A test of whether a node id is *not* a node of ``topology`` (remembered per id), or None without one."""
+    kind_of = getattr(topology, "kind_of", None)
+    if kind_of is None:
+        return None
+    seen: dict[str, bool] = {}
+
+    def unknown(node: str) -> bool:
+        got = seen.get(node)
+        if got is None:
+            got = kind_of(node) != "node"
+            if len(seen) < 100_000:  # bounded: a flood of invented names is looked up, not kept
+                seen[node] = got
+        return got
+
+    return unknown
 
 
 def _close(ev: Evaluator, end: float) -> list[Diagnosis]:

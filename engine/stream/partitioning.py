@@ -45,8 +45,6 @@ from __future__ import annotations
 import zlib
 from typing import Any, Callable, Iterable, Mapping
 
-# Kinds whose envelope ``node`` is the measured node (steps and checkpoints are keyed by job).
-NODE_KINDS = frozenset({"gpu", "net", "storage", "host", "agent_health", "hw"})
 JOB_KINDS = frozenset({"steps", "checkpoint"})
 # Telemetry the contention rules read on *another* job's nodes (see the module docstring).
 CONTENTION_KINDS = {"net": "switch", "storage": "pool"}

@@ -20,15 +20,13 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
-from whywait.agents.events import ContractError, decode
+from whywait.agents.events import NODE_KINDS, ContractError, decode
 from whywait.engine.diagnosis import Diagnosis
 from whywait.engine.evaluate.evaluator import Evaluator
 from whywait.topology.errors import TopologyError
 
 log = logging.getLogger(__name__)
 
-# Kinds whose envelope ``node`` is the measured node (steps and checkpoints are keyed by job).
-_NODE_KINDS = frozenset({"gpu", "net", "storage", "host", "agent_health"})
 
 
 _UNIX_USER = re.compile(r"^([A-Za-z_][A-Za-z0-9_.-]*\$?)(?:\((\d+)\))?$")
@@ -173,7 +171,7 @@ class Processor:
         if self.not_before is not None and msg["time"] < self.not_before:
             self.counts["skipped_before_start"] += 1
             return
-        if msg["kind"] in _NODE_KINDS and _unknown_node(self.evaluator.topology, msg["node"]):
+        if msg["kind"] in NODE_KINDS and _unknown_node(self.evaluator.topology, msg["node"]):
             # Telemetry no rule can use; kept out of the store so invented node names cannot grow it.
             self._dead(out, rec, f"node: {str(msg['node'])[:80]!r} is not in the topology", "unknown_node")
             return
@@ -244,7 +242,7 @@ class Processor:
             if self.not_before is not None and msg["time"] < self.not_before:
                 self.counts["route.skipped_before_start"] += 1
                 continue
-            if msg["kind"] in _NODE_KINDS and _unknown_node(topo, msg["node"]):
+            if msg["kind"] in NODE_KINDS and _unknown_node(topo, msg["node"]):
                 self._dead(out, rec, f"node: {str(msg['node'])[:80]!r} is not in the topology", "unknown_node")
                 continue
             where = routes(msg, topo, partitions)

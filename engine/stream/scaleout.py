@@ -26,10 +26,9 @@ from typing import Any, Awaitable, Callable
 
 import faust
 from faust.types import TP
-from whywait.agents.events import TOPIC_PLACEMENT, TOPICS, kind_for_topic
+from whywait.agents.events import NODE_KINDS, TOPIC_PLACEMENT, TOPICS, kind_for_topic
 from whywait.engine.stream import batches
 from whywait.engine.stream.partitioning import (
-    NODE_KINDS,
     HeldOffsets,
     ReorderBuffer,
     drop_jobs,

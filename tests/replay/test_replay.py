@@ -134,6 +134,19 @@ def test_stale_placement_and_contract_breaks_are_skipped_and_counted(one_fault: 
     assert any(s.first.culprit == "node-05" for s in incidents(res.diagnoses, res.end))
 
 
+def test_telemetry_of_nodes_the_topology_lacks_is_left_out_as_live(one_fault: tuple[Topology, list]) -> None:
+    """The live engine dead-letters a node it does not know; the replay left such telemetry in, where it
+    counted in event time: a handful of invented nodes stamped 10 minutes ahead moved every input's median."""
+    infra, msgs = one_fault
+    evil = [envelope("host", f"evil-{i}", m["time"] + 600, cpu_busy_pct=1.0, cpu_iowait_pct=0.0, mem_used_bytes=1,
+                     mem_total_bytes=2) for i in range(12) for t, m in msgs[:4000:40] if m["kind"] == "host"]
+    plain, _ = replay((m for _, m in msgs), load_rules([RULES]), infra)
+    mixed = sorted([m for _, m in msgs] + evil, key=lambda m: m["time"] - (600 if m["node"].startswith("evil") else 0))
+    res, _ = replay(iter(mixed), load_rules([RULES]), infra)
+    assert res.skipped == {"telemetry from a node the topology does not hold": len(evil)}
+    assert diagnoses_jsonl(res.diagnoses) == diagnoses_jsonl(plain.diagnoses)
+
+
 def test_backtest_reports_a_lowered_threshold_firing_earlier(one_fault: tuple[Topology, list],
                                                            tmp_path: Path) -> None:
     infra, msgs = one_fault
