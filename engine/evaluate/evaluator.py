@@ -423,7 +423,8 @@ class Evaluator:
                 turns = ids.duplicated(node)
                 if turns is None or (kind_of is not None and kind_of(node) != "node"):
                     continue  # one process; or a name outside the topology (it never becomes a message)
-                shown = ", ".join(f"`{i}`" for i in turns[:4])
+                # an instance is the agent's word: no backtick of it may close the code span it is shown in
+                shown = ", ".join(f"`{i.replace('`', chr(39))[:80]}`" for i in turns[:4])
                 first = ids.nodes[node].returns[0][0]
                 d = Diagnosis(
                     rule_id="whywait.duplicate-node",

@@ -94,3 +94,14 @@ def test_agent_instance_is_the_boot_id_and_pid(tmp_path: Path) -> None:
     assert len(other.split("/")[0]) == 16 and other.split("/")[1] == pid
     f.write_text("bad\x00id")
     assert agent_instance(str(f)).split("/")[0] != "bad\x00id"
+
+
+def test_an_instance_cannot_break_out_of_its_code_span() -> None:
+    ev = Evaluator(RuleSet({}, ()), make_cluster(nodes=2, gpus_per_node=8))
+    out = []
+    for s in range(6):
+        ev.ingest(health("node-01", "a`*@here*`/1", T0 + s))
+        ev.ingest(health("node-01", "b/2", T0 + s + 0.5))
+        out += ev.duplicate_diagnoses()
+    [d] = out
+    assert "`a'*@here*'/1`" in d.cause and d.cause.count("`") == 4
