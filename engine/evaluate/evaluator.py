@@ -27,7 +27,7 @@ from dataclasses import fields as dataclass_fields
 from functools import cache
 from typing import Any, Callable, Iterable, Mapping
 
-from whywait.agents.events import TOPICS
+from whywait.agents.events import NODE_KINDS, TOPICS
 from whywait.engine.diagnosis import Diagnosis, Evidence, Owner
 from whywait.engine.evaluate.conditions import IMPLICIT_METRICS, Ctx, Result, evaluate, rule_leaves, rule_metrics
 from whywait.engine.evaluate.frontier import InputFrontier
@@ -35,7 +35,7 @@ from whywait.engine.evaluate.identity import NodeIdentities
 from whywait.engine.evaluate.store import MetricStore
 from whywait.engine.rules.condition_types import Kind
 from whywait.engine.rules.loader import RuleSet
-from whywait.engine.rules.schema import Condition, Rule
+from whywait.engine.rules.schema import Condition, Rule, leaves
 from whywait.engine.rules.templating import render as _render
 
 log = logging.getLogger(__name__)
@@ -140,6 +140,11 @@ class Evaluator:
     # duplicate-node diagnoses announced (node -> its firing diagnosis).
     identities: NodeIdentities = field(default_factory=NodeIdentities)
     duplicates: dict[str, Diagnosis] = field(default_factory=dict)
+    # Per node, the seconds its clock is off while a ``clock_offset`` rule fires for it (its incident's
+    # evidence): its telemetry's stamps are moved by that much, back in line with its peers' (see
+    # :meth:`_refresh_clock_fix`).  Its steps are not moved: the rule measures the offset from them.
+    clock_fix: dict[str, float] = field(default_factory=dict)
+    _clock_rules: frozenset[str] = field(default=frozenset(), repr=False)
     late: dict[str, int] = field(default_factory=dict)  # node -> messages refused as too late
     # After a restore: event time of the first tick, and how much event time a restored incident is
     # held (its rule's longest recent window + ``for``, at most ``warmup_max_s``).
@@ -180,6 +185,12 @@ class Evaluator:
             self._keep_for = self.rules
             self.store.set_keep(rule_metrics(self.rules))
             self.store.set_spans(rule_spans(self.rules))
+            self._clock_rules = frozenset(r.id for r in self.rules
+                                          if any(c.type == "clock_offset" for c in leaves(r.when)))
+        if self.clock_fix and msg["kind"] in NODE_KINDS:
+            off = self.clock_fix.get(msg["node"])
+            if off is not None:
+                msg = {**msg, "time": msg["time"] - off}
         if msg["kind"] == "placement":
             self._place(msg)
         elif msg["kind"] == "net" and self.topology is not None:
@@ -323,6 +334,8 @@ class Evaluator:
                 self.tick_errors += 1  # costs that second of evaluation, not the engine
                 if self.tick_errors <= 10 or self.tick_errors % 1000 == 0:
                     log.exception("tick at %.0f failed (%d so far)", now, self.tick_errors)
+            if self._clock_rules:
+                self._refresh_clock_fix(now)
             if self.tick_observer is not None:
                 self.tick_observer(time.perf_counter() - t0)
             self.ticks += 1
@@ -407,6 +420,34 @@ class Evaluator:
                 out.append(replace(sk.announced, status="resolved", ends_at=wall_now))
                 del self.skew[node]
         return out
+
+    def _refresh_clock_fix(self, now: float) -> None:
+        """Take each node's clock offset from the firing incidents of ``clock_offset`` rules; called after each tick.
+
+        Why: with event time stamped by the node, a node 30 s behind put every sample 30 s in the past of
+        the tick that read its peers, outside the windows the rules read: a NIC losing packets on it was
+        never found (and 30 s ahead, 36 s late).  The job's own steps say by how much its clock is off
+        (``job.node-clock-skew``); while that holds, its telemetry is moved back in line.  An incident
+        whose condition stopped holding at its rule's last evaluation (the clock was fixed) moves nothing,
+        even while it keeps firing.  A correction that moved by less than 0.5 s is kept as it was, so the
+        node's samples are not shuffled by the estimate's milliseconds.
+        """
+        fix: dict[str, float] = {}
+        for inc in self.incidents.values():
+            if inc.rule_id not in self._clock_rules or not inc.firing or inc.last is None:
+                continue
+            if inc.last_true < self._evaluated_at.get(inc.rule_id, now):
+                continue
+            node = inc.labels.get("node")
+            for e in inc.last.evidence:
+                if e.metric == "step.end_offset_s" and e.entity == node and node not in fix:
+                    old = self.clock_fix.get(node)
+                    fix[node] = old if old is not None and abs(old - e.value) < 0.5 else float(e.value)
+        if fix != self.clock_fix:
+            for node in fix.keys() - self.clock_fix.keys():
+                # debug: the rule's diagnosis tells the operator (this would print in every rule test)
+                log.debug("%s: moving its telemetry %+.1f s, its clock's offset from its job's ranks", node, -fix[node])
+            self.clock_fix = fix
 
     def duplicate_diagnoses(self) -> list[Diagnosis]:
         """Diagnoses for nodes that two agent processes publish as; called after each live batch.

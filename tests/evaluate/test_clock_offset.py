@@ -155,3 +155,26 @@ def test_a_step_keeping_statistics_again_after_a_late_record_keeps_them() -> Non
         keep_stat(row, ("k",), 1)
     keep_stat(newest, ("k",), 2)
     assert newest.stats == {("k",): 2}
+
+
+def test_a_named_clock_moves_that_nodes_telemetry_back_in_line_while_it_lasts() -> None:
+    """While job.node-clock-skew fires, the node's telemetry is moved by the offset its job's steps show (so
+    its own faults are seen: the rule tests beside network.straggler-retransmits); once its clock is
+    right again, nothing is moved."""
+    from whywait.simulate.cluster import make_job
+    from whywait.simulate.faults import make_fault
+    from whywait.simulate.sim import Simulation
+    from whywait.topology.model import Topology
+
+    topo = make_cluster(nodes=8)
+    sim = Simulation(topo, [make_job(topo)], [make_fault("clock-skew", "node-03", 30, 120, offset_s=-12.0)],
+                     start_time=T0, duration_s=220, seed=5)
+    ev = Evaluator(load_rules([RULES]), Topology.from_dict(topo.to_dict()))
+    fixes: dict[float, dict[str, float]] = {}
+    for _, m in sim.messages():
+        ev.ingest(m)
+        if ev.ticks and ev.next_tick is not None:
+            fixes[ev.next_tick] = dict(ev.clock_fix)
+    during = [f for t, f in fixes.items() if T0 + 60 <= t <= T0 + 115]
+    assert during and all(f.keys() == {"node-03"} and abs(f["node-03"] + 12.0) < 0.5 for f in during)
+    assert all(not f for t, f in fixes.items() if t < T0 + 30 or t > T0 + 135)
