@@ -11,7 +11,7 @@ import random
 from pathlib import Path
 from typing import Any
 
-from whywait.agents.events import envelope, validate
+from whywait.agents.events import decode, encode, envelope, validate
 from whywait.engine.evaluate.evaluator import Evaluator
 from whywait.engine.rules.loader import load_rules
 from whywait.simulate.cluster import make_cluster
@@ -171,8 +171,8 @@ def test_a_named_clock_moves_that_nodes_telemetry_back_in_line_while_it_lasts() 
                      start_time=T0, duration_s=220, seed=5)
     ev = Evaluator(load_rules([RULES]), Topology.from_dict(topo.to_dict()))
     fixes: dict[float, dict[str, float]] = {}
-    for _, m in sim.messages():
-        ev.ingest(m)
+    for topic, m in sim.messages():
+        ev.ingest(decode(encode(m), topic))  # typed messages, as the live engine's decoder gives them
         if ev.ticks and ev.next_tick is not None:
             fixes[ev.next_tick] = dict(ev.clock_fix)
     during = [f for t, f in fixes.items() if T0 + 60 <= t <= T0 + 115]
