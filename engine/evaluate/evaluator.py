@@ -440,7 +440,10 @@ class Evaluator:
                 continue
             node = inc.labels.get("node")
             for e in inc.last.evidence:
-                if e.metric == "step.end_offset_s" and e.entity == node and node not in fix:
+                # Never further than a message may be late: the offset comes from a job's own timings,
+                # which its owner sends, and must not move a node's telemetry out of every window.
+                if (e.metric == "step.end_offset_s" and e.entity == node and node not in fix
+                        and abs(e.value) <= self.max_late_s):
                     old = self.clock_fix.get(node)
                     fix[node] = old if old is not None and abs(old - e.value) < 0.5 else float(e.value)
         if fix != self.clock_fix:
