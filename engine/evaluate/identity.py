@@ -27,7 +27,6 @@ class Seen:
     last: str  # the instance of the latest message
     instances: dict[str, float] = field(default_factory=dict)  # instance -> event time last seen (bounded)
     returns: deque[tuple[float, str]] = field(default_factory=deque)  # (event time, instance) of each return
-    announced: bool = False
 
 
 class NodeIdentities:
