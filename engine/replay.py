@@ -390,7 +390,7 @@ def replay(messages: Iterable[dict[str, Any]], rules: RuleSet, topology: Any, *,
     evs = [Evaluator(rules, topology)] + ([Evaluator(against[0], against[1])] if against else [])
     results = [ReplayResult([], 0, None, None) for _ in evs]
     first = results[0]
-    pairs = [(ev.ingest, res, _node_check(ev.topology)) for ev, res in zip(evs, results, strict=True)]
+    pairs = [(ev.ingest, res, getattr(ev.topology, "kind_of", None)) for ev, res in zip(evs, results, strict=True)]
     # Per message only what must be: the counts and the range are kept in locals and stored once at the end.
     n, lo, hi = 0, float("inf"), -float("inf")
     try:
@@ -401,10 +401,10 @@ def replay(messages: Iterable[dict[str, Any]], rules: RuleSet, topology: Any, *,
                 lo = t
             if t > hi:
                 hi = t
-            for ingest, res, unknown in pairs:
+            for ingest, res, kind_of in pairs:
                 # Telemetry of a node the topology lacks: the live engine dead-letters it (an invented name
                 # cannot grow its memory, nor count in event time), so the replay leaves it out too.
-                if unknown is not None and m["kind"] in NODE_KINDS and unknown(m["node"]):
+                if kind_of is not None and m["kind"] in NODE_KINDS and kind_of(m["node"]) != "node":
                     res.skipped["telemetry from a node the topology does not hold"] += 1
                     continue
                 try:
@@ -427,24 +427,6 @@ def replay(messages: Iterable[dict[str, Any]], rules: RuleSet, topology: Any, *,
     for res in results[1:]:
         res.messages, res.start, res.end = first.messages, first.start, first.end
     return first, (results[1] if against else None)
-
-
-def _node_check(topology: Any) -> Callable[[str], bool] | None:
-    """A test of whether a node id is *not* a node of ``topology`` (remembered per id), or None without one."""
-    kind_of = getattr(topology, "kind_of", None)
-    if kind_of is None:
-        return None
-    seen: dict[str, bool] = {}
-
-    def unknown(node: str) -> bool:
-        got = seen.get(node)
-        if got is None:
-            got = kind_of(node) != "node"
-            if len(seen) < 100_000:  # bounded: a flood of invented names is looked up, not kept
-                seen[node] = got
-        return got
-
-    return unknown
 
 
 def _close(ev: Evaluator, end: float) -> list[Diagnosis]:
