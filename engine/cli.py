@@ -163,6 +163,11 @@ def _main(argv: list[str]) -> int:
     except Exception as exc:  # noqa: BLE001 - the last line of defence: a bug still gets one line, not a traceback
         if args.verbose:
             logging.getLogger("whywait").exception("internal error")
+        if isinstance(exc, OSError) and exc.filename is not None:
+            # A file the system refused (a full disk, a folder removed meanwhile, a path no command checked):
+            # the user's to fix, so it is said as such, with the path, and not reported as a bug.
+            print(f"whywait {args.command}: {exc.filename}: {exc.strerror or exc}", file=sys.stderr)
+            return EXIT_USAGE
         print(f"whywait {args.command}: internal error: {type(exc).__name__}: {exc} "
               "(a bug in whywait: run again with -v for the traceback, and please report it)", file=sys.stderr)
         return EXIT_INTERNAL

@@ -89,6 +89,9 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.speed < 0:
         raise ConfigError(f"--speed must be ≥ 0 (got {args.speed:g})")
+    from whywait.engine.commands.outputs import check_outputs
+
+    check_outputs([(args.topology_out, "--topology-out"), (args.truth_out, "--truth-out")])
     try:
         sim = build_simulation(args)
     except SimulationError as exc:

@@ -115,6 +115,9 @@ def run(args: argparse.Namespace) -> int:
     partitions = args.partitions or (2 * max(args.workers) if max(args.workers) > 1 else 1)
     if partitions < 1:
         raise ConfigError(f"--partitions must be at least 1 (got {partitions})")
+    from whywait.engine.commands.outputs import check_outputs
+
+    check_outputs([(args.json, "--json")], [(args.keep, "--keep")])  # refused now, not after the runs
     cfg = BenchConfig(nodes=tuple(nodes), seconds=args.seconds, reps=args.reps, feed_speed=args.feed_speed,
                       workers=tuple(args.workers), partitions=partitions, sustained=args.sustained,
                       sustained_nodes=args.sustained_nodes, sustained_seconds=args.sustained_seconds,

@@ -96,6 +96,7 @@ async def read_period(bootstrap: str, since: float, until: float, digest: Any) -
 
 
 def run(args: argparse.Namespace) -> int:
+    from whywait.engine.commands.outputs import check_outputs
     from whywait.engine.commands.replay_cmd import _fmt, parse_time
     from whywait.engine.errors import ConfigError
     from whywait.engine.localkafka.broker import resolve_bootstrap
@@ -110,6 +111,7 @@ def run(args: argparse.Namespace) -> int:
     until = parse_time(args.until, now, "--until") if args.until else now
     if until <= since:
         raise ConfigError(f"--until ({_fmt(until)}) must be after --since ({_fmt(since)})")
+    check_outputs([(args.json, "--json"), (args.blocks, "--blocks"), (args.plot, "--plot")])
     digest = Digest(since, until, projects=frozenset(args.project))
     asyncio.run(read_period(args.bootstrap or resolve_bootstrap(), since, until, digest))
     digest.finish()

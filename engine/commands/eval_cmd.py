@@ -61,6 +61,9 @@ def run(args: argparse.Namespace) -> int:
     if args.fault_free is not None and not 0 <= args.fault_free < float("inf"):
         print(f"whywait eval: --fault-free must be a number of hours >= 0 (got {args.fault_free})", file=sys.stderr)
         return 2
+    from whywait.engine.commands.outputs import check_outputs
+
+    check_outputs([(args.json, "--json"), (args.plot, "--plot")])  # refused now, not after the whole suite ran
     suite = ev.build_suite(quick=args.quick, seed=args.seed, classes=args.only,
                            fault_free_s=None if args.fault_free is None else args.fault_free * 3600)
     bar = tqdm(total=len(suite), unit="scenario", desc="eval", file=sys.stderr, dynamic_ncols=True,

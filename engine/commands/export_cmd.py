@@ -61,6 +61,7 @@ def rule_files(paths: list[Path]) -> list[tuple[str, Path]]:
 
 def run(args: argparse.Namespace) -> int:
     from whywait.engine.commands.engine_cmd import default_rule_paths, load_topology
+    from whywait.engine.commands.outputs import check_output
     from whywait.engine.commands.replay_cmd import _fmt, kafka_batches, parse_duration, parse_time, progress_bar
     from whywait.engine.errors import ConfigError
     from whywait.engine.importers.bundle import BundleWriter
@@ -73,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
     until = parse_time(args.until, now, "--until") if args.until else now
     if until <= since:
         raise ConfigError(f"--until ({_fmt(until)}) must be after --since ({_fmt(since)})")
+    check_output(args.output, "--output")  # refused now, not after the whole window was read
     topo = args.topology or (Path(os.environ["WHYWAIT_TOPOLOGY"]) if os.environ.get("WHYWAIT_TOPOLOGY") else None)
     if topo is not None:
         load_topology(topo)  # a broken topology is refused now, not at replay time

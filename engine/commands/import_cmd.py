@@ -123,8 +123,10 @@ def timing_messages(args: argparse.Namespace, files: list[tuple[Path, str]],
 
 def run(args: argparse.Namespace) -> int:
     from whywait.agents.events import encode, topic_for_kind
+    from whywait.engine.commands.outputs import check_output
     from whywait.engine.errors import ConfigError
 
+    check_output(args.output, "--output")
     for f in args.files:  # said before detecting formats: a folder or a missing file is one clear line
         try:
             f.open("rb").close()

@@ -514,11 +514,14 @@ def run(args: argparse.Namespace) -> int:
     import tempfile
 
     from whywait.engine.commands.engine_cmd import load_topology
+    from whywait.engine.commands.outputs import check_outputs
     from whywait.engine.replay import backtest, diagnoses_jsonl, incidents, replay
     from whywait.engine.rules.loader import load_rules
 
     if args.slack_thread:  # refused now, not after the whole window was replayed
         check_slack_thread(args.slack_thread)
+    check_outputs([(args.json, "--json"), (args.stats_json, "--stats-json"), (args.backtest_json, "--backtest-json"),
+                   (args.plot, "--plot")], [(args.report, "--report")])
     with tempfile.TemporaryDirectory(prefix="whywait-replay-") as tmpd:
         plan = Plan(args, Path(tmpd))
         w = plan.window

@@ -100,10 +100,12 @@ def _listing(items: list[str], everything: bool, limit: int = 8) -> str:
 
 
 def _import(args: argparse.Namespace) -> int:
+    from whywait.engine.commands.outputs import check_output
     from whywait.topology.reconcile import findings, load_node_types, merge
     from whywait.topology.schema import dump_yaml
     from whywait.topology.sources import read_source
 
+    check_output(args.output, "--output")
     groups = parse_source_args(args.sources)
     types = load_node_types(args.types) if args.types else []
     facts = [read_source(fmt, f) for fmt, files in groups for f in files]

@@ -45,4 +45,6 @@ def main(nodes: int, duration: float, out: Path) -> int:
 
 
 if __name__ == "__main__":
+    if len(sys.argv) != 4 or not sys.argv[1].isdigit() or float(sys.argv[2]) <= 200:
+        sys.exit("usage: make_bundle.py NODES SECONDS OUT (SECONDS over 200: the fault runs from +120 s to +200 s)")
     sys.exit(main(int(sys.argv[1]), float(sys.argv[2]), Path(sys.argv[3])))
