@@ -55,7 +55,10 @@ def timeline_figure(data: ReportData) -> tuple[Any, list[Any]]:
             _steps_panel(ax, data, what, times)
         elif kind == "split":
             split = data.split(what)
-            # buckets where a phase has no step (steps longer than a bucket) are left out, not drawn as 0
+            # A step longer than a bucket holds its split over the buckets it spanned (as the step panel does);
+            # buckets no step spanned, or where a phase was not reported, are left out, not drawn as 0.
+            src = spanned(data.grid.times(), data.job_step(what), data.grid.width)
+            split = {k: [math.nan if j is None else v[j] for j in src] for k, v in split.items()}
             keep = [i for i in range(len(times)) if not any(math.isnan(split[k][i]) for k in split)]
             ys = [[split[k][i] for i in keep] for k in split]
             ax.stackplot([times[i] for i in keep], *ys, labels=[f"{k} (median rank)" for k in split],
@@ -92,24 +95,55 @@ def timeline_figure(data: ReportData) -> tuple[Any, list[Any]]:
     return fig, place_labels(fig, axes[0][0], labels)
 
 
+def spanned(centres: list[float], durations: list[float], width: float) -> list[int | None]:
+    """For each bucket, the bucket whose step spanned it (itself when a step ended in it); None where none ran.
+
+    Called for the step panels.  A bucket holds the steps that *ended* in it, so a 12 s step in 2 s buckets
+    left the five buckets before its end empty, and a line drawn through the points made it a ramp that
+    began at the previous step: as if the job had slowed gradually.  With this the step is drawn as what
+    it was, 12 s long over its own 12 s.  A bucket no step spanned (before the job's first step, or while
+    it hung) keeps None: a gap in the line.  ``durations`` are step times per bucket (NaN: none ended).
+    """
+    out: list[int | None] = [None] * len(durations)
+    nxt: int | None = None  # the next bucket in which a step ended
+    for i in range(len(durations) - 1, -1, -1):
+        if not math.isnan(durations[i]):
+            out[i] = nxt = i
+        elif nxt is not None and centres[nxt] - durations[nxt] < centres[i] + width / 2:
+            out[i] = nxt
+        else:
+            nxt = None  # a bucket no step spanned: the ones before it are not spanned by a later step either
+    return out
+
+
+def covered(centres: list[float], durations: list[float], width: float) -> list[float]:
+    """Each bucket's step time, a step's also over the buckets it spanned (:func:`spanned`); NaN where none ran."""
+    return [math.nan if j is None else durations[j] for j in spanned(centres, durations, width)]
+
+
 def _steps_panel(ax: Any, data: ReportData, job: str, times: list[datetime]) -> None:
     ranks = data.sampler.entities("step.duration_s")
     ranks = [r for r in ranks if r.rsplit(":", 1)[0] == job]
     slow = data.straggler_ranks.get(job, set())
-    series = {r: data.sampler.means("step.duration_s", r) or [] for r in ranks}
+    centres, width = data.grid.times(), data.grid.width
+    series = {r: covered(centres, data.sampler.means("step.duration_s", r) or [], width) for r in ranks}
+    series = {r: s for r, s in series.items() if len(s) == len(times)}
     others = [s for r, s in series.items() if int(r.rsplit(":", 1)[1]) not in slow]
+    # "steps-mid": a bucket's value holds over the whole bucket, so a long step is a plateau and a gap a gap
     if others:
         cols = list(zip(*others, strict=True))
         lo = [_q(c, 0.1) for c in cols]
         hi = [_q(c, 0.9) for c in cols]
-        ax.fill_between(times, lo, hi, color="tab:blue", alpha=0.2, lw=0, label="other ranks, p10-p90")
-        _line(ax, times, [_nanmedian(list(c)) for c in cols], color="tab:blue", lw=1, label="other ranks, median")
+        ax.fill_between(times, lo, hi, step="mid", color="tab:blue", alpha=0.2, lw=0, label="other ranks, p10-p90")
+        ax.plot(times, [_nanmedian(list(c)) for c in cols], drawstyle="steps-mid", color="tab:blue", lw=1,
+                label="other ranks, median")
     shown = sorted(slow)[:8]
     for r in shown:
         s = series.get(f"{job}:{r}")
         if s:
             name = f"rank{'s' if len(slow) > 1 else ''} {', '.join(map(str, shown))}{' …' if len(slow) > 8 else ''}"
-            _line(ax, times, s, color="tab:red", lw=1.2, label=f"{name} (straggler)" if r == shown[0] else None)
+            ax.plot(times, s, drawstyle="steps-mid", color="tab:red", lw=1.2,
+                    label=f"{name} (straggler)" if r == shown[0] else None)
     ax.set_ylabel(f"{job}\nstep time (s)", fontsize=8)
     ax.legend(loc="upper left", fontsize=7)
 

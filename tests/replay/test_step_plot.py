@@ -1,0 +1,35 @@
+"""The step panels draw a long step over the time it ran, not as a ramp from the step before it."""
+
+from __future__ import annotations
+
+import math
+
+from whywait.engine.report.plots import covered, spanned
+
+NAN = math.nan
+
+
+def centres(n: int, width: float = 2.0) -> list[float]:
+    return [100.0 + (i + 0.5) * width for i in range(n)]
+
+
+def test_a_twelve_second_step_spans_the_buckets_before_its_end() -> None:
+    # 2 s buckets: 1 s steps end in every bucket, then one 12 s step ends in bucket 9 (its start, 107, is in bucket 3)
+    d = [1.0, 1.0, 1.0, NAN, NAN, NAN, NAN, NAN, NAN, 12.0, 1.0]
+    assert spanned(centres(len(d)), d, 2.0) == [0, 1, 2, 9, 9, 9, 9, 9, 9, 9, 10]
+    assert covered(centres(len(d)), d, 2.0) == [1.0, 1.0, 1.0, 12.0, 12.0, 12.0, 12.0, 12.0, 12.0, 12.0, 1.0]
+
+
+def test_a_bucket_no_step_ran_in_stays_a_gap() -> None:
+    # before the first step; a hang (buckets 4-6) that the next, 3 s step does not explain; after the last step
+    d = [NAN, NAN, 1.0, 1.0, NAN, NAN, NAN, 3.0, 1.0, NAN]
+    got = spanned(centres(len(d)), d, 2.0)
+    assert got == [None, None, 2, 3, None, None, 7, 7, 8, None]
+    ys = covered(centres(len(d)), d, 2.0)
+    assert [math.isnan(y) for y in ys] == [True, True, False, False, True, True, False, False, False, True]
+
+
+def test_short_steps_are_left_as_they_are() -> None:
+    d = [0.8, 0.9, 0.85, 0.8]
+    assert covered(centres(4), d, 2.0) == d
+    assert covered([], [], 2.0) == []
