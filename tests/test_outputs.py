@@ -25,9 +25,8 @@ def blocker(tmp_path: Path) -> Path:
     return f
 
 
-def test_absent_and_stdout_pass() -> None:
+def test_no_output_asked_passes() -> None:
     check_output(None, "--json")
-    check_output("-", "--output")
 
 
 def test_a_new_file_is_probed_and_nothing_is_left(tmp_path: Path) -> None:

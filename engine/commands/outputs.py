@@ -30,13 +30,13 @@ def _why(err: OSError) -> str:
 
 
 def check_output(path: Path | str | None, flag: str, *, folder: bool = False) -> None:
-    """Refuse ``path`` (given as ``flag``) if the command could not write it; None and ``-`` (stdout) pass.
+    """Refuse ``path`` (given as ``flag``) if the command could not write it; None (no output asked) passes.
 
     Called by a command before its work.  ``folder``: the command writes files into ``path`` (created
     with its parents, as the command would).  Raises :class:`ConfigError` (exit 2) naming the flag,
     the path and the reason; returns None when the path can be written.
     """
-    if path is None or str(path) == "-":
+    if path is None:
         return
     p = Path(path)
     where = f"{flag} {p}"
