@@ -105,7 +105,8 @@ def register(p: argparse.ArgumentParser) -> None:
     src.add_argument("--bootstrap", help="Kafka bootstrap (default: WHYWAIT_KAFKA_BOOTSTRAP or the local broker)")
     src.add_argument("--job", action="append", default=[], help="only this job (repeatable)")
     src.add_argument("--project", action="append", default=[], help="only this project's jobs (repeatable)")
-    src.add_argument("--lead", default="15m", help="read this much before --since to warm baselines (default 15m)")
+    src.add_argument("--lead", help="read this much before --since to warm baselines (default 15m; a bundle's own "
+                                    "when it is replayed without --since)")
     src.add_argument("--read-to-end", action="store_true",
                      help="read every partition to its end however much was written after the window (history "
                           f"backfilled with `whywait import`); by default only when that is at most "
@@ -443,8 +444,15 @@ class Plan:
             raise ConfigError("--since is required (or --input BUNDLE)")
         since = parse_time(args.since, now, "--since") if args.since else float(bwin["since"])
         until = parse_time(args.until, now, "--until") if args.until else float(bwin.get("until", now))
-        lead = parse_duration(args.lead, "--lead") if args.since or "lead_s" not in bwin else float(bwin["lead_s"])
+        # A --lead given is read (and refused when wrong) even where a bundle's own would serve; it was ignored.
+        lead = (parse_duration(args.lead or "15m", "--lead") if args.since or args.lead or "lead_s" not in bwin
+                else float(bwin["lead_s"]))
         if until <= since:
+            if self.bundle is not None and not (args.since and args.until):
+                # one of the two ends is the bundle's: say what the bundle holds, not a flag the user never gave
+                held = f"{_fmt(float(bwin.get('since', since)))} to {_fmt(float(bwin.get('until', until)))} UTC"
+                raise ConfigError(f"{'--since' if args.since else '--until'} {_fmt(since if args.since else until)} "
+                                  f"is outside {args.input}, which holds {held}")
             raise ConfigError(f"--until ({_fmt(until)}) must be after --since ({_fmt(since)})")
         self.window = Window(since, until, lead, frozenset(args.job), frozenset(args.project))
         # Without --rules, and for --against live: the rules the live engine loads, $WHYWAIT_SITE_RULES

@@ -354,6 +354,13 @@ def load_rules(paths: Iterable[str | Path]) -> RuleSet:
                 hint = _LOAD_HINT if target != rule.id else ""
                 errors.append(RuleSchemaError(rule.file, rule.supersedes_line, rule.id, f"supersedes[{i}]",
                                               f"must name another loaded rule (got {target!r}){hint}"))
+    if given and not files and not errors and not any(is_test_file(p) or p.name in MACROS_FILES for p in given):
+        # A folder given by mistake (an empty one, the wrong level) would otherwise replay, backtest or run the
+        # engine with no rule at all and report nothing found: a clean bill that nothing was checked for.
+        # (`rules check` of a test or macros file alone loads no rule, on purpose.)
+        where = ", ".join(str(p) for p in given)
+        errors.append(RuleSchemaError(where, 0, None, "",
+                                      "holds no rule file (a .yaml or .yml file other than macros and *.test.yaml)"))
     if errors:
         raise RuleLoadError(errors)
     return RuleSet(rules, tuple(str(f) for f in files))

@@ -334,3 +334,55 @@ def test_export_says_what_replay_says_of_a_filter_and_a_missing_topology(
         assert err.strip().splitlines() == [
             "whywait export: no topology in the bundle (give --topology FILE or set WHYWAIT_TOPOLOGY): "
             f"`whywait replay --input {tmp_path / 'incident.whywait'}` will need --topology"]
+
+
+# ---- 6. flags a bundle's own values used to hide ----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def small_bundle(history: list, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from whywait.engine.commands.export_cmd import rule_files
+    from whywait.engine.importers.bundle import BundleWriter
+
+    tmp = tmp_path_factory.mktemp("small-bundle")
+    w = Window(START, START + 60)
+    topo = tmp / "topology.yaml"
+    make_cluster(nodes=8).to_yaml(topo)
+    bundle = tmp / "incident.whywait"
+    with BundleWriter(bundle, {"since": w.since, "until": w.until, "lead_s": 0.0}) as bw:
+        for topic, m in history[:2000]:
+            bw.add(topic, encode(m))
+        bw.close(topo, rule_files([RULES]))
+    return bundle
+
+
+@pytest.mark.parametrize("flags, says", [
+    # a --lead the bundle's own would have replaced was not even read: "abc" replayed as if it were fine
+    (["--lead", "abc"], "whywait replay: --lead: cannot read 'abc': use a duration like 15m, 90s or 2h"),
+    # one end of the window is the bundle's: name what the bundle holds, not a --until nobody gave
+    (["--since", "2026-01-01T00:00:00Z"], "whywait replay: --since 2026-01-01 00:00:00 is outside {bundle}, which "
+                                          "holds 2025-11-29 19:00:00 to 2025-11-29 19:01:00 UTC"),
+    (["--until", "2020-01-01T00:00:00Z"], "whywait replay: --until 2020-01-01 00:00:00 is outside {bundle}, which "
+                                          "holds 2025-11-29 19:00:00 to 2025-11-29 19:01:00 UTC"),
+    # an empty folder given as --rules replayed with no rule and reported nothing found
+    (["--rules", "{empty}"], "whywait replay: {empty}: holds no rule file (a .yaml or .yml file other than macros "
+                             "and *.test.yaml)"),
+])
+def test_a_bundle_replay_refuses_what_it_used_to_pass_over(flags: list[str], says: str, small_bundle: Path,
+                                                           tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from whywait.engine.cli import main
+
+    empty = tmp_path / "rules"
+    empty.mkdir()
+    (empty / "macros.yaml").write_text("{}\n")
+    (empty / "x.test.yaml").write_text("cases: []\n")
+    fill = {"bundle": small_bundle, "empty": empty}
+    assert main(["replay", "--input", str(small_bundle), *(f.format(**fill) for f in flags)]) == 2
+    assert capsys.readouterr().err == says.format(**fill) + "\n"
+
+
+def test_a_lead_given_with_a_bundle_is_used(small_bundle: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from whywait.engine.cli import main
+
+    assert main(["replay", "--input", str(small_bundle), "--lead", "0s"]) == 0
+    assert "replayed 2000 messages" in capsys.readouterr().out
