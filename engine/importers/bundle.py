@@ -55,7 +55,19 @@ TOPOLOGY = "topology.yaml"
 #: ``\u00XX`` (6 bytes), plus its topic.  A longer line cannot hold a message the engine would accept.
 MAX_LINE_BYTES = 6 * MAX_MESSAGE_BYTES + (64 << 10)
 _MAX_MANIFEST_BYTES = 16 << 20  # a manifest lists members and counts: kilobytes
+# Rule files are kilobytes and a 10,240-GPU cluster's topology under a megabyte; both are extracted and loaded
+# whole, so a member listed (with a matching checksum) as gigabytes of one repeated byte, a few kilobytes
+# compressed, is refused before it is read instead of filling the memory or the disk of whoever replays it.
+_MAX_RULE_BYTES = 4 << 20
+_MAX_TOPOLOGY_BYTES = 256 << 20
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def _member_cap(name: str) -> int | None:
+    """The most bytes member ``name`` may hold (None: no cap, ``events.jsonl`` is streamed line by line)."""
+    if name == TOPOLOGY:
+        return _MAX_TOPOLOGY_BYTES
+    return _MAX_RULE_BYTES if name.startswith("rules/") else None
 
 
 class _Line(msgspec.Struct):
@@ -227,6 +239,11 @@ class Bundle:
                 raise ImportFormatError(f"{self.path}: member {name} is not listed in the manifest (the bundle was "
                                         "edited: a bundle lists every member with its checksum)")
         for name, want in sorted(members.items()):
+            cap = _member_cap(name)
+            if cap is not None and isinstance(want, dict) and isinstance(want.get("bytes"), int) \
+                    and want["bytes"] > cap:
+                raise ImportFormatError(f"{self.path}: {name} is listed as {want['bytes']:,} bytes, over the "
+                                        f"{cap >> 20} MiB a {'topology' if name == TOPOLOGY else 'rule file'} may be")
             h = hashlib.sha256()
             n = 0
             try:
@@ -290,7 +307,7 @@ class Bundle:
         topo = None
         if TOPOLOGY in names:
             topo = dest / TOPOLOGY
-            topo.write_bytes(self._zip.read(TOPOLOGY))
+            self._copy(TOPOLOGY, topo)
             self._check_topology(topo)
         rules = [n for n in names if n.startswith("rules/") and not n.endswith("/")]
         for n in rules:
@@ -298,10 +315,22 @@ class Bundle:
             if ".." in Path(n).parts:  # never write outside dest
                 raise ImportFormatError(f"{self.path}: unsafe member name {n!r}")
             out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_bytes(self._zip.read(n))
+            self._copy(n, out)
         # The rule paths as they were given to export (a folder keeps its macros.yaml at its top).
         tops = sorted({Path(n).parts[1] for n in rules})
         return topo, [dest / "rules" / t for t in tops]
+
+    def _copy(self, name: str, out: Path) -> None:
+        """Stream member ``name`` to ``out``, never more than its cap (:func:`_member_cap`), even if unverified."""
+        cap = _member_cap(name)
+        n = 0
+        with self._zip.open(name) as src, out.open("wb") as dst:
+            while chunk := src.read(1 << 20):
+                n += len(chunk)
+                if cap is not None and n > cap:
+                    raise ImportFormatError(f"{self.path}: {name} is over the {cap >> 20} MiB a "
+                                            f"{'topology' if name == TOPOLOGY else 'rule file'} may be")
+                dst.write(chunk)
 
     def _check_topology(self, topo: Path) -> None:
         from whywait.topology.errors import TopologyError

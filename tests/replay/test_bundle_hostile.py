@@ -204,3 +204,25 @@ def test_a_bad_bundled_rule_is_named_as_the_bundle_s_member(tmp_path: Path, caps
     assert main(["replay", "--input", str(bad)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and f"{bad}!{member}:" in err and "whywait-replay-" not in err
+
+
+def test_a_member_listed_as_gigabytes_is_refused_before_it_is_read(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """A rule file of 5 MiB of one byte, its checksum right: a few kilobytes compressed, refused unread."""
+    bad = edited(good_bundle(tmp_path), lambda m, _: m.update({"rules/gpu/big.yaml": b" " * (5 << 20)}), relist=True)
+    assert bad.stat().st_size < 64 << 10
+    assert main(["replay", "--input", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"whywait replay: {bad}: rules/gpu/big.yaml is listed as 5,242,880 bytes, over the 4 MiB a rule "
+                   "file may be\n")
+
+
+def test_an_unverified_member_is_extracted_no_further_than_its_cap(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(bundle_mod, "_MAX_TOPOLOGY_BYTES", 1 << 20)
+    bad = edited(good_bundle(tmp_path), lambda m, _: m.update({"topology.yaml": b"#" * (3 << 20)}), relist=True)
+    dest = tmp_path / "x"
+    dest.mkdir()
+    with pytest.raises(ImportFormatError, match="topology.yaml is over the 1 MiB a topology may be"):
+        Bundle(bad).extract(dest)
+    assert (dest / "topology.yaml").stat().st_size <= 1 << 20
