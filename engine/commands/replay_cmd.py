@@ -600,8 +600,13 @@ def run(args: argparse.Namespace) -> int:
             with batch_gc():
                 rep = build_report(res, spans, plan.messages(merge2), w, load_topology(plan.topo_path), threads)
             if args.plot:
+                from whywait.engine.report.plots import PAGE_INCIDENTS
+
                 rep.timeline_png(args.plot)
-                print(f"timeline: {args.plot}")
+                n = len(rep.data.incidents)
+                more = f" (incidents #1–#{PAGE_INCIDENTS} of {n}; --report draws every one)" \
+                    if n > PAGE_INCIDENTS else ""
+                print(f"timeline: {args.plot}{more}")
             if args.report:
                 paths = rep.write(args.report)
                 print(f"report: {paths['html']} (and {paths['md'].name}, {len(paths['pngs'])} PNG)")

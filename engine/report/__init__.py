@@ -226,15 +226,22 @@ class Report:
     def __init__(self, data: ReportData) -> None:
         self.data = data
 
-    def timeline_png(self, path: Path) -> Path:
-        """Draw the main timeline to ``path`` (PNG) and return it."""
+    def timeline_png(self, path: Path, page: int = 0) -> Path:
+        """Draw timeline page ``page`` (0: the main one, with the jobs' step panels) to ``path`` (PNG); return it."""
         import matplotlib.pyplot as plt
         from whywait.engine.report.plots import timeline_figure
 
-        fig, _ = timeline_figure(self.data)
+        fig, _ = timeline_figure(self.data, page)
         fig.savefig(path, dpi=100)
         plt.close(fig)
         return path
+
+    def timeline_pngs(self, folder: Path) -> list[Path]:
+        """Draw every timeline page into ``folder`` (``timeline.png``, ``timeline-2.png``, ...); return them."""
+        from whywait.engine.report.plots import pages
+
+        return [self.timeline_png(folder / ("timeline.png" if p == 0 else f"timeline-{p + 1}.png"), p)
+                for p in range(pages(self.data))]
 
     def summary_lines(self) -> list[str]:
         """The summary for someone who was not on call, one fact per line (Markdown)."""
@@ -243,11 +250,11 @@ class Report:
         return summary(self.data)
 
     def write(self, folder: Path) -> dict[str, Any]:
-        """Write ``report.html``, ``report.md`` and ``timeline.png`` into ``folder``; return their paths."""
+        """Write ``report.html``, ``report.md`` and the timeline PNGs into ``folder``; return their paths."""
         from whywait.engine.report.render import html, markdown
 
         folder.mkdir(parents=True, exist_ok=True)
-        png = self.timeline_png(folder / "timeline.png")
-        (folder / "report.md").write_text(markdown(self.data, png.name))
-        (folder / "report.html").write_text(html(self.data, png.read_bytes()))
-        return {"html": folder / "report.html", "md": folder / "report.md", "pngs": [png]}
+        pngs = self.timeline_pngs(folder)
+        (folder / "report.md").write_text(markdown(self.data, [p.name for p in pngs]))
+        (folder / "report.html").write_text(html(self.data, [p.read_bytes() for p in pngs]))
+        return {"html": folder / "report.html", "md": folder / "report.md", "pngs": pngs}

@@ -6,6 +6,11 @@ data/compute/communication split, and for every incident its culprit's evidence 
 the median of its peers, with the incidents shaded and labelled.  Labels are placed by
 measuring their rendered boxes (:func:`place_labels`), so three incidents close together
 stack instead of printing over each other.
+
+Many incidents go on several pages of :data:`PAGE_INCIDENTS` each (:func:`pages`), every page on the
+same UTC axis.  One figure for all of them grew with three panels an incident: 120 incidents drew a
+12 MB PNG of 360 panels in 223 s (label placement and layout grow faster than the panels), which no
+one could read and the HTML inlined whole.
 """
 
 from __future__ import annotations
@@ -30,8 +35,21 @@ def _nanmedian(vals: list[float]) -> float:
     return statistics.median(v) if v else math.nan
 
 
-def timeline_figure(data: ReportData) -> tuple[Any, list[Any]]:
-    """Build the main timeline figure (not saved); return it and its incident label artists."""
+PAGE_INCIDENTS = 8
+
+
+def pages(data: ReportData) -> int:
+    """How many timeline figures the report draws: one per :data:`PAGE_INCIDENTS` incidents, at least one."""
+    return max(1, math.ceil(len(data.incidents) / PAGE_INCIDENTS))
+
+
+def timeline_figure(data: ReportData, page: int = 0) -> tuple[Any, list[Any]]:
+    """Build timeline figure ``page`` (not saved); return it and its incident label artists.
+
+    Page 0 holds the jobs' step panels and the first :data:`PAGE_INCIDENTS` incidents' evidence; each later
+    page the evidence of the next ones.  Every page spans the same UTC window, and shades and labels its
+    own incidents (numbered as in the report).
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -39,12 +57,14 @@ def timeline_figure(data: ReportData) -> tuple[Any, list[Any]]:
     import matplotlib.pyplot as plt
 
     times = _utc(data.grid.times())
+    first = page * PAGE_INCIDENTS
+    mine = list(enumerate(data.incidents))[first:first + PAGE_INCIDENTS]
     panels: list[tuple[str, Any]] = []
-    for job in data.jobs:
+    for job in data.jobs if page == 0 else ():
         panels.append(("steps", job))
         if any(data.split(job).values()):
             panels.append(("split", job))
-    for k, inc in enumerate(data.incidents):
+    for k, inc in mine:
         for metric, entity in inc.evidence_series:
             panels.append(("evidence", (k, metric, entity)))
     panels = panels or [("empty", None)]
@@ -80,18 +100,19 @@ def timeline_figure(data: ReportData) -> tuple[Any, list[Any]]:
         else:
             ax.text(0.5, 0.5, "no data in the window", ha="center", va="center", transform=ax.transAxes)
         ax.grid(alpha=0.3)
-    for k, inc in enumerate(data.incidents):
+    for k, inc in mine:
         a, b = _utc([inc.start, inc.end])
         for row in axes:
             row[0].axvspan(a, b, color=COLORS[k % len(COLORS)], alpha=0.15)
     last = axes[-1][0]
     last.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M:%S", tz=timezone.utc))
     day = datetime.fromtimestamp(data.window.since, timezone.utc).strftime("%Y-%m-%d")
-    last.set_xlabel(f"UTC, {day} (event time)")
+    of = pages(data)
+    which = f" · incidents #{mine[0][0] + 1}–#{mine[-1][0] + 1} of {len(data.incidents)}" if of > 1 and mine else ""
+    last.set_xlabel(f"UTC, {day} (event time){which}")
     last.set_xlim(times[0], times[-1]) if times else None
     fig.tight_layout()
-    labels = [(f"#{k + 1} {inc.rule_id}: {inc.culprit}", inc.start, COLORS[k % len(COLORS)])
-              for k, inc in enumerate(data.incidents)]
+    labels = [(f"#{k + 1} {inc.rule_id}: {inc.culprit}", inc.start, COLORS[k % len(COLORS)]) for k, inc in mine]
     return fig, place_labels(fig, axes[0][0], labels)
 
 

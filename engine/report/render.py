@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import base64
 import html as _html
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 if TYPE_CHECKING:
     from whywait.engine.report import IncidentView, ReportData
@@ -86,13 +86,23 @@ def _incident_md(v: IncidentView) -> list[str]:
     return out + [""]
 
 
-def markdown(data: ReportData, png_name: str) -> str:
-    """The report as Markdown, referring to the PNG next to it."""
+def markdown(data: ReportData, png_names: str | Sequence[str]) -> str:
+    """The report as Markdown, referring to the timeline PNGs next to it (one name, or each page's in order)."""
+    from whywait.engine.report.plots import PAGE_INCIDENTS
+
+    names = [png_names] if isinstance(png_names, str) else list(png_names)
     w = data.window
     out = [f"# Postmortem: {', '.join(data.jobs) or 'the cluster'}, {_utc(w.since)} – {_utc(w.until)}", "",
            "## Summary", ""]
     out += [f"- {line}" for line in summary(data)]
-    out += ["", "## Timeline (UTC)", "", f"![timeline]({png_name})", ""]
+    out += ["", "## Timeline (UTC)", ""]
+    n = len(data.incidents)
+    for page, name in enumerate(names):
+        if len(names) > 1:
+            a, b = page * PAGE_INCIDENTS + 1, min(n, (page + 1) * PAGE_INCIDENTS)
+            head = "The jobs' steps, and the evidence of" if page == 0 else "The evidence of"
+            out += [f"{head} incidents #{a}–#{b}:", ""]
+        out += [f"![timeline]({name})", ""]
     if data.incidents:
         out += ["## Incidents", ""]
         for v in data.incidents:
@@ -107,12 +117,13 @@ h1{font-size:1.4em}h2{border-bottom:1px solid #ccc}table{border-collapse:collaps
 td,th{border:1px solid #ccc;padding:2px 6px;font-size:.9em}code{background:#f3f3f3}img{max-width:100%}"""
 
 
-def html(data: ReportData, png: bytes) -> str:
-    """The report as one HTML file with the timeline PNG inlined (opens offline)."""
+def html(data: ReportData, pngs: bytes | Sequence[bytes]) -> str:
+    """The report as one HTML file with the timeline PNGs inlined (opens offline)."""
     import re
 
-    md = markdown(data, "timeline.png")
-    img = "data:image/png;base64," + base64.b64encode(png).decode()
+    pngs = [pngs] if isinstance(pngs, bytes) else list(pngs)
+    md = markdown(data, [f"timeline-{i + 1}.png" for i in range(len(pngs))])
+    imgs = iter("data:image/png;base64," + base64.b64encode(p).decode() for p in pngs)
     body: list[str] = []
     table: list[str] = []
 
@@ -136,7 +147,7 @@ def html(data: ReportData, png: bytes) -> str:
             continue
         flush_table()
         if line.startswith("!["):
-            body.append(f'<img alt="timeline" src="{img}">')
+            body.append(f'<img alt="timeline" src="{next(imgs)}">')
         elif line.startswith("#"):
             level = len(line) - len(line.lstrip("#"))
             body.append(f"<h{level}>{inline(line[level:].strip())}</h{level}>")

@@ -252,6 +252,38 @@ def test_every_incident_is_labelled_without_overlap(tmp_path: Path) -> None:
     plt.close(fig)
 
 
+def test_many_incidents_go_on_pages_that_each_label_their_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One figure for every incident grew three panels each: 120 drew a 12 MB PNG in 223 s. Pages bound it."""
+    import dataclasses
+
+    import matplotlib.pyplot as plt
+    from whywait.engine.report import plots
+
+    rep, _ = report_for([("nic-packet-loss", "node-05", 120, 200)], tmp_path)
+    v0 = rep.data.incidents[0]
+    rep.data.incidents = [dataclasses.replace(v0, number=k + 1, start=v0.start + 20 * k, end=v0.end + 20 * k)
+                          for k in range(5)]
+    monkeypatch.setattr(plots, "PAGE_INCIDENTS", 2)
+    assert plots.pages(rep.data) == 3
+    for page, numbers in enumerate(([1, 2], [3, 4], [5])):
+        fig, labels = plots.timeline_figure(rep.data, page)
+        fig.canvas.draw()
+        assert [int(a.get_text().split()[0][1:]) for a in labels] == numbers
+        evidence = [ax for ax in fig.axes if ax.get_ylabel().startswith("#")]
+        assert {int(ax.get_ylabel().split()[0][1:]) for ax in evidence} == set(numbers)
+        steps = [ax for ax in fig.axes if "step time" in ax.get_ylabel()]
+        assert len(steps) == (1 if page == 0 else 0)  # the jobs' panels are on the first page only
+        assert fig.axes[-1].get_xlim() == plots.timeline_figure(rep.data, 0)[0].axes[-1].get_xlim()  # one UTC axis
+        assert f"incidents #{numbers[0]}–#{numbers[-1]} of 5" in fig.axes[-1].get_xlabel()
+        plt.close("all")
+    paths = rep.write(tmp_path / "paged")
+    assert [p.name for p in paths["pngs"]] == ["timeline.png", "timeline-2.png", "timeline-3.png"]
+    md = paths["md"].read_text()
+    assert md.index("![timeline](timeline.png)") < md.index("The evidence of incidents #3–#4:") \
+        < md.index("![timeline](timeline-2.png)") < md.index("![timeline](timeline-3.png)")
+    assert paths["html"].read_text().count('src="data:image/png;base64,') == 3
+
+
 def test_bundle_replays_without_kafka_to_the_identical_result(one_fault: tuple[Topology, list],
                                                                tmp_path: Path) -> None:
     from whywait.engine.commands.export_cmd import rule_files
