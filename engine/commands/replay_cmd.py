@@ -603,10 +603,10 @@ def run(args: argparse.Namespace) -> int:
                 from whywait.engine.report.plots import PAGE_INCIDENTS
 
                 rep.timeline_png(args.plot)
-                n = len(rep.data.incidents)
-                more = f" (incidents #1–#{PAGE_INCIDENTS} of {n}; --report draws every one)" \
-                    if n > PAGE_INCIDENTS else ""
-                print(f"timeline: {args.plot}{more}")
+                n_inc = len(rep.data.incidents)
+                paged = f" (incidents #1–#{PAGE_INCIDENTS} of {n_inc}; --report draws every one)" \
+                    if n_inc > PAGE_INCIDENTS else ""
+                print(f"timeline: {args.plot}{paged}")
             if args.report:
                 paths = rep.write(args.report)
                 print(f"report: {paths['html']} (and {paths['md'].name}, {len(paths['pngs'])} PNG)")
