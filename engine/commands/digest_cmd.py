@@ -148,6 +148,7 @@ def post(digest: Any, rows: list[dict[str, Any]]) -> None:
     from slack_sdk import WebClient
     from slack_sdk.errors import SlackApiError
     from whywait.engine.errors import NotifyError
+    from whywait.engine.report.digest import messages
 
     client = WebClient(token=slack_token().reveal(),
                        base_url=os.environ.get("WHYWAIT_SLACK_API_URL") or WebClient.BASE_URL)
@@ -160,11 +161,15 @@ def post(digest: Any, rows: list[dict[str, Any]]) -> None:
         png = digest.plot(Path(tmp) / "digest.png")
         try:
             for ch, projects in sorted(by_channel.items()):
-                blocks = [b for p in sorted(projects) for b in digest.blocks(p)]
-                resp = client.chat_postMessage(channel=ch, text="Useful GPU time digest", blocks=blocks)
+                blocks = [b for i, p in enumerate(sorted(projects)) for b in digest.blocks(p)[(1 if i else 0):]]
+                first, *more = messages(blocks)
+                resp = client.chat_postMessage(channel=ch, text="Useful GPU time digest", blocks=first)
+                for rest in more:  # what passes one message's limits goes into its thread
+                    client.chat_postMessage(channel=resp["channel"], thread_ts=resp["ts"],
+                                            text="Useful GPU time digest (continued)", blocks=rest)
                 client.files_upload_v2(channel=resp["channel"], thread_ts=resp["ts"], file=str(png),
                                        filename="digest.png", title="GPU-hours used and lost by cause")
-                print(f"posted to {ch}")
+                print(f"posted to {ch}" + (f" ({1 + len(more)} messages)" if more else ""))
         except SlackApiError as exc:
             raise NotifyError(f"Slack refused the digest: {exc.response.get('error')}", retryable=False) from None
 

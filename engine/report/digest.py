@@ -32,6 +32,17 @@ CAUSES: dict[str, str] = {
 }
 UNKNOWN = "stragglers of unknown cause"
 _LEAD_S = 900.0
+# A week of a real cluster holds hundreds of jobs per project (sweeps, evaluations, short runs).  Slack takes at
+# most 50 blocks and 3,000 characters a section per message, and refuses (``msg_blocks_too_long``) at about
+# 13,000 characters in all; a chart of hundreds of bars is unreadable.  So each project shows its jobs that
+# lost the most, and one line sums the rest; ``--json`` keeps every job.
+TOP_JOBS = 10
+TOP_BARS = 25
+_SECTION_CHARS = 2900
+
+
+def _cut(s: str, n: int) -> str:
+    return s if len(s) <= n else s[:n - 1] + "…"
 
 
 def cause_of(rule_id: str) -> str:
@@ -179,6 +190,24 @@ class Digest:
         rows = [r for r in self.rows() if project is None or r["project"] == project]
         blocks: list[dict[str, Any]] = [{"type": "header", "text": {"type": "plain_text", "text":
                                          f"Useful GPU time, {day(self.since)} – {day(self.until)}"}}]
+        by_project: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for r in rows:  # already by project, the biggest loss first
+            by_project[r["project"]].append(r)
+        for proj, prows in by_project.items():
+            blocks += self._job_sections(prows[:TOP_JOBS], day)
+            rest = prows[TOP_JOBS:]
+            if rest:
+                used, lost = sum(r["gpu_hours_used"] for r in rest), sum(r["gpu_hours_lost"] for r in rest)
+                blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": (
+                    f"…and {len(rest)} more job(s) of {proj}: {used:,.1f} GPU-hours used, {lost:,.1f} lost "
+                    f"(`whywait digest --project {proj} --json FILE` lists every one)")[:_SECTION_CHARS]}]})
+        if not rows:
+            blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": "No job reported steps."}})
+        return blocks
+
+    @staticmethod
+    def _job_sections(rows: list[dict[str, Any]], day: Any) -> list[dict[str, Any]]:
+        blocks: list[dict[str, Any]] = []
         for r in rows:
             used, lost = r["gpu_hours_used"], r["gpu_hours_lost"]
             pct = f" ({100 * lost / used:.1f}% of it)" if used > 0 else ""
@@ -189,9 +218,9 @@ class Digest:
                 g = i["gpu_hours_lost"]
                 text += (f"\n• {day(i['starts_at'])} {i['rule_id']} on {i['culprit'] or r['job']}: "
                          + (f"{g:.2f} GPU-h" if g is not None else "cost unknown"))
+            if len(text) > _SECTION_CHARS:  # a long job name or culprit list: cut, never refused
+                text = text[:_SECTION_CHARS - 1] + "…"
             blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": text}})
-        if not rows:
-            blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": "No job reported steps."}})
         return blocks
 
     def plot(self, path: Path) -> Path:
@@ -201,10 +230,20 @@ class Digest:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        rows = self.rows()
+        rows = sorted(self.rows(), key=lambda r: -r["gpu_hours_lost"])
+        if len(rows) > TOP_BARS:  # the jobs that lost the most, and one bar for the rest
+            rest = rows[TOP_BARS - 1:]
+            lost_by: Counter[str] = Counter()
+            for r in rest:
+                lost_by.update(r["lost_by_cause"])
+            rows = rows[:TOP_BARS - 1] + [{
+                "project": f"{len(rest)} other jobs", "job": "together",
+                "gpu_hours_used": sum(r["gpu_hours_used"] for r in rest),
+                "gpu_hours_lost": sum(r["gpu_hours_lost"] for r in rest), "lost_by_cause": dict(lost_by)}]
         causes = sorted({c for r in rows for c in r["lost_by_cause"]})
         fig, ax = plt.subplots(figsize=(10, 1.5 + 0.5 * max(len(rows), 1)))
-        labels = [f"{r['project']} / {r['job']}" for r in rows]
+        # a long project or job name would squeeze the bars to nothing: cut, as Slack's sections are
+        labels = [_cut(f"{r['project']} / {r['job']}", 48) for r in rows]
         left = [max(r["gpu_hours_used"] - r["gpu_hours_lost"], 0.0) for r in rows]
         ax.barh(labels, left, color="tab:green", label="productive")
         for k, c in enumerate(causes):
@@ -218,3 +257,32 @@ class Digest:
         fig.savefig(path, dpi=100)
         plt.close(fig)
         return path
+
+
+def messages(blocks: list[dict[str, Any]], max_blocks: int = 50, max_chars: int = 12_000) -> list[list[dict[str, Any]]]:
+    """Split ``blocks`` into Slack messages: at most ``max_blocks`` blocks and ``max_chars`` characters of text each.
+
+    Called by ``whywait digest --post`` for each channel: the first message is posted, the others go into its
+    thread.  A channel that several projects name gets every project's sections, which can pass the limits
+    (50 blocks; about 13,000 characters, where Slack answers ``msg_blocks_too_long``) even with each project
+    trimmed to :data:`TOP_JOBS`.
+    """
+    def size(b: dict[str, Any]) -> int:
+        t = b.get("text")
+        if isinstance(t, dict):
+            return len(t.get("text", ""))
+        return sum(len(e.get("text", "")) for e in b.get("elements", ()))
+
+    out: list[list[dict[str, Any]]] = []
+    cur: list[dict[str, Any]] = []
+    chars = 0
+    for b in blocks:
+        n = size(b)
+        if cur and (len(cur) >= max_blocks or chars + n > max_chars):
+            out.append(cur)
+            cur, chars = [], 0
+        cur.append(b)
+        chars += n
+    if cur:
+        out.append(cur)
+    return out

@@ -93,6 +93,25 @@ class SlackMessage:
         return "\n".join([self.text or "", *_block_texts(self.blocks or [])])
 
 
+#: Slack's limits on a message's blocks: 50 blocks, 3,000 characters of text in a section (both documented), and
+#: about 13,000 characters in all, refused as ``msg_blocks_too_long`` (slackapi/bolt-js#2509).
+MAX_BLOCKS, MAX_SECTION_CHARS, MAX_BLOCK_CHARS = 50, 3000, 13_000
+
+
+def _block_limits(blocks: list[Any]) -> str | None:
+    """The error Slack answers for ``blocks`` past its limits, or None."""
+    if len(blocks) > MAX_BLOCKS:
+        return "invalid_blocks"
+    for b in blocks:
+        t = b.get("text") if isinstance(b, dict) else None
+        if isinstance(b, dict) and b.get("type") == "section" and isinstance(t, dict) \
+                and len(str(t.get("text", ""))) > MAX_SECTION_CHARS:
+            return "invalid_blocks"
+    if sum(len(t) for t in _block_texts(blocks)) > MAX_BLOCK_CHARS:
+        return "msg_blocks_too_long"
+    return None
+
+
 def _block_texts(node: Any) -> Iterator[str]:
     if isinstance(node, dict):
         for k, v in node.items():
@@ -393,6 +412,10 @@ class SlackServer:
                 return 200, {"ok": False, "error": "invalid_blocks_format"}, {}
         if blocks is not None and not isinstance(blocks, list):
             return 200, {"ok": False, "error": "invalid_blocks_format"}, {}
+        if blocks:
+            refused = _block_limits(blocks)
+            if refused:
+                return 200, {"ok": False, "error": refused}, {}
         text = params.get("text")
         call.text, call.blocks = text, blocks
 

@@ -57,7 +57,10 @@ AUTH_ERRORS = frozenset({"invalid_auth", "not_authed", "token_revoked", "token_e
                          "missing_scope", "not_allowed_token_type"})
 CHANNEL_ERRORS = frozenset({"channel_not_found", "not_in_channel", "is_archived", "restricted_action"})
 GONE_ERRORS = frozenset({"message_not_found", "cant_update_message", "edit_window_closed", "thread_not_found"})
-FORMAT_ERRORS = frozenset({"invalid_blocks", "invalid_blocks_format", "msg_too_long", "too_many_attachments"})
+# msg_blocks_too_long: Slack's answer to blocks of about 13,000 characters in all, each within its own limit
+# (slackapi/bolt-js#2509); a message is then sent again as plain text, like any other refused layout.
+FORMAT_ERRORS = frozenset({"invalid_blocks", "invalid_blocks_format", "msg_too_long", "msg_blocks_too_long",
+                           "too_many_attachments"})
 TRANSIENT_ERRORS = frozenset({"ratelimited", "service_unavailable", "internal_error", "fatal_error", "request_timeout"})
 
 # How each kind of reply line reads in Slack.
