@@ -41,9 +41,7 @@ def post_to_thread(report: Report, target: str, tmp: Path) -> None:
     client = WebClient(token=token.reveal(), timeout=30,
                        base_url=os.environ.get("WHYWAIT_SLACK_API_URL") or WebClient.BASE_URL)
     png = report.timeline_png(tmp / "timeline.png")
-    # Slack's mrkdwn bolds with one asterisk
-    text = "\n".join(["*Postmortem (whywait replay)*", *(re.sub(r"\*\*(.+?)\*\*", r"*\1*", line)
-                                                          for line in report.summary_lines())])
+    text = thread_text(report.summary_lines())
     try:
         if channel.startswith("#"):
             channel = _channel_id(client, channel)
@@ -56,9 +54,37 @@ def post_to_thread(report: Report, target: str, tmp: Path) -> None:
         raise NotifyError(f"Slack unreachable: {exc}", retryable=True) from None
 
 
+#: Slack advises at most 4,000 characters of message text (and cuts at 40,000): a window with a hundred incidents
+#: has a summary line each, so the thread gets the first ones and the count of the rest; the report has them all.
+MAX_TEXT = 3_900
+
+
+def thread_text(lines: list[str], limit: int = MAX_TEXT) -> str:
+    """The summary as one Slack message: incident lines while they fit in ``limit``, the totals line always last."""
+    # Slack's mrkdwn bolds with one asterisk
+    lines = [re.sub(r"\*\*(.+?)\*\*", r"*\1*", line) for line in lines]
+    head, *incidents = ["*Postmortem (whywait replay)*", *lines[:-1]]
+    tail = lines[-1] if lines else ""
+    out, size = [head], len(head) + len(tail) + 80
+    for k, line in enumerate(incidents):
+        if size + len(line) + 1 > limit:
+            out.append(f"…and {len(incidents) - k} more incident(s): the report (`--report DIR`) has every one.")
+            break
+        out.append(line)
+        size += len(line) + 1
+    return "\n".join([*out, tail])
+
+
 def _channel_id(client: object, name: str) -> str:
-    resp = client.conversations_list(limit=1000)  # type: ignore[attr-defined]
-    for c in resp.get("channels", []):
-        if c.get("name") == name.lstrip("#"):
-            return str(c["id"])
+    """The id of channel ``#name``, paging through the workspace's channels (public and private ones the app is in)."""
+    cursor = None
+    for _ in range(100):  # 100 pages of 200: a workspace of 20,000 channels
+        resp = client.conversations_list(limit=200, cursor=cursor,  # type: ignore[attr-defined]
+                                         types="public_channel,private_channel", exclude_archived=True)
+        for c in resp.get("channels", []):
+            if c.get("name") == name.lstrip("#"):
+                return str(c["id"])
+        cursor = (resp.get("response_metadata") or {}).get("next_cursor")
+        if not cursor:
+            break
     raise NotifyError(f"Slack channel {name} not found (is the app invited to it?)", retryable=False)

@@ -489,3 +489,36 @@ def test_batch_gc_restores_the_collector() -> None:
     with batch_gc():
         assert gc.get_threshold()[0] > before[0] and gc.get_freeze_count() > 0
     assert gc.get_threshold() == before and gc.get_freeze_count() == 0
+
+
+def test_a_hundred_incidents_give_the_thread_the_first_ones_and_the_count() -> None:
+    """A summary line an incident: 120 made a message of 60,000 characters, past what Slack shows."""
+    from whywait.engine.report.slack import MAX_TEXT, thread_text
+
+    lines = [f"#{k} **train-{k}** was slowed from ... " + "x" * 400 for k in range(1, 121)]
+    text = thread_text([*lines, "In all: 120 incident(s), 9.00 GPU-hours lost."])
+    assert len(text) <= MAX_TEXT
+    assert text.startswith("*Postmortem (whywait replay)*\n#1 *train-1* was slowed")
+    assert text.endswith("more incident(s): the report (`--report DIR`) has every one.\n"
+                         "In all: 120 incident(s), 9.00 GPU-hours lost.")
+    shown = text.count("was slowed")
+    assert 5 <= shown < 120 and f"…and {120 - shown} more incident(s)" in text
+    one = thread_text(["#1 **a** was slowed.", "In all: 1 incident(s), 0.10 GPU-hours lost."])
+    assert one == "*Postmortem (whywait replay)*\n#1 *a* was slowed.\nIn all: 1 incident(s), 0.10 GPU-hours lost."
+
+
+def test_a_channel_named_by_name_is_found_past_the_first_page() -> None:
+    """``--slack-thread #name:ts``: the channel list is paged; it used to read one page of 1,000 and stop."""
+    from slack_sdk import WebClient
+    from whywait.engine.errors import NotifyError
+    from whywait.engine.report.slack import _channel_id
+
+    from tests.support.slack_server import SlackServer
+
+    names = [f"#team-{k:04d}" for k in range(1050)] + ["#ml-platform"]
+    with SlackServer(channels=names, token="xoxb-pm") as slack:
+        client = WebClient(token="xoxb-pm", base_url=slack.url)
+        assert _channel_id(client, "#ml-platform") == slack.channel_id("#ml-platform")
+        assert len(slack.calls_to("conversations.list")) == 6  # 5 pages of 200, then 51
+        with pytest.raises(NotifyError, match="Slack channel #nowhere not found"):
+            _channel_id(client, "#nowhere")

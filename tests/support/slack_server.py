@@ -329,9 +329,14 @@ class SlackServer:
                          "user": self.bot_user, "team_id": "T0000001", "user_id": "U0000001",
                          "bot_id": "B0000001", "is_enterprise_install": False}, {}
         if method == "conversations.list":
+            # paged as Slack pages it: ``limit`` channels a call, an opaque ``next_cursor`` until the last page
             chans = [{"id": cid, "name": n, "is_channel": True, "is_member": True, "is_archived": False}
                      for cid, n in self._channels.items()]
-            return 200, {"ok": True, "channels": chans, "response_metadata": {"next_cursor": ""}}, {}
+            start = int(params.get("cursor") or 0)
+            limit = int(params.get("limit") or 100)
+            page = chans[start:start + limit]
+            nxt = str(start + limit) if start + limit < len(chans) else ""
+            return 200, {"ok": True, "channels": page, "response_metadata": {"next_cursor": nxt}}, {}
         if method in ("chat.postMessage", "chat.update", "conversations.replies"):
             return self._chat(call, params, now)
         if method in ("files.getUploadURLExternal", "files.completeUploadExternal"):
