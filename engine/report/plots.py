@@ -36,6 +36,24 @@ def _nanmedian(vals: list[float]) -> float:
 
 
 PAGE_INCIDENTS = 8
+PAGE_JOBS = 8  # step panels drawn for a window without incidents: its largest jobs (a cluster may run hundreds)
+
+
+def jobs_on(data: ReportData, incidents: list[Any]) -> tuple[list[str], int]:
+    """The jobs whose step panels a page draws, and how many jobs there were to choose from.
+
+    A page with incidents draws their jobs (so each page reads on its own); a window without incidents
+    draws its :data:`PAGE_JOBS` largest jobs by ranks, not every job of the cluster.
+    """
+    if data.incidents:
+        jobs = list(dict.fromkeys(inc.job for _, inc in incidents if inc.job and inc.job in data.jobs))
+        return jobs, len(jobs)
+    ranks: dict[str, int] = {}
+    for e in data.sampler.entities("step.duration_s"):
+        job = e.rsplit(":", 1)[0]
+        ranks[job] = ranks.get(job, 0) + 1
+    jobs = sorted(data.jobs, key=lambda j: (-ranks.get(j, 0), j))
+    return jobs[:PAGE_JOBS], len(jobs)
 
 
 def pages(data: ReportData) -> int:
@@ -46,9 +64,9 @@ def pages(data: ReportData) -> int:
 def timeline_figure(data: ReportData, page: int = 0) -> tuple[Any, list[Any]]:
     """Build timeline figure ``page`` (not saved); return it and its incident label artists.
 
-    Page 0 holds the jobs' step panels and the first :data:`PAGE_INCIDENTS` incidents' evidence; each later
-    page the evidence of the next ones.  Every page spans the same UTC window, and shades and labels its
-    own incidents (numbered as in the report).
+    Page 0 holds the first :data:`PAGE_INCIDENTS` incidents, each later page the next ones: the step panels
+    of their jobs (:func:`jobs_on`), then each incident's evidence.  Every page spans the same UTC window,
+    and shades and labels its own incidents (numbered as in the report).
     """
     import matplotlib
 
@@ -60,7 +78,8 @@ def timeline_figure(data: ReportData, page: int = 0) -> tuple[Any, list[Any]]:
     first = page * PAGE_INCIDENTS
     mine = list(enumerate(data.incidents))[first:first + PAGE_INCIDENTS]
     panels: list[tuple[str, Any]] = []
-    for job in data.jobs if page == 0 else ():
+    jobs, n_jobs = jobs_on(data, mine)
+    for job in jobs:
         panels.append(("steps", job))
         if any(data.split(job).values()):
             panels.append(("split", job))
@@ -109,6 +128,8 @@ def timeline_figure(data: ReportData, page: int = 0) -> tuple[Any, list[Any]]:
     day = datetime.fromtimestamp(data.window.since, timezone.utc).strftime("%Y-%m-%d")
     of = pages(data)
     which = f" · incidents #{mine[0][0] + 1}–#{mine[-1][0] + 1} of {len(data.incidents)}" if of > 1 and mine else ""
+    if not data.incidents and n_jobs > len(jobs):
+        which += f" · the {len(jobs)} largest of {n_jobs} jobs"
     last.set_xlabel(f"UTC, {day} (event time){which}")
     last.set_xlim(times[0], times[-1]) if times else None
     fig.tight_layout()
@@ -166,7 +187,10 @@ def _steps_panel(ax: Any, data: ReportData, job: str, times: list[datetime]) -> 
             ax.plot(times, s, drawstyle="steps-mid", color="tab:red", lw=1.2,
                     label=f"{name} (straggler)" if r == shown[0] else None)
     ax.set_ylabel(f"{job}\nstep time (s)", fontsize=8)
-    ax.legend(loc="upper left", fontsize=7)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(loc="upper left", fontsize=7)
+    else:  # a job known from its placement or a diagnosis that sent no step timings in the window (hung, or off)
+        ax.text(0.5, 0.5, "no step timings in the window", ha="center", va="center", transform=ax.transAxes)
 
 
 def _line(ax: Any, times: list[datetime], ys: list[float], **kw: Any) -> None:

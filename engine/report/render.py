@@ -100,8 +100,7 @@ def markdown(data: ReportData, png_names: str | Sequence[str]) -> str:
     for page, name in enumerate(names):
         if len(names) > 1:
             a, b = page * PAGE_INCIDENTS + 1, min(n, (page + 1) * PAGE_INCIDENTS)
-            head = "The jobs' steps, and the evidence of" if page == 0 else "The evidence of"
-            out += [f"{head} incidents #{a}–#{b}:", ""]
+            out += [f"Incidents #{a}–#{b}: their jobs' steps and their evidence:", ""]
         out += [f"![timeline]({name})", ""]
     if data.incidents:
         out += ["## Incidents", ""]

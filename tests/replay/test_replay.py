@@ -272,14 +272,14 @@ def test_many_incidents_go_on_pages_that_each_label_their_own(tmp_path: Path, mo
         evidence = [ax for ax in fig.axes if ax.get_ylabel().startswith("#")]
         assert {int(ax.get_ylabel().split()[0][1:]) for ax in evidence} == set(numbers)
         steps = [ax for ax in fig.axes if "step time" in ax.get_ylabel()]
-        assert len(steps) == (1 if page == 0 else 0)  # the jobs' panels are on the first page only
+        assert len(steps) == 1  # each page draws the step time of its incidents' job
         assert fig.axes[-1].get_xlim() == plots.timeline_figure(rep.data, 0)[0].axes[-1].get_xlim()  # one UTC axis
         assert f"incidents #{numbers[0]}–#{numbers[-1]} of 5" in fig.axes[-1].get_xlabel()
         plt.close("all")
     paths = rep.write(tmp_path / "paged")
     assert [p.name for p in paths["pngs"]] == ["timeline.png", "timeline-2.png", "timeline-3.png"]
     md = paths["md"].read_text()
-    assert md.index("![timeline](timeline.png)") < md.index("The evidence of incidents #3–#4:") \
+    assert md.index("![timeline](timeline.png)") < md.index("Incidents #3–#4: their jobs' steps and their evidence:") \
         < md.index("![timeline](timeline-2.png)") < md.index("![timeline](timeline-3.png)")
     assert paths["html"].read_text().count('src="data:image/png;base64,') == 3
 
@@ -522,3 +522,20 @@ def test_a_channel_named_by_name_is_found_past_the_first_page() -> None:
         assert len(slack.calls_to("conversations.list")) == 6  # 5 pages of 200, then 51
         with pytest.raises(NotifyError, match="Slack channel #nowhere not found"):
             _channel_id(client, "#nowhere")
+
+
+def test_a_quiet_window_of_many_jobs_draws_the_largest_not_every_one(tmp_path: Path) -> None:
+    """Without incidents every job seen was drawn: a cluster of hundreds of jobs made a figure of hundreds of panels."""
+    import matplotlib.pyplot as plt
+    from whywait.engine.report import plots
+
+    rep, _ = report_for([], tmp_path)
+    data = rep.data
+    assert not data.incidents and data.jobs == ["train-llm"]
+    data.jobs = data.jobs + [f"tiny-{k:03d}" for k in range(30)]  # jobs that sent no steps rank last
+    jobs, n = plots.jobs_on(data, [])
+    assert n == 31 and len(jobs) == plots.PAGE_JOBS and jobs[0] == "train-llm"
+    fig, _ = plots.timeline_figure(data)
+    assert len([ax for ax in fig.axes if "step time" in ax.get_ylabel()]) == plots.PAGE_JOBS
+    assert fig.axes[-1].get_xlabel().endswith(f"· the {plots.PAGE_JOBS} largest of 31 jobs")
+    plt.close(fig)
