@@ -63,11 +63,11 @@ _MAX_TOPOLOGY_BYTES = 256 << 20
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
-def _member_cap(name: str) -> int | None:
-    """The most bytes member ``name`` may hold (None: no cap, ``events.jsonl`` is streamed line by line)."""
+def _member_cap(name: str) -> tuple[int, str] | None:
+    """The most bytes member ``name`` may hold and what it is (None: no cap, ``events.jsonl`` is streamed)."""
     if name == TOPOLOGY:
-        return _MAX_TOPOLOGY_BYTES
-    return _MAX_RULE_BYTES if name.startswith("rules/") else None
+        return _MAX_TOPOLOGY_BYTES, "topology"
+    return (_MAX_RULE_BYTES, "rule file") if name.startswith("rules/") else None
 
 
 class _Line(msgspec.Struct):
@@ -241,9 +241,9 @@ class Bundle:
         for name, want in sorted(members.items()):
             cap = _member_cap(name)
             if cap is not None and isinstance(want, dict) and isinstance(want.get("bytes"), int) \
-                    and want["bytes"] > cap:
+                    and want["bytes"] > cap[0]:
                 raise ImportFormatError(f"{self.path}: {name} is listed as {want['bytes']:,} bytes, over the "
-                                        f"{cap >> 20} MiB a {'topology' if name == TOPOLOGY else 'rule file'} may be")
+                                        f"{cap[0] >> 20} MiB a {cap[1]} may be")
             h = hashlib.sha256()
             n = 0
             try:
@@ -327,9 +327,8 @@ class Bundle:
         with self._zip.open(name) as src, out.open("wb") as dst:
             while chunk := src.read(1 << 20):
                 n += len(chunk)
-                if cap is not None and n > cap:
-                    raise ImportFormatError(f"{self.path}: {name} is over the {cap >> 20} MiB a "
-                                            f"{'topology' if name == TOPOLOGY else 'rule file'} may be")
+                if cap is not None and n > cap[0]:
+                    raise ImportFormatError(f"{self.path}: {name} is over the {cap[0] >> 20} MiB a {cap[1]} may be")
                 dst.write(chunk)
 
     def _check_topology(self, topo: Path) -> None:

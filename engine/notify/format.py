@@ -14,6 +14,14 @@ from urllib.parse import quote
 
 from whywait.engine.diagnosis import Diagnosis
 
+#: Slack allows 3,000 characters of text in a section; a little is kept back for what is added around it.
+SECTION_LIMIT = 2900
+
+
+def truncate(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters, the last one an ellipsis when it was cut (Slack refuses longer)."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
 
 def fmt_number(v: float | None) -> str:
     """A measured value short enough for a phone: ``412``, ``3.1``, ``0.0042``, ``12,345``."""

@@ -20,7 +20,16 @@ from pathlib import Path
 from typing import Any
 
 from whywait.engine.diagnosis import Diagnosis, Evidence
-from whywait.engine.notify.format import dashboard_url, fmt_duration, fmt_number, fmt_ranks, fmt_time, merge  # noqa: F401
+from whywait.engine.notify.format import (  # noqa: F401
+    SECTION_LIMIT,
+    dashboard_url,
+    fmt_duration,
+    fmt_number,
+    fmt_ranks,
+    fmt_time,
+    merge,
+    truncate,
+)
 from whywait.engine.notify.pipeline.core import (
     ACTION_ACK,
     ACTION_SILENCE_1H,
@@ -36,7 +45,6 @@ SEVERITY_EMOJI = {"critical": ":rotating_light:", "warning": ":warning:", "info"
 ACTIONS = (ACTION_ACK, ACTION_SILENCE_1H, ACTION_SILENCE_4H, ACTION_SILENCE_RESOLVED, ACTION_TIMELINE)
 
 MAX_EVIDENCE_ROWS = 8
-_SECTION_LIMIT = 2900  # Slack allows 3000 characters in a section's text
 _FALLBACK_LIMIT = 3000
 
 TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
@@ -62,10 +70,6 @@ def _link(url: str | None, label: str) -> str | None:
         return None
     safe = escape_mrkdwn(url.replace("|", "%7C"))
     return f"<{safe}|{label}>"
-
-
-def _truncate(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 @dataclass(frozen=True)
@@ -176,23 +180,24 @@ def render_blocks(d: Diagnosis, ctx: MessageContext | None = None) -> list[dict[
     """Return the Block Kit blocks of the message for ``d`` (the root message of its incident)."""
     ctx = ctx or MessageContext()
     blocks: list[dict[str, Any]] = [
-        {"type": "section", "text": {"type": "mrkdwn", "text": _truncate(_headline(d, ctx), _SECTION_LIMIT)}},
-        {"type": "context", "elements": [{"type": "mrkdwn", "text": _truncate(" · ".join(_facts(d, ctx)), 2900)}]},
+        {"type": "section", "text": {"type": "mrkdwn", "text": truncate(_headline(d, ctx), SECTION_LIMIT)}},
+        {"type": "context",
+         "elements": [{"type": "mrkdwn", "text": truncate(" · ".join(_facts(d, ctx)), SECTION_LIMIT)}]},
     ]
     if d.evidence:
-        table = _truncate(evidence_table(d.evidence), _SECTION_LIMIT - 30)
+        table = truncate(evidence_table(d.evidence), SECTION_LIMIT - 30)
         blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": f"*Evidence*\n```{table}```"}})
     if d.topology_path:
         path = " → ".join(_code(p) for p in d.topology_path)
-        blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": _truncate(f"*Path:* {path}",
-                                                                                        _SECTION_LIMIT)}})
+        blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": truncate(f"*Path:* {path}",
+                                                                                        SECTION_LIMIT)}})
     if d.clean_checks:
         checks = "  ".join(f":white_check_mark: {escape_mrkdwn(c)}" for c in d.clean_checks)
-        text = _truncate(f"*Checked and clean:* {checks}", _SECTION_LIMIT)
+        text = truncate(f"*Checked and clean:* {checks}", SECTION_LIMIT)
         blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": text}})
     if d.next_step and d.status == "firing":
-        blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": _truncate(
-            f"*Next step:* {escape_mrkdwn(d.next_step)}", _SECTION_LIMIT)}})
+        blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": truncate(
+            f"*Next step:* {escape_mrkdwn(d.next_step)}", SECTION_LIMIT)}})
     links = [lk for lk in (_link(d.runbook_url, "Runbook"),
                            _link(dashboard_url(ctx.dashboard_url_template, d, ctx.now), "Dashboard")) if lk]
     status = _status_line(d, ctx)
@@ -221,7 +226,7 @@ def fallback_text(d: Diagnosis, ctx: MessageContext | None = None) -> str:
     status = "RESOLVED" if d.status == "resolved" else f"FIRING ({d.severity})"
     owner = f" · {escape_mrkdwn(d.owner.team)}" if d.owner else ""
     mention = f"{ctx.mention} " if ctx.mention and d.status == "firing" else ""
-    return _truncate(f"{mention}{status}: {escape_mrkdwn(d.title)}{owner}", _FALLBACK_LIMIT)
+    return truncate(f"{mention}{status}: {escape_mrkdwn(d.title)}{owner}", _FALLBACK_LIMIT)
 
 
 def plain_text(d: Diagnosis, *, dashboard_url_template: str | None = None, now: float | None = None) -> str:

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from whywait.engine.notify.format import SECTION_LIMIT, truncate
+
 # Rule-id prefix -> the cause the digest reports.  Unknown prefixes count as stragglers of unknown cause.
 CAUSES: dict[str, str] = {
     "network": "network", "topology": "network", "storage": "storage", "data": "input pipeline",
@@ -38,11 +40,6 @@ _LEAD_S = 900.0
 # lost the most, and one line sums the rest; ``--json`` keeps every job.
 TOP_JOBS = 10
 TOP_BARS = 25
-_SECTION_CHARS = 2900
-
-
-def _cut(s: str, n: int) -> str:
-    return s if len(s) <= n else s[:n - 1] + "…"
 
 
 def cause_of(rule_id: str) -> str:
@@ -198,9 +195,9 @@ class Digest:
             rest = prows[TOP_JOBS:]
             if rest:
                 used, lost = sum(r["gpu_hours_used"] for r in rest), sum(r["gpu_hours_lost"] for r in rest)
-                blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": (
+                blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": truncate(
                     f"…and {len(rest)} more job(s) of {proj}: {used:,.1f} GPU-hours used, {lost:,.1f} lost "
-                    f"(`whywait digest --project {proj} --json FILE` lists every one)")[:_SECTION_CHARS]}]})
+                    f"(`whywait digest --project {proj} --json FILE` lists every one)", SECTION_LIMIT)}]})
         if not rows:
             blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": "No job reported steps."}})
         return blocks
@@ -218,9 +215,8 @@ class Digest:
                 g = i["gpu_hours_lost"]
                 text += (f"\n• {day(i['starts_at'])} {i['rule_id']} on {i['culprit'] or r['job']}: "
                          + (f"{g:.2f} GPU-h" if g is not None else "cost unknown"))
-            if len(text) > _SECTION_CHARS:  # a long job name or culprit list: cut, never refused
-                text = text[:_SECTION_CHARS - 1] + "…"
-            blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": text}})
+            # a long job name or culprit list: cut, never refused
+            blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": truncate(text, SECTION_LIMIT)}})
         return blocks
 
     def plot(self, path: Path) -> Path:
@@ -243,7 +239,7 @@ class Digest:
         causes = sorted({c for r in rows for c in r["lost_by_cause"]})
         fig, ax = plt.subplots(figsize=(10, 1.5 + 0.5 * max(len(rows), 1)))
         # a long project or job name would squeeze the bars to nothing: cut, as Slack's sections are
-        labels = [_cut(f"{r['project']} / {r['job']}", 48) for r in rows]
+        labels = [truncate(f"{r['project']} / {r['job']}", 48) for r in rows]
         left = [max(r["gpu_hours_used"] - r["gpu_hours_lost"], 0.0) for r in rows]
         ax.barh(labels, left, color="tab:green", label="productive")
         for k, c in enumerate(causes):

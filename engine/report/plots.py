@@ -194,7 +194,11 @@ def _steps_panel(ax: Any, data: ReportData, job: str, times: list[datetime]) -> 
 
 
 def _line(ax: Any, times: list[datetime], ys: list[float], **kw: Any) -> None:
-    """Plot the points that have a value: a step longer than a bucket leaves empty buckets, not a gap."""
+    """Plot the points that have a value, joined across empty buckets (evidence series; steps use :func:`covered`).
+
+    Drawn as gaps, a sparse series (a job with 30 s steps reports ``job.comm_s`` twice a minute) would be
+    isolated points with no line at all.
+    """
     pts = [(t, y) for t, y in zip(times, ys, strict=True) if not math.isnan(y)]
     if pts:
         ax.plot([p[0] for p in pts], [p[1] for p in pts], **kw)

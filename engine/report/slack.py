@@ -65,7 +65,8 @@ def thread_text(lines: list[str], limit: int = MAX_TEXT) -> str:
     lines = [re.sub(r"\*\*(.+?)\*\*", r"*\1*", line) for line in lines]
     head, *incidents = ["*Postmortem (whywait replay)*", *lines[:-1]]
     tail = lines[-1] if lines else ""
-    out, size = [head], len(head) + len(tail) + 80
+    room = 80  # kept for the "…and N more" line
+    out, size = [head], len(head) + len(tail) + room
     for k, line in enumerate(incidents):
         if size + len(line) + 1 > limit:
             out.append(f"…and {len(incidents) - k} more incident(s): the report (`--report DIR`) has every one.")
