@@ -143,8 +143,9 @@ def _main(argv: list[str]) -> int:
         return EXIT_USAGE
 
     configure_logging(logging.DEBUG if args.verbose else logging.INFO, args.log_format)
-    # aiokafka and faust log a traceback per retry when a broker is down; we say it once ourselves.
-    for noisy in ("aiokafka", "kafka"):
+    # aiokafka and faust log a traceback per retry when a broker is down, and slack_sdk an error line per failed
+    # request when Slack is unreachable; we say it once ourselves.
+    for noisy in ("aiokafka", "kafka", "slack_sdk"):
         logging.getLogger(noisy).setLevel(logging.CRITICAL if not args.verbose else logging.DEBUG)
     for noisy in ("faust", "mode"):  # their errors (a worker that cannot start) must still show
         logging.getLogger(noisy).setLevel(logging.ERROR if not args.verbose else logging.DEBUG)

@@ -146,7 +146,7 @@ def post(digest: Any, rows: list[dict[str, Any]]) -> None:
     import tempfile
 
     from slack_sdk import WebClient
-    from slack_sdk.errors import SlackApiError
+    from slack_sdk.errors import SlackApiError, SlackClientError
     from whywait.engine.errors import NotifyError
     from whywait.engine.report.digest import messages
 
@@ -172,6 +172,8 @@ def post(digest: Any, rows: list[dict[str, Any]]) -> None:
                 print(f"posted to {ch}" + (f" ({1 + len(more)} messages)" if more else ""))
         except SlackApiError as exc:
             raise NotifyError(f"Slack refused the digest: {exc.response.get('error')}", retryable=False) from None
+        except (SlackClientError, OSError) as exc:  # as `replay --slack-thread` says it: one line, not a bug
+            raise NotifyError(f"Slack unreachable: {exc}", retryable=True) from None
 
 
 def slack_token() -> Any:

@@ -123,3 +123,21 @@ def test_a_digest_slack_refuses_names_slacks_reason(slack: SlackServer) -> None:
     d = week(2, channel="#gone")
     with pytest.raises(NotifyError, match="Slack refused the digest: channel_not_found"):
         post(d, d.rows())
+
+
+def test_an_unreachable_slack_is_one_line(monkeypatch: pytest.MonkeyPatch,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """Slack down during ``--post``: urllib's error used to reach the CLI as an internal error (exit 70)."""
+    from whywait.engine.cli import main
+    from whywait.engine.commands import digest_cmd
+    from whywait.engine.errors import NotifyError
+
+    monkeypatch.setenv("SLACK_BOT_TOKEN", TOKEN)
+    monkeypatch.setenv("WHYWAIT_SLACK_API_URL", "http://127.0.0.1:1/")
+    d = week(2)
+    with pytest.raises(NotifyError, match="^Slack unreachable: .*Connection refused"):
+        post(d, d.rows())
+    monkeypatch.setattr(digest_cmd, "run", lambda args: post(d, d.rows()))
+    assert main(["digest", "--post"]) == 3
+    err = capsys.readouterr().err
+    assert err.startswith("whywait digest: Slack unreachable: ") and err.count("\n") == 1
