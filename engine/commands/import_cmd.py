@@ -78,7 +78,8 @@ def timing_messages(args: argparse.Namespace, files: list[tuple[Path, str]],
     for i, (path, fmt) in enumerate(files):
         if fmt == "kineto":
             if not args.job or not args.node:
-                raise ImportFormatError(f"{path}: a profiler trace names neither job nor node: pass --job and --node")
+                missing = " and ".join(f"--{w}" for w in ("job", "node") if not getattr(args, w))
+                raise ImportFormatError(f"{path}: a profiler trace names neither its job nor its node: pass {missing}")
             got = [(args.job, args.node, s.record())
                    for s in steps_from_trace(path, args.rank, notes, cap_mib << 20)]
         else:

@@ -1,7 +1,8 @@
 """PyTorch profiler (Kineto) traces → contract ``steps`` records, with the step split and event time kept.
 
 Called by ``whywait import`` for a Chrome-trace JSON file (``.json`` or ``.json.gz``) that
-``torch.profiler`` wrote for one rank.  How each figure is read from the trace:
+``torch.profiler`` wrote for one rank: the object form (``{"traceEvents": [...]}``) or the Trace
+Event Format's array form (the events alone, its closing ``]`` optional).  How each figure is read from the trace:
 
 - a step is a CPU ``ProfilerStep#N`` span; ``duration_s`` is its length, its end is the
   message's event time (``ts`` is wall-clock microseconds, plus ``baseTimeNanoseconds``
@@ -106,16 +107,41 @@ def load_trace(path: Path, max_bytes: int = TRACE_MAX_BYTES) -> dict[str, Any]:
     """
     try:
         raw = _read_capped(path, max_bytes)
-        data = json.loads(raw)
+        data = _parse(raw)
     except FileNotFoundError:
         raise ImportFormatError(f"{path}: no such file") from None
     except (OSError, ValueError, EOFError, zlib.error) as exc:  # ValueError: bad JSON, or not UTF-8
         raise ImportFormatError(f"{path}: not a JSON trace ({exc})") from None
     except RecursionError:
         raise ImportFormatError(f"{path}: not a JSON trace (nested too deeply)") from None
+    if isinstance(data, list):  # the Trace Event Format's array form: the events alone
+        if not all(isinstance(e, dict) for e in data):
+            raise ImportFormatError(f"{path}: not a profiler trace (a JSON array, but not of event objects)")
+        data = {"traceEvents": data}
     if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
         raise ImportFormatError(f"{path}: not a PyTorch profiler trace (no traceEvents list)")
     return data
+
+
+def _parse(raw: bytes) -> Any:
+    """The trace's JSON; an array whose closing ``]`` is missing is read as if it were there.
+
+    The Trace Event Format lets the array form end without its ``]`` (a tracer killed mid-run
+    still leaves a readable trace), so such a file is completed, after any trailing comma,
+    rather than refused.  Anything else that is not JSON raises ``ValueError`` as ``json.loads`` does.
+    """
+    try:
+        return json.loads(raw)
+    except ValueError:
+        body = raw.lstrip()
+        if not body.startswith(b"["):
+            raise
+        tail = body.rstrip().rstrip(b",")
+        try:
+            return json.loads(tail + b"]")
+        except ValueError:
+            pass
+        raise
 
 
 def is_kineto(path: Path) -> bool:
@@ -127,7 +153,10 @@ def is_kineto(path: Path) -> bool:
             head = fh.read(4096)
     except (OSError, EOFError, zlib.error):
         return False
-    return b"traceEvents" in head or b"schemaVersion" in head
+    if b"traceEvents" in head or b"schemaVersion" in head:
+        return True
+    # the array form: a list of event objects, each with a phase ("ph")
+    return re.match(rb'\s*\[\s*\{', head) is not None and b'"ph"' in head
 
 
 def _short(value: object) -> str:

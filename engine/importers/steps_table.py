@@ -37,6 +37,14 @@ def _short(v: Any) -> str:
     return text if len(text) <= 60 else text[:40] + f"... ({len(text)} chars)"
 
 
+def _few(names: set[str], most: int = 5) -> str:
+    """Up to ``most`` of ``names``, each shortened, and how many more: a header that is not one
+    (a binary file, a JSON document) must not print hundreds of kilobytes as one error line."""
+    shown = [n if len(n) <= 40 else n[:30] + f"... ({len(n)} chars)" for n in sorted(names)[:most]]
+    more = len(names) - len(shown)
+    return ", ".join(shown) + (f" and {more:,} more" if more else "")
+
+
 def _time(v: Any, where: str) -> float:
     try:
         if isinstance(v, (int, float)) and not isinstance(v, bool):
@@ -108,6 +116,10 @@ def _parsed_rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     with fh:
         first = fh.read(1)
         fh.seek(0)
+        if first == "[":  # a JSON array is neither a CSV header nor JSON lines: say what was expected
+            raise ImportFormatError(f"{path}:1: a JSON array, not a step table (CSV with a header, or one "
+                                    "JSON object per line); a profiler trace's events are imported with "
+                                    "--format kineto")
         if first == "{":
             for no, line in enumerate(fh, start=1):
                 if not line.strip():
@@ -126,7 +138,7 @@ def _parsed_rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
             try:
                 unknown = set(reader.fieldnames or ()) - KNOWN
                 if unknown:
-                    raise ImportFormatError(f"{path}:1: unknown column(s) {', '.join(sorted(unknown))} "
+                    raise ImportFormatError(f"{path}:1: unknown column(s) {_few(unknown)} "
                                             f"(known: {', '.join(sorted(KNOWN))})")
                 for row in reader:
                     yield reader.line_num, row

@@ -254,3 +254,35 @@ def test_a_decompression_bomb_is_refused_before_it_fills_memory(tmp_path: Path) 
                         "--max-trace-mib", "16", "-o", str(tmp_path / "o.jsonl")], capture_output=True, text=True,
                        cwd=REPO, timeout=120)
     assert r.returncode == 2 and "inflates past 16 MiB" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_the_array_form_of_the_trace_format_imports_as_the_object_form_does(tmp_path: Path) -> None:
+    """The Trace Event Format's array form (the events alone, as Chrome's tracer and other tools write
+    them, the closing ``]`` optional) is the same trace: auto-detected, and the same steps come out.
+    Before, it was taken for a CSV step table and refused with its whole first line as column names."""
+    events = json.loads(gzip.open(HTA / "sampled_rank-0.json.gz").read())["traceEvents"]
+    whole = tmp_path / "rank-0.trace.json"
+    whole.write_text(json.dumps(events))
+    cut = tmp_path / "rank-0.cut.json"  # a tracer killed before it closed the array: no "]", a trailing comma
+    cut.write_text(json.dumps(events)[:-1] + ",\n")
+    want = [s.record() for s in steps_from_trace(HTA / "sampled_rank-0.json.gz", rank=0)]
+    assert [s.record() for s in steps_from_trace(whole)] == want  # rank from the file name
+    assert [s.record() for s in steps_from_trace(cut)] == want
+    out = tmp_path / "steps.jsonl"
+    r = subprocess.run([sys.executable, "-m", "whywait", "import", str(whole), "--job", "j", "--node", "n",
+                        "-o", str(out)], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert [s for line in out.read_text().splitlines() for s in json.loads(line)["steps"]] == want
+    # an array that is not a trace is still refused in one line, naming what it is
+    odd = tmp_path / "odd.json"
+    odd.write_text("[1, 2, 3")
+    with pytest.raises(ImportFormatError, match=r"odd.json: not a profiler trace \(a JSON array, but not of event"):
+        steps_from_trace(odd, rank=0)
+
+
+def test_a_trace_without_job_or_node_names_the_flag_that_is_missing(tmp_path: Path) -> None:
+    r = subprocess.run([sys.executable, "-m", "whywait", "import", str(HTA / "sampled_rank-0.json.gz"),
+                        "--job", "j", "-o", str(tmp_path / "o.jsonl")], capture_output=True, text=True,
+                       cwd=REPO, timeout=120)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "pass --node" in r.stderr and "--job" not in r.stderr

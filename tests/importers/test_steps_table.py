@@ -43,3 +43,17 @@ def test_bad_rows_name_file_line_and_column(tmp_path: Path, text: str, says: str
     with pytest.raises(ImportFormatError) as e:
         list(read_steps(f, node="n"))
     assert says in str(e.value)
+
+
+def test_a_header_that_is_not_one_is_a_short_line(tmp_path: Path) -> None:
+    """A file that is not a step table (a JSON document, a long line of anything) is refused in a line of
+    bounded length naming a few of its 'columns', not one holding the whole first line."""
+    f = tmp_path / "steps.csv"
+    f.write_text(",".join(f"col{i}-" + "x" * 200 for i in range(5000)) + "\n1\n")
+    with pytest.raises(ImportFormatError) as e:
+        list(read_steps(f, job="j", node="n"))
+    msg = str(e.value)
+    assert "steps.csv:1: unknown column(s) col0-" in msg and "and 4,995 more" in msg and len(msg) < 600
+    f.write_text('[{"ph": "X"}]\n')
+    with pytest.raises(ImportFormatError, match=r"steps.csv:1: a JSON array, not a step table"):
+        list(read_steps(f, job="j", node="n"))
