@@ -9,7 +9,14 @@ per rank per step::
 ``time`` (also ``ended_at``) is when the step ended: Unix seconds or ISO 8601 (UTC when no
 zone is given).  ``job`` and ``node`` may come from ``--job``/``--node`` instead.  The
 phases (``data_wait_s``, ``compute_s``, ``comm_s``, ``collective_s``, ``pipeline_wait_s``,
-``checkpoint_s``) are optional: an empty cell is unknown, not zero.  Any problem is one
+``checkpoint_s``) are optional: an empty cell is unknown, not zero.
+
+Tables written by other tools name columns their own way, so the usual other names are read too
+(``iteration`` is ``step``, ``global_rank`` is ``rank``, ``step_time`` is ``duration_s``,
+``hostname`` is ``node``, ``timestamp`` is ``time``: :data:`_ALIASES`), compared without case or
+punctuation ("Step Time (ms)"), and a ``_ms``, ``_us`` or ``_ns`` suffix gives the unit
+(``duration_ms``, ``step_time_ms``, ``data_wait_ms``, ``time_ms``).  A CSV column that is none of
+these is refused (a misspelt phase would otherwise be lost without a word).  Any problem is one
 line naming the file, the line and the column.  The file is UTF-8 (a leading byte-order mark, as
 spreadsheets write, is skipped); other bytes are refused with their line and byte offset.
 """
@@ -21,7 +28,7 @@ import json
 import math
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 from whywait.agents.events import FIELD_BOUNDS, NOT_IN_NAMES
 from whywait.engine.importers import ImportFormatError
@@ -30,6 +37,81 @@ from whywait import jsonl
 
 PHASES = ("data_wait_s", "compute_s", "comm_s", "collective_s", "pipeline_wait_s", "checkpoint_s")
 KNOWN = {"time", "ended_at", "job", "rank", "step", "duration_s", "node", *PHASES}
+
+# Other names real tables give these columns (training loggers, spreadsheets, other tools), and the
+# units a name's suffix states.  A header is compared after lower-casing it and turning every run of
+# other characters into one "_" ("Step Time (ms)" is step_time_ms).  Only names that cannot mean
+# anything else are taken: ``local_rank`` is not the global rank, and ``ts`` has no unit.
+_ALIASES: dict[str, tuple[str, ...]] = {
+    "time": ("timestamp", "end_time", "ended", "end", "time_s", "timestamp_s", "wall_time"),
+    "job": ("job_id", "job_name", "jobid"),
+    "rank": ("global_rank", "rank_id", "world_rank"),
+    "step": ("iteration", "iter", "global_step", "step_id", "step_num", "step_number"),
+    "duration_s": ("duration", "step_time", "step_time_s", "step_duration", "iter_time", "iteration_time",
+                   "elapsed", "elapsed_s", "step_s"),
+    "node": ("host", "hostname", "host_name", "node_name", "nodename"),
+}
+_UNITS = {"ms": 1e-3, "us": 1e-6, "ns": 1e-9}
+_SCALED = ("time", "ended_at", "duration_s", *PHASES)  # the columns a unit suffix may scale
+
+
+def _normal(name: str) -> str:
+    return "_".join(w for w in "".join(c if c.isalnum() else " " for c in name.lower()).split())
+
+
+def _columns(names: Iterable[str], strict: bool = True) -> dict[str, tuple[str, float]]:
+    """Each column's name → (the field it is, the factor to seconds): every known spelling of a field.
+
+    Called once for a CSV header and once per distinct key set of JSON lines.  Raises
+    :class:`ImportFormatError` (without a place: the caller adds it) for two columns that are one
+    field ("iteration" and "step"), and, when ``strict`` (a CSV header, where a misspelt column is
+    the likely cause), for a column that is none of them; JSON lines' other keys are left out, as
+    they always were (records carry fields of their own).
+    """
+    spelled = {a: f for f, al in _ALIASES.items() for a in al} | {k: k for k in KNOWN}
+    out: dict[str, tuple[str, float]] = {}
+    unknown: set[str] = set()
+    for name in names:
+        n = _normal(str(name))
+        field, scale = spelled.get(n), 1.0
+        if field is None:
+            base, _, unit = n.rpartition("_")
+            if unit in _UNITS:
+                # "duration_ms", "step_time_ms", "data_wait_ms", "time_ms": the field, then the unit
+                field = spelled.get(base) or spelled.get(base + "_s")
+                scale = _UNITS[unit]
+                if field not in _SCALED:
+                    field = None
+        if field is None:
+            unknown.add(str(name))
+        else:
+            out[name] = (field, scale)
+    if unknown and strict:
+        raise ImportFormatError(f"unknown column(s) {_few(unknown)} (known: {', '.join(sorted(KNOWN))}, or "
+                                "their usual other names, with _ms/_us/_ns for other units)")
+    seen: dict[str, str] = {}
+    for name, (field, _) in out.items():
+        field = "time" if field == "ended_at" else field
+        if field in seen:
+            raise ImportFormatError(f"columns {seen[field]!r} and {name!r} are both {field}: keep one")
+        seen[field] = name
+    return out
+
+
+def _canonical(row: dict[str, Any], cols: dict[str, tuple[str, float]]) -> dict[str, Any]:
+    """``row`` under the contract's names, numbers in a unit other than seconds converted to seconds."""
+    out: dict[str, Any] = {}
+    for name, v in row.items():
+        if name not in cols:
+            continue  # a key of a JSON line that is no field
+        field, scale = cols[name]
+        if scale != 1.0 and v is not None and not isinstance(v, bool):
+            try:
+                v = float(v) * scale if not (isinstance(v, str) and not v.strip()) else v
+            except (TypeError, ValueError, OverflowError):
+                pass  # left as given: the field's own check names it
+        out["time" if field == "ended_at" else field] = v
+    return out
 
 
 def _short(v: Any) -> str:
@@ -121,6 +203,7 @@ def _parsed_rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
                                     "JSON object per line); a profiler trace's events are imported with "
                                     "--format kineto")
         if first == "{":
+            known: dict[tuple[str, ...], dict[str, tuple[str, float]]] = {}
             for no, line in enumerate(fh, start=1):
                 if not line.strip():
                     continue
@@ -132,16 +215,28 @@ def _parsed_rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
                     raise ImportFormatError(f"{path}:{no}: not valid JSON (nested too deeply)") from None
                 if not isinstance(row, dict):
                     raise ImportFormatError(f"{path}:{no}: expected a JSON object per line")
-                yield no, row
+                keys = tuple(row)
+                cols = known.get(keys)
+                if cols is None:
+                    try:
+                        cols = _columns(keys, strict=False)
+                    except ImportFormatError as exc:
+                        raise ImportFormatError(f"{path}:{no}: {exc}") from None
+                    if len(known) < 64:  # a few key sets in practice; a file of ever-new keys is not cached
+                        known[keys] = cols
+                yield no, _canonical(row, cols)
         else:
             reader = csv.DictReader(fh)
             try:
-                unknown = set(reader.fieldnames or ()) - KNOWN
-                if unknown:
-                    raise ImportFormatError(f"{path}:1: unknown column(s) {_few(unknown)} "
-                                            f"(known: {', '.join(sorted(KNOWN))})")
+                try:
+                    cols = _columns(reader.fieldnames or ())
+                except ImportFormatError as exc:
+                    raise ImportFormatError(f"{path}:1: {exc}") from None
                 for row in reader:
-                    yield reader.line_num, row
+                    if any(str(c).strip() for c in row.get(None) or ()):  # more cells than the header has columns
+                        raise ImportFormatError(f"{path}:{reader.line_num}: {len(row[None]) + len(cols)} cells, "
+                                                f"and the header names {len(cols)} columns")
+                    yield reader.line_num, _canonical(row, cols)
             except csv.Error as exc:  # a NUL byte, a field over the csv module's size limit
                 raise ImportFormatError(f"{path}:{max(reader.line_num, 1)}: not a CSV row ({exc})") from None
 
@@ -151,7 +246,7 @@ def read_steps(path: Path, job: str | None = None,
     """Yield ``(job, node, StepTiming record)`` per row, with ``ended_at`` set to the row's time."""
     for no, row in _rows(path):
         where = f"{path}:{no}"
-        t = row.get("time", row.get("ended_at"))
+        t = row.get("time")
         if t in (None, ""):
             raise ImportFormatError(f"{where}: time: is required (when the step ended)")
         rec: dict[str, Any] = {"ended_at": _time(t, f"{where}: time")}

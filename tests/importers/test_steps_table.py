@@ -57,3 +57,43 @@ def test_a_header_that_is_not_one_is_a_short_line(tmp_path: Path) -> None:
     f.write_text('[{"ph": "X"}]\n')
     with pytest.raises(ImportFormatError, match=r"steps.csv:1: a JSON array, not a step table"):
         list(read_steps(f, job="j", node="n"))
+
+
+def test_other_tools_column_names_and_units_are_read(tmp_path: Path) -> None:
+    """A table as a training loop's own logger writes it: its names, milliseconds, a host column."""
+    f = tmp_path / "steps.csv"
+    f.write_text("Timestamp,Global Rank,Iteration,Step Time (ms),data_wait_ms,Hostname\n"
+                 "2025-11-29T19:00:01Z,3,120,1250,20,gpu-07\n"
+                 "1764442802.5,4,120,1300.5,,gpu-08\n")
+    rows = list(read_steps(f, job="llm"))
+    assert rows[0] == ("llm", "gpu-07", {"ended_at": 1_764_442_801.0, "rank": 3, "step": 120,
+                                         "duration_s": 1.25, "data_wait_s": pytest.approx(0.02)})
+    assert rows[1] == ("llm", "gpu-08", {"ended_at": 1_764_442_802.5, "rank": 4, "step": 120,
+                                         "duration_s": pytest.approx(1.3005)})
+    # milliseconds since 1970 as the time, JSON lines with a key of their own (left out, as always)
+    g = tmp_path / "steps.jsonl"
+    g.write_text('{"time_ms": 1764442801250, "rank": 0, "iter": 7, "duration_ms": 45000, "loss": 2.1, '
+                 '"host": "n1"}\n')
+    assert list(read_steps(g, job="j")) == [
+        ("j", "n1", {"ended_at": 1_764_442_801.25, "rank": 0, "step": 7, "duration_s": 45.0})]
+
+
+@pytest.mark.parametrize("header, says", [
+    ("time,rank,step,iteration,duration_s", "columns 'step' and 'iteration' are both step: keep one"),
+    ("time,rank,step,duration_s,duration_ms", "columns 'duration_s' and 'duration_ms' are both duration_s"),
+    ("time,local_rank,step,duration_s", "unknown column(s) local_rank"),  # not the global rank
+    ("time,rank,step,duration_s,rank_ms", "unknown column(s) rank_ms"),  # a unit only scales times
+])
+def test_ambiguous_columns_are_refused_with_their_names(tmp_path: Path, header: str, says: str) -> None:
+    f = tmp_path / "steps.csv"
+    f.write_text(header + "\n" + ",".join("1" for _ in header.split(",")) + "\n")
+    with pytest.raises(ImportFormatError) as e:
+        list(read_steps(f, job="j", node="n"))
+    assert f"steps.csv:1: {says}" in str(e.value)
+
+
+def test_a_row_with_more_cells_than_the_header_is_refused(tmp_path: Path) -> None:
+    f = tmp_path / "steps.csv"
+    f.write_text("time,rank,step,duration_s\n1,0,1,1.5,\n2,0,2,1.5,7\n")  # a trailing empty cell is harmless
+    with pytest.raises(ImportFormatError, match=r"steps.csv:3: 5 cells, and the header names 4 columns"):
+        list(read_steps(f, job="j", node="n"))
