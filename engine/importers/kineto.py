@@ -4,12 +4,16 @@ Called by ``whywait import`` for a Chrome-trace JSON file (``.json`` or ``.json.
 ``torch.profiler`` wrote for one rank: the object form (``{"traceEvents": [...]}``) or the Trace
 Event Format's array form (the events alone, its closing ``]`` optional).  How each figure is read from the trace:
 
-- a step is a CPU ``ProfilerStep#N`` span; ``duration_s`` is its length, its end is the
+- a step is a host-side ``ProfilerStep#N`` span (category ``user_annotation``, ``cpu_op`` or
+  ``python_function``; ``Operator`` in PyTorch 1.8/1.9 traces, whose ``Runtime`` and ``Kernel``
+  categories are read as ``cuda_runtime`` and ``kernel``; a ``gpu_user_annotation`` copy is not a
+  step); ``duration_s`` is its length, its end is the
   message's event time (``ts`` is wall-clock microseconds, plus ``baseTimeNanoseconds``
   when newer Kineto versions write times relative to it);
-- a GPU kernel belongs to the step whose CPU span contains its launch (the
-  ``cudaLaunchKernel`` with the same ``correlation``), because kernels run after the CPU
-  has moved on;
+- a GPU kernel belongs to the step whose CPU span contains its launch (the runtime or driver
+  call, ``cudaLaunchKernel``, ``cuLaunchKernel``, ``hipLaunchKernel`` and the like, with the same
+  ``correlation``, on whichever thread: the autograd thread launches the backward pass), because
+  kernels run after the CPU has moved on;
 - ``compute_s`` is the union of the step's non-NCCL kernels; ``comm_s`` the union of its
   NCCL kernels minus the time they overlap compute (the contract counts only
   communication *not* overlapped with compute); it is split into ``pipeline_wait_s``
@@ -44,6 +48,13 @@ _STEP = re.compile(r"^ProfilerStep#([0-9]+)$")
 _STEP_MAX = int(FIELD_BOUNDS["step"][1])
 _LOADER = re.compile(r"dataloader|data_load|data loading", re.IGNORECASE)
 _PIPELINE_OPS = frozenset({"send", "recv", "_send", "_recv", "batch_isend_irecv", "isend", "irecv"})
+# Event categories, compared in lower case: PyTorch 1.8 and 1.9 wrote ``Operator``, ``Runtime`` and ``Kernel``
+# where later versions write ``cpu_op``, ``cuda_runtime`` and ``kernel``.  A kernel's launch is any host
+# runtime or driver call with its ``correlation``: ``cuda_runtime``/``cuda_driver``, and the same for XPU,
+# MTIA and out-of-tree (``privateuse1``) devices.
+_HOST_CATS = frozenset({"cpu_op", "user_annotation", "python_function", "operator"})
+_KERNEL_CATS = frozenset({"kernel"})
+_LAUNCH_CATS = re.compile(r"^(?:runtime|[a-z0-9]+_(?:runtime|driver))$")
 _EPOCH_US = 1e15  # microseconds since 1970 later than 2001: wall-clock timestamps
 _TS_MAX_US = 1e17  # about the year 5000: any later ts or longer dur is garbage, not a time
 
@@ -266,7 +277,7 @@ def steps_from_trace(path: Path, rank: int | None = None, notes: Counter[str] | 
             raise ImportFormatError(f"{path}: traceEvents[{i}]: ts and dur must be microseconds, finite and under "
                                     f"{_TS_MAX_US:g} (got ts {ts:g}, dur {dur:g})")
         name, cat = e.get("name", ""), e.get("cat", "")
-        name, cat = (name if isinstance(name, str) else ""), (cat if isinstance(cat, str) else "")
+        name, cat = (name if isinstance(name, str) else ""), (cat.lower() if isinstance(cat, str) else "")
         if dur < 0:
             if _STEP.match(name):
                 raise ImportFormatError(f"{path}: traceEvents[{i}]: {name} has a negative dur ({dur:g} µs)")
@@ -277,7 +288,7 @@ def steps_from_trace(path: Path, rank: int | None = None, notes: Counter[str] | 
         corr = args.get("correlation")
         if not isinstance(corr, (int, float, str)):  # a list or an object cannot key the launches
             corr = None
-        if cat in ("cpu_op", "user_annotation", "python_function"):
+        if cat in _HOST_CATS:
             m = _STEP.match(name)
             if m:
                 if len(m.group(1)) > len(str(_STEP_MAX)) or int(m.group(1)) > _STEP_MAX:
@@ -288,9 +299,9 @@ def steps_from_trace(path: Path, rank: int | None = None, notes: Counter[str] | 
                 annotations.append((ts, ts + dur, name[5:]))
             elif _LOADER.search(name):
                 loaders.append((ts, ts + dur))
-        elif cat in ("cuda_runtime", "cuda_driver") and corr is not None:
+        elif corr is not None and _LAUNCH_CATS.match(cat):
             launches[corr] = ts
-        elif cat == "kernel":
+        elif cat in _KERNEL_CATS:
             kernels.append((corr, ts, ts + dur, name, cat))
     if not spans:
         raise ImportFormatError(f"{path}: no ProfilerStep#N spans: profile with torch.profiler.schedule "
