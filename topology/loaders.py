@@ -349,8 +349,11 @@ def load_nccl_topology(path: str | Path, nic_prefix: str = "mlx5_") -> NcclLocal
     GPUs (class 0x0302) and NICs (0x0207 InfiniBand, 0x0200 Ethernet) under the
     same PCIe switch are local to each other.  When a switch holds as many NICs
     as GPUs they pair one to one in bus-id order (as NCCL pairs them);
-    otherwise each NIC serves every GPU on its switch.  NICs are named
-    ``<nic_prefix><n>`` in bus-id order; a GPU behind no NIC's switch is served
+    otherwise each NIC serves every GPU on its switch.  A GPU is also any PCI
+    device holding a ``<gpu>`` element (a dump's, whatever its class).  NICs are
+    named by their ``<nic><net name=...>`` where the XML says it (a dump, one NIC
+    per net: a two-port adapter is two), else ``<nic_prefix><n>`` in bus-id
+    order; a GPU behind no NIC's switch is served
     by the NICs of its CPU (NUMA node).  A ``<nic>`` directly under a ``<cpu>``
     (no PCI device: a VM's virtual NIC, ``<net name="eth0">``) is a NIC of that
     CPU named by its ``<net>``, with no bus id; one that cannot be named is listed
@@ -371,7 +374,7 @@ def load_nccl_topology(path: str | Path, nic_prefix: str = "mlx5_") -> NcclLocal
 
     def classify(el: ET.Element) -> str | None:
         cls = el.get("class", "")
-        if cls.startswith(_GPU_CLASS):
+        if cls.startswith(_GPU_CLASS) or el.find("gpu") is not None:  # a dump says <gpu dev=...> whatever the class
             return "gpu"
         if cls.startswith(_NIC_CLASSES) or el.find("nic") is not None:
             return "nic"
@@ -414,9 +417,20 @@ def load_nccl_topology(path: str | Path, nic_prefix: str = "mlx5_") -> NcclLocal
         raise TopologyError(f"{source}: expected GPUs (pci class 0x0302...) in the topology (found none)",
                             source=source)
     gpu_index = {b: i for i, b in enumerate(all_gpus)}
-    nic_name = {b: f"{nic_prefix}{i}" for i, b in enumerate(all_nics)}
+    # A dump (NCCL_TOPO_DUMP_FILE) names each NIC's ports: <pci><nic><net name="mlx5_7"/>; the names follow the
+    # kernel's order, not the bus order (IBM's H100 VSI: mlx5_7 is on the lowest bus).  Unnamed NICs (a
+    # hand-written NCCL_TOPO_FILE) are <nic_prefix><n> in bus order.
+    net_names: dict[str, list[str]] = {}
+    for el in root.iter("pci"):
+        names = [n.get("name", "") for n in el.findall("nic/net")]
+        if el.get("busid", "") in all_nics and names and all(names):
+            net_names[el.get("busid", "")] = names
+    taken = {n for names in net_names.values() for n in names}
+    unnamed = iter(f"{nic_prefix}{i}" for i in range(len(all_nics) + len(taken)) if f"{nic_prefix}{i}" not in taken)
+    nic_names = {b: net_names.get(b) or [next(unnamed)] for b in all_nics}
+    nic_name = {b: names[0] for b, names in nic_names.items()}
     for key, name in list(cpu_nics.items()):
-        if name in nic_name.values():
+        if name in taken or name in nic_name.values():
             skipped.append(f"{source}: <net name={name!r}> under a <cpu> has the name of a PCI NIC, skipped")
             del cpu_nics[key]
             for _, nics in cpu_groups:
@@ -432,17 +446,21 @@ def load_nccl_topology(path: str | Path, nic_prefix: str = "mlx5_") -> NcclLocal
         gs, ns = sorted(gpus), sorted(nics)
         if len(gs) == len(ns):
             for g, n in zip(gs, ns, strict=True):
-                served[nic_name[n]].add(gpu_index[g])
+                for name in nic_names.get(n, [nic_name[n]]):
+                    served[name].add(gpu_index[g])
         else:
             for n in ns:
-                served[nic_name[n]].update(gpu_index[g] for g in gs)
+                for name in nic_names.get(n, [nic_name[n]]):
+                    served[name].update(gpu_index[g] for g in gs)
         covered.update(gpu_index[g] for g in gs)
     for gpus, nics in cpu_groups:
         for g in gpus:
             if gpu_index[g] not in covered:
                 for n in nics:
-                    served[nic_name[n]].add(gpu_index[g])
-    bus_of = {**{nic_name[b]: b for b in all_nics}, **{name: "" for name in cpu_nics.values()}}
+                    for name in nic_names.get(n, [nic_name[n]]):
+                        served[name].add(gpu_index[g])
+    # A two-port adapter NCCL lists as two nets (mlx5_0, mlx5_1 on one bus id) is two NICs of one PCI device.
+    bus_of = {**{name: b for b in all_nics for name in nic_names[b]}, **{name: "" for name in cpu_nics.values()}}
     return NcclLocality(
         gpus={i: b for b, i in gpu_index.items()},
         nics=bus_of,

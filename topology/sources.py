@@ -16,6 +16,7 @@ Pure: standard library and PyYAML only.
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from collections import defaultdict
@@ -377,15 +378,21 @@ def read_nccl(arg: str) -> SourceFacts:
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _RELATION = ("PIX", "PXB", "PHB", "NODE", "SYS")  # closest first
+#: The header words after the device columns: "CPU Affinity", "NUMA Affinity", "GPU NUMA ID".
+_SMI_TAIL = frozenset({"CPU", "NUMA", "Affinity"})
 
 
 def read_nvidia_smi_topo(arg: str) -> SourceFacts:
     """``HOST=FILE``: the output of ``nvidia-smi topo -m`` (or a capture file holding it).
 
     Gives the host's GPUs and, where the matrix has NIC columns, the NICs (named by
-    its ``NIC Legend``) and their locality: a NIC serves the GPUs it reaches
-    through PCIe switches only (``PIX``/``PXB``).  The header's ANSI underline is
-    ignored.  A row that is neither a GPU nor a NIC is reported and skipped.
+    its ``NIC Legend``, or by the column itself as drivers before the legend
+    printed ``mlx5_0``) and their locality: a NIC serves the GPUs it reaches
+    through PCIe switches (``PIX``/``PXB``); a GPU with no such NIC is served by
+    its closest NICs short of ``SYS`` (``PHB``, else ``NODE``).  Cells may be
+    separated by tabs (as printed) or spaces (as copied from a terminal).  The
+    header's ANSI underline is ignored.  A row that is neither a GPU nor a NIC is
+    reported and skipped.
     """
     host, path = split_host_arg(arg)
     if host is None:
@@ -400,7 +407,7 @@ def read_nvidia_smi_topo(arg: str) -> SourceFacts:
             start += 1
     else:
         start = 0
-    header: list[str] | None = None
+    header: list[str] | None = None  # the device columns (GPUn, NICn, or an older driver's mlx5_0...)
     rows: dict[str, tuple[list[str], int]] = {}
     legend: dict[str, str] = {}
     in_legend = False
@@ -408,7 +415,10 @@ def read_nvidia_smi_topo(arg: str) -> SourceFacts:
         line, lineno = lines[i], i + 1
         if start and line.startswith("####"):
             break
-        if not line.strip():
+        # Cells are split on any whitespace: the driver writes tabs, but a matrix copied from a terminal (an
+        # issue, a runbook) has spaces, and no device cell holds a space ("CPU Affinity" is past the devices).
+        cells = line.split()
+        if not cells:
             continue
         if line.strip().startswith("Legend:") or line.strip().startswith("NIC Legend:"):
             in_legend = True
@@ -418,30 +428,44 @@ def read_nvidia_smi_topo(arg: str) -> SourceFacts:
             if m:
                 legend[m.group(1)] = m.group(2)
             continue
-        cells = [c.strip() for c in line.split("\t")]
-        if header is None and cells and cells[0] == "" and any(c.startswith("GPU") for c in cells):
-            header = cells[1:]
+        if header is None and cells[0] == "GPU0" and (len(cells) == 1 or cells[1] != "X"):
+            header = list(itertools.takewhile(lambda c: c not in _SMI_TAIL, cells))
             continue
-        if header is not None and re.fullmatch(r"(GPU|NIC)\d+", cells[0]):
-            rows[cells[0]] = (cells[1:], lineno)
+        if header is not None and cells[0] in header:
+            rows[cells[0]] = (cells[1:len(header) + 1], lineno)
             continue
         facts.skipped.append(f"{path}:{lineno}: not a row of the topo -m matrix, skipped (got {line.strip()[:60]!r})")
     if header is None:
         raise TopologyError(f"{path}: expected the 'nvidia-smi topo -m' matrix (no header row with GPU0 found)",
                             source=path)
     gpu_cols = [c for c in header if re.fullmatch(r"GPU\d+", c)]
-    nic_cols = [c for c in header if re.fullmatch(r"NIC\d+", c)]
+    # NICn columns (named by the NIC Legend); drivers before the legend named the column by the device itself.
+    nic_cols = [c for c in header if c not in gpu_cols]
     gpus = tuple(int(c[3:]) for c in gpu_cols)
     h = HostFacts(host, f"{path}:{rows[gpu_cols[0]][1] if gpu_cols and gpu_cols[0] in rows else 1}", gpus)
+    def relation(nic: str, gpu: str) -> str:
+        row = rows.get(nic, ([], 0))[0]
+        idx = header.index(gpu)
+        rel = row[idx] if idx < len(row) else ""
+        if not rel and gpu in rows:  # no row for the NIC: read its column in the GPU's row
+            grow, idx = rows[gpu][0], header.index(nic)
+            rel = grow[idx] if idx < len(grow) else ""
+        return rel
+
+    served: dict[str, list[int]] = {nic: [] for nic in nic_cols}
+    for g in gpu_cols:
+        rel = {nic: relation(nic, g) for nic in nic_cols}
+        # The NICs behind the GPU's PCIe switches; a GPU with none is served by its closest NICs short of SYS
+        # (same host bridge, same NUMA node), as NCCL falls back to the NICs of the GPU's CPU.
+        for level in (("PIX", "PXB"), ("PHB",), ("NODE",)):
+            near = [nic for nic in nic_cols if rel[nic] in level]
+            if near:
+                for nic in near:
+                    served[nic].append(int(g[3:]))
+                break
     for nic in nic_cols:
-        row, lineno = rows.get(nic, ([], 0))
-        served = []
-        for g in gpu_cols:
-            idx = header.index(g)
-            rel = row[idx] if idx < len(row) else ""
-            if rel in ("PIX", "PXB"):
-                served.append(int(g[3:]))
-        h.nics.append(NicFacts(legend.get(nic, nic), f"{path}:{lineno or 1}", None, tuple(served)))
+        lineno = rows.get(nic, ([], 0))[1]
+        h.nics.append(NicFacts(legend.get(nic, nic), f"{path}:{lineno or 1}", None, tuple(served[nic])))
     facts.hosts[host] = h
     return facts
 
