@@ -17,7 +17,8 @@ Event Format's array form (the events alone, its closing ``]`` optional).  How e
 - ``compute_s`` is the union of the step's non-NCCL kernels; ``comm_s`` the union of its
   NCCL kernels minus the time they overlap compute (the contract counts only
   communication *not* overlapped with compute); it is split into ``pipeline_wait_s``
-  (kernels launched under a ``nccl:send``/``nccl:recv`` annotation) and ``collective_s``
+  (kernels launched under a ``nccl:send``/``nccl:recv`` annotation, which recent PyTorch writes
+  with the peers after the op, ``nccl:send 1->0``) and ``collective_s``
   (every other NCCL kernel);
 - ``data_wait_s`` is the union of data-loader spans (``enumerate(DataLoader)...``,
   ``## data_load ##``) inside the step.  A trace without any such span leaves the phase
@@ -295,8 +296,8 @@ def steps_from_trace(path: Path, rank: int | None = None, notes: Counter[str] | 
                     raise ImportFormatError(f"{path}: traceEvents[{i}]: step number {_short(m.group(1))} is "
                                             f"over {_STEP_MAX}")
                 spans.setdefault(int(m.group(1)), (ts, ts + dur))
-            elif name.startswith("nccl:"):
-                annotations.append((ts, ts + dur, name[5:]))
+            elif name.startswith("nccl:"):  # ProcessGroupNCCL names a p2p op "nccl:send 1->0", "nccl:recv 0<-1"
+                annotations.append((ts, ts + dur, (name[5:].split() or [""])[0]))
             elif _LOADER.search(name):
                 loaders.append((ts, ts + dur))
         elif corr is not None and _LAUNCH_CATS.match(cat):

@@ -118,3 +118,25 @@ def test_the_real_old_trace_without_a_schedule_is_refused_in_one_line(tmp_path: 
                           "--node", "n", "-o", str(tmp_path / "out.jsonl")], capture_output=True, text=True, timeout=60)
     assert run.returncode != 0 and "Traceback" not in run.stderr
     assert len(run.stderr.strip().splitlines()) == 1 and "ProfilerStep" in run.stderr
+
+
+def test_a_send_annotation_that_names_its_peers_is_pipeline_wait_not_a_collective(tmp_path: Path) -> None:
+    """ProcessGroupNCCL titles a point-to-point op with its peers (``c10::str("nccl:send ", rank_, "->", dstRank)``),
+    so a pipeline-parallel trace has ``nccl:send 1->0`` and ``nccl:recv 0<-1``, never a bare ``nccl:send``; the
+    importer took the whole ``send 1->0`` for the op and counted every pipeline transfer as a collective."""
+    t0 = 1_700_000_000_000_000
+    ev: list[dict[str, Any]] = [
+        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#3", "ts": t0, "dur": 10_000},
+        {"ph": "X", "cat": "user_annotation", "name": "nccl:send 1->0", "ts": t0 + 100, "dur": 50},
+        {"ph": "X", "cat": "user_annotation", "name": "nccl:recv 1<-2", "ts": t0 + 400, "dur": 50},
+        {"ph": "X", "cat": "user_annotation", "name": "nccl:all_reduce", "ts": t0 + 1000, "dur": 50}]
+    for i, (launch, run, dur) in enumerate([(t0 + 120, t0 + 200, 100), (t0 + 420, t0 + 500, 300),
+                                            (t0 + 1010, t0 + 3000, 400)]):
+        ev += [{"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": launch, "dur": 5,
+                "args": {"correlation": i}},
+               {"ph": "X", "cat": "kernel", "name": "ncclDevKernel_SendRecv", "ts": run, "dur": dur,
+                "args": {"correlation": i}}]
+    f = tmp_path / "rank-1.json"
+    f.write_text(json.dumps({"traceEvents": ev}))
+    (s,) = steps_from_trace(f)
+    assert (s.pipeline_wait_s, s.collective_s, s.comm_s) == (0.0004, 0.0004, 0.0008)
