@@ -2,7 +2,19 @@
 
 Called by ``whywait import`` for a Chrome-trace JSON file (``.json`` or ``.json.gz``) that
 ``torch.profiler`` wrote for one rank: the object form (``{"traceEvents": [...]}``) or the Trace
-Event Format's array form (the events alone, its closing ``]`` optional).  How each figure is read from the trace:
+Event Format's array form (the events alone, its closing ``]`` optional).  Spans are complete
+(``"ph": "X"``) events, or ``B``/``E`` pairs as other tracers write them: per (pid, tid), in time order,
+an ``E`` closes the latest open ``B`` of its name (the latest open one when it has no name); a ``B``
+never closed or an ``E`` with nothing to close is counted in the import notes and ignored.  Async
+``b``/``e`` events are not spans of a thread and are not read.
+
+One trace is one rank's: ``ProfilerStep`` spans in more than one process (pid) mean several ranks'
+traces merged into one file (concatenated, or written by a tool that combines them), and the import
+stops with one line naming the file and the pids, asking for one trace per rank.  It is not split:
+nothing in the trace says which rank each pid is (``distributedInfo`` is one per file), and the
+correlation ids that tie a kernel to its launch are counted per process, so two processes' collide.
+One process driving several GPUs (one ``ProfilerStep`` series, kernels on several devices) is one
+rank's trace and is read.  How each figure is read from the trace:
 
 - a step is a host-side ``ProfilerStep#N`` span (category ``user_annotation``, ``cpu_op`` or
   ``python_function``; ``Operator`` in PyTorch 1.8/1.9 traces, whose ``Runtime`` and ``Kernel``
@@ -17,9 +29,18 @@ Event Format's array form (the events alone, its closing ``]`` optional).  How e
 - ``compute_s`` is the union of the step's non-NCCL kernels; ``comm_s`` the union of its
   NCCL kernels minus the time they overlap compute (the contract counts only
   communication *not* overlapped with compute); it is split into ``pipeline_wait_s``
-  (kernels launched under a ``nccl:send``/``nccl:recv`` annotation, which recent PyTorch writes
-  with the peers after the op, ``nccl:send 1->0``) and ``collective_s``
-  (every other NCCL kernel);
+  (send and receive kernels) and ``collective_s`` (every other NCCL kernel).  A kernel's op is,
+  first, that of the ``nccl:`` annotation around its launch on the launching thread (recent PyTorch
+  writes a point-to-point op with its peers, ``nccl:send 1->0``); else the kernel's own
+  ``Collective name`` arg; else that of the innermost ``record_param_comms`` span around its launch
+  on that thread, whose ``Collective name`` arg ProcessGroupNCCL sets to ``send``/``recv`` for
+  point-to-point and ``allreduce``, ``_allgather_base``, ``all_to_all``, ... for collectives
+  (pytorch/pytorch ``torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp``, ``RECORD_PARAM_COMMS_DATA``
+  in ``send``/``recv``, commit 0007e752; the arg names are ``kCommsName = "Collective name"``,
+  ``kProcessGroupName = "Process Group Name"``, ``kProcessGroupDesc = "Process Group Description"`` in
+  ``torch/csrc/profiler/util.h``, commit 035290b7; Kineto copies them onto the NCCL kernel, as HTA's
+  ``nccl_data.json.gz`` shows).  The process group's name and description are not used: they name
+  groups (``default_pg``), not what kind of traffic they carry;
 - ``data_wait_s`` is the union of data-loader spans (``enumerate(DataLoader)...``,
   ``## data_load ##``) inside the step.  A trace without any such span leaves the phase
   out: unknown, not zero.  Likewise a trace with no GPU kernel at all (a CPU-only profile) leaves
@@ -27,12 +48,18 @@ Event Format's array form (the events alone, its closing ``]`` optional).  How e
 - the rank is ``--rank``, else ``distributedInfo.rank``, else a ``rank-N`` in the file name (said in
   a note), else the import stops and asks for ``--rank``.
 
-Memory copies and sets count as neither compute nor communication.
+Memory copies and sets count as neither compute nor communication.  Device work is read from the
+``kernel`` category only (launches through the MTIA, XPU and privateuse1 runtimes count, see
+``_LAUNCH_CATS``); Kineto's other MTIA device category, ``mtia_ccp_events``, is not read, for no real
+MTIA trace was at hand to check what it holds (HTA's ``tests/data/mtia_trace_single_rank`` is gzip,
+which the code search used here cannot read).  A trace whose device work is all in such categories
+reads as a CPU-only profile: its GPU phases unknown, not zero.
 """
 
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 import math
 import re
@@ -255,7 +282,12 @@ def steps_from_trace(path: Path, rank: int | None = None, notes: Counter[str] | 
     notes = Counter() if notes is None else notes
     data = load_trace(path, max_bytes)
     events = data["traceEvents"]
-    rank = _rank(path, data, rank, notes)
+    rank_error: ImportFormatError | None = None
+    the_rank = -1
+    try:
+        the_rank = _rank(path, data, rank, notes)
+    except ImportFormatError as exc:  # said after the loop, unless the trace merges several ranks' (said first)
+        rank_error = exc
     base_ns = data.get("baseTimeNanoseconds", 0)
     if isinstance(base_ns, bool) or not isinstance(base_ns, (int, float)) or not math.isfinite(base_ns) \
             or not 0 <= base_ns < 1e22:
@@ -263,11 +295,13 @@ def steps_from_trace(path: Path, rank: int | None = None, notes: Counter[str] | 
                                 f"{_short(base_ns)})")
     base_us = float(base_ns) / 1000.0
     spans: dict[int, tuple[float, float]] = {}
-    launches: dict[Any, float] = {}
-    annotations: list[tuple[float, float, str]] = []
+    step_pids: set[str] = set()
+    launches: dict[Any, tuple[float, tuple[str, str]]] = {}
+    annotations: dict[tuple[str, str], list[tuple[float, float, str]]] = {}
+    comms: dict[tuple[str, str], list[tuple[float, float, str]]] = {}
     loaders: list[tuple[float, float]] = []
     kernels: list[tuple[Any, float, float, str, str]] = []
-    for i, e in enumerate(events):
+    for i, e in itertools.chain(enumerate(events), _begin_end_spans(path, events, notes)):
         if not isinstance(e, dict) or e.get("ph") != "X":
             continue
         try:
@@ -296,14 +330,24 @@ def steps_from_trace(path: Path, rank: int | None = None, notes: Counter[str] | 
                     raise ImportFormatError(f"{path}: traceEvents[{i}]: step number {_short(m.group(1))} is "
                                             f"over {_STEP_MAX}")
                 spans.setdefault(int(m.group(1)), (ts, ts + dur))
+                step_pids.add(_thread(e)[0])
             elif name.startswith("nccl:"):  # ProcessGroupNCCL names a p2p op "nccl:send 1->0", "nccl:recv 0<-1"
-                annotations.append((ts, ts + dur, (name[5:].split() or [""])[0]))
+                annotations.setdefault(_thread(e), []).append((ts, ts + dur, (name[5:].split() or [""])[0]))
+            elif name == "record_param_comms":
+                comms.setdefault(_thread(e), []).append((ts, ts + dur, _collective(args)))
             elif _LOADER.search(name):
                 loaders.append((ts, ts + dur))
         elif corr is not None and _LAUNCH_CATS.match(cat):
-            launches[corr] = ts
+            launches[corr] = (ts, _thread(e))
         elif cat in _KERNEL_CATS:
-            kernels.append((corr, ts, ts + dur, name, cat))
+            kernels.append((corr, ts, ts + dur, name, _collective(args)))
+    if len(step_pids) > 1:
+        pids = sorted(step_pids, key=lambda p: (len(p), p))
+        shown = ", ".join(pids[:5]) + (f" and {len(pids) - 5} more" if len(pids) > 5 else "")
+        raise ImportFormatError(f"{path}: ProfilerStep spans in {len(pids)} processes (pids {shown}): the trace "
+                                "merges several ranks' traces; import one trace per rank")
+    if rank_error is not None:
+        raise rank_error
     if not spans:
         raise ImportFormatError(f"{path}: no ProfilerStep#N spans: profile with torch.profiler.schedule "
                                 "and call prof.step() each iteration")
@@ -316,20 +360,22 @@ def steps_from_trace(path: Path, rank: int | None = None, notes: Counter[str] | 
 
     import bisect
 
-    comm_ops = _annotation_of(annotations, [launches[k[0]] for k in kernels
-                                            if "nccl" in k[3].lower() and k[0] in launches])
-    for corr, a, b, name, _ in kernels:
-        launch = launches.get(corr)
-        if launch is None:
+    nccl_launches = [launches[k[0]] for k in kernels if "nccl" in k[3].lower() and k[0] in launches]
+    comm_ops = _annotation_of(annotations, nccl_launches)
+    param_ops = _annotation_of(comms, nccl_launches, innermost=True)
+    for corr, a, b, name, kernel_op in kernels:
+        if corr not in launches:
             notes[f"{path.name}: GPU kernels whose launch is not in the trace (not attributed)"] += 1
             continue
+        launch, thread = launches[corr]
         k = bisect.bisect_right(starts, launch) - 1
         if k < 0 or launch > order[k][1][1]:
             notes[f"{path.name}: GPU kernels launched outside every ProfilerStep (not attributed)"] += 1
             continue
         step, (s0, s1) = order[k]
         if "nccl" in name.lower():
-            per[step]["pipe" if comm_ops.get(launch, "") in _PIPELINE_OPS else "coll"].append((a, b))
+            op = comm_ops.get((thread, launch)) or kernel_op or param_ops.get((thread, launch)) or ""
+            per[step]["pipe" if op.lower() in _PIPELINE_OPS else "coll"].append((a, b))
         else:
             per[step]["comp"].append((a, b))
     # A trace without a single GPU kernel is a CPU-only profile (a CPU job, or a profiler run without
@@ -346,7 +392,7 @@ def steps_from_trace(path: Path, rank: int | None = None, notes: Counter[str] | 
         data_wait = None
         if has_loader:
             data_wait = _length(_union([(max(a, s0), min(b, s1)) for a, b in loaders if a < s1 and b > s0])) / 1e6
-        out.append(KinetoStep(rank=rank, step=step, start=(s0 + base_us) / 1e6, end=(s1 + base_us) / 1e6,
+        out.append(KinetoStep(rank=the_rank, step=step, start=(s0 + base_us) / 1e6, end=(s1 + base_us) / 1e6,
                               duration_s=(s1 - s0) / 1e6,
                               compute_s=_length(comp) / 1e6 if gpu_known else None,
                               comm_s=_minus(comm, comp) / 1e6 if gpu_known else None,
@@ -356,25 +402,101 @@ def steps_from_trace(path: Path, rank: int | None = None, notes: Counter[str] | 
     return out
 
 
-def _annotation_of(annotations: list[tuple[float, float, str]], launches: list[float]) -> dict[float, str]:
-    """For each launch time, the op of the earliest-starting ``nccl:`` annotation that contains it ("" if none).
+def _annotation_of(annotations: dict[tuple[str, str], list[tuple[float, float, str]]],
+                   launches: list[tuple[float, tuple[str, str]]], innermost: bool = False
+                   ) -> dict[tuple[tuple[str, str], float], str]:
+    """For each launch (time, thread), the op of the annotation on its thread that contains it ("" if none).
 
-    One sweep over both sorted lists with a heap of the open annotations (by start), so a trace with
-    tens of thousands of collectives costs n log n, not one scan of every annotation per kernel.  An
-    annotation that ended before the current launch has ended for every later one too, so it is
-    popped for good when it reaches the top.
+    The earliest-starting containing annotation, or with ``innermost`` the latest-starting one.  One sweep per
+    thread over both sorted lists with a heap of the open annotations (by start), so a trace with tens of
+    thousands of collectives costs n log n, not one scan of every annotation per kernel.  An annotation that
+    ended before the current launch has ended for every later one too, so it is popped for good when it
+    reaches the top.
     """
     import heapq
 
-    annotations = sorted(annotations)
-    out: dict[float, str] = {}
-    open_: list[tuple[float, float, str]] = []
-    i = 0
-    for launch in sorted(set(launches)):
-        while i < len(annotations) and annotations[i][0] <= launch:
-            heapq.heappush(open_, annotations[i])
-            i += 1
-        while open_ and open_[0][1] < launch:
-            heapq.heappop(open_)
-        out[launch] = open_[0][2] if open_ else ""
+    by_thread: dict[tuple[str, str], set[float]] = {}
+    for ts, thread in launches:
+        by_thread.setdefault(thread, set()).add(ts)
+    out: dict[tuple[tuple[str, str], float], str] = {}
+    sign = -1.0 if innermost else 1.0
+    for thread, times in by_thread.items():
+        spans = sorted(annotations.get(thread, []))
+        open_: list[tuple[float, float, str]] = []  # (sign * start, end, op)
+        i = 0
+        for launch in sorted(times):
+            while i < len(spans) and spans[i][0] <= launch:
+                heapq.heappush(open_, (sign * spans[i][0], spans[i][1], spans[i][2]))
+                i += 1
+            while open_ and open_[0][1] < launch:
+                heapq.heappop(open_)
+            out[thread, launch] = open_[0][2] if open_ else ""
+    return out
+
+
+def _thread(e: dict[str, Any]) -> tuple[str, str]:
+    """The event's (pid, tid) as text: PyTorch 1.8 wrote some tids as strings, later ones as numbers."""
+    return (_ident(e.get("pid")), _ident(e.get("tid")))
+
+
+def _ident(v: object) -> str:
+    return str(v) if isinstance(v, (int, str)) and not isinstance(v, bool) else repr(v)
+
+
+def _collective(args: dict[str, Any]) -> str:
+    """The ``Collective name`` a ``record_param_comms`` span or an NCCL kernel carries ("" if none)."""
+    name = args.get("Collective name")
+    return name.strip().strip('"') if isinstance(name, str) else ""
+
+
+def _begin_end_spans(path: Path, events: list[Any], notes: Counter[str]) -> list[tuple[int, dict[str, Any]]]:
+    """The trace's ``B``/``E`` pairs as complete (``X``) events, each with the index of its ``B``.
+
+    Per (pid, tid), in time order (file order among equal times), a ``B`` opens a span and an ``E`` closes the
+    latest open one of its name (the latest open one whatever its name when the ``E`` has none, as the Trace
+    Event Format allows); the ``E``'s args are merged into the ``B``'s.  A ``B`` never closed, or an ``E``
+    with nothing to close, is counted in ``notes`` and ignored.  Async ``b``/``e`` events are not spans of a
+    thread and are not read.
+    """
+    threads: dict[tuple[str, str], list[tuple[float, int, dict[str, Any]]]] = {}
+    for i, e in enumerate(events):
+        if not isinstance(e, dict) or e.get("ph") not in ("B", "E"):
+            continue
+        try:
+            ts = float(e["ts"])
+        except (KeyError, TypeError, ValueError, OverflowError):
+            raise ImportFormatError(f"{path}: traceEvents[{i}]: a begin or end event needs a numeric ts") from None
+        if not abs(ts) < _TS_MAX_US:  # also NaN
+            raise ImportFormatError(f"{path}: traceEvents[{i}]: ts must be microseconds, finite and under "
+                                    f"{_TS_MAX_US:g} (got {ts:g})")
+        threads.setdefault(_thread(e), []).append((ts, i, e))
+    out: list[tuple[int, dict[str, Any]]] = []
+    unmatched_b = unmatched_e = 0
+    for seq in threads.values():
+        seq.sort(key=lambda t: (t[0], t[1]))
+        stack: list[tuple[float, int, dict[str, Any]]] = []
+        for ts, i, e in seq:
+            if e["ph"] == "B":
+                stack.append((ts, i, e))
+                continue
+            name = e.get("name")
+            at = len(stack) - 1
+            if isinstance(name, str) and name:
+                while at >= 0 and stack[at][2].get("name") != name:
+                    at -= 1
+            if at < 0:
+                unmatched_e += 1
+                continue
+            t0, j, b = stack.pop(at)
+            args = b.get("args")
+            args = dict(args) if isinstance(args, dict) else {}
+            if isinstance(e.get("args"), dict):
+                args.update(e["args"])
+            out.append((j, {**b, "ph": "X", "ts": t0, "dur": ts - t0, "args": args}))
+        unmatched_b += len(stack)
+    if unmatched_b:
+        notes[f"{path.name}: begin (B) events with no matching end (ignored)"] += unmatched_b
+    if unmatched_e:
+        notes[f"{path.name}: end (E) events with no matching begin (ignored)"] += unmatched_e
+    out.sort(key=lambda t: t[0])
     return out

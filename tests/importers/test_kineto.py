@@ -195,7 +195,8 @@ def test_pipeline_and_collective_kernels_follow_their_annotation_in_any_nesting(
         ann.append((a, a + rnd.choice([1.0, 30.0, 400.0, 5e3]), rnd.choice(ops)))
     edges = [a for a, _, _ in ann[:50]] + [b for _, b, _ in ann[:50]]  # launches exactly on a start or an end
     launches = [rnd.uniform(-10, 1.1e5) for _ in range(3000)] + edges
-    got = _annotation_of(ann, launches)
+    th = ("1", "1")  # one thread: annotations are looked up on the launch's own thread
+    got = {t: op for (_, t), op in _annotation_of({th: ann}, [(t, th) for t in launches]).items()}
     srt = sorted(ann)
     for t in launches:
         assert got[t] == next((n for (x, y, n) in srt if x <= t <= y), "")
