@@ -3,8 +3,9 @@
 * :func:`load_ibnetdiscover` — the text dump of ``ibnetdiscover`` (InfiniBand
   fabric discovery; what NVIDIA topograph consumes): switches with their ports,
   and the host channel adapters (HCAs) cabled to them.  Switch tiers are derived
-  from the wiring: a switch with host ports is a leaf, a switch wired to leaves
-  is a spine, anything above is core.
+  from the wiring (:func:`switch_tiers`: host-bearing switches are leaves unless they
+  sit above other leaves, as a spine carrying storage hosts does; one hop above the
+  leaves is spine, further is core).
 * :func:`load_slurm_topology` — Slurm ``topology.conf`` in the tree form
   (``SwitchName=... Switches=...|Nodes=...``) and the block form
   (``BlockName=... Nodes=...``, read as racks), as topograph writes them.
@@ -20,13 +21,13 @@ from __future__ import annotations
 
 import re
 import xml.etree.ElementTree as ET
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from whywait.topology.errors import TopologyError
-from whywait.topology.model import Nic, Topology, natural_key
+from whywait.topology.model import TIERS, Nic, Topology, natural_key
 
 from whywait.textfiles import read_text
 
@@ -34,9 +35,11 @@ from whywait.textfiles import read_text
 
 _IB_NODE = re.compile(r'^(?P<type>Switch|Ca)\s+(?P<ports>\d+)\s+"(?P<id>[SH]-[0-9a-fA-F]+)"\s*#\s*"(?P<desc>[^"]*)"')
 _IB_SWITCH_PORT = re.compile(
-    r'^\[(?P<port>\d+)\]\s+"(?P<peer>[SH]-[0-9a-fA-F]+)"\[(?P<peer_port>\d+)\](?:\([0-9a-fA-F]+\))?\s*'
+    r'^\[(?P<port>\d+)\]\s+"(?P<peer>[SH]-[0-9a-fA-F]+)"\[(?P<peer_port>\d+)\](?:\((?P<pguid>[0-9a-fA-F]+)\))?\s*'
     r'(?:#\s*"(?P<desc>[^"]*)")?')
 _HOST_DESC = re.compile(r"^(?P<host>\S+)\s+(?P<nic>(?:mlx\d+_\d+|HCA-\d+|ib\d+|[a-z]+\d+[a-z0-9_/.-]*))$")
+# One-word descriptions that are no host's name: an unset hostname, or an adapter's own name alone.
+_NO_HOST_WORD = re.compile(r"^(?:localhost(?:\.localdomain)?|\(none\)|\(null\)|mlx\d+_\d+|HCA-\d+)$", re.IGNORECASE)
 
 
 @dataclass
@@ -59,6 +62,225 @@ def switch_name(desc: str, fallback: str) -> str:
     return name or fallback
 
 
+def switch_ids(descs: Mapping[str, str]) -> dict[str, str]:
+    """Each switch's id (``S-<guid>`` → readable id), unique and independent of the order of the dump.
+
+    The id is :func:`switch_name` of its description; when several switches share that name
+    (a generic ``"SwitchIB Mellanox Technologies"``, the ASICs of one director chassis) every one
+    of them is ``"<name> (S-<guid>)"``, so that no switch gets the bare name by the luck of its GUID.
+    """
+    readable = {sw: switch_name(desc, sw) for sw, desc in descs.items()}
+    shared = Counter(readable.values())
+    return {sw: name if shared[name] == 1 else f"{name} ({sw})" for sw, name in readable.items()}
+
+
+def hca_host(desc: str) -> tuple[str, str | None] | None:
+    """The host (and the NIC name, when it gives one) an HCA's node description names; None if no host.
+
+    ``"a08-p1-dgx-04-c01 mlx5_5"`` → ``("a08-p1-dgx-04-c01", "mlx5_5")``; a one-word description
+    ``"atlas133"`` → ``("atlas133", None)`` (see :func:`hca_nic_names`); ``"MT4129 ConnectX7 Mellanox
+    Technologies"``, ``"Mellanox Technologies Aggregation Node"``, ``"localhost"`` or ``""`` → None.
+    """
+    d = desc.strip()
+    m = _HOST_DESC.match(d)
+    if m:
+        return m.group("host"), m.group("nic")
+    if d and len(d.split()) == 1 and not _NO_HOST_WORD.match(d):
+        return d, None
+    return None
+
+
+def _guid_key(guid: str) -> tuple[int, str]:
+    try:
+        return int(guid.split("-", 1)[-1], 16), guid
+    except ValueError:
+        return -1, guid
+
+
+def hca_nic_names(named: Mapping[str, tuple[str, str | None]]) -> dict[str, tuple[str, str]]:
+    """HCA (``H-<guid>``) → (host, NIC name), the names unique on each host and independent of dump order.
+
+    An HCA whose description names its adapter (``"node-1 mlx5_0"``) alone on its host keeps that
+    name.  HCAs whose description is the bare host name (``"atlas133"``) are ``HCA-1``, ``HCA-2``, …
+    and HCAs of one host that share a description (``"node-1 mlx5_0"`` twice) are ``mlx5_0-1``,
+    ``mlx5_0-2``, …, numbered in node-GUID order and skipping a name the host already has.
+    """
+    by_host: dict[str, list[tuple[str, str | None]]] = defaultdict(list)
+    for guid, (host, nic) in named.items():
+        by_host[host].append((guid, nic))
+    out: dict[str, tuple[str, str]] = {}
+    for host, items in by_host.items():
+        count = Counter(nic for _guid, nic in items)
+        taken = {nic for nic, n in count.items() if nic is not None and n == 1}
+        groups: dict[str | None, list[str]] = defaultdict(list)
+        for guid, nic in items:
+            if nic is not None and count[nic] == 1:
+                out[guid] = (host, nic)
+            else:
+                groups[nic].append(guid)
+        for nic in sorted(groups, key=lambda n: (n is not None, n or "")):
+            k = 0
+            for guid in sorted(groups[nic], key=_guid_key):
+                k += 1
+                while (f"HCA-{k}" if nic is None else f"{nic}-{k}") in taken:
+                    k += 1
+                name = f"HCA-{k}" if nic is None else f"{nic}-{k}"
+                taken.add(name)
+                out[guid] = (host, name)
+    return out
+
+
+def switch_tiers(switches: Sequence[str], neighbours: Mapping[str, Mapping[str, int]],
+                 host_cables: Mapping[str, int], ca_cables: Mapping[str, int]) -> dict[str, str]:
+    """Tier of each switch from the wiring alone: ``leaf``, ``spine`` or ``core``.
+
+    ``neighbours[s]`` counts the cables from switch ``s`` to each other switch; ``host_cables[s]``
+    the cables to HCAs that name a host, ``ca_cables[s]`` those to any HCA.
+
+    1. Leaves start as the switches with a host cabled to them (none: those with any HCA).
+    2. A starting leaf is really a spine that carries a few hosts (storage, login nodes) when it is
+       cabled more to switches than to HCAs, to at least two leaves, and at least half of its switch
+       cables go to leaves (a spine of a 3-tier fabric sends half down, half up).  Such switches
+       are taken one at a time, the one with the most leaf neighbours first, each time against the
+       leaves left: so a spine goes before the leaves under it, which then no longer see two leaf
+       neighbours.
+    3. The rest by hop distance from the leaves: one hop is a spine, two or more a core switch
+       (a 2-tier fat tree has no core; a lone switch is a leaf).  A switch no leaf reaches is core.
+    """
+    leaves = {s for s in switches if host_cables.get(s)} or {s for s in switches if ca_cables.get(s)}
+    if not leaves:
+        return {s: "leaf" for s in switches}
+    while True:
+        best: tuple[int, int, str] | None = None
+        for s in leaves:
+            peers = neighbours.get(s, {})
+            k = sum(1 for p in peers if p in leaves)
+            cabled = sum(peers.values())
+            down = sum(n for p, n in peers.items() if p in leaves)
+            if k >= 2 and 2 * down >= cabled > ca_cables.get(s, 0):
+                key = (k, cabled, s)
+                if best is None or key > best:
+                    best = key
+        if best is None:
+            break
+        leaves.discard(best[2])
+    dist = {s: 0 for s in leaves}
+    frontier = sorted(leaves)
+    while frontier:
+        nxt = []
+        for s in frontier:
+            for p in sorted(neighbours.get(s, {})):
+                if p not in dist:
+                    dist[p] = dist[s] + 1
+                    nxt.append(p)
+        frontier = nxt
+    return {s: TIERS[min(dist[s], 2)] if s in dist else "core" for s in switches}
+
+
+_PLURAL = {"leaf": "leaves", "spine": "spines", "core": "core switches"}
+
+
+@dataclass(frozen=True)
+class IbCable:
+    """One switch port's cable as a dump line shows it; ``peer_guid`` is the port GUID an HCA's port shows."""
+
+    switch: str
+    port: int
+    peer: str
+    peer_port: int
+    line: int
+    peer_guid: str | None = None
+
+
+@dataclass
+class IbFabric:
+    """What :func:`ib_fabric` made of a dump: GUID ids throughout, readable ids in ``ids``."""
+
+    ids: dict[str, str]  # S-guid -> switch id
+    tier: dict[str, str]  # S-guid -> tier
+    uplinks: dict[str, set[str]]  # S-guid -> S-guids of the higher-tier switches it is cabled to
+    hcas: dict[str, tuple[str, str]]  # H-guid -> (host, NIC name)
+    leaf: dict[str, str]  # H-guid -> S-guid of the leaf its NIC is cabled to
+    port_guids: dict[str, set[str]]  # H-guid -> the port GUIDs its cables show
+    unmatched: list[tuple[int, str]]  # (line, what): cables the model has no place for
+
+
+def ib_fabric(switches: Mapping[str, str], hcas: Mapping[str, str], cables: Sequence[IbCable]) -> IbFabric:
+    """Switch ids and tiers, uplinks, hosts and NICs from an ``ibnetdiscover`` dump's nodes and cables.
+
+    ``switches`` and ``hcas`` map ``S-``/``H-<guid>`` to node descriptions; ``cables`` are the
+    switches' port lines (a cable between two switches is listed from both ends, and counted once).
+    Every switch-to-switch cable becomes an uplink, unless both ends are of one tier (the model
+    links a switch only up to a higher tier): those, and an HCA cabled to a switch that is no leaf
+    (the model cables a NIC to a leaf only), are returned in ``unmatched`` instead of dropped.
+    """
+    ids = switch_ids(switches)
+    named = {guid: h for guid, desc in hcas.items() if (h := hca_host(desc)) is not None}
+    nic_names = hca_nic_names(named)
+    between: dict[frozenset[tuple[str, int]], IbCable] = {}
+    to_hca: dict[tuple[str, int], IbCable] = {}
+    for c in cables:
+        if c.peer.startswith("S-"):
+            key = frozenset({(c.switch, c.port), (c.peer, c.peer_port)})
+            if key not in between or c.line < between[key].line:
+                between[key] = c
+        else:
+            to_hca.setdefault((c.switch, c.port), c)
+    neighbours: dict[str, Counter[str]] = defaultdict(Counter)
+    for c in between.values():
+        neighbours[c.switch][c.peer] += 1
+        neighbours[c.peer][c.switch] += 1
+    ca_cables = Counter(c.switch for c in to_hca.values())
+    host_cables = Counter(c.switch for c in to_hca.values() if c.peer in nic_names)
+    tier = switch_tiers(list(switches), neighbours, host_cables, ca_cables)
+    rank = {t: i for i, t in enumerate(TIERS)}
+    uplinks: dict[str, set[str]] = {sw: set() for sw in switches}
+    same_tier: dict[tuple[str, str], list[IbCable]] = defaultdict(list)
+    for c in between.values():
+        a, b = c.switch, c.peer
+        if rank[tier[a]] < rank[tier[b]]:
+            uplinks[a].add(b)
+        elif rank[tier[b]] < rank[tier[a]]:
+            uplinks[b].add(a)
+        else:
+            lo, hi = sorted((a, b), key=lambda s: natural_key(ids[s]))
+            same_tier[(lo, hi)].append(c)
+    unmatched: list[tuple[int, str]] = []
+    for (a, b), cs in same_tier.items():
+        ends = ", ".join(f"{ids[c.switch]}[{c.port}]-{ids[c.peer]}[{c.peer_port}]"
+                         for c in sorted(cs, key=lambda c: c.line))
+        unmatched.append((min(c.line for c in cs),
+                          f"switches {ids[a]} and {ids[b]} are both {_PLURAL[tier[a]]} and cabled together ({len(cs)} "
+                          f"cable(s): {ends}); the model links a switch only up to a higher tier, so these cables "
+                          "are not in the topology"))
+    by_hca: dict[str, list[IbCable]] = defaultdict(list)
+    port_guids: dict[str, set[str]] = defaultdict(set)
+    for c in to_hca.values():
+        by_hca[c.peer].append(c)
+        if c.peer_guid:
+            port_guids[c.peer].add(c.peer_guid)
+    leaf: dict[str, str] = {}
+    for guid, cs in by_hca.items():
+        if guid not in nic_names:
+            continue
+        host, nic = nic_names[guid]
+        cs.sort(key=lambda c: (tier[c.switch] != "leaf", c.peer_port, c.line))
+        first = cs[0]
+        if tier[first.switch] == "leaf":
+            leaf[guid] = first.switch
+        else:
+            unmatched.append((first.line, f"{host} NIC {nic} ({guid}) is cabled to {ids[first.switch]} port "
+                                          f"{first.port}, which the wiring makes a {tier[first.switch]}; the model "
+                                          "cables a NIC to a leaf only, so the NIC has no leaf"))
+        for c in cs[1:]:
+            if c.switch != first.switch:
+                unmatched.append((c.line, f"{host} NIC {nic} ({guid}) port {c.peer_port} is also cabled to "
+                                          f"{ids[c.switch]} port {c.port}; the model gives a NIC one switch, "
+                                          f"{ids[first.switch]}"))
+    unmatched.sort()
+    return IbFabric(ids, tier, uplinks, nic_names, leaf, dict(port_guids), unmatched)
+
+
 def load_ibnetdiscover(path: str | Path, gpus_per_node: int = 8,
                        nic_gpus: Mapping[str, Sequence[int]] | None = None,
                        rack_of: Callable[[str], str | None] | str | None = None,
@@ -66,21 +288,23 @@ def load_ibnetdiscover(path: str | Path, gpus_per_node: int = 8,
     """Load an ``ibnetdiscover`` dump: switches (tiered by wiring), hosts and their HCAs.
 
     A host is named by the first word of its HCA's node description
-    (``"a08-p1-dgx-04-c01 mlx5_5"`` → host ``a08-p1-dgx-04-c01``, NIC ``mlx5_5``);
-    HCAs whose description names no host (``"MT4129 ConnectX7 ..."``, SHARP
-    aggregation nodes) are skipped and listed in ``report.skipped``.  A host's
-    NICs are sorted naturally; the first is primary.  Each host gets
-    ``gpus_per_node`` GPUs; ``nic_gpus`` maps a NIC name to the GPUs it serves
-    (from :func:`load_nccl_topology`, say), otherwise NICs serve none.
-    ``rack_of`` maps a host name to its rack: a callable, or a regex whose first
-    group is the rack (``r"^(.*)-c\\d+$"``).
+    (``"a08-p1-dgx-04-c01 mlx5_5"`` → host ``a08-p1-dgx-04-c01``, NIC ``mlx5_5``), or by the
+    whole description when it is one word (``"atlas133"``; NICs named as :func:`hca_nic_names`
+    says).  HCAs whose description names no host (``"MT4129 ConnectX7 ..."``, SHARP
+    aggregation nodes) are skipped and listed in ``report.skipped``.  Switches are named by
+    :func:`switch_ids` and tiered by :func:`switch_tiers`; a cable the model cannot hold (two
+    switches of one tier, a host on a spine) is listed in the topology's ``unmatched`` and in
+    ``report.skipped``, never dropped unsaid.  A host's NICs are sorted naturally; the first is
+    primary.  Each host gets ``gpus_per_node`` GPUs; ``nic_gpus`` maps a NIC name to the GPUs it
+    serves (from :func:`load_nccl_topology`, say), otherwise NICs serve none.  ``rack_of`` maps a
+    host name to its rack: a callable, or a regex whose first group is the rack (``r"^(.*)-c\\d+$"``).
     """
     source = str(path)
     rep = report if report is not None else LoadReport(source)
     lines = read_text(path, lambda line: TopologyError(line, source=source)).splitlines()
     switches: dict[str, str] = {}  # guid id -> description
     hcas: dict[str, str] = {}  # guid id -> description
-    links: dict[tuple[str, str], int] = {}  # (switch id, peer id) -> the line that first names the link
+    cables: list[IbCable] = []
     current: str | None = None
     problems: list[str] = []
     for lineno, raw in enumerate(lines, 1):
@@ -109,7 +333,8 @@ def load_ibnetdiscover(path: str | Path, gpus_per_node: int = 8,
                                 f"(got {line[:60]!r})")
                 continue
             peer = p.group("peer")
-            links.setdefault((current, peer), lineno)
+            cables.append(IbCable(current, int(p.group("port")), peer, int(p.group("peer_port")), lineno,
+                                  p.group("pguid")))
             if peer.startswith("H-") and p.group("desc") and peer not in hcas:
                 hcas[peer] = p.group("desc")
             continue
@@ -121,46 +346,27 @@ def load_ibnetdiscover(path: str | Path, gpus_per_node: int = 8,
     if not switches:
         raise TopologyError(f"{source}: expected an ibnetdiscover dump with 'Switch' blocks (found none)",
                             source=source)
-    undescribed = [(lineno, peer) for (_sw, peer), lineno in links.items()
-                   if peer.startswith("S-") and peer not in switches]
+    undescribed = [(c.line, c.peer) for c in cables if c.peer.startswith("S-") and c.peer not in switches]
     if undescribed:  # cut before that switch's block (as :func:`~whywait.topology.sources.read_ibnetdiscover` says)
         lineno, peer = min(undescribed)
         raise TopologyError(f"{source}:{lineno}: port links to switch {peer}, which the dump does not describe "
                             "(truncated?)", source=source)
 
-    # Hosts and their NICs, from HCA descriptions.
-    host_nics: dict[str, dict[str, str | None]] = defaultdict(dict)  # host -> nic -> leaf guid
-    hca_host: dict[str, tuple[str, str]] = {}
+    fabric = ib_fabric(switches, hcas, cables)
     for guid, desc in hcas.items():
-        m = _HOST_DESC.match(desc.strip())
-        if m is None:
+        if guid not in fabric.hcas:
             rep.skipped.append(f"HCA {guid} ({desc!r}): no host name in its description")
-            continue
-        hca_host[guid] = (m.group("host"), m.group("nic"))
-    switch_peers: dict[str, set[str]] = defaultdict(set)
-    for sw, peer in links:
-        if peer.startswith("S-"):
-            switch_peers[sw].add(peer)
-            switch_peers[peer].add(sw)
-        elif peer in hca_host:
-            host, nic = hca_host[peer]
-            host_nics[host][nic] = sw
-
-    # Tiers by wiring: host-facing switches are leaves; their switch neighbours spines; the rest core.
-    leaves = {sw for sw in switches if any(sw == leaf for nics in host_nics.values() for leaf in nics.values())}
-    spines = {p for leaf in leaves for p in switch_peers[leaf] if p not in leaves}
-    tier = {sw: "leaf" if sw in leaves else "spine" if sw in spines else "core" for sw in switches}
-    ids: dict[str, str] = {}
-    for sw in switches:
-        readable = switch_name(switches[sw], sw)
-        ids[sw] = readable if readable not in ids.values() else f"{readable} ({sw})"
+    host_nics: dict[str, dict[str, str | None]] = defaultdict(dict)  # host -> nic -> leaf guid
+    for guid, (host, nic) in fabric.hcas.items():
+        host_nics[host][nic] = fabric.leaf.get(guid)
+    ids, tier = fabric.ids, fabric.tier
 
     topo = Topology(name or Path(path).stem)
     rack_fn = _rack_function(rack_of)
     racks: set[str] = set()
     order = {"core": 0, "spine": 1, "leaf": 2}
     for sw in sorted(switches, key=lambda s: (order[tier[s]], natural_key(ids[s]))):
-        ups = sorted((ids[p] for p in switch_peers[sw] if order[tier[p]] < order[tier[sw]]), key=natural_key)
+        ups = sorted((ids[p] for p in fabric.uplinks[sw]), key=natural_key)
         topo.add_switch(ids[sw], tier[sw], ups)
         rep.switches += 1
     for host in sorted(host_nics, key=natural_key):
@@ -176,6 +382,8 @@ def load_ibnetdiscover(path: str | Path, gpus_per_node: int = 8,
             raise TopologyError(f"{source}: host {host!r}: {exc}", source=source) from None
         rep.nodes += 1
         rep.nics += len(nics)
+    topo.unmatched = tuple(f"{source}:{line}: {what}" for line, what in fabric.unmatched)
+    rep.skipped.extend(topo.unmatched)
     return topo
 
 

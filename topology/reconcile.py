@@ -211,6 +211,7 @@ def merge(sources: Sequence[SourceFacts], types: Sequence[NodeType] = (), name: 
     ordered = sorted(sources, key=lambda s: 0 if any(n.leaf for h in s.hosts.values() for n in h.nics) else 1)
     for s in sources:
         warnings.extend(s.skipped)
+        unmatched.extend(s.unmatched)  # what a source saw but the model has no place for (a leaf-leaf cable)
 
     switches: dict[str, tuple[str | None, str, set[str]]] = {}
     for s in ordered:

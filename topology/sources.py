@@ -26,13 +26,13 @@ from typing import Callable, Mapping
 
 from whywait.topology.errors import TopologyError
 from whywait.topology.loaders import (
-    _HOST_DESC,
     _IB_NODE,
     _IB_SWITCH_PORT,
+    IbCable,
     NcclLocality,
     expand_hostlist,
+    ib_fabric,
     load_nccl_topology,
-    switch_name,
 )
 from whywait.topology.model import MAX_GPUS_PER_NODE, TIERS, natural_key, normalise_guid, normalise_pci
 
@@ -93,6 +93,7 @@ class SourceFacts:
     switches: dict[str, SwitchFacts] = field(default_factory=dict)
     racks: dict[str, str] = field(default_factory=dict)  # rack -> where
     skipped: list[str] = field(default_factory=list)
+    unmatched: list[str] = field(default_factory=list)  # ``file:line: what`` the model has no place for
 
 
 def _read_text(path: str | Path) -> str:
@@ -124,17 +125,20 @@ def split_host_arg(arg: str) -> tuple[str | None, str]:
 def read_ibnetdiscover(path: str | Path) -> SourceFacts:
     """Facts of an ``ibnetdiscover`` dump: switches (tiered by wiring), hosts and their HCAs with GUIDs.
 
-    A host is the first word of its HCA's node description (``"a08-p1-dgx-04-c01 mlx5_5"``);
-    each HCA keeps its node GUID (``H-<guid>``) and the port GUID its switch line shows.
-    HCAs that name no host (SHARP aggregation nodes, ``"MT4129 ConnectX7 ..."``) are
-    listed in ``skipped``.  The dump says nothing about GPUs.
+    A host is the first word of its HCA's node description (``"a08-p1-dgx-04-c01 mlx5_5"``), or
+    the whole description when it is one word (``"atlas133"``: its NICs are ``HCA-1``, ``HCA-2``,
+    … in node-GUID order, see :func:`~whywait.topology.loaders.hca_nic_names`); each HCA keeps its
+    node GUID (``H-<guid>``) and the port GUIDs its switch lines show.  HCAs that name no host
+    (SHARP aggregation nodes, ``"MT4129 ConnectX7 ..."``) are listed in ``skipped``.  Switches are
+    named by :func:`~whywait.topology.loaders.switch_ids` and tiered by
+    :func:`~whywait.topology.loaders.switch_tiers`; a cable the model cannot hold (two switches of
+    one tier, a host on a spine) goes to ``unmatched``.  The dump says nothing about GPUs.
     """
     source = str(path)
     facts = SourceFacts(source, "ibnetdiscover")
     switches: dict[str, tuple[str, int]] = {}  # guid -> (description, line)
     hcas: dict[str, tuple[str, int]] = {}
-    port_guid: dict[str, str] = {}  # hca node guid -> port guid
-    links: dict[tuple[str, str], int] = {}  # (switch, peer) -> line
+    cables: list[IbCable] = []
     current: str | None = None
     for lineno, raw in enumerate(_read_text(path).splitlines(), 1):
         line = raw.strip()
@@ -160,54 +164,34 @@ def read_ibnetdiscover(path: str | Path) -> SourceFacts:
                                  f"(got {line[:60]!r})")
             continue
         peer = p.group("peer")
-        links.setdefault((current, peer), lineno)  # type: ignore[arg-type]
-        pg = re.search(r"\]\(([0-9a-fA-F]+)\)", line)
-        if peer.startswith("H-"):
-            if pg:
-                port_guid[peer] = pg.group(1)
-            if p.group("desc") and peer not in hcas:
-                hcas[peer] = (p.group("desc"), lineno)
+        cables.append(IbCable(current, int(p.group("port")), peer, int(p.group("peer_port")),  # type: ignore[arg-type]
+                              lineno, p.group("pguid")))
+        if peer.startswith("H-") and p.group("desc") and peer not in hcas:
+            hcas[peer] = (p.group("desc"), lineno)
     if not switches:
         raise TopologyError(f"{source}: expected an ibnetdiscover dump with 'Switch' blocks (found none)",
                             source=source)
-    undescribed = [(lineno, peer) for (_sw, peer), lineno in links.items()
-                   if peer.startswith("S-") and peer not in switches]
+    undescribed = [(c.line, c.peer) for c in cables if c.peer.startswith("S-") and c.peer not in switches]
     if undescribed:  # the dump was cut before that switch's block: its tier and links are unknown
         lineno, peer = min(undescribed)
         raise TopologyError(f"{source}:{lineno}: port links to switch {peer}, which the dump does not describe "
                             "(truncated?)", source=source)
-    hca_host: dict[str, tuple[str, str]] = {}
+    fabric = ib_fabric({sw: d for sw, (d, _line) in switches.items()}, {g: d for g, (d, _line) in hcas.items()},
+                       cables)
     for guid, (desc, lineno) in hcas.items():
-        m = _HOST_DESC.match(desc.strip())
-        if m is None:
+        if guid not in fabric.hcas:
             facts.skipped.append(f"{source}:{lineno}: HCA {guid} ({desc.strip()!r}) names no host, skipped")
-            continue
-        hca_host[guid] = (m.group("host"), m.group("nic"))
-    peers: dict[str, set[str]] = defaultdict(set)
-    host_leaf: dict[str, str] = {}
-    for (sw, peer), _lineno in links.items():
-        if peer.startswith("S-"):
-            peers[sw].add(peer)
-            peers[peer].add(sw)
-        elif peer in hca_host:
-            host_leaf[peer] = sw
-    leaves = set(host_leaf.values())
-    spines = {p for leaf in leaves for p in peers[leaf] if p not in leaves}
-    tier = {sw: "leaf" if sw in leaves else "spine" if sw in spines else "core" for sw in switches}
-    ids: dict[str, str] = {}
-    for sw in sorted(switches):
-        readable = switch_name(switches[sw][0], sw)
-        ids[sw] = readable if readable not in ids.values() else f"{readable} ({sw})"
-    order = {t: i for i, t in enumerate(TIERS)}
+    ids = fabric.ids
     for sw, (_desc, lineno) in switches.items():
-        ups = {ids[p] for p in peers[sw] if order[tier[p]] > order[tier[sw]]}
-        facts.switches[ids[sw]] = SwitchFacts(ids[sw], f"{source}:{lineno}", tier[sw], ups)
-    for guid, (host, nic) in sorted(hca_host.items(), key=lambda kv: natural_key(kv[1][0] + " " + kv[1][1])):
+        facts.switches[ids[sw]] = SwitchFacts(ids[sw], f"{source}:{lineno}", fabric.tier[sw],
+                                              {ids[p] for p in fabric.uplinks[sw]})
+    for guid, (host, nic) in sorted(fabric.hcas.items(), key=lambda kv: natural_key(kv[1][0] + " " + kv[1][1])):
         lineno = hcas[guid][1]
         h = facts.hosts.setdefault(host, HostFacts(host, f"{source}:{lineno}"))
-        guids = {g for g in (normalise_guid(guid), normalise_guid(port_guid.get(guid, ""))) if g}
-        leaf = ids[host_leaf[guid]] if guid in host_leaf else None
+        guids = {g for g in (normalise_guid(guid), *map(normalise_guid, sorted(fabric.port_guids.get(guid, ())))) if g}
+        leaf = ids[fabric.leaf[guid]] if guid in fabric.leaf else None
         h.nics.append(NicFacts(nic, f"{source}:{lineno}", leaf, None, guids))
+    facts.unmatched = [f"{source}:{line}: {what}" for line, what in fabric.unmatched]
     return facts
 
 

@@ -111,8 +111,9 @@ def _import(args: argparse.Namespace) -> int:
     facts = [read_source(fmt, f) for fmt, files in groups for f in files]
     res = merge(facts, types, args.name)
     for f in facts:
+        unheld = f"; {len(f.unmatched)} unmatched, kept in the cluster file" if f.unmatched else ""
         print(f"{f.source}: {f.format}: {len(f.hosts)} host(s), {len(f.switches)} switch(es), "
-              f"{len(f.skipped)} line(s) skipped", file=sys.stderr)
+              f"{len(f.skipped)} line(s) skipped{unheld}", file=sys.stderr)
     shown = res.warnings if args.verbose else res.warnings[:20]
     for w in shown:
         print(f"warning: {w}", file=sys.stderr)
