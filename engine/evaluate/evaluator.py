@@ -73,6 +73,9 @@ class Incident:
     # Restored from a checkpoint: until the windows refill (see ``Evaluator.warmup_s``), a restored
     # incident whose condition does not hold is *unknown*, not clear, and is neither resolved nor dropped.
     restored: bool = False
+    # Not announced before this event time: its explanation (an inhibiting incident) ended, and it must
+    # hold its rule's ``for`` again first (see ``Evaluator.tick``).
+    quiet_until: float = -math.inf
 
 
 @dataclass
@@ -555,6 +558,16 @@ class Evaluator:
                 if fp not in self._inhibited_fps:
                     self._inhibited_fps.add(fp)
                     self.inhibited[inc.rule_id] += 1
+                continue
+            if fp in self._inhibited_fps and not inc.announced:
+                # Its explanation has just ended.  What still holds may be the tail of the explained fault
+                # (the last slow steps of a loader that has recovered), not yet a finding of its own: it must
+                # go on holding for its rule's `for` again before it is announced (with its start unchanged).
+                # Without this a symptom rule that had held, muted, through a whole fault fired the moment
+                # the fault's rule resolved.
+                self._inhibited_fps.discard(fp)
+                inc.quiet_until = now + (rule.for_s if rule is not None else 0.0)
+            if now < inc.quiet_until:
                 continue
             if not inc.announced and rule is not None and rule.supersedes:
                 # Only an incident that is announced takes others over: one muted by a root cause

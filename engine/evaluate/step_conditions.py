@@ -1235,26 +1235,31 @@ def _stall(ctx: Ctx, done: Steps) -> list[tuple[float, float, float]]:
     """
     if len(done) < 5:
         return []
+    # Only as far as any input has come: a job waits only while the world goes on around it (its nodes
+    # still report).  Past the end of every input (the end of a replayed window, an imported step table
+    # that simply ends) nothing says the job hung rather than ended, and the evaluator's clock, moved on
+    # to close the windows, charged every GPU of it for minutes it may not have run.
+    now = min(ctx.now, ctx.store.max_time)
     last = row_end(done[-1][1])
     usual = statistics.median(_training_s(row) for _, row in done[-20:])
     excused = 0.0
     for start, end in (ctx.store.checkpoint_spans.get(ctx.job.job) or {}).values():
         if start is None:
             continue
-        lo, hi = max(start, last), min(end if end is not None else ctx.now, ctx.now)
+        lo, hi = max(start, last), min(end if end is not None else now, now)
         if hi <= lo:
             continue
-        if end is None or end > ctx.now:
+        if end is None or end > now:
             saves = ctx.store.window("checkpoint.duration_s", ctx.job.job, ctx.now - 3600.0, ctx.now)[1]
             if not saves:
                 return []
             hi = min(hi, max(lo, start + statistics.median(saves)))
         excused += hi - lo
-    quiet = ctx.now - last - excused
+    quiet = now - last - excused
     if quiet <= 2 * usual + 2.0:
         return []
-    lost = ctx.now - max(ctx.facts.get("cost_until", -math.inf), last + usual + excused)
-    return [(ctx.now, quiet, lost)] if lost > 0 else []
+    lost = now - max(ctx.facts.get("cost_until", -math.inf), last + usual + excused)
+    return [(now, quiet, lost)] if lost > 0 else []
 
 
 def _save_losses(ctx: Ctx) -> list[tuple[float, float, float]]:

@@ -404,9 +404,11 @@ def test_a_long_rotation_stays_one_open_incident() -> None:
 class _CostStore:
     """The store reads the cost code makes, at the library boundary: saves' end events and spans."""
 
-    def __init__(self, saves: list[tuple[float, float]], spans: dict[str, list[float | None]] | None = None) -> None:
+    def __init__(self, saves: list[tuple[float, float]], spans: dict[str, list[float | None]] | None = None,
+                 max_time: float = float("inf")) -> None:
         self.saves = saves
         self.checkpoint_spans = {"train": spans or {}}
+        self.max_time = max_time  # the newest input's event time (inf: inputs go on past every tick)
 
     def window(self, metric: str, entity: str, t0: float, t1: float) -> tuple[list[float], list[float]]:
         assert metric == "checkpoint.duration_s" and entity == "train"
@@ -485,6 +487,10 @@ def test_a_job_that_makes_no_step_loses_the_time_from_when_the_next_was_due() ->
     assert _stall(_cost_ctx(_CostStore([], {"c1": [101.0, None]}), 130.0, 110.0), done) == []
     # steps coming as usual: nothing
     assert _stall(_cost_ctx(_CostStore([]), 101.5, 90.0), done) == []
+    # every input ended at 104 (a replayed window, an imported table): the clock moved on to close the windows,
+    # but nothing says the job hung after 104, so only 101..104 can be counted, and 3 s is no stall yet
+    assert _stall(_cost_ctx(_CostStore([], max_time=104.0), 130.0, 110.0), done) == []
+    assert _stall(_cost_ctx(_CostStore([], max_time=120.0), 130.0, 110.0), done) == [(120.0, 20.0, 19.0)]
 
 
 def test_saves_growing_cost_their_time_over_the_jobs_quickest_save_the_running_one_included() -> None:
