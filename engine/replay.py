@@ -35,6 +35,7 @@ from whywait.agents.events import NODE_KINDS, TOPIC_PLACEMENT, ContractError, de
 from whywait.engine.diagnosis import Diagnosis
 from whywait.engine.evaluate.evaluator import Evaluator
 from whywait.engine.rules.loader import RuleSet
+from whywait.topology.model import Topology
 
 # Placements sort before the telemetry of the same second, so a job is known when its first steps arrive.
 _KIND_ORDER = {"placement": 0, "checkpoint": 1, "steps": 2}
@@ -427,6 +428,35 @@ def replay(messages: Iterable[dict[str, Any]], rules: RuleSet, topology: Any, *,
     for res in results[1:]:
         res.messages, res.start, res.end = first.messages, first.start, first.end
     return first, (results[1] if against else None)
+
+
+class PlacedTopology(Topology):
+    """The topology a replay learns from the placements it reads, when it is given none.
+
+    Used by ``whywait replay`` without ``--topology`` (nor ``WHYWAIT_TOPOLOGY``, nor a bundle's): the
+    postmortem of a job whose step timings were imported from a profiler trace or a step table, on a
+    cluster nobody described.  Each node a placement names is added with the GPUs it names, so every
+    rule over a job's steps judges it; what no placement describes (NICs, switches, racks, pools) is
+    absent, and the rules that join on it find nothing to join.  :attr:`learnt` lists the nodes added.
+    A node is added once: a later placement naming a GPU it was not given is skipped as with any
+    topology (counted), for a GPU index cannot change under a node's recorded telemetry.
+    """
+
+    def __init__(self) -> None:
+        super().__init__("learnt from the placements")
+        self.learnt: list[str] = []
+
+    def apply_placement(self, msg: Mapping[str, Any]) -> Any:
+        """Add the nodes ``msg`` names that are new, with its GPUs on them, then place the job."""
+        if msg.get("state") != "finished":
+            gpus: dict[str, set[int]] = {}
+            for r in msg.get("ranks") or ():
+                gpus.setdefault(str(r["node"]), set()).add(int(r["gpu"]))
+            for node, idx in gpus.items():
+                if self.kind_of(node) is None:
+                    self.add_node(node, gpus=sorted(idx))
+                    self.learnt.append(node)
+        return super().apply_placement(msg)
 
 
 def _close(ev: Evaluator, end: float) -> list[Diagnosis]:

@@ -109,5 +109,6 @@ def run(args: argparse.Namespace) -> int:
               + ": records after it are stamped after the window; --read-to-end reads them all", file=sys.stderr)
     if topo is None:
         print("whywait export: no topology in the bundle (give --topology FILE or set WHYWAIT_TOPOLOGY): "
-              f"`whywait replay --input {args.output}` will need --topology", file=sys.stderr)
+              f"`whywait replay --input {args.output}` will know only the nodes its placements name, and no "
+              "NIC, switch or pool", file=sys.stderr)
     return 0

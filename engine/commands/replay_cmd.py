@@ -523,7 +523,7 @@ def run(args: argparse.Namespace) -> int:
 
     from whywait.engine.commands.engine_cmd import load_topology
     from whywait.engine.commands.outputs import check_outputs
-    from whywait.engine.replay import backtest, diagnoses_jsonl, incidents, replay
+    from whywait.engine.replay import PlacedTopology, _few, backtest, diagnoses_jsonl, incidents, replay
     from whywait.engine.rules.loader import load_rules
 
     if args.slack_thread:  # refused now, not after the whole window was replayed
@@ -540,8 +540,11 @@ def run(args: argparse.Namespace) -> int:
                 raise
             # the bundle's rules were extracted under tmpd, which is gone once this ends: name the members
             raise RuleError(plan.bundle.shown(str(err), Path(tmpd))) from None
-        topology = load_topology(plan.topo_path)
-        against = (load_rules(plan.against), load_topology(plan.topo_path)) if plan.against else None
+        def topo() -> Any:  # one per pass: the report's second pass learns the placements again
+            return load_topology(plan.topo_path) if plan.topo_path is not None else PlacedTopology()
+
+        topology = topo()
+        against = (load_rules(plan.against), topo()) if plan.against else None
         merge = EventTimeMerge([], w)
         t_wall, t_cpu = time.monotonic(), time.process_time()
         with batch_gc(), progress_bar(w) as tick:
@@ -566,6 +569,12 @@ def run(args: argparse.Namespace) -> int:
         for why, n in sorted(res.skipped.items()):
             print(f"  skipped {n}: {why}")
         notes = merge.notes + ([] if res.interrupted else merge.filter_hints())
+        if isinstance(topology, PlacedTopology):
+            learnt = topology.learnt
+            notes.append(f"no topology given: {len(learnt)} node(s) learnt from the placements"
+                         + (f" ({_few(learnt)})" if learnt else "")
+                         + "; rules over NICs, switches and storage pools had nothing to join (--topology FILE, "
+                         "or WHYWAIT_TOPOLOGY, gives them the cluster)")
         for note in notes:
             print(f"  note: {note}")
         if merge.stopped_early:
@@ -598,7 +607,7 @@ def run(args: argparse.Namespace) -> int:
                 threads = slack_threads(records, os.environ.get("WHYWAIT_SLACK_WORKSPACE_URL") or "https://slack.com")
             merge2 = EventTimeMerge([], w)
             with batch_gc():
-                rep = build_report(res, spans, plan.messages(merge2), w, load_topology(plan.topo_path), threads)
+                rep = build_report(res, spans, plan.messages(merge2), w, topo(), threads)
             if args.plot:
                 from whywait.engine.report.plots import PAGE_INCIDENTS
 

@@ -333,7 +333,8 @@ def test_export_says_what_replay_says_of_a_filter_and_a_missing_topology(
     else:
         assert err.strip().splitlines() == [
             "whywait export: no topology in the bundle (give --topology FILE or set WHYWAIT_TOPOLOGY): "
-            f"`whywait replay --input {tmp_path / 'incident.whywait'}` will need --topology"]
+            f"`whywait replay --input {tmp_path / 'incident.whywait'}` will know only the nodes its placements "
+            "name, and no NIC, switch or pool"]
 
 
 # ---- 6. flags a bundle's own values used to hide ----------------------------------------------------------------
