@@ -682,7 +682,10 @@ class Evaluator:
         """
         if rule is None or not inc.firing or not math.isfinite(inc.last_true):
             return now
-        return min(now, inc.last_true + max(rule.keep_firing_for_s, self.step_s))
+        # Not past the newest input either: a condition over the last N steps goes on holding on the last
+        # steps a replayed table holds after its end, and the incident was said to last two minutes longer.
+        held = min(inc.last_true, self.store.max_time) if math.isfinite(self.store.max_time) else inc.last_true
+        return min(now, held + max(rule.keep_firing_for_s, self.step_s))
 
     def _remember_closed(self, inc: Incident, done: Diagnosis) -> None:
         """Keep a resolved incident a while, for a ``supersedes`` rule that may take it over later."""

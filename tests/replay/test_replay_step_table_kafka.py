@@ -92,5 +92,7 @@ def test_a_step_table_alone_is_replayed_and_its_slowdown_told(imported: dict[str
     # found within 15 steps of the shift
     assert truth["shift"] <= first["detected_at"] <= truth["shift"] + 15 * SLOW, (first["detected_at"], truth)
     # the cost is the table's own: within 20% of what the slowdown added, no hang charged after its last row
+    # and it ends with the table (plus the rule's keep_firing_for, 30 s), not two minutes after its last row
+    assert last["status"] == "resolved" and last["ends_at"] <= truth["end"] + 31, (last["ends_at"], truth["end"])
     cost = last["cost"]["gpu_hours_lost"]
     assert cost == pytest.approx(truth["gpu_hours"], rel=0.2), (cost, truth["gpu_hours"])
