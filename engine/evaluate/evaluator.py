@@ -20,11 +20,13 @@ import hashlib
 import logging
 import math
 import time
+import traceback
 import typing
 from collections import ChainMap, Counter
 from dataclasses import dataclass, field, replace
 from dataclasses import fields as dataclass_fields
 from functools import cache
+from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 from whywait.agents.events import NODE_KINDS, TOPICS
@@ -76,6 +78,11 @@ class Incident:
     # Not announced before this event time: its explanation (an inhibiting incident) ended, and it must
     # hold its rule's ``for`` again first (see ``Evaluator.tick``).
     quiet_until: float = -math.inf
+
+
+# The parts of a step a producer may or may not report (StepTiming's phases): a check over them alone says
+# nothing of a job that never reported them.
+_PHASES = frozenset({"compute_s", "comm_s", "data_wait_s", "collective_s", "pipeline_wait_s", "checkpoint_s"})
 
 
 @dataclass
@@ -602,6 +609,25 @@ class Evaluator:
                 inc.last = self._diagnose(rule, ctx, res, inc, ents, now)
                 firing.append(inc)
 
+    def _unmeasured(self, node: Any, job: str, now: float) -> bool:
+        """Whether a check reads only phases of the step that ``job`` has never reported.
+
+        Called for a check that did not hold: "the job's data wait did not grow" is no finding for a job
+        that reports step durations only, and was listed as checked and clean beside a cause saying the
+        split cannot be told.  Such a check is left out of the clean ones.
+        """
+        phases = set()
+        for leaf in leaves(node):
+            metric = getattr(leaf.params, "metric", None)
+            if not isinstance(metric, str):
+                return False
+            level, _, name = metric.partition(".")
+            name = "data_wait_s" if name == "data_wait_share" else name
+            if level not in ("job", "step") or name not in _PHASES:
+                return False
+            phases.add(name)
+        return bool(phases) and not any(self.store.ever(f"job.{p}", job, now) for p in phases)
+
     def _rule_failed(self, rule: Rule, now: float, exc: BaseException) -> None:
         """Count and log a rule that raised on a tick (``tick_errors``, ``rule_errors``; ``rules test`` shows them)."""
         self.tick_errors += 1
@@ -609,8 +635,14 @@ class Evaluator:
         where = rule.file or rule.id
         self.rule_error_last[rule.id] = f"{type(exc).__name__}: {exc}"
         if n <= 3 or n % 1000 == 0:
-            log.error("rule %s (%s) failed at %.0f (%d so far): %s: %s", rule.id, where, now, n,
-                      type(exc).__name__, exc, exc_info=n == 1)
+            # One line, naming where it raised: a user running a replay reads it, and a traceback belongs in a
+            # bug report (logged at debug level, where `--log-level debug` shows it).
+            frame = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
+            at = f" at {Path(frame.filename).name}:{frame.lineno}" if frame else ""
+            log.error("rule %s (%s) failed at %.0f (%d so far): %s: %s%s", rule.id, where, now, n,
+                      type(exc).__name__, exc, at)
+            if n == 1:
+                log.debug("rule %s failed", rule.id, exc_info=exc)
 
     def _onsets(self, rule: Rule, job: Any, now: float, fresh: set[str]) -> dict[str, float]:
         """When each new incident (fingerprint in ``fresh``) of a rule with an ``every`` began to hold.
@@ -828,7 +860,7 @@ class Evaluator:
             if evaluate(check.when, cctx).holds:
                 confidence -= 0.15  # a symptom that should be absent is present: the story is less certain
                 evidence.append(Evidence("check", name, 1.0, note="also seen: " + name))
-            else:
+            elif not self._unmeasured(check.when, job.job, now):
                 clean.append(name)
         if rule.culprit:  # place-level rules name their culprit: a switch, a pool, another job
             culprit = _render(rule.culprit, tctx) or culprit

@@ -572,8 +572,16 @@ class Column:
         lo = math.floor(t0) + 1
         newest = self.newest[rows]
         valid_rows = newest != _EMPTY
-        if valid_rows.any() and lo <= int(newest[valid_rows].max()) - self.fine:
-            return None
+        if valid_rows.any():
+            top = int(newest[valid_rows].max())
+            if lo <= top - self.fine:
+                return None
+            # Slots after every row's newest point are empty for this window: leave them out.  A window wider
+            # than the ring whose rows all stopped long ago (a finished job's ranks, read by a rule that looks
+            # back a number of steps) had its columns wrap onto themselves, and the rule raised.
+            hi = min(hi, top)
+        else:
+            hi = lo - 1  # no row has any point
         if hi < lo:
             return np.zeros(0), np.full((len(rows), 0), np.nan), np.zeros((len(rows), 0), np.uint16)
         idx = np.arange(lo, hi + 1)
@@ -1320,6 +1328,20 @@ class MetricStore:
             return (times, values) if times else ((), ())
         s = self._series.get((metric, entity))
         return s.window(t0, t1) if s is not None else ((), ())
+
+    def ever(self, metric: str, entity: str, now: float) -> bool:
+        """Whether ``entity`` has any point of ``metric`` kept at or before ``now`` (however old).
+
+        Called by the evaluator to tell a check over a phase a job never reported from one that held no
+        finding.  A metric the store does not keep counts as never seen.
+        """
+        col = self.columns.get(metric)
+        if col is not None:
+            col.flush(self._upto())
+            r = col.rows.get(entity)
+            return r is not None and col.last(r, now) is not None
+        s = self._series.get((metric, entity))
+        return s is not None and any(t <= now for t in s.t[:1])
 
     def age(self, metric: str, entity: str, now: float) -> float | None:
         """Seconds at ``now`` since the entity last reported, or since its oldest open checkpoint began."""

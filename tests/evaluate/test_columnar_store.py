@@ -213,3 +213,25 @@ def test_node_report_times_stay_sorted_compact_and_bounded() -> None:
     assert store.age("node.since_last_s", "n1", T0 + 3.5) == pytest.approx(0.5)
     store.trim(T0 + 62.5)
     assert list(seen.t) == [T0 + 3, T0 + 3, T0 + 4]
+
+
+@pytest.mark.parametrize("metric, ent", [("step.duration_s", "j:{}"), ("gpu.temp_c", "n{}/gpu0")])
+def test_a_window_wider_than_the_ring_over_rows_that_stopped_long_ago_is_empty_not_an_error(
+        metric: str, ent: str) -> None:
+    # A finished job's ranks stopped at T0+100; an hour later a rule reads them over a window wider than the
+    # ring, starting after their last point (a new job's data came in between).  The columns wrapped onto
+    # themselves and the read raised IndexError (a replay printed the traceback three times).
+    store = MetricStore()
+    ents = [ent.format(i) for i in range(4)]
+    for sec in range(101):
+        for e in ents:
+            store.put(metric, e, T0 + sec, 1.0 + sec / 100)
+    fine = store.column(metric).fine
+    now = T0 + 3600.0
+    for window in (fine + 10.0, 3 * fine + 0.5):
+        assert now - window > T0 + 100 - fine  # past the rows' fine rings' guard: the matrix is used
+        for agg in AGGS:
+            got = store.values(metric, ents, agg, now, window)
+            assert np.isnan(got).all(), (agg, window)
+    # the same rows read over a window that holds their points still answer
+    assert store.values(metric, ents, "last", T0 + 100, 10.0) == pytest.approx([2.0] * 4)
