@@ -83,7 +83,7 @@ def timing_messages(args: argparse.Namespace, files: list[tuple[Path, str]],
             got = [(args.job, args.node, s.record())
                    for s in steps_from_trace(path, args.rank, notes, cap_mib << 20)]
         else:
-            got = list(read_steps(path, args.job, args.node))
+            got = list(read_steps(path, args.job, args.node, notes))
         for job, _, rec in got:
             # The same step of the same rank twice is one trace given twice, or two ranks' traces that
             # both claim one rank: either way the job's peer comparison would be wrong, so say which.
@@ -153,21 +153,21 @@ def run(args: argparse.Namespace) -> int:
         items = iter([(topic_for_kind(m["kind"]), encode(m)) for m in msgs])
         what = f"{len(files)} file(s)"
         for why, n in sorted(notes.items()):
-            print(f"  note: {n} {why}")
+            print(f"  note: {why}" if n == 1 else f"  note: {n} {why}")
     if args.output:
         n = 0
         with args.output.open("w") as fh:
             for _, raw in items:
                 fh.write(raw.decode() + "\n")
                 n += 1
-        print(f"wrote {n} messages from {what} to {args.output}")
+        print(f"wrote {n} message{'' if n == 1 else 's'} from {what} to {args.output}")
         skipped.print()
         return 0
     from whywait.engine.localkafka.broker import resolve_bootstrap
 
     bootstrap = args.bootstrap or resolve_bootstrap()
     n = asyncio.run(publish(bootstrap, items, skipped))
-    print(f"published {n} messages from {what} to {bootstrap}")
+    print(f"published {n} message{'' if n == 1 else 's'} from {what} to {bootstrap}")
     skipped.print()
     return 0
 
@@ -219,7 +219,7 @@ async def publish(bootstrap: str, items: Iterator[tuple[str, bytes]], skipped: S
     from whywait.engine.localkafka.broker import probe
 
     if not probe(bootstrap, timeout=3.0):
-        raise BrokerUnavailable(bootstrap, "no answer within 3s")
+        raise BrokerUnavailable(bootstrap, "nothing answers there")
     p = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=20)
     n = 0
     try:

@@ -15,8 +15,10 @@ Tables written by other tools name columns their own way, so the usual other nam
 (``iteration`` is ``step``, ``global_rank`` is ``rank``, ``step_time`` is ``duration_s``,
 ``hostname`` is ``node``, ``timestamp`` is ``time``: :data:`_ALIASES`), compared without case or
 punctuation ("Step Time (ms)"), and a ``_ms``, ``_us`` or ``_ns`` suffix gives the unit
-(``duration_ms``, ``step_time_ms``, ``data_wait_ms``, ``time_ms``).  A CSV column that is none of
-these is refused (a misspelt phase would otherwise be lost without a word).  Any problem is one
+(``duration_ms``, ``step_time_ms``, ``data_wait_ms``, ``time_ms``).  A CSV's other columns (a
+logger's loss, learning rate, tokens/s) are left out and said so in a note; one that reads like a
+misspelt field (``duraton_s``) is refused, naming the field, for a lost phase would go unnoticed.
+A time without a zone is UTC (a logger writing local time must say its offset: ``+02:00``).  Any problem is one
 line naming the file, the line and the column.  The file is UTF-8 (a leading byte-order mark, as
 spreadsheets write, is skipped); other bytes are refused with their line and byte offset.
 """
@@ -24,8 +26,10 @@ spreadsheets write, is skipped); other bytes are refused with their line and byt
 from __future__ import annotations
 
 import csv
+import difflib
 import json
 import math
+from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable, Iterator
@@ -52,6 +56,9 @@ _ALIASES: dict[str, tuple[str, ...]] = {
     "node": ("host", "hostname", "host_name", "node_name", "nodename"),
 }
 _UNITS = {"ms": 1e-3, "us": 1e-6, "ns": 1e-9}
+# Columns loggers write that are spelt like a field but are another thing (not typos): left out.
+_OTHER_FIELDS = frozenset({"local_rank", "node_rank", "world_size", "local_world_size", "group_rank",
+                           "micro_step", "start_time", "step_start", "iter_start"})
 _SCALED = ("time", "ended_at", "duration_s", *PHASES)  # the columns a unit suffix may scale
 
 
@@ -59,14 +66,15 @@ def _normal(name: str) -> str:
     return "_".join(w for w in "".join(c if c.isalnum() else " " for c in name.lower()).split())
 
 
-def _columns(names: Iterable[str], strict: bool = True) -> dict[str, tuple[str, float]]:
+def _columns(names: Iterable[str], strict: bool = True, notes: Counter[str] | None = None,
+             source: str = "") -> dict[str, tuple[str, float]]:
     """Each column's name → (the field it is, the factor to seconds): every known spelling of a field.
 
     Called once for a CSV header and once per distinct key set of JSON lines.  Raises
     :class:`ImportFormatError` (without a place: the caller adds it) for two columns that are one
-    field ("iteration" and "step"), and, when ``strict`` (a CSV header, where a misspelt column is
-    the likely cause), for a column that is none of them; JSON lines' other keys are left out, as
-    they always were (records carry fields of their own).
+    field ("iteration" and "step"), and, when ``strict`` (a CSV header), for a column that reads
+    like a misspelt field; a CSV's other columns (a logger's loss, lr) are left out and counted in
+    ``notes``, and JSON lines' other keys are left out, as they always were.
     """
     spelled = {a: f for f, al in _ALIASES.items() for a in al} | {k: k for k in KNOWN}
     out: dict[str, tuple[str, float]] = {}
@@ -87,8 +95,28 @@ def _columns(names: Iterable[str], strict: bool = True) -> dict[str, tuple[str, 
         else:
             out[name] = (field, scale)
     if unknown and strict:
-        raise ImportFormatError(f"unknown column(s) {_few(unknown)} (known: {', '.join(sorted(KNOWN))}, or "
-                                "their usual other names, with _ms/_us/_ns for other units)")
+        # A logger's table holds more than timings (loss, lr, tokens/s): those are left out, and the import
+        # says so.  A column that reads like a misspelt field ("duraton_s") is refused, naming the field,
+        # for leaving it out would lose a phase without a word.
+        names = sorted(spelled) + [f"{a}_{u}" for a in ("duration", "step_time", "time", *PHASES) for u in _UNITS]
+        typos = {u: near[0] for u in unknown if _normal(u) not in _OTHER_FIELDS
+                 and (near := difflib.get_close_matches(_normal(u), names, n=1, cutoff=0.85))}
+        if typos:
+            raise ImportFormatError("unknown column(s) " + ", ".join(f"{u!r} (did you mean {t!r}?)"
+                                                                       for u, t in sorted(typos.items())[:5])
+                                    + f" (known: {', '.join(sorted(KNOWN))}, or their usual other names, "
+                                    "with _ms/_us/_ns for other units)")
+    if strict:
+        # A header without the fields every row needs is no step table (or its names are not ones we know):
+        # say which are missing, and what was there, at line 1 rather than "is required" at line 2.
+        have = {"time" if f == "ended_at" else f for f, _ in out.values()}
+        missing = [f for f in ("time", "rank", "step", "duration_s") if f not in have]
+        if missing:
+            raise ImportFormatError(f"no {', '.join(missing)} column{'s' if len(missing) > 1 else ''} (known names: "
+                                    + "; ".join(f"{f}: {', '.join((f,) + _ALIASES.get(f, ())[:3])}" for f in missing)
+                                    + ")" + (f"; other columns: {_few(unknown)}" if unknown else ""))
+    if unknown and strict and notes is not None:
+        notes[f"{source}{': ' if source else ''}column(s) {_few(unknown)} hold no step timing: left out"] += 1
     seen: dict[str, str] = {}
     for name, (field, _) in out.items():
         field = "time" if field == "ended_at" else field
@@ -183,14 +211,14 @@ def _not_utf8(path: Path) -> ImportFormatError:
     return ImportFormatError(f"{path}: not UTF-8")  # pragma: no cover - the text reader saw a bad byte
 
 
-def _rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+def _rows(path: Path, notes: Counter[str] | None = None) -> Iterator[tuple[int, dict[str, Any]]]:
     try:
-        yield from _parsed_rows(path)
+        yield from _parsed_rows(path, notes)
     except UnicodeDecodeError:
         raise _not_utf8(path) from None
 
 
-def _parsed_rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+def _parsed_rows(path: Path, notes: Counter[str] | None = None) -> Iterator[tuple[int, dict[str, Any]]]:
     try:
         fh = path.open(newline="", encoding="utf-8-sig")  # -sig: skips the byte-order mark spreadsheets write
     except OSError as exc:
@@ -228,8 +256,10 @@ def _parsed_rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
         else:
             reader = csv.DictReader(fh)
             try:
+                if not reader.fieldnames:
+                    raise ImportFormatError(f"{path}: no rows: the table is empty")
                 try:
-                    cols = _columns(reader.fieldnames or ())
+                    cols = _columns(reader.fieldnames, notes=notes, source=path.name)
                 except ImportFormatError as exc:
                     raise ImportFormatError(f"{path}:1: {exc}") from None
                 for row in reader:
@@ -241,10 +271,16 @@ def _parsed_rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
                 raise ImportFormatError(f"{path}:{max(reader.line_num, 1)}: not a CSV row ({exc})") from None
 
 
-def read_steps(path: Path, job: str | None = None,
-               node: str | None = None) -> Iterator[tuple[str, str, dict[str, Any]]]:
-    """Yield ``(job, node, StepTiming record)`` per row, with ``ended_at`` set to the row's time."""
-    for no, row in _rows(path):
+def read_steps(path: Path, job: str | None = None, node: str | None = None,
+               notes: Counter[str] | None = None) -> Iterator[tuple[str, str, dict[str, Any]]]:
+    """Yield ``(job, node, StepTiming record)`` per row, with ``ended_at`` set to the row's time.
+
+    ``notes`` counts what was left out (a logger's other columns).  A table with no row at all (empty,
+    or a header alone) raises :class:`ImportFormatError`: importing nothing must not look like success.
+    """
+    rows = 0
+    for no, row in _rows(path, notes):
+        rows += 1
         where = f"{path}:{no}"
         t = row.get("time")
         if t in (None, ""):
@@ -269,3 +305,6 @@ def read_steps(path: Path, job: str | None = None,
             if isinstance(name, str) and NOT_IN_NAMES.search(name):
                 raise ImportFormatError(f"{where}: {what}: must not hold control characters (got {_short(name)})")
         yield str(j), str(n), rec
+    if not rows:
+        raise ImportFormatError(f"{path}: no rows: the table is empty" + (
+            "" if path.stat().st_size == 0 else " but for its header"))

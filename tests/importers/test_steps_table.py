@@ -30,12 +30,14 @@ def test_jsonl_rows(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("text, says", [
-    ("time,job,rank,step,duration_s,speed\n1,j,0,1,1,2\n", "steps.csv:1: unknown column(s) speed"),
+    ("time,job,rank,step,duraton_s\n1,j,0,1,1\n", "steps.csv:1: unknown column(s) 'duraton_s' (did you mean "
+                                                    "'duration_s'?)"),
+    ("time,job,rank,step\n1,j,0,1\n", "steps.csv:1: no duration_s column (known names: duration_s: duration_s, "
+                                       "duration, step_time, step_time_s)"),
     ("time,job,rank,step,duration_s\n1,j,0,1,-1\n", "steps.csv:2: duration_s: must be a finite number >= 0"),
     ("time,job,rank,step,duration_s\n1,j,0.5,1,1\n", "steps.csv:2: rank: must be a whole number"),
     ("time,job,rank,step,duration_s\n1,j,0,1,1\nnoon,j,0,2,1\n", "steps.csv:3: time: time must be Unix seconds"),
     ("time,job,rank,step,duration_s\n1,,0,1,1\n", "steps.csv:2: job: is required"),
-    ("time,job,rank,step\n1,j,0,1\n", "steps.csv:2: duration_s: is required"),
 ])
 def test_bad_rows_name_file_line_and_column(tmp_path: Path, text: str, says: str) -> None:
     f = tmp_path / "steps.csv"
@@ -53,7 +55,8 @@ def test_a_header_that_is_not_one_is_a_short_line(tmp_path: Path) -> None:
     with pytest.raises(ImportFormatError) as e:
         list(read_steps(f, job="j", node="n"))
     msg = str(e.value)
-    assert "steps.csv:1: unknown column(s) col0-" in msg and "and 4,995 more" in msg and len(msg) < 600
+    assert "steps.csv:1: no time, rank, step, duration_s columns" in msg and "other columns: col0-" in msg
+    assert "and 4,995 more" in msg and len(msg) < 600
     f.write_text('[{"ph": "X"}]\n')
     with pytest.raises(ImportFormatError, match=r"steps.csv:1: a JSON array, not a step table"):
         list(read_steps(f, job="j", node="n"))
@@ -81,8 +84,8 @@ def test_other_tools_column_names_and_units_are_read(tmp_path: Path) -> None:
 @pytest.mark.parametrize("header, says", [
     ("time,rank,step,iteration,duration_s", "columns 'step' and 'iteration' are both step: keep one"),
     ("time,rank,step,duration_s,duration_ms", "columns 'duration_s' and 'duration_ms' are both duration_s"),
-    ("time,local_rank,step,duration_s", "unknown column(s) local_rank"),  # not the global rank
-    ("time,rank,step,duration_s,rank_ms", "unknown column(s) rank_ms"),  # a unit only scales times
+    ("time,local_rank,step,duration_s", "no rank column (known names: rank: rank, global_rank, rank_id, "
+                                        "world_rank); other columns: local_rank"),  # not the global rank
 ])
 def test_ambiguous_columns_are_refused_with_their_names(tmp_path: Path, header: str, says: str) -> None:
     f = tmp_path / "steps.csv"
@@ -97,3 +100,21 @@ def test_a_row_with_more_cells_than_the_header_is_refused(tmp_path: Path) -> Non
     f.write_text("time,rank,step,duration_s\n1,0,1,1.5,\n2,0,2,1.5,7\n")  # a trailing empty cell is harmless
     with pytest.raises(ImportFormatError, match=r"steps.csv:3: 5 cells, and the header names 4 columns"):
         list(read_steps(f, job="j", node="n"))
+
+
+def test_a_loggers_other_columns_are_left_out_and_said_so_and_an_empty_table_is_refused(tmp_path: Path) -> None:
+    from collections import Counter
+
+    f = tmp_path / "steps.csv"
+    f.write_text("timestamp,global_rank,iteration,step_time_ms,loss,lr,tokens_per_s,rank_ms\n"
+                 "1764442801,0,1,1250,2.31,0.0003,51000,4\n")
+    notes: Counter[str] = Counter()
+    assert list(read_steps(f, job="j", node="n", notes=notes)) == [
+        ("j", "n", {"ended_at": 1_764_442_801.0, "rank": 0, "step": 1, "duration_s": 1.25})]
+    assert list(notes) == ["steps.csv: column(s) loss, lr, rank_ms, tokens_per_s hold no step timing: left out"]
+    for text, says in (("", "steps.csv: no rows: the table is empty"),
+                       ("time,rank,step,duration_s\n", "steps.csv: no rows: the table is empty but for its header")):
+        f.write_text(text)
+        with pytest.raises(ImportFormatError) as e:
+            list(read_steps(f, job="j", node="n"))
+        assert str(e.value).endswith(says), str(e.value)
