@@ -42,9 +42,16 @@ class BrokerUnavailable(EngineError):
     exit_code = EXIT_UNAVAILABLE
 
     def __init__(self, bootstrap: str, detail: str = "") -> None:
+        import os
+
         self.bootstrap = bootstrap
-        super().__init__(f"Kafka at {bootstrap} is unreachable{': ' + detail if detail else ''} "
-                         "(start one with `whywait kafka start` or set WHYWAIT_KAFKA_BOOTSTRAP)")
+        # Where the address came from decides the advice: a stale WHYWAIT_KAFKA_BOOTSTRAP (a broker since
+        # stopped) is not fixed by setting it.
+        env = os.environ.get("WHYWAIT_KAFKA_BOOTSTRAP")
+        hint = ("WHYWAIT_KAFKA_BOOTSTRAP names it: is that broker still running? `whywait kafka start` starts a "
+                "local one" if env and env.strip() == bootstrap.strip()
+                else "start one with `whywait kafka start` or set WHYWAIT_KAFKA_BOOTSTRAP")
+        super().__init__(f"Kafka at {bootstrap} is unreachable{': ' + detail if detail else ''} ({hint})")
 
 
 class RuleError(EngineError):

@@ -102,6 +102,9 @@ class EventTimeMerge:
         self.held = 0  # messages waiting in the buckets (what the slack bounds)
         self.released_to = -float("inf")
         self.skipped: Counter[str] = Counter()
+        # Messages that reached the merge after it had released later ones by more than the slack (history
+        # written to a partition after newer data, within the window): evaluated, but late (see late_note).
+        self.late = 0
         self.read = 0
         self.before: dict[str, tuple[float, bytes, Mapping[str, Any]]] = {}  # job -> placement before the start
         self._recent: dict[str, deque[float]] = {}  # stream -> event times of its latest valid messages
@@ -202,7 +205,7 @@ class EventTimeMerge:
         self.read = n
         self.held += held
         if late:
-            self.skipped["late beyond the merge slack (still evaluated)"] += late
+            self.late += late
         self._past[stream] = past
         if stream in self.open:
             if past >= _PAST_RUN and stops:
@@ -239,6 +242,15 @@ class EventTimeMerge:
         if w.projects and project not in w.projects:
             return False
         return True
+
+    def late_note(self) -> str | None:
+        """What to say of :attr:`late` messages, or None: called by replay and export after reading."""
+        if not self.late:
+            return None
+        return (f"{self.late:,} message(s) arrived more than {self.slack_s:.0f} s of event time behind what was "
+                "already evaluated (history written to the topics after newer data in this window): they were "
+                "evaluated late, and what they would have shown may be missing; a window around them alone "
+                "(--since/--until) or --job reads them in order")
 
     def filter_hints(self) -> list[str]:
         """One line per ``--job``/``--project`` that matched nothing in the window, naming a few that did exist.
@@ -392,6 +404,8 @@ def replay(messages: Iterable[dict[str, Any]], rules: RuleSet, topology: Any, *,
     results = [ReplayResult([], 0, None, None) for _ in evs]
     first = results[0]
     pairs = [(ev.ingest, res, getattr(ev.topology, "kind_of", None)) for ev, res in zip(evs, results, strict=True)]
+    unknown_node = ("telemetry from a node no placement read names (no topology given)"
+                    if isinstance(topology, PlacedTopology) else "telemetry from a node the topology does not hold")
     # Per message only what must be: the counts and the range are kept in locals and stored once at the end.
     n, lo, hi = 0, float("inf"), -float("inf")
     try:
@@ -406,7 +420,7 @@ def replay(messages: Iterable[dict[str, Any]], rules: RuleSet, topology: Any, *,
                 # Telemetry of a node the topology lacks: the live engine dead-letters it (an invented name
                 # cannot grow its memory, nor count in event time), so the replay leaves it out too.
                 if kind_of is not None and m["kind"] in NODE_KINDS and kind_of(m["node"]) != "node":
-                    res.skipped["telemetry from a node the topology does not hold"] += 1
+                    res.skipped[unknown_node] += 1
                     continue
                 try:
                     got = ingest(m)

@@ -122,4 +122,12 @@ def test_the_demo_says_an_unreachable_broker_as_the_engine_does(capsys: pytest.C
     monkeypatch.setenv("WHYWAIT_KAFKA_BOOTSTRAP", "127.0.0.1:1")
     assert main(["demo"]) == 3
     assert capsys.readouterr().err == ("whywait demo: Kafka at 127.0.0.1:1 is unreachable: no answer to ApiVersions "
-                                       "(start one with `whywait kafka start` or set WHYWAIT_KAFKA_BOOTSTRAP)\n")
+                                       "(WHYWAIT_KAFKA_BOOTSTRAP names it: is that broker still running? "
+                                       "`whywait kafka start` starts a local one)\n")
+    # given some other way (a flag, the local broker's file), the advice is to start one or to set the variable
+    from whywait.engine.errors import BrokerUnavailable
+
+    monkeypatch.delenv("WHYWAIT_KAFKA_BOOTSTRAP")
+    assert str(BrokerUnavailable("127.0.0.1:2", "nothing answers there")) == (
+        "Kafka at 127.0.0.1:2 is unreachable: nothing answers there (start one with `whywait kafka start` or set "
+        "WHYWAIT_KAFKA_BOOTSTRAP)")

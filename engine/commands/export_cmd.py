@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"  skipped {n}: {why}")
     # What replay says of the same window: a --job or --project that matched nothing (the bundle then holds
     # only node telemetry), and where reading stopped.
-    for note in merge.notes + merge.filter_hints():
+    for note in merge.notes + merge.filter_hints() + [n for n in (merge.late_note(),) if n]:
         print(f"  note: {note}")
     if merge.stopped_early:
         first, more = merge.stopped_early[0], len(merge.stopped_early) - 1

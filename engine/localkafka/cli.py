@@ -56,7 +56,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if action == "stop":
         if lb.stop_detached(cache, timeout=args.timeout):
-            print("stopped the local Kafka broker")
+            print("stopped the local Kafka broker; `whywait kafka start` begins with empty topics unless it is given "
+                  "--data-dir DIR (a folder it reuses, keeping the topics from one start to the next)")
         else:
             print("no local Kafka broker is running")
         return 0

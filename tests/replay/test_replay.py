@@ -539,3 +539,23 @@ def test_a_quiet_window_of_many_jobs_draws_the_largest_not_every_one(tmp_path: P
     assert len([ax for ax in fig.axes if "step time" in ax.get_ylabel()]) == plots.PAGE_JOBS
     assert fig.axes[-1].get_xlabel().endswith(f"· the {plots.PAGE_JOBS} largest of 31 jobs")
     plt.close(fig)
+
+
+def test_history_read_after_newer_data_on_one_stream_is_said_late_not_skipped(one_fault: tuple[Topology, list]) -> None:
+    # A step table imported after today's telemetry was written: one partition holds the newer records first.
+    # They are evaluated, but late; the summary said "skipped N: late beyond the merge slack (still evaluated)".
+    _, msgs = one_fault
+    w = Window(START, START + 260)
+    newer = [encode(m) for t, m in msgs if m["kind"] == "steps" and m["time"] >= START + 200]
+    older = [encode(m) for t, m in msgs if m["kind"] == "steps" and m["time"] < START + 100]
+    merge = EventTimeMerge({"a": []}, w, slack_s=10)
+    merge.add("a", "whywait.steps.v1", newer)
+    list(merge.ready())
+    merge.add("a", "whywait.steps.v1", older)
+    list(merge.drain())
+    assert merge.late == len(older) > 0
+    assert not any("late" in k for k in merge.skipped)
+    note = merge.late_note()
+    assert note is not None and note.startswith(f"{len(older):,} message(s) arrived more than 10 s of event time "
+                                                "behind what was already evaluated")
+    assert EventTimeMerge({"a": []}, w).late_note() is None
