@@ -43,7 +43,7 @@ async def read_period(bootstrap: str, since: float, until: float, digest: Any) -
     from whywait.engine.localkafka.broker import probe
 
     if not probe(bootstrap, timeout=3.0):
-        raise BrokerUnavailable(bootstrap, "no answer within 3s")
+        raise BrokerUnavailable(bootstrap, "nothing answers there")
     c = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None,
                          auto_offset_reset="earliest")
     try:
