@@ -17,11 +17,12 @@ ends the command quietly; anything else is a bug, reported in one line too
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import logging
 import os
 import sys
-from typing import Sequence
+from typing import NoReturn, Sequence
 
 from whywait.errors import (
     EXIT_BROKEN_PIPE,
@@ -65,6 +66,26 @@ class _CommandParser(argparse.ArgumentParser):
     the class (``add_subparsers`` defaults to the parent's).
     """
 
+    def error(self, message: str) -> NoReturn:  # type: ignore[override]
+        """One line, exit 2: what is wrong, the option meant when a flag is misspelt, and where help is.
+
+        argparse's own error prints the command's whole usage first (eight lines for ``replay``), and
+        the one line that says what is wrong comes last.
+        """
+        if message.startswith("unrecognized arguments:"):
+            known = [o for o in self._option_string_actions if o.startswith("--")]
+            near = {w: m[0] for w in message.split(":", 1)[1].split() if w.startswith("-")
+                    and (m := difflib.get_close_matches(w.split("=", 1)[0], known, n=1, cutoff=0.75))}
+            if near:
+                message += " (did you mean " + ", ".join(f"{m}" for m in dict.fromkeys(near.values())) + "?)"
+        elif "invalid choice: '" in message and "(choose from " in message:
+            given = message.split("invalid choice: '", 1)[1].split("'", 1)[0]
+            choices = [c.strip(" '") for c in message.split("(choose from ", 1)[1].rstrip(")").split(",")]
+            near_choice = difflib.get_close_matches(given, choices, n=1, cutoff=0.6)
+            if near_choice:
+                message = message.split(" (choose from ", 1)[0] + f" (did you mean {near_choice[0]!r}?)"
+        self.exit(2, f"{self.prog}: {message}; `{self.prog} --help` lists the options\n")
+
     def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
                          namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
         ns, extras = super().parse_known_args(args, namespace)
@@ -82,7 +103,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """Return the top-level parser; only ``command``'s module is imported and registered."""
     from whywait import __version__
 
-    parser = argparse.ArgumentParser(prog="whywait", description="Where does the waiting begin, and why?",
+    parser = _CommandParser(prog="whywait", description="Where does the waiting begin, and why?",
                                      epilog=_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"whywait {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging, and tracebacks of internal errors")

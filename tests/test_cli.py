@@ -131,3 +131,18 @@ def test_the_demo_says_an_unreachable_broker_as_the_engine_does(capsys: pytest.C
     assert str(BrokerUnavailable("127.0.0.1:2", "nothing answers there")) == (
         "Kafka at 127.0.0.1:2 is unreachable: nothing answers there (start one with `whywait kafka start` or set "
         "WHYWAIT_KAFKA_BOOTSTRAP)")
+
+
+def test_a_usage_error_is_one_line_with_the_option_meant(capsys: pytest.CaptureFixture[str]) -> None:
+    """argparse printed the command's whole usage (eight lines for replay) before the one line that mattered."""
+    for argv, want in (
+            (["replay", "--sinse", "-2h"], "whywait replay: unrecognized arguments: --sinse -2h (did you mean "
+                                          "--since?); `whywait replay --help` lists the options\n"),
+            (["replsy"], "whywait: argument COMMAND: invalid choice: 'replsy' (did you mean 'replay'?); "
+                         "`whywait --help` lists the options\n"),
+            (["import", "--format", "kinto", "x"], "whywait import: argument --format: invalid choice: 'kinto' "
+                                                   "(did you mean 'kineto'?); `whywait import --help` lists the "
+                                                   "options\n")):
+        with pytest.raises(SystemExit) as exc:
+            main(argv)
+        assert exc.value.code == 2 and capsys.readouterr().err == want
