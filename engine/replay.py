@@ -385,6 +385,9 @@ class ReplayResult:
     end: float | None
     skipped: Counter[str] = field(default_factory=Counter)
     interrupted: bool = False
+    # Incidents whose condition still held at the last tick with data: they resolve only because the clock
+    # was moved on to close the windows (:func:`_close`), so they are reported as open when the data ended.
+    open_at_end: frozenset[str] = frozenset()
 
 
 def replay(messages: Iterable[dict[str, Any]], rules: RuleSet, topology: Any, *,
@@ -438,7 +441,8 @@ def replay(messages: Iterable[dict[str, Any]], rules: RuleSet, topology: Any, *,
         first.messages, first.start, first.end = n, lo, hi
     if first.end is not None and not first.interrupted:
         for ev, res in zip(evs, results, strict=True):
-            res.diagnoses += _close(ev, first.end)
+            closing, res.open_at_end = _close(ev, first.end)
+            res.diagnoses += closing
     for res in results[1:]:
         res.messages, res.start, res.end = first.messages, first.start, first.end
     return first, (results[1] if against else None)
@@ -473,23 +477,26 @@ class PlacedTopology(Topology):
         return super().apply_placement(msg)
 
 
-def _close(ev: Evaluator, end: float) -> list[Diagnosis]:
+def _close(ev: Evaluator, end: float) -> tuple[list[Diagnosis], frozenset[str]]:
     """Tick ``ev`` past the range's last event time ``end`` so its incidents resolve as the live engine's would.
 
     Called once at the end of a replay.  First the range's last seconds (held back by the lateness),
     then on, ten seconds at a time, while any incident is open and until the longest keep_firing_for
     of the rules has run out (at most :data:`_CLOSE_S`): an incident still firing then holds without
     data and stays open.  Not ticking further keeps the replay's cost where it was (ticks over windows
-    that still hold the range's data are not free).
+    that still hold the range's data are not free).  Returns the diagnoses, and the fingerprints of the
+    incidents that held on the last tick with data (see :attr:`ReplayResult.open_at_end`).
     """
     out = ev.advance(end)
+    last_tick = (ev.next_tick - ev.step_s) if ev.next_tick is not None else end
+    held = frozenset(fp for fp, inc in ev.incidents.items() if inc.firing and inc.last_true >= last_tick - 1e-9)
     keep = max((r.keep_firing_for_s for r in ev.rules.rules.values()), default=0.0)
     until = end + min(_CLOSE_S, ev.max_gap_s, keep + 2 * ev.step_s)
     t = end
     while t < until and ev.incidents:
         t = min(until, t + 10.0)
         out += ev.advance(t)
-    return out
+    return out, held
 
 
 def _first_line(exc: Exception) -> str:
@@ -510,8 +517,12 @@ class Span:
     updates: tuple[Diagnosis, ...]
 
 
-def incidents(diags: list[Diagnosis], end: float | None) -> list[Span]:
-    """Group diagnoses into incidents by fingerprint, in order of their start (ties by rule and culprit)."""
+def incidents(diags: list[Diagnosis], end: float | None, open_at_end: frozenset[str] = frozenset()) -> list[Span]:
+    """Group diagnoses into incidents by fingerprint, in order of their start (ties by rule and culprit).
+
+    An incident in ``open_at_end`` (:attr:`ReplayResult.open_at_end`) is open at ``end``, the last event
+    time read, whatever its closing said: it still held when the data ended, which is not the same as over.
+    """
     open_: dict[str, list[Diagnosis]] = {}
     spans: list[Span] = []
     for d in diags:
@@ -519,6 +530,9 @@ def incidents(diags: list[Diagnosis], end: float | None) -> list[Span]:
             open_.setdefault(d.fingerprint, []).append(d)
         elif d.fingerprint in open_:
             ups = open_.pop(d.fingerprint)
+            if d.fingerprint in open_at_end and end is not None:
+                spans.append(Span(ups[0], ups[-1], ups[0].starts_at, max(end, ups[0].detected_at), False, tuple(ups)))
+                continue
             spans.append(Span(ups[0], ups[-1], ups[0].starts_at, d.ends_at or d.detected_at, True, (*ups, d)))
     for ups in open_.values():
         f = ups[0]
@@ -539,8 +553,8 @@ def backtest(new: ReplayResult, old: ReplayResult) -> dict[str, Any]:
     ``changed`` those whose title, cause or severity differ at first firing.
     """
     end = max(x for x in (new.end, old.end, 0.0) if x is not None)
-    a = {s.first.fingerprint: s for s in incidents(new.diagnoses, end)}
-    b = {s.first.fingerprint: s for s in incidents(old.diagnoses, end)}
+    a = {s.first.fingerprint: s for s in incidents(new.diagnoses, end, new.open_at_end)}
+    b = {s.first.fingerprint: s for s in incidents(old.diagnoses, end, old.open_at_end)}
 
     def brief(s: Span) -> dict[str, Any]:
         d = s.first

@@ -556,7 +556,7 @@ def run(args: argparse.Namespace) -> int:
             res, old = replay(plan.messages(merge), rules, topology, against=against, on_message=tick)
         wall, cpu = time.monotonic() - t_wall, time.process_time() - t_cpu
         res.skipped.update(merge.skipped)
-        spans = incidents(res.diagnoses, res.end)
+        spans = incidents(res.diagnoses, res.end, res.open_at_end)
         shown = [s for s in spans if s.end >= w.since]
         what = f"{args.input}" if args.input else "the topics"
         print(f"replayed {res.messages} messages of {what} from {_fmt(w.since)} to {_fmt(w.until)} UTC "
@@ -564,7 +564,7 @@ def run(args: argparse.Namespace) -> int:
               + (" -- interrupted (Ctrl-C), showing what was done" if res.interrupted else ""))
         for s in shown:
             d = s.first
-            state = "resolved" if s.resolved else "open at the end"
+            state = "resolved" if s.resolved else "still open when the data ended"
             print(f"  {_fmt(s.start)} → {_fmt(s.end)}  {d.severity:8} {d.rule_id}  {d.culprit or d.job}: "
                   f"{d.title} [{state}]")
             print(f"      {d.cause}")
@@ -663,8 +663,8 @@ def plot_window(bootstrap: str, topology: Path, rules: list[Path], since: float,
 
     w = Window(since, until)
     res, _ = replay(kafka_batches(bootstrap, w, EventTimeMerge([], w)), load_rules(rules), load_topology(topology))
-    rep = build_report(res, incidents(res.diagnoses, res.end), kafka_batches(bootstrap, w, EventTimeMerge([], w)),
-                       w, load_topology(topology))
+    spans = incidents(res.diagnoses, res.end, res.open_at_end)
+    rep = build_report(res, spans, kafka_batches(bootstrap, w, EventTimeMerge([], w)), w, load_topology(topology))
     return rep.timeline_png(out)
 
 

@@ -43,7 +43,7 @@ def summary(data: ReportData) -> list[str]:
     out = []
     for v in data.incidents:
         ranks = f", rank{'s' if len(v.ranks) > 1 else ''} {_ranks(v.ranks)}" if v.ranks else ""
-        state = f"until {_utc(v.end)}" if v.resolved else f"still going at {_utc(v.end)} (end of the window)"
+        state = f"until {_utc(v.end)}" if v.resolved else f"still going at {_utc(v.end)} (when the data read ended)"
         out.append(f"#{v.number} **{v.job or v.culprit}** was slowed from {_utc(v.start)} {state}: "
                    f"{v.cause} Where: {v.culprit}{ranks}. Cost: {_cost(v)}. "
                    f"Owner: {v.owner}{' ' + v.channel if v.channel else ''}.")

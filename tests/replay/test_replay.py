@@ -559,3 +559,18 @@ def test_history_read_after_newer_data_on_one_stream_is_said_late_not_skipped(on
     assert note is not None and note.startswith(f"{len(older):,} message(s) arrived more than 10 s of event time "
                                                 "behind what was already evaluated")
     assert EventTimeMerge({"a": []}, w).late_note() is None
+
+
+def test_a_range_that_ends_while_the_fault_holds_leaves_the_incident_open_at_its_end(
+        one_fault: tuple[Topology, list]) -> None:
+    # The data stops at 170 s, inside the fault (120-200 s).  The replay moves its clock on to close the windows,
+    # and the incident "resolved" then; the summary said [resolved], and the report "resolved at" a time after
+    # the last message.  It held on the last tick with data: it is open when the data ended.
+    infra, msgs = one_fault
+    cut = [(tp, m) for tp, m in msgs if m["time"] < START + 170]
+    res, _ = replay(merged(cut, Window(START, START + 170)), load_rules([RULES]), infra)
+    [s] = [s for s in incidents(res.diagnoses, res.end, res.open_at_end)
+           if s.first.rule_id == "network.straggler-retransmits"]
+    assert not s.resolved and s.end == res.end and s.first.fingerprint in res.open_at_end
+    assert [x.resolved for x in incidents(res.diagnoses, res.end) if x.first.fingerprint == s.first.fingerprint] == [
+        True]  # without the set, as before
