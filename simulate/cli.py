@@ -369,13 +369,18 @@ async def _publish(source: Any, bootstrap: str, sim: Any, speed: float = 0.0) ->
     from aiokafka import AIOKafkaProducer
     from aiokafka.errors import KafkaConnectionError, KafkaError
     from whywait.engine.errors import BrokerUnavailable
+    from whywait.engine.stream.topics import ensure_topics_async, wait_for_leaders
 
     _fast_gzip()
+    # The topics first, as the engine makes them: auto-created ones (a fresh broker after an `import`) met
+    # NotLeaderForPartition while their leaders were elected, and the simulation stopped half published.
+    await ensure_topics_async(bootstrap)
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True,
                                 compression_type="gzip", linger_ms=20, max_batch_size=1 << 20,
                                 request_timeout_ms=30000, partitioner=_CachedPartitioner())
     try:
         await producer.start()
+        await wait_for_leaders(producer)
     except (KafkaConnectionError, KafkaError, OSError) as exc:
         await producer.stop()
         raise BrokerUnavailable(bootstrap, str(exc) or type(exc).__name__) from None

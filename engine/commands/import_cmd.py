@@ -220,10 +220,17 @@ async def publish(bootstrap: str, items: Iterator[tuple[str, bytes]], skipped: S
 
     if not probe(bootstrap, timeout=3.0):
         raise BrokerUnavailable(bootstrap, "nothing answers there")
+    # The topics first, as the engine makes them (the placement topic compacted): a first import into a new
+    # broker otherwise had them auto-created bare, and the next producer to a topic created that way could
+    # meet NotLeaderForPartition while its leader was elected (a `simulate` right after an `import`).
+    from whywait.engine.stream.topics import ensure_topics_async, wait_for_leaders
+
+    await ensure_topics_async(bootstrap)
     p = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=20)
     n = 0
     try:
         await p.start()
+        await wait_for_leaders(p)
         for topic, raw in items:
             try:
                 key = message_key(json.loads(raw))

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any, Iterable
 
 from whywait.agents.events import INPUT_TOPICS, TOPIC_DEADLETTER, TOPIC_DIAGNOSES, TOPIC_PLACEMENT
 from whywait.engine.errors import BrokerUnavailable
@@ -216,6 +217,31 @@ def engine_partitions(bootstrap: str, requested: int, replication: int = 1) -> i
                 raise BrokerUnavailable(bootstrap, f"creating topics: {type(exc).__name__}: {exc}") from None
             time.sleep(1.0 + attempt)
     raise AssertionError("unreachable")
+
+
+async def wait_for_leaders(producer: Any, topics: Iterable[str] | None = None, timeout_s: float = 15.0) -> None:
+    """Wait until ``producer`` sees a leader for every partition of ``topics`` (default: the input topics).
+
+    Called by the command-line producers (``import``, ``simulate``) after :func:`ensure_topics_async`:
+    a topic just created has no leader for a moment, and a send then fails with NotLeaderForPartition
+    instead of waiting.  Returns after ``timeout_s`` at most; a send then reports what is still wrong.
+    """
+    want = list(topics if topics is not None else INPUT_TOPICS)
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        await producer.client.force_metadata_update()
+        meta = producer.client.cluster
+        missing = [t for t in want if not meta.partitions_for_topic(t)
+                   or any(meta.leader_for_partition(_tp(t, p)) in (None, -1) for p in meta.partitions_for_topic(t))]
+        if not missing or asyncio.get_running_loop().time() > deadline:
+            return
+        await asyncio.sleep(0.2)
+
+
+def _tp(topic: str, partition: int) -> Any:
+    from aiokafka.structs import TopicPartition
+
+    return TopicPartition(topic, partition)
 
 
 def ensure_topics(bootstrap: str, topics: list[str] | None = None, partitions: int = 1,
