@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import math
 import operator
@@ -128,6 +129,9 @@ def register(p: argparse.ArgumentParser) -> None:
     out.add_argument("--report", type=Path, metavar="DIR", help="write the postmortem: report.html, report.md, PNGs")
     out.add_argument("--slack-thread", metavar="CHANNEL:TS",
                      help="post the summary and the main PNG into this Slack thread (e.g. C024BE91L:1764442800.0001)")
+    out.add_argument("--publish-diagnoses", action="store_true",
+                     help="publish the diagnoses to the diagnoses topic (labelled replayed=true), so `whywait digest` "
+                          "counts history imported after the fact; nothing is notified")
 
 
 # ---- sources ---------------------------------------------------------------------------------------
@@ -517,6 +521,37 @@ async def notify_records(bootstrap: str) -> list[dict[str, Any]]:
     return out
 
 
+async def publish_diagnoses(bootstrap: str, diags: list[Any]) -> int:
+    """Send ``diags`` to the diagnoses topic as the engine does (keyed by fingerprint), labelled ``replayed``.
+
+    Called by ``replay --publish-diagnoses``: the digest reads the diagnoses topic, so history imported after the
+    fact (a step table, traces) counted no loss.  Nothing consumes that topic to notify, so no message is sent to
+    anyone; a fingerprint the live engine published too is one incident to the digest (its last record wins).
+    """
+    from aiokafka import AIOKafkaProducer
+    from aiokafka.errors import KafkaError
+    from whywait.agents.events import TOPIC_DIAGNOSES
+    from whywait.engine.localkafka.broker import probe
+    from whywait.engine.stream.app import diagnosis_value
+    from whywait.engine.stream.topics import ensure_topics_async
+
+    if not probe(bootstrap, timeout=3.0):
+        raise BrokerUnavailable(bootstrap, "nothing answers there")
+    await ensure_topics_async(bootstrap, [TOPIC_DIAGNOSES])
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=20)
+    try:
+        await producer.start()
+        for d in diags:
+            d = dataclasses.replace(d, labels={**d.labels, "replayed": "true"})
+            await producer.send(TOPIC_DIAGNOSES, diagnosis_value(d), key=d.fingerprint.encode())
+        await producer.flush()
+    except KafkaError as exc:
+        raise BrokerUnavailable(bootstrap, type(exc).__name__) from None
+    finally:
+        await producer.stop()
+    return len(diags)
+
+
 def run(args: argparse.Namespace) -> int:
     import os
     import tempfile
@@ -593,6 +628,12 @@ def run(args: argparse.Namespace) -> int:
                   "backfilled with `whywait import`)", file=sys.stderr)
         if args.json:
             args.json.write_text(diagnoses_jsonl(res.diagnoses))
+        if getattr(args, "publish_diagnoses", False):
+            from whywait.engine.localkafka.broker import resolve_bootstrap
+
+            where = plan.bootstrap or resolve_bootstrap()
+            n = asyncio.run(publish_diagnoses(where, res.diagnoses))
+            print(f"published {n} diagnosis message(s) of {len(shown)} incident(s) to the diagnoses topic on {where}")
         if args.stats_json:  # `whywait bench` reads it: the replay's own cost, start-up (rules, topology) excluded
             args.stats_json.write_text(json.dumps({
                 "messages": res.messages, "cpu_s": cpu, "wall_s": wall, "incidents": len(shown),

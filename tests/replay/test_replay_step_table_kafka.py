@@ -96,3 +96,21 @@ def test_a_step_table_alone_is_replayed_and_its_slowdown_told(imported: dict[str
     assert last["status"] == "resolved" and last["ends_at"] <= truth["end"] + 31, (last["ends_at"], truth["end"])
     cost = last["cost"]["gpu_hours_lost"]
     assert cost == pytest.approx(truth["gpu_hours"], rel=0.2), (cost, truth["gpu_hours"])
+
+
+def test_the_digest_counts_an_imported_jobs_loss_once_replay_publishes_it(imported: dict[str, Any]) -> None:
+    """The digest reads the diagnoses topic, which only the live engine wrote: an imported job lost nothing there."""
+    import json
+
+    env, truth = imported["env"], imported["truth"]
+    period = ["--since", str(START - 60), "--until", str(imported["until"] + 60)]
+    out = imported["work"] / "digest.json"
+    for _ in range(2):  # published twice (a replay run again): still one incident to the digest
+        r = whywait("replay", "--since", str(START - 5), "--until", str(imported["until"]), "--lead", "0s",
+                    "--read-to-end", "--job", imported["slow"], "--publish-diagnoses", env=env)
+        assert r.returncode == 0 and "to the diagnoses topic" in r.stdout, r.stdout + r.stderr
+    r = whywait("digest", *period, "--json", str(out), env=env)
+    assert r.returncode == 0, r.stderr
+    rows = {row["job"]: row for row in json.loads(out.read_text())}
+    assert rows[imported["slow"]]["gpu_hours_lost"] == pytest.approx(truth["gpu_hours"], rel=0.2)
+    assert rows[imported["calm"]]["gpu_hours_lost"] == 0
