@@ -838,6 +838,12 @@ class Evaluator:
                 evidence += r.evidence
                 for k, v in ectx.facts.items():
                     ctx.facts.setdefault(k, v)
+        # One figure per metric and entity: two conditions over one metric (a rule's recent median and its
+        # fastest of ten) gave each rank twice, with two thresholds and nothing to tell them apart.  The first
+        # is kept: it is the one the templates read (``ev``).
+        seen_fig: set[tuple[str, str]] = set()
+        evidence = [e for e in evidence if (e.metric, e.entity) not in seen_fig
+                    and not seen_fig.add((e.metric, e.entity))]  # type: ignore[func-returns-value]
         cost = self._cost(inc, job, ctx.facts)
         ev_by_metric: dict[str, Evidence] = {}
         for e in evidence:

@@ -29,3 +29,13 @@ def test_checks_over_phases_a_job_never_reported_are_not_listed_as_clean() -> No
     [u] = [d for d in unsplit.diagnoses if d.status == "firing"][:1]
     assert u.clean_checks == ()  # both checks read phases the job never reported: not checked, so not clean
     assert "reports step durations only" in u.cause
+
+
+def test_each_figure_is_given_once_though_two_conditions_read_it() -> None:
+    # whole-job-slow reads step.duration_s twice for such a job (the last three steps' median and the fastest of
+    # ten): the report listed 32 rows for 16 ranks, each rank twice with two thresholds.
+    rules = load_rules([RULES])
+    r = run_case(rules, _cases()["a job that reports step durations only slows everywhere (a step table, an old SDK)"])
+    [u] = [d for d in r.diagnoses if d.status == "firing"][:1]
+    figures = [(e.metric, e.entity) for e in u.evidence]
+    assert len(figures) == len(set(figures)) and sum(m == "step.duration_s" for m, _ in figures) > 1
