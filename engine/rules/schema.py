@@ -293,6 +293,12 @@ def parse_rule(data: Any, file: str, lines: dict[Path_, int], macros: dict[str, 
     rid = data.get("id")
     if isinstance(rid, str):
         ctx.rule_id = rid
+    if data and not any(k in _RULE_KEYS for k in data):
+        # No key of a rule at all: another YAML file (a topology, a scenario) left in a rules folder.  One line,
+        # not one per key and one per missing key (ten for a three-key topology file).
+        keys = ", ".join(str(k) for k in list(data)[:5]) + (", ..." if len(data) > 5 else "")
+        ctx.err((), f"not a rule file: none of its keys ({keys}) is a rule's; move it out of the rules folder")
+        return None, ctx.errors
     for key in data:
         if key not in _RULE_KEYS:
             ctx.err((key,), f"is not a rule key (valid: {', '.join(sorted(_RULE_KEYS))})")

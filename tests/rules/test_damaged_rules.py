@@ -53,3 +53,15 @@ def test_rules_check_of_a_damaged_file(rule: Path, which: str, tmp_path: Path,
         if rc == EXIT_INTERNAL or "Traceback" in err:
             failures.append(f"{what}: rc {rc}: {err.strip()[-200:]}")
     assert failures == []
+
+
+def test_another_yaml_file_in_a_rules_folder_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # A topology left beside the rules gave ten errors: one per key it has and one per rule key it lacks.
+    shutil.copy(RULES / "job" / "job.whole-job-slow.yaml", tmp_path)
+    shutil.copy(RULES / "macros.yaml", tmp_path)
+    (tmp_path / "cluster.yaml").write_text("format: 1\nname: lab\nnodes: []\n")
+    assert main(["rules", "check", str(tmp_path)]) == 1
+    err = capsys.readouterr()
+    lines = [ln for ln in (err.out + err.err).splitlines() if "cluster.yaml" in ln]
+    assert lines == [f"{tmp_path / 'cluster.yaml'}:1: not a rule file: none of its keys (format, name, nodes) is "
+                     "a rule's; move it out of the rules folder"]
