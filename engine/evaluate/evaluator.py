@@ -852,6 +852,10 @@ class Evaluator:
             "job": job.job, "project": job.project, "team": job.team, "channel": job.channel,
             "culprit": culprit, "node": nodes[0] if nodes else None, "nodes": nodes,
             "rank": ranks[0] if ranks else None, "ranks": list(ranks), "n_ranks": len(job.ranks),
+            # the culprit GPU when the incident is grouped by GPU (``group_by: [gpu]``); a topology predicate's
+            # own ``gpu`` (in the facts below) wins.  It was only ``labels.gpu``, and ``{{ gpu }}``, which
+            # `rules check` accepts, rendered empty.
+            "gpu": inc.labels.get("gpu"),
             "switch": topo.leaf_of(nodes[0]) if nodes else None, "rack": topo.rack_of(nodes[0]) if nodes else None,
             "pools": sorted({p for n in nodes for p in topo.pools_of(n)}),
             "ev": ev_by_metric, "evidence": evidence, "path": list(path), "labels": inc.labels, **ctx.facts,

@@ -39,3 +39,22 @@ def test_each_figure_is_given_once_though_two_conditions_read_it() -> None:
     [u] = [d for d in r.diagnoses if d.status == "firing"][:1]
     figures = [(e.metric, e.entity) for e in u.evidence]
     assert len(figures) == len(set(figures)) and sum(m == "step.duration_s" for m, _ in figures) > 1
+
+
+def test_a_rule_grouped_by_gpu_can_name_it_as_gpu(tmp_path: Path) -> None:
+    # `{{ gpu }}` passed `rules check` (a known variable) and rendered empty unless a topology predicate set it.
+    import shutil
+
+    for f in ("gpu.thermal-throttle.yaml", "gpu.thermal-throttle.test.yaml"):
+        shutil.copy(RULES / "gpu" / f, tmp_path / f)
+    shutil.copy(RULES / "macros.yaml", tmp_path / "macros.yaml")
+    rule = tmp_path / "gpu.thermal-throttle.yaml"
+    text = rule.read_text()
+    assert 'title: "{{ job }} waits on {{ labels.gpu }}' in text
+    text = text.replace('title: "{{ job }} waits on {{ labels.gpu }}', 'title: "{{ job }} waits on {{ gpu }}')
+    rule.write_text("\n".join(ln for ln in text.splitlines() if not ln.startswith("inhibits:")) + "\n")
+    rules = load_rules([tmp_path])
+    [(_, cases)] = load_files(rules, [tmp_path / "gpu.thermal-throttle.test.yaml"])
+    r = run_case(rules, cases[0])
+    assert r.ok, r.failures
+    assert any(d.title.startswith("train-llm waits on node-03/gpu2") for d in r.diagnoses)
