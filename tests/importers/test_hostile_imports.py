@@ -213,8 +213,16 @@ def test_publish_skips_and_counts_a_value_whose_key_cannot_be_read(monkeypatch: 
         async def stop(self) -> None:
             pass
 
+    async def nothing(*_: Any, **__: Any) -> None:
+        return None
+
+    from whywait.engine.stream import topics
+
     monkeypatch.setattr(broker, "probe", lambda *a, **k: True)
     monkeypatch.setattr(aiokafka, "AIOKafkaProducer", Producer)
+    # the topics' creation and leaders are the broker's business, tested against a real one elsewhere
+    monkeypatch.setattr(topics, "ensure_topics_async", nothing)
+    monkeypatch.setattr(topics, "wait_for_leaders", nothing)
     skipped = import_cmd.Skipped()
     items = [("whywait.host.v1", _host()), ("whywait.host.v1", b"{not json"),
              ("whywait.host.v1", b"[" * 100_000 + b"]" * 100_000), ("whywait.host.v1", b'{"kind": "host"}')]
