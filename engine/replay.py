@@ -476,6 +476,13 @@ class PlacedTopology(Topology):
                     self.learnt.append(node)
         return super().apply_placement(msg)
 
+    def note(self) -> str:
+        """What the replay says of it: the nodes it learnt, and what the rules could not join without a topology."""
+        return (f"no topology given: {len(self.learnt)} node(s) learnt from the placements"
+                + (f" ({_few(self.learnt)})" if self.learnt else "")
+                + "; rules over NICs, switches and storage pools had nothing to join (--topology FILE, "
+                "or WHYWAIT_TOPOLOGY, gives them the cluster)")
+
 
 def _close(ev: Evaluator, end: float) -> tuple[list[Diagnosis], frozenset[str]]:
     """Tick ``ev`` past the range's last event time ``end`` so its incidents resolve as the live engine's would.

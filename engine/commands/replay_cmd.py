@@ -558,7 +558,7 @@ def run(args: argparse.Namespace) -> int:
 
     from whywait.engine.commands.engine_cmd import load_topology
     from whywait.engine.commands.outputs import check_outputs
-    from whywait.engine.replay import PlacedTopology, _few, backtest, diagnoses_jsonl, incidents, replay
+    from whywait.engine.replay import PlacedTopology, backtest, diagnoses_jsonl, incidents, replay
     from whywait.engine.rules.loader import load_rules
 
     if args.slack_thread:  # refused now, not after the whole window was replayed
@@ -613,11 +613,7 @@ def run(args: argparse.Namespace) -> int:
         if late:
             notes.append(late)
         if isinstance(topology, PlacedTopology):
-            learnt = topology.learnt
-            notes.append(f"no topology given: {len(learnt)} node(s) learnt from the placements"
-                         + (f" ({_few(learnt)})" if learnt else "")
-                         + "; rules over NICs, switches and storage pools had nothing to join (--topology FILE, "
-                         "or WHYWAIT_TOPOLOGY, gives them the cluster)")
+            notes.append(topology.note())
         for note in notes:
             print(f"  note: {note}")
         if merge.stopped_early:

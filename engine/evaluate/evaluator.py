@@ -34,6 +34,7 @@ from whywait.engine.diagnosis import Diagnosis, Evidence, Owner
 from whywait.engine.evaluate.conditions import IMPLICIT_METRICS, Ctx, Result, evaluate, rule_leaves, rule_metrics
 from whywait.engine.evaluate.frontier import InputFrontier
 from whywait.engine.evaluate.identity import NodeIdentities
+from whywait.engine.evaluate.steps import PHASES
 from whywait.engine.evaluate.store import MetricStore
 from whywait.engine.rules.condition_types import Kind
 from whywait.engine.rules.loader import RuleSet
@@ -79,10 +80,6 @@ class Incident:
     # hold its rule's ``for`` again first (see ``Evaluator.tick``).
     quiet_until: float = -math.inf
 
-
-# The parts of a step a producer may or may not report (StepTiming's phases): a check over them alone says
-# nothing of a job that never reported them.
-_PHASES = frozenset({"compute_s", "comm_s", "data_wait_s", "collective_s", "pipeline_wait_s", "checkpoint_s"})
 
 
 @dataclass
@@ -623,7 +620,7 @@ class Evaluator:
                 return False
             level, _, name = metric.partition(".")
             name = "data_wait_s" if name == "data_wait_share" else name
-            if level not in ("job", "step") or name not in _PHASES:
+            if level not in ("job", "step") or name not in PHASES:  # the step's parts a producer may leave out
                 return False
             phases.add(name)
         return bool(phases) and not any(self.store.ever(f"job.{p}", job, now) for p in phases)
@@ -636,7 +633,7 @@ class Evaluator:
         self.rule_error_last[rule.id] = f"{type(exc).__name__}: {exc}"
         if n <= 3 or n % 1000 == 0:
             # One line, naming where it raised: a user running a replay reads it, and a traceback belongs in a
-            # bug report (logged at debug level, where `--log-level debug` shows it).
+            # bug report (logged at debug level, where `whywait -v` shows it).
             frame = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
             at = f" at {Path(frame.filename).name}:{frame.lineno}" if frame else ""
             log.error("rule %s (%s) failed at %.0f (%d so far): %s: %s%s", rule.id, where, now, n,
@@ -841,9 +838,10 @@ class Evaluator:
         # One figure per metric and entity: two conditions over one metric (a rule's recent median and its
         # fastest of ten) gave each rank twice, with two thresholds and nothing to tell them apart.  The first
         # is kept: it is the one the templates read (``ev``).
-        seen_fig: set[tuple[str, str]] = set()
-        evidence = [e for e in evidence if (e.metric, e.entity) not in seen_fig
-                    and not seen_fig.add((e.metric, e.entity))]  # type: ignore[func-returns-value]
+        firsts: dict[tuple[str, str], Evidence] = {}
+        for e in evidence:
+            firsts.setdefault((e.metric, e.entity), e)
+        evidence = list(firsts.values())
         cost = self._cost(inc, job, ctx.facts)
         ev_by_metric: dict[str, Evidence] = {}
         for e in evidence:

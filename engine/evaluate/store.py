@@ -1341,7 +1341,7 @@ class MetricStore:
             r = col.rows.get(entity)
             return r is not None and col.last(r, now) is not None
         s = self._series.get((metric, entity))
-        return s is not None and any(t <= now for t in s.t[:1])
+        return s is not None and bool(s.t) and s.t[0] <= now
 
     def age(self, metric: str, entity: str, now: float) -> float | None:
         """Seconds at ``now`` since the entity last reported, or since its oldest open checkpoint began."""

@@ -226,22 +226,19 @@ async def wait_for_leaders(producer: Any, topics: Iterable[str] | None = None, t
     a topic just created has no leader for a moment, and a send then fails with NotLeaderForPartition
     instead of waiting.  Returns after ``timeout_s`` at most; a send then reports what is still wrong.
     """
+    from aiokafka.structs import TopicPartition
+
     want = list(topics if topics is not None else INPUT_TOPICS)
     deadline = asyncio.get_running_loop().time() + timeout_s
     while True:
         await producer.client.force_metadata_update()
         meta = producer.client.cluster
         missing = [t for t in want if not meta.partitions_for_topic(t)
-                   or any(meta.leader_for_partition(_tp(t, p)) in (None, -1) for p in meta.partitions_for_topic(t))]
+                   or any(meta.leader_for_partition(TopicPartition(t, p)) in (None, -1)
+                          for p in meta.partitions_for_topic(t))]
         if not missing or asyncio.get_running_loop().time() > deadline:
             return
         await asyncio.sleep(0.2)
-
-
-def _tp(topic: str, partition: int) -> Any:
-    from aiokafka.structs import TopicPartition
-
-    return TopicPartition(topic, partition)
 
 
 def ensure_topics(bootstrap: str, topics: list[str] | None = None, partitions: int = 1,
