@@ -144,7 +144,14 @@ def switch_tiers(switches: Sequence[str], neighbours: Mapping[str, Mapping[str, 
        are taken one at a time, the one with the most leaf neighbours first, each time against the
        leaves left: so a spine goes before the leaves under it, which then no longer see two leaf
        neighbours.
-    3. The rest by hop distance from the leaves: one hop is a spine, two or more a core switch
+    3. A starting leaf is really a core switch that carries a few hosts (a subnet manager or UFM
+       host cabled to a core director) when it is cabled more to switches than to HCAs and its
+       switches join groups of spines that no leaf joins.  Leaves are taken most hosts first; each
+       one's switches join one group (a pod: a leaf is cabled to the spines of its own pod only, in
+       a 2-tier fabric to every spine).  A switch whose switches already belong to two or more
+       groups spans pods, which only a switch above the spines does.  Without this step such a
+       core is a leaf, its spines look like its uplinks and every other core looks like a spine's.
+    4. The rest by hop distance from the leaves: one hop is a spine, two or more a core switch
        (a 2-tier fat tree has no core; a lone switch is a leaf).  A switch no leaf reaches is core.
     """
     leaves = {s for s in switches if host_cables.get(s)} or {s for s in switches if ca_cables.get(s)}
@@ -164,6 +171,7 @@ def switch_tiers(switches: Sequence[str], neighbours: Mapping[str, Mapping[str, 
         if best is None:
             break
         leaves.discard(best[2])
+    leaves -= _cores_carrying_hosts(leaves, neighbours, ca_cables)
     dist = {s: 0 for s in leaves}
     frontier = sorted(leaves)
     while frontier:
@@ -175,6 +183,31 @@ def switch_tiers(switches: Sequence[str], neighbours: Mapping[str, Mapping[str, 
                     nxt.append(p)
         frontier = nxt
     return {s: TIERS[min(dist[s], 2)] if s in dist else "core" for s in switches}
+
+
+def _cores_carrying_hosts(leaves: set[str], neighbours: Mapping[str, Mapping[str, int]],
+                          ca_cables: Mapping[str, int]) -> set[str]:
+    """The starting leaves that are core switches carrying a few hosts (step 3 of :func:`switch_tiers`)."""
+    group: dict[str, str] = {}  # switch -> a representative of its group of spines (union-find)
+
+    def root(s: str) -> str:
+        while group[s] != s:
+            group[s] = group[group[s]]
+            s = group[s]
+        return s
+
+    cores: set[str] = set()
+    for s in sorted(leaves, key=lambda s: (-ca_cables.get(s, 0), s)):
+        peers = sorted(p for p in neighbours.get(s, {}) if p not in leaves)
+        seen = {root(p) for p in peers if p in group}
+        if len(seen) >= 2 and sum(neighbours[s].values()) > ca_cables.get(s, 0):
+            cores.add(s)
+            continue
+        for p in peers:
+            group.setdefault(p, p)
+        for p in peers[1:]:
+            group[root(p)] = root(peers[0])
+    return cores  # never every leaf: the first one taken sees no group yet
 
 
 _PLURAL = {"leaf": "leaves", "spine": "spines", "core": "core switches"}
@@ -281,6 +314,201 @@ def ib_fabric(switches: Mapping[str, str], hcas: Mapping[str, str], cables: Sequ
     return IbFabric(ids, tier, uplinks, nic_names, leaf, dict(port_guids), unmatched)
 
 
+# The other shapes of the same facts operators have at hand: ``ibnetdiscover -p`` (one line per port) and
+# ``iblinkinfo`` (its default form, a header per node then its ports, and ``-l``, one line per port).
+_IB_PORTS_LINE = re.compile(
+    r"^(?P<type>SW|CA|RT)\s+(?P<lid>\d+)\s+(?P<port>\d+)\s+(?P<guid>0x[0-9a-fA-F]+)\s+(?P<width>\S+)\s+(?P<speed>\S+)"
+    r"(?:\s+-\s+(?P<ptype>SW|CA|RT)\s+(?P<plid>\d+)\s+(?P<pport>\d+)\s+(?P<pguid>0x[0-9a-fA-F]+)\s+"
+    r"\(\s*'(?P<desc>[^']*)'\s+-\s+'(?P<pdesc>[^']*)'\s*\)|\s+(?![\s-])'?(?P<odesc>.*?)'?)\s*$")
+_LINK_HEADER = re.compile(r"^(?P<type>Switch|CA|Router):\s+(?:(?P<guid>0x[0-9a-fA-F]+)\s+)?(?P<desc>.*):\s*$")
+_LINK_PORT = re.compile(
+    r'^\s*(?:(?P<guid>0x[0-9a-fA-F]+)\s+(?:"(?P<ldesc>[^"]*)"\s+)?)?(?P<lid>\d+)\s+(?P<port>\d+)\[[^\]]*\]\s*'
+    r"==\((?P<link>[^)]*)\)(?:\s*\([^)]*\))?==>\s*"
+    r'(?:(?:(?P<pguid>0x[0-9a-fA-F]+)\s+)?(?P<plid>\d+)\s+(?P<pport>\d+)\[[^\]]*\]\s+"(?P<pdesc>[^"]*)"'
+    r'|\[[^\]]*\]\s+""|"Port not available")')
+
+
+@dataclass
+class _LinkPort:
+    """One iblinkinfo port line: its node's type (None with ``-l``), header line, GUID, description."""
+
+    line: int
+    type: str | None
+    header: int | None
+    guid: str | None
+    desc: str
+    match: re.Match[str]
+    switch: bool = False
+    node: str | None = None  # S-/H-<guid> once known
+
+
+@dataclass
+class IbDump:
+    """A fabric's switches, HCAs and cables as one of the InfiniBand tools printed them (:func:`parse_ib_links`).
+
+    ``switches`` and ``hcas`` map ``S-``/``H-<guid>`` to (node description, line); ``problems`` are
+    ``file:line: why`` for lines that could not be read, each line said once.
+    """
+
+    format: str
+    switches: dict[str, tuple[str, int]] = field(default_factory=dict)
+    hcas: dict[str, tuple[str, int]] = field(default_factory=dict)
+    cables: list[IbCable] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+
+def ib_dump_format(lines: Sequence[str]) -> str:
+    """``"ibnetdiscover"`` (the default dump), ``"ibnetdiscover -p"`` or ``"iblinkinfo"``, by the first lines.
+
+    Operators paste whichever they have under one name; the loaders read any of the three.
+    """
+    for raw in lines[:200]:
+        line = raw.strip()
+        if _IB_PORTS_LINE.match(line):
+            return "ibnetdiscover -p"
+        if _LINK_HEADER.match(line) or "==(" in line:
+            return "iblinkinfo"
+        if _IB_NODE.match(line):
+            return "ibnetdiscover"
+    return "ibnetdiscover"
+
+
+#: What a dump of each format without a single switch is told (a file of another format, or a cut one).
+_NO_SWITCH = {
+    "ibnetdiscover": "expected an ibnetdiscover dump with 'Switch' blocks (found none)",
+    "ibnetdiscover -p": "expected 'ibnetdiscover -p' lines of switch ports ('SW ...', or a CA cabled to one; "
+                        "found none)",
+    "iblinkinfo": "expected iblinkinfo output with a switch ('Switch:' headers, or ports cabled to one; found none)",
+}
+
+
+def _guid_id(kind: str, guid: str) -> str:
+    return f"{kind}-{int(guid, 16):016x}"
+
+
+def parse_ib_links(lines: Sequence[str], source: str, fmt: str) -> IbDump:
+    """The switches, HCAs and cables of an ``ibnetdiscover -p`` or ``iblinkinfo`` output (``fmt``).
+
+    ``ibnetdiscover -p`` names both ends of each port by node GUID and type (``SW``/``CA``): each
+    cable is read from either end, so a dump cut to the CA lines (``grep CA``) still cables the hosts.
+    ``iblinkinfo`` names a switch by its GUID in its ``Switch:`` header and each cable's far end by
+    LID: a far end whose LID is a switch's is that switch, any other an HCA port (its port GUID where
+    the dump lists that CA; ``H-lid<N>`` when ``--switches-only`` hid it).  ``-l`` prints no node
+    types: a GUID on more than one line, or on a port above 2, is a switch.  Down ports and ports with
+    no far end are skipped silently, as they are no cable; a line that is none of these is a problem.
+    """
+    dump = IbDump(fmt)
+    if fmt == "ibnetdiscover -p":
+        for lineno, raw in enumerate(lines, 1):
+            line = raw.strip()
+            if not line or line.startswith("#"):
+                continue
+            m = _IB_PORTS_LINE.match(line)
+            if m is None:
+                dump.problems.append(f"{source}:{lineno}: expected an 'ibnetdiscover -p' port line 'SW|CA <lid> "
+                                     f"<port> 0x<guid> <width> <speed> - ...' (got {line[:60]!r})")
+                continue
+            kind = "S" if m.group("type") == "SW" else "H" if m.group("type") == "CA" else None
+            if kind is None:
+                continue  # a router: no host, no switch of the tree
+            me = _guid_id(kind, m.group("guid"))
+            nodes = dump.switches if kind == "S" else dump.hcas
+            desc = (m.group("desc") if m.group("ptype") else m.group("odesc")) or ""
+            nodes.setdefault(me, (desc.strip(), lineno))
+            if not m.group("ptype") or m.group("ptype") == "RT":
+                continue
+            pkind = "S" if m.group("ptype") == "SW" else "H"
+            peer = _guid_id(pkind, m.group("pguid"))
+            (dump.switches if pkind == "S" else dump.hcas).setdefault(peer, (m.group("pdesc").strip(), lineno))
+            if kind == "S":
+                dump.cables.append(IbCable(me, int(m.group("port")), peer, int(m.group("pport")), lineno))
+            elif pkind == "S":
+                dump.cables.append(IbCable(peer, int(m.group("pport")), me, int(m.group("port")), lineno))
+        return dump
+    # iblinkinfo: first every port line with its node (from the header above it, or its own GUID with -l).
+    ports: list[_LinkPort] = []
+    header: tuple[int, str, str | None, str] | None = None  # (line, type, GUID, description)
+    for lineno, raw in enumerate(lines, 1):
+        line = raw.rstrip()
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        h = _LINK_HEADER.match(line.strip())
+        if h:
+            header = (lineno, h.group("type"), h.group("guid"), h.group("desc").strip())
+            continue
+        m = _LINK_PORT.match(line)
+        if m is None:
+            dump.problems.append(f"{source}:{lineno}: expected an iblinkinfo port line '<lid> <port>[ ] ==( ... )==> "
+                                 f"<lid> <port>[ ] \"<desc>\"' or a 'Switch:'/'CA:' header (got {line.strip()[:60]!r})")
+        elif m.group("ldesc") is not None:  # -l: the node is on the line itself
+            ports.append(_LinkPort(lineno, None, None, m.group("guid"), m.group("ldesc").strip(), m))
+        elif header is None:
+            dump.problems.append(f"{source}:{lineno}: port line before any 'Switch:' or 'CA:' header "
+                                 f"(got {line.strip()[:60]!r})")
+        else:
+            ports.append(_LinkPort(lineno, header[1], header[0], header[2] if header[1] == "Switch"
+                                   else m.group("guid"), header[3], m))
+    on_lines = Counter(lp.guid.lower() for lp in ports if lp.type is None and lp.guid)
+    switch_lid: dict[int, str] = {}
+    ca_lid: dict[int, tuple[str, str]] = {}  # LID -> (H-id, port GUID)
+    header_ca: dict[int, str] = {}  # a CA header's line -> its H-id (from its first port's GUID)
+    last_ca: tuple[str, str, set[int]] | None = None  # -l: (H-id, description, ports) of the CA on the lines above
+    for lp in ports:
+        port = int(lp.match.group("port"))
+        if lp.guid is None:
+            dump.problems.append(f"{source}:{lp.line}: port line without its GUID "
+                                 f"(got {lp.match.group(0).strip()[:60]!r})")
+            continue
+        lp.switch = (lp.type == "Switch") if lp.type is not None else (on_lines[lp.guid.lower()] > 1 or port > 2)
+        if lp.type == "Router":
+            continue
+        if lp.switch:
+            lp.node = _guid_id("S", lp.guid)
+            dump.switches.setdefault(lp.node, (lp.desc, lp.line))
+            switch_lid[int(lp.match.group("lid"))] = lp.node
+            continue
+        if lp.header is not None:  # one CA header, one HCA, however many ports it lists
+            lp.node = header_ca.setdefault(lp.header, _guid_id("H", lp.guid))
+        elif last_ca is not None and last_ca[1] == lp.desc and port not in last_ca[2]:
+            lp.node = last_ca[0]  # -l: the next port of the HCA on the line above
+        else:
+            lp.node = _guid_id("H", lp.guid)
+        dump.hcas.setdefault(lp.node, (lp.desc, lp.line))
+        ca_lid[int(lp.match.group("lid"))] = (lp.node, f"{int(lp.guid, 16):016x}")
+        last_ca = (lp.node, lp.desc, (last_ca[2] if last_ca and last_ca[0] == lp.node else set()) | {port})
+    # Then each cable: the far end by its GUID where -l prints it, else by its LID.
+    ca_port = {g: h for h, g in ca_lid.values()}
+    for lp in ports:
+        m = lp.match
+        if lp.node is None or m.group("plid") is None:
+            continue  # a router's port, a port down or with no far end: no cable
+        plid, pport, pdesc = int(m.group("plid")), int(m.group("pport")), m.group("pdesc").strip()
+        pg = f"{int(m.group('pguid'), 16):016x}" if m.group("pguid") else None
+        peer_guid: str | None = None
+        if pg is not None and f"S-{pg}" in dump.switches:
+            peer = f"S-{pg}"
+        elif pg is not None and pg in ca_port:
+            peer, peer_guid = ca_port[pg], pg
+        elif pg is not None:  # a far end the output does not list (--cas-only, --switches-only)
+            peer = f"S-{pg}" if not lp.switch else f"H-{pg}"
+            peer_guid = None if not lp.switch else pg
+            (dump.switches if not lp.switch else dump.hcas).setdefault(peer, (pdesc, lp.line))
+        elif plid in switch_lid:
+            peer = switch_lid[plid]
+        elif plid in ca_lid:
+            peer, peer_guid = ca_lid[plid]
+        else:  # --switches-only: an HCA port known by its LID alone
+            peer = f"H-lid{plid}"
+            dump.hcas.setdefault(peer, (pdesc, lp.line))
+            ca_lid[plid] = (peer, "")
+        if lp.switch:
+            dump.cables.append(IbCable(lp.node, int(m.group("port")), peer, pport, lp.line, peer_guid or None))
+        elif peer.startswith("S-"):
+            dump.cables.append(IbCable(peer, pport, lp.node, int(m.group("port")), lp.line,
+                                       f"{int(lp.guid, 16):016x}" if lp.guid else None))
+    return dump
+
+
 def load_ibnetdiscover(path: str | Path, gpus_per_node: int = 8,
                        nic_gpus: Mapping[str, Sequence[int]] | None = None,
                        rack_of: Callable[[str], str | None] | str | None = None,
@@ -307,6 +535,12 @@ def load_ibnetdiscover(path: str | Path, gpus_per_node: int = 8,
     cables: list[IbCable] = []
     current: str | None = None
     problems: list[str] = []
+    fmt = ib_dump_format(lines)
+    if fmt != "ibnetdiscover":  # `ibnetdiscover -p` or iblinkinfo: the same facts, another layout
+        dump = parse_ib_links(lines, source, fmt)
+        switches = {g: d for g, (d, _line) in dump.switches.items()}
+        hcas = {g: d for g, (d, _line) in dump.hcas.items()}
+        cables, problems, lines = dump.cables, dump.problems, []
     for lineno, raw in enumerate(lines, 1):
         line = raw.strip()
         if not line or line.startswith("#") or "=" in line.split()[0]:
@@ -344,8 +578,7 @@ def load_ibnetdiscover(path: str | Path, gpus_per_node: int = 8,
     if problems:
         raise TopologyError(problems, source=source)
     if not switches:
-        raise TopologyError(f"{source}: expected an ibnetdiscover dump with 'Switch' blocks (found none)",
-                            source=source)
+        raise TopologyError(f"{source}: {_NO_SWITCH[fmt]}", source=source)
     undescribed = [(c.line, c.peer) for c in cables if c.peer.startswith("S-") and c.peer not in switches]
     if undescribed:  # cut before that switch's block (as :func:`~whywait.topology.sources.read_ibnetdiscover` says)
         lineno, peer = min(undescribed)
@@ -406,8 +639,10 @@ _HOSTLIST_PART = re.compile(r"([^,\[]+)(?:\[([^\]]+)\])?([^,\[]*)")
 def expand_hostlist(expr: str) -> list[str]:
     """Expand a Slurm hostlist: ``srv[1101-1103,1105]`` → ``srv1101, srv1102, srv1103, srv1105``.
 
-    Supports one bracket group per name (what topology.conf writers produce),
-    keeping the width of zero-padded ranges.
+    Keeps the width of zero-padded ranges (``gpu[001-010,015]``) and expands every bracket group of a
+    name (``rack[1-2]-node[01-04]``: eight names, rack by rack), as Slurm does.  Raises ``ValueError``
+    saying what is wrong (unbalanced brackets, a range that is no numbers, one that runs backwards or
+    names more than :data:`MAX_HOSTLIST` hosts); callers add the file and line.
     """
     out: list[str] = []
     depth = 0
@@ -423,19 +658,60 @@ def expand_hostlist(expr: str) -> list[str]:
             start = i + 1
     parts.append(expr[start:])
     for part in filter(None, (p.strip() for p in parts)):
-        m = re.fullmatch(r"([^\[]*)\[([^\]]+)\](.*)", part)
-        if not m:
-            out.append(part)
+        out.extend(_expand_name(part, expr))
+        if len(out) > MAX_HOSTLIST:
+            raise ValueError(f"hostlist {expr!r} names more than {MAX_HOSTLIST} hosts")
+    return out
+
+
+#: The most hosts one hostlist is expanded to: ``node[0-999999999]`` (a typo) must not take the process's memory.
+MAX_HOSTLIST = 1_000_000
+
+
+def _expand_name(part: str, expr: str) -> list[str]:
+    m = re.fullmatch(r"([^\[\]]*)\[([^\[\]]*)\](.*)", part)
+    if not m:
+        if "[" in part or "]" in part:
+            raise ValueError(f"hostlist {expr!r}: unbalanced brackets in {part!r}")
+        return [part]
+    prefix, body, rest = m.groups()
+    tails = _expand_name(rest, expr) if rest else [""]
+    out: list[str] = []
+    for rng in body.split(","):
+        a, sep, b = (x.strip() for x in rng.partition("-"))
+        if not a.isdigit() or (sep and not b.isdigit()):
+            raise ValueError(f"hostlist {expr!r}: expected N or N-M in [{body}] (got {rng.strip()!r})")
+        if sep and int(b) < int(a):
+            raise ValueError(f"hostlist {expr!r}: range {rng.strip()!r} runs backwards")
+        if (int(b) - int(a) if sep else 0) * len(tails) > MAX_HOSTLIST:
+            raise ValueError(f"hostlist {expr!r} names more than {MAX_HOSTLIST} hosts")
+        width = len(a) if a.startswith("0") else 0
+        for i in range(int(a), int(b if sep else a) + 1):
+            out.extend(f"{prefix}{i:0{width}d}{tail}" for tail in tails)
+    return out
+
+
+def slurm_lines(lines: Sequence[str]) -> list[tuple[int, str]]:
+    """(first line number, text) of each logical line of a Slurm config file, comments cut.
+
+    Slurm's parser cuts ``#`` comments and joins a line ending in ``\\`` with the next (a long
+    ``Nodes=`` list written over several lines); read line by line, the rest of such a list was a
+    bad line and its first part a host named ``gpu[001-004,\\``.
+    """
+    out: list[tuple[int, str]] = []
+    pending: tuple[int, str] | None = None
+    for lineno, raw in enumerate(lines, 1):
+        text = raw.split("#", 1)[0].rstrip()
+        if pending is not None:
+            lineno, text = pending[0], pending[1] + text.lstrip()
+            pending = None
+        if text.endswith("\\"):
+            pending = (lineno, text[:-1])
             continue
-        prefix, body, suffix = m.groups()
-        for rng in body.split(","):
-            a, sep, b = rng.partition("-")
-            if not sep:
-                out.append(f"{prefix}{a}{suffix}")
-                continue
-            width = len(a) if a.startswith("0") else 0
-            for i in range(int(a), int(b) + 1):
-                out.append(f"{prefix}{i:0{width}d}{suffix}")
+        if text.strip():
+            out.append((lineno, text.strip()))
+    if pending is not None and pending[1].strip():
+        out.append((pending[0], pending[1].strip()))
     return out
 
 
@@ -457,31 +733,32 @@ def load_slurm_topology(path: str | Path, gpus_per_node: int = 8, nic: str = "ib
     children: dict[str, list[str]] = {}
     blocks: dict[str, list[str]] = {}
     problems: list[str] = []
-    for lineno, raw in enumerate(lines, 1):
-        line = raw.split("#", 1)[0].strip()
-        if not line:
-            continue
+    for lineno, line in slurm_lines(lines):
         fields: dict[str, str] = {}
         for tok in line.split():
             k, sep, v = tok.partition("=")
             if not sep:
                 problems.append(f"{source}:{lineno}: expected KEY=VALUE (got {tok!r})")
                 continue
-            fields[k] = v
-        if "SwitchName" in fields:
-            sw = fields["SwitchName"]
-            if "Nodes" in fields:
-                leaf_nodes[sw] = expand_hostlist(fields["Nodes"])
-            if "Switches" in fields:
-                children[sw] = expand_hostlist(fields["Switches"])
-            if "Nodes" not in fields and "Switches" not in fields:
-                problems.append(f"{source}:{lineno}: SwitchName={sw}: expected Nodes= or Switches=")
-        elif "BlockName" in fields:
-            if "Nodes" not in fields:
-                problems.append(f"{source}:{lineno}: BlockName={fields['BlockName']}: expected Nodes=")
-            else:
-                blocks[fields["BlockName"]] = expand_hostlist(fields["Nodes"])
-        elif not set(fields) <= {"BlockSizes", "LinkSpeed"}:
+            fields[k.lower()] = v  # Slurm's keys are case-insensitive (switchname=, NODES=)
+        try:
+            if "switchname" in fields:
+                sw = fields["switchname"]
+                if "nodes" in fields:
+                    leaf_nodes[sw] = expand_hostlist(fields["nodes"])
+                if "switches" in fields:
+                    children[sw] = expand_hostlist(fields["switches"])
+                if "nodes" not in fields and "switches" not in fields:
+                    problems.append(f"{source}:{lineno}: SwitchName={sw}: expected Nodes= or Switches=")
+            elif "blockname" in fields:
+                if "nodes" not in fields:
+                    problems.append(f"{source}:{lineno}: BlockName={fields['blockname']}: expected Nodes=")
+                else:
+                    blocks[fields["blockname"]] = expand_hostlist(fields["nodes"])
+        except ValueError as exc:
+            problems.append(f"{source}:{lineno}: {exc}")
+            continue
+        if not {"switchname", "blockname"} & set(fields) and not set(fields) <= {"blocksizes", "linkspeed"}:
             problems.append(f"{source}:{lineno}: expected SwitchName=, BlockName= or BlockSizes= "
                             f"(got {line[:60]!r})")
     known = set(leaf_nodes) | set(children)

@@ -28,11 +28,15 @@ from whywait.topology.errors import TopologyError
 from whywait.topology.loaders import (
     _IB_NODE,
     _IB_SWITCH_PORT,
+    _NO_SWITCH,
     IbCable,
     NcclLocality,
     expand_hostlist,
+    ib_dump_format,
     ib_fabric,
     load_nccl_topology,
+    parse_ib_links,
+    slurm_lines,
 )
 from whywait.topology.model import MAX_GPUS_PER_NODE, TIERS, natural_key, normalise_guid, normalise_pci
 
@@ -133,6 +137,10 @@ def read_ibnetdiscover(path: str | Path) -> SourceFacts:
     named by :func:`~whywait.topology.loaders.switch_ids` and tiered by
     :func:`~whywait.topology.loaders.switch_tiers`; a cable the model cannot hold (two switches of
     one tier, a host on a spine) goes to ``unmatched``.  The dump says nothing about GPUs.
+
+    ``ibnetdiscover -p`` and ``iblinkinfo`` output (default or ``-l``) are read too, by their layout
+    (:func:`~whywait.topology.loaders.parse_ib_links`): operators have one or the other, and telling
+    them apart is the reader's job, not theirs.
     """
     source = str(path)
     facts = SourceFacts(source, "ibnetdiscover")
@@ -140,7 +148,14 @@ def read_ibnetdiscover(path: str | Path) -> SourceFacts:
     hcas: dict[str, tuple[str, int]] = {}
     cables: list[IbCable] = []
     current: str | None = None
-    for lineno, raw in enumerate(_read_text(path).splitlines(), 1):
+    lines = _read_text(path).splitlines()
+    fmt = ib_dump_format(lines)
+    if fmt != "ibnetdiscover":  # `ibnetdiscover -p` or iblinkinfo, whichever name it was given under
+        dump = parse_ib_links(lines, source, fmt)
+        facts.format = fmt
+        switches, hcas, cables, lines = dump.switches, dump.hcas, dump.cables, []
+        facts.skipped += [f"{p}; skipped" for p in dump.problems]
+    for lineno, raw in enumerate(lines, 1):
         line = raw.strip()
         if not line:
             current = None
@@ -169,8 +184,7 @@ def read_ibnetdiscover(path: str | Path) -> SourceFacts:
         if peer.startswith("H-") and p.group("desc") and peer not in hcas:
             hcas[peer] = (p.group("desc"), lineno)
     if not switches:
-        raise TopologyError(f"{source}: expected an ibnetdiscover dump with 'Switch' blocks (found none)",
-                            source=source)
+        raise TopologyError(f"{source}: {_NO_SWITCH[fmt]}", source=source)
     undescribed = [(c.line, c.peer) for c in cables if c.peer.startswith("S-") and c.peer not in switches]
     if undescribed:  # the dump was cut before that switch's block: its tier and links are unknown
         lineno, peer = min(undescribed)
@@ -244,10 +258,7 @@ def read_slurm_conf(path: str | Path) -> SourceFacts:
     leaf_nodes: dict[str, tuple[list[str], str]] = {}
     children: dict[str, tuple[list[str], str]] = {}
     blocks: dict[str, tuple[list[str], str]] = {}
-    for lineno, raw in enumerate(_read_text(path).splitlines(), 1):
-        line = raw.split("#", 1)[0].strip()
-        if not line:
-            continue
+    for lineno, line in slurm_lines(_read_text(path).splitlines()):
         where = f"{source}:{lineno}"
         fields: dict[str, str] = {}
         bad = [tok for tok in line.split() if "=" not in tok]
@@ -257,19 +268,24 @@ def read_slurm_conf(path: str | Path) -> SourceFacts:
         for tok in line.split():
             k, _, v = tok.partition("=")
             fields[k.lower()] = v
+        try:
+            hosts = {k: expand_hostlist(fields[k]) for k in ("nodes", "switches") if k in fields}
+        except ValueError as exc:
+            facts.skipped.append(f"{where}: {exc}; line skipped")
+            continue
         if "switchname" in fields:
             sw = fields["switchname"]
             if "nodes" not in fields and "switches" not in fields:
                 facts.skipped.append(f"{where}: SwitchName={sw}: expected Nodes= or Switches=; line skipped")
             if "nodes" in fields:
-                leaf_nodes[sw] = (expand_hostlist(fields["nodes"]), where)
+                leaf_nodes[sw] = (hosts["nodes"], where)
             if "switches" in fields:
-                children[sw] = (expand_hostlist(fields["switches"]), where)
+                children[sw] = (hosts["switches"], where)
         elif "blockname" in fields:
             if "nodes" not in fields:
                 facts.skipped.append(f"{where}: BlockName={fields['blockname']}: expected Nodes=; line skipped")
             else:
-                blocks[fields["blockname"]] = (expand_hostlist(fields["nodes"]), where)
+                blocks[fields["blockname"]] = (hosts["nodes"], where)
         elif not set(fields) <= {"blocksizes", "linkspeed"}:
             facts.skipped.append(f"{where}: expected SwitchName=, BlockName= or BlockSizes= (got {line[:60]!r}); "
                                  "line skipped")
@@ -311,10 +327,14 @@ def read_slurm_yaml(path: str | Path) -> SourceFacts:
         if not isinstance(sw, dict) or not isinstance(sw.get("switch"), str):
             facts.skipped.append(f"{where(key)}: expected a mapping with 'switch:' (got {sw!r}); skipped")
             continue
-        if isinstance(sw.get("nodes"), str):
-            leaf_nodes[sw["switch"]] = (expand_hostlist(sw["nodes"]), where(key))
-        if isinstance(sw.get("children"), str):
-            children[sw["switch"]] = (expand_hostlist(sw["children"]), where(key))
+        try:
+            if isinstance(sw.get("nodes"), str):
+                leaf_nodes[sw["switch"]] = (expand_hostlist(sw["nodes"]), where(key))
+            if isinstance(sw.get("children"), str):
+                children[sw["switch"]] = (expand_hostlist(sw["children"]), where(key))
+        except ValueError as exc:
+            facts.skipped.append(f"{where(key)}: {exc}; skipped")
+            continue
         if not isinstance(sw.get("nodes"), str) and not isinstance(sw.get("children"), str):
             facts.skipped.append(f"{where(key)}: switch {sw['switch']!r}: expected 'nodes:' or 'children:' "
                                  "as a hostlist string; skipped")
@@ -323,7 +343,10 @@ def read_slurm_yaml(path: str | Path) -> SourceFacts:
         if not isinstance(b, dict) or not isinstance(b.get("block"), str) or not isinstance(b.get("nodes"), str):
             facts.skipped.append(f"{where(key)}: expected 'block:' and 'nodes:' (got {b!r}); skipped")
             continue
-        blocks[b["block"]] = (expand_hostlist(b["nodes"]), where(key))
+        try:
+            blocks[b["block"]] = (expand_hostlist(b["nodes"]), where(key))
+        except ValueError as exc:
+            facts.skipped.append(f"{where(key)}: {exc}; skipped")
     if not leaf_nodes and not children and not blocks:
         raise TopologyError(f"{where(f'[{pick}]')}: topology {topo.get('topology')!r} has no tree switches or "
                             "blocks (a flat topology says nothing whywait can use)", source=source)
@@ -701,7 +724,8 @@ def read_agent(path: str | Path) -> SourceFacts:
 
 # name -> (reader, one-line help).  A reader takes one FILE argument (``HOST=FILE`` for per-host formats).
 FORMATS: dict[str, tuple[Callable[[str], SourceFacts], str]] = {
-    "ibnetdiscover": (read_ibnetdiscover, "InfiniBand fabric dump: switches, hosts, HCAs and their GUIDs"),
+    "ibnetdiscover": (read_ibnetdiscover, "InfiniBand fabric dump (also 'ibnetdiscover -p' and iblinkinfo output): "
+                                          "switches, hosts, HCAs and their GUIDs"),
     "slurm-conf": (read_slurm_conf, "Slurm topology.conf: switch tree (SwitchName=) and blocks (racks)"),
     "slurm-yaml": (read_slurm_yaml, "Slurm topology.yaml: the cluster-default tree or block topology"),
     "nccl": (read_nccl, "HOST=FILE: one host's NCCL topology XML (GPU and NIC PCI ids, locality)"),
