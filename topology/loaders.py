@@ -886,13 +886,20 @@ def load_nccl_topology(path: str | Path, nic_prefix: str = "mlx5_") -> NcclLocal
         for sw in cpu.findall("pci"):
             leaves = [el for el in sw.iter("pci") if el is not sw]
             group: tuple[list[str], list[str]] = ([], [])
+            # A dump nests bridges (cpu > root port > PCIe switch > devices): the switch a device hangs from is
+            # its locality, not the root port, else every NIC under one root serves every GPU there.
+            parent = {c: b for b in sw.iter("pci") for c in b.findall("pci")}
+            under: dict[int, tuple[list[str], list[str]]] = defaultdict(lambda: ([], []))
             for el in (leaves or [sw]):
                 kind = classify(el)
-                if kind == "gpu":
-                    group[0].append(el.get("busid", ""))
-                elif kind == "nic":
-                    group[1].append(el.get("busid", ""))
-            groups.append(group)
+                if kind is not None:
+                    bucket = under[id(parent.get(el, sw))]
+                    (group[0] if kind == "gpu" else group[1]).append(el.get("busid", ""))
+                    (bucket[0] if kind == "gpu" else bucket[1]).append(el.get("busid", ""))
+            if len(under) > 1 and all(n for g, n in under.values() if g):
+                groups.extend(under.values())  # every GPU's own switch holds a NIC: pair within switches
+            else:
+                groups.append(group)
             cg[0].extend(group[0])
             cg[1].extend(group[1])
         cpu_groups.append(cg)

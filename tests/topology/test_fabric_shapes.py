@@ -14,7 +14,13 @@ from pathlib import Path
 import pytest
 from whywait.engine.cli import main
 from whywait.topology.errors import TopologyError
-from whywait.topology.loaders import expand_hostlist, load_ibnetdiscover, load_slurm_topology, switch_tiers
+from whywait.topology.loaders import (
+    expand_hostlist,
+    load_ibnetdiscover,
+    load_nccl_topology,
+    load_slurm_topology,
+    switch_tiers,
+)
 from whywait.topology.model import Topology
 from whywait.topology.reconcile import merge
 from whywait.topology.sources import read_ibnetdiscover, read_slurm_conf
@@ -273,3 +279,34 @@ def test_a_bad_hostlist_is_one_line_naming_the_file_and_line(tmp_path: Path,
     assert facts.skipped == [f"{path}:2: hostlist 'gpu[9-x]': expected N or N-M in [9-x] (got '9-x'); line skipped"]
     assert main(["topology", "import", "slurm-conf", str(path), "-o", str(tmp_path / "c.yaml")]) != EXIT_INTERNAL
     assert "Traceback" not in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------- NCCL XML
+
+NESTED = """<system version="1">
+  <cpu numaid="0" affinity="ff" arch="x86_64" vendor="GenuineIntel" familyid="6" modelid="85">
+    <pci busid="0000:10:00.0" class="0x060400" link_speed="16 GT/s" link_width="16">
+      <pci busid="0000:11:00.0" class="0x060400" link_speed="16 GT/s" link_width="16">
+        <pci busid="0000:12:00.0" class="0x030200" link_speed="16 GT/s" link_width="16"/>
+        <pci busid="0000:13:00.0" class="0x030200" link_speed="16 GT/s" link_width="16"/>
+        <pci busid="0000:14:00.0" class="0x020700" link_speed="16 GT/s" link_width="16"/>
+      </pci>
+      <pci busid="0000:21:00.0" class="0x060400" link_speed="16 GT/s" link_width="16">
+        <pci busid="0000:22:00.0" class="0x030200" link_speed="16 GT/s" link_width="16"/>
+        <pci busid="0000:23:00.0" class="0x030200" link_speed="16 GT/s" link_width="16"/>
+        <pci busid="0000:24:00.0" class="0x020700" link_speed="16 GT/s" link_width="16"/>
+      </pci>
+    </pci>
+  </cpu>
+</system>
+"""
+
+
+def test_nccl_xml_with_nested_bridges_pairs_gpus_with_the_nic_of_their_own_switch(tmp_path: Path) -> None:
+    # One root port above two PCIe switches, two GPUs and a NIC on each (as NCCL_TOPO_DUMP_FILE nests them).
+    # Was: each NIC served all four GPUs, the root port taken for their switch.
+    loc = load_nccl_topology(_write(tmp_path, NESTED, "topo.xml"))
+    assert loc.nic_gpus == {"mlx5_0": (0, 1), "mlx5_1": (2, 3)}
+    # A GPU whose own switch has no NIC still falls back to the NICs of the whole root port, as before.
+    lone = NESTED.replace('<pci busid="0000:24:00.0" class="0x020700" link_speed="16 GT/s" link_width="16"/>', "")
+    assert load_nccl_topology(_write(tmp_path, lone, "lone.xml")).nic_gpus == {"mlx5_0": (0, 1, 2, 3)}
