@@ -13,7 +13,10 @@ traces merged into one file (concatenated, or written by a tool that combines th
 stops with one line naming the file and the pids, asking for one trace per rank.  It is not split:
 nothing in the trace says which rank each pid is (``distributedInfo`` is one per file), and the
 correlation ids that tie a kernel to its launch are counted per process, so two processes' collide.
-One process driving several GPUs (one ``ProfilerStep`` series, kernels on several devices) is one
+Ranks merged under one pid (containers reuse pids) are stopped the same way when the trace shows it:
+two ``process_name`` values for one pid, one step number with two spans, or two steps that overlap
+(``_Names``, ``_steps_merged``); two JSON documents one after the other are said to be that.  One
+process driving several GPUs (one ``ProfilerStep`` series, kernels on several devices) is one
 rank's trace and is read.  How each figure is read from the trace:
 
 - a step is a host-side ``ProfilerStep#N`` span (category ``user_annotation``, ``cpu_op`` or
@@ -40,7 +43,10 @@ rank's trace and is read.  How each figure is read from the trace:
   ``kProcessGroupName = "Process Group Name"``, ``kProcessGroupDesc = "Process Group Description"`` in
   ``torch/csrc/profiler/util.h``, commit 035290b7; Kineto copies them onto the NCCL kernel, as HTA's
   ``nccl_data.json.gz`` shows).  The process group's name and description are not used: they name
-  groups (``default_pg``), not what kind of traffic they carry;
+  groups (``default_pg``), not what kind of traffic they carry.  ``nccl:coalesced`` is no op: it wraps
+  the launch of a group of ops issued together, whose own spans closed before it; the group is what
+  those ops were (``_deferred_ops``), so coalesced pipeline send/recv pairs are pipeline wait, and each
+  kernel is counted once, in one phase;
 - ``data_wait_s`` is the union of data-loader spans (``enumerate(DataLoader)...``,
   ``## data_load ##``) inside the step.  A trace without any such span leaves the phase
   out: unknown, not zero.  Likewise a trace with no GPU kernel at all (a CPU-only profile) leaves
@@ -49,11 +55,16 @@ rank's trace and is read.  How each figure is read from the trace:
   a note), else the import stops and asks for ``--rank``.
 
 Memory copies and sets count as neither compute nor communication.  Device work is read from the
-``kernel`` category only (launches through the MTIA, XPU and privateuse1 runtimes count, see
-``_LAUNCH_CATS``); Kineto's other MTIA device category, ``mtia_ccp_events``, is not read, for no real
-MTIA trace was at hand to check what it holds (HTA's ``tests/data/mtia_trace_single_rank`` is gzip,
-which the code search used here cannot read).  A trace whose device work is all in such categories
-reads as a CPU-only profile: its GPU phases unknown, not zero.
+``kernel`` category and from MTIA's ``mtia_ccp_events`` (``_KERNEL_CATS``; MTIA's ``dma_request``
+transfers are memory), launched through any runtime (``cuda_runtime``, ``mtia_runtime``, XPU,
+privateuse1: ``_LAUNCH_CATS``).  No real MTIA trace was at hand (HTA's
+``tests/data/mtia_trace_single_rank`` is gzip, which the code search used here cannot read), so the
+MTIA reading follows Kineto's and HTA's source, and MTIA's collectives, whose kernels are not named
+``nccl``, count as compute.  A trace whose device work is all in other categories reads as a CPU-only
+profile: its GPU phases unknown, not zero.
+
+Ids and times written as strings (``"ts": "1682725898082228"``, ``"correlation": "5"``) read as the
+numbers they spell.  The file is read once and held once while it is parsed (``load_trace``).
 """
 
 from __future__ import annotations
@@ -81,7 +92,20 @@ _PIPELINE_OPS = frozenset({"send", "recv", "_send", "_recv", "batch_isend_irecv"
 # runtime or driver call with its ``correlation``: ``cuda_runtime``/``cuda_driver``, and the same for XPU,
 # MTIA and out-of-tree (``privateuse1``) devices.
 _HOST_CATS = frozenset({"cpu_op", "user_annotation", "python_function", "operator"})
-_KERNEL_CATS = frozenset({"kernel"})
+# Device work: ``kernel`` (CUDA, ROCm, XPU, privateuse1; PyTorch 1.8's ``Kernel``; and MTIA with Kineto versions
+# that alias ``MTIA_CCP_EVENTS`` to ``CONCURRENT_KERNEL``), and ``mtia_ccp_events``, what earlier Kineto versions
+# call the MTIA device's events (libkineto ``ActivityType.cpp``: ``{"mtia_ccp_events", MTIA_CCP_EVENTS}``; PyTorch's
+# ``deviceTypeFromActivity`` maps it to ``DeviceType::MTIA`` as ``CONCURRENT_KERNEL`` to ``CUDA``; HTA's
+# ``KERNEL_CATEGORY_PATTERN`` reads it as GPU kernels).
+_KERNEL_CATS = frozenset({"kernel", "mtia_ccp_events"})
+# MTIA's memory transfers are device events named ``dma_request`` (HTA PR #200, "memory events in MTIA are
+# represented by dma_request", and HTA's ``MemoryKernelGroupingPattern`` ``^dma``): memory, so neither compute nor
+# communication, as CUDA's ``gpu_memcpy`` is.  ``^dma`` alone is only trusted in the MTIA category.
+_MTIA_MEMORY = re.compile(r"^dma")
+_MEMORY_KERNEL = re.compile(r"^dma_request")
+# Not what an NCCL kernel does: ``coalesced`` names a group of ops (see ``_deferred_ops``), ``wait`` the wait on one
+# (``record_param_comms`` "wait" in the 2-rank DDP fixture), and "" nothing.
+_NOT_AN_OP = frozenset({"", "coalesced", "wait"})
 _LAUNCH_CATS = re.compile(r"^(?:runtime|[a-z0-9]+_(?:runtime|driver))$")
 _EPOCH_US = 1e15  # microseconds since 1970 later than 2001: wall-clock timestamps
 _TS_MAX_US = 1e17  # about the year 5000: any later ts or longer dur is garbage, not a time
@@ -119,8 +143,13 @@ class KinetoStep:
 TRACE_MAX_BYTES = 2 << 30
 
 
-def _read_capped(path: Path, cap: int) -> bytes:
-    """The file's bytes, gunzipped when it is gzip, refused once they pass ``cap``."""
+def _read_capped(path: Path, cap: int) -> bytes | bytearray:
+    """The file's bytes, gunzipped when it is gzip, refused once they pass ``cap``.
+
+    A gzip file inflates into one buffer that is returned as it is (a ``bytes`` copy of it would hold the
+    trace twice at the peak); the gzip trailer's size (ISIZE, the length modulo 2**32) sizes nothing, for
+    a hostile file can lie in it, so the cap is checked as the data inflates.
+    """
     with path.open("rb") as fh:
         gz = fh.read(2) == b"\x1f\x8b"
     if not gz:
@@ -136,20 +165,26 @@ def _read_capped(path: Path, cap: int) -> bytes:
                 raise ImportFormatError(f"{path}: inflates past {cap / 2**20:,.0f} MiB (a decompression bomb, or "
                                         "a trace too large to parse here: profile fewer steps, or raise "
                                         "--max-trace-mib)")
-    return bytes(out)
+    return out
 
 
 def load_trace(path: Path, max_bytes: int = TRACE_MAX_BYTES) -> dict[str, Any]:
     """Read a (possibly gzipped) Chrome-trace JSON file; raise :class:`ImportFormatError` naming it.
 
-    ``max_bytes`` caps the trace's size once decompressed.
+    ``max_bytes`` caps the trace's size once decompressed.  The file is read once: its bytes are decoded to
+    text and dropped before the JSON is parsed, so the peak holds the text and the parsed events, not also
+    the bytes (``json.loads`` of bytes would decode a copy while the caller still held them).
     """
     try:
         raw = _read_capped(path, max_bytes)
-        data = _parse(raw)
+        text = raw.decode(json.detect_encoding(raw), "surrogatepass")
+        del raw  # the bytes go before the parse: see the docstring
+        data = _parse(text)
     except FileNotFoundError:
         raise ImportFormatError(f"{path}: no such file") from None
-    except (OSError, ValueError, EOFError, zlib.error) as exc:  # ValueError: bad JSON, or not UTF-8
+    except json.JSONDecodeError as exc:
+        raise ImportFormatError(f"{path}: {_json_error(exc)}") from None
+    except (OSError, ValueError, EOFError, zlib.error) as exc:  # ValueError: not UTF-8 (a UnicodeDecodeError)
         raise ImportFormatError(f"{path}: not a JSON trace ({exc})") from None
     except RecursionError:
         raise ImportFormatError(f"{path}: not a JSON trace (nested too deeply)") from None
@@ -162,7 +197,20 @@ def load_trace(path: Path, max_bytes: int = TRACE_MAX_BYTES) -> dict[str, Any]:
     return data
 
 
-def _parse(raw: bytes) -> Any:
+def _json_error(exc: json.JSONDecodeError) -> str:
+    """What is wrong with a file that is not one JSON document, in words.
+
+    Two traces written one after the other (``cat rank-0.json rank-1.json > all.json``) are valid JSON up to
+    the end of the first: ``json`` calls the rest "Extra data".  Said as what it most likely is, for the
+    question is then which rank's trace to import, not how to repair the JSON.
+    """
+    if exc.msg == "Extra data" and exc.doc[exc.pos:exc.pos + 1] in ("{", "["):
+        return (f"more than one JSON document (a second one starts at line {exc.lineno} column {exc.colno}): "
+                "traces written one after another; import one trace per rank")
+    return f"not a JSON trace ({exc})"
+
+
+def _parse(text: str) -> Any:
     """The trace's JSON; an array whose closing ``]`` is missing is read as if it were there.
 
     The Trace Event Format lets the array form end without its ``]`` (a tracer killed mid-run
@@ -170,17 +218,26 @@ def _parse(raw: bytes) -> Any:
     rather than refused.  Anything else that is not JSON raises ``ValueError`` as ``json.loads`` does.
     """
     try:
-        return json.loads(raw)
+        return json.loads(text)
     except ValueError:
-        body = raw.lstrip()
-        if not body.startswith(b"["):
+        body = text.lstrip()
+        if not body.startswith("["):
             raise
-        tail = body.rstrip().rstrip(b",")
+        tail = body.rstrip().rstrip(",")
         try:
-            return json.loads(tail + b"]")
+            return json.loads(tail + "]")
         except ValueError:
             pass
         raise
+
+
+# Keys only a profiler trace has at its top (Kineto's ``ChromeTraceLogger`` writes them before ``traceEvents``).
+# Looked for anywhere in the head, not just first: a trace rewritten with its keys sorted starts with Kineto's
+# ``INFO`` log lines, and one with a large ``distributedInfo`` (a ``pg_config`` per process group) can hold its
+# ``traceEvents`` and ``schemaVersion`` keys far from its start.
+_TRACE_KEYS = re.compile(rb'"(?:traceEvents|schemaVersion|deviceProperties|distributedInfo|baseTimeNanoseconds)"'
+                         rb'\s*:')
+_HEAD_BYTES = 1 << 16
 
 
 def is_kineto(path: Path) -> bool:
@@ -189,10 +246,12 @@ def is_kineto(path: Path) -> bool:
         with path.open("rb") as fh:  # two bytes tell gzip; the whole file is read once, by load_trace
             gz = fh.read(2) == b"\x1f\x8b"
         with (gzip.open(path, "rb") if gz else path.open("rb")) as fh:
-            head = fh.read(4096)
+            head = fh.read(_HEAD_BYTES)
     except (OSError, EOFError, zlib.error):
         return False
-    if b"traceEvents" in head or b"schemaVersion" in head:
+    head = head.removeprefix(b"\xef\xbb\xbf")
+    if b"traceEvents" in head or b"schemaVersion" in head or (head.lstrip().startswith(b"{")
+                                                              and _TRACE_KEYS.search(head)):
         return True
     # the array form: a list of event objects, each with a phase ("ph")
     return re.match(rb'\s*\[\s*\{', head) is not None and b'"ph"' in head
@@ -296,13 +355,23 @@ def steps_from_trace(path: Path, rank: int | None = None, notes: Counter[str] | 
     base_us = float(base_ns) / 1000.0
     spans: dict[int, tuple[float, float]] = {}
     step_pids: set[str] = set()
+    step_twice: tuple[int, float, float] | None = None  # a step number met again with another span: (n, ts, ts)
+    names = _Names()
+    marker = ""  # Kineto's "Iteration Start: PyTorch Profiler" instant event, if the trace has one
     launches: dict[Any, tuple[float, tuple[str, str]]] = {}
     annotations: dict[tuple[str, str], list[tuple[float, float, str]]] = {}
     comms: dict[tuple[str, str], list[tuple[float, float, str]]] = {}
     loaders: list[tuple[float, float]] = []
     kernels: list[tuple[Any, float, float, str, str]] = []
     for i, e in itertools.chain(enumerate(events), _begin_end_spans(path, events, notes)):
-        if not isinstance(e, dict) or e.get("ph") != "X":
+        if not isinstance(e, dict):
+            continue
+        if e.get("ph") == "M":
+            names.add(e)
+            continue
+        if e.get("ph") != "X":
+            if e.get("ph") in ("i", "I") and isinstance(e.get("name"), str) and e["name"].startswith("Iteration Start"):
+                marker = e["name"]
             continue
         try:
             ts, dur = float(e["ts"]), float(e.get("dur", 0.0))
@@ -320,19 +389,21 @@ def steps_from_trace(path: Path, rank: int | None = None, notes: Counter[str] | 
             continue
         args = e.get("args")
         args = args if isinstance(args, dict) else {}
-        corr = args.get("correlation")
-        if not isinstance(corr, (int, float, str)):  # a list or an object cannot key the launches
-            corr = None
+        corr = _correlation(args.get("correlation"))
         if cat in _HOST_CATS:
             m = _STEP.match(name)
             if m:
                 if len(m.group(1)) > len(str(_STEP_MAX)) or int(m.group(1)) > _STEP_MAX:
                     raise ImportFormatError(f"{path}: traceEvents[{i}]: step number {_short(m.group(1))} is "
                                             f"over {_STEP_MAX}")
-                spans.setdefault(int(m.group(1)), (ts, ts + dur))
+                first = spans.setdefault(int(m.group(1)), (ts, ts + dur))
+                if step_twice is None and max(abs(first[0] - ts), abs(first[1] - ts - dur)) > 1.0:
+                    step_twice = (int(m.group(1)), first[0], ts)
                 step_pids.add(_thread(e)[0])
             elif name.startswith("nccl:"):  # ProcessGroupNCCL names a p2p op "nccl:send 1->0", "nccl:recv 0<-1"
-                annotations.setdefault(_thread(e), []).append((ts, ts + dur, (name[5:].split() or [""])[0]))
+                op = (name[5:].split() or [""])[0]
+                if op != "coalesced":  # a group of ops, not one: see _deferred_ops
+                    annotations.setdefault(_thread(e), []).append((ts, ts + dur, op))
             elif name == "record_param_comms":
                 comms.setdefault(_thread(e), []).append((ts, ts + dur, _collective(args)))
             elif _LOADER.search(name):
@@ -340,16 +411,26 @@ def steps_from_trace(path: Path, rank: int | None = None, notes: Counter[str] | 
         elif corr is not None and _LAUNCH_CATS.match(cat):
             launches[corr] = (ts, _thread(e))
         elif cat in _KERNEL_CATS:
+            if _MEMORY_KERNEL.match(name) or (cat == "mtia_ccp_events" and _MTIA_MEMORY.match(name)):
+                continue  # a memory transfer: neither compute nor communication
             kernels.append((corr, ts, ts + dur, name, _collective(args)))
     if len(step_pids) > 1:
         pids = sorted(step_pids, key=lambda p: (len(p), p))
         shown = ", ".join(pids[:5]) + (f" and {len(pids) - 5} more" if len(pids) > 5 else "")
         raise ImportFormatError(f"{path}: ProfilerStep spans in {len(pids)} processes (pids {shown}): the trace "
                                 "merges several ranks' traces; import one trace per rank")
+    merged = names.merged(step_pids) or _steps_merged(spans, step_twice)
+    if merged:
+        raise ImportFormatError(f"{path}: {merged}: the trace merges several ranks' traces under one pid; "
+                                "import one trace per rank")
     if rank_error is not None:
         raise rank_error
     if not spans:
-        raise ImportFormatError(f"{path}: no ProfilerStep#N spans: profile with torch.profiler.schedule "
+        # Kineto marks where each of its trace spans began ("Iteration Start: PyTorch Profiler", ChromeTraceLogger::
+        # addIterationMarker): one marker per profile, not per step, so it cannot stand in for the steps.
+        why = (f" (its {_short(marker)} marks where the profile began, not a step; a trace taken on demand, "
+               "as dynolog does, has none)") if marker else ""
+        raise ImportFormatError(f"{path}: no ProfilerStep#N spans{why}: profile with torch.profiler.schedule "
                                 "and call prof.step() each iteration")
     if min(s for s, _ in spans.values()) + base_us < _EPOCH_US:
         raise ImportFormatError(f"{path}: timestamps are not wall-clock (ts {min(s for s, _ in spans.values()):.0f} "
@@ -363,6 +444,7 @@ def steps_from_trace(path: Path, rank: int | None = None, notes: Counter[str] | 
     nccl_launches = [launches[k[0]] for k in kernels if "nccl" in k[3].lower() and k[0] in launches]
     comm_ops = _annotation_of(annotations, nccl_launches)
     param_ops = _annotation_of(comms, nccl_launches, innermost=True)
+    deferred = _deferred_ops([annotations, comms], nccl_launches)
     for corr, a, b, name, kernel_op in kernels:
         if corr not in launches:
             notes[f"{path.name}: GPU kernels whose launch is not in the trace (not attributed)"] += 1
@@ -374,7 +456,8 @@ def steps_from_trace(path: Path, rank: int | None = None, notes: Counter[str] | 
             continue
         step, (s0, s1) = order[k]
         if "nccl" in name.lower():
-            op = comm_ops.get((thread, launch)) or kernel_op or param_ops.get((thread, launch)) or ""
+            op = _op(comm_ops.get((thread, launch))) or _op(kernel_op) or _op(param_ops.get((thread, launch))) \
+                or deferred.get((thread, launch), "")
             per[step]["pipe" if op.lower() in _PIPELINE_OPS else "coll"].append((a, b))
         else:
             per[step]["comp"].append((a, b))
@@ -400,6 +483,119 @@ def steps_from_trace(path: Path, rank: int | None = None, notes: Counter[str] | 
                               pipeline_wait_s=_minus(pipe, comp) / 1e6 if gpu_known else None,
                               data_wait_s=data_wait))
     return out
+
+
+def _op(op: str | None) -> str:
+    """``op`` when it names what an NCCL kernel does, else "" (see ``_NOT_AN_OP``)."""
+    return op if op and op.lower() not in _NOT_AN_OP else ""
+
+
+def _deferred_ops(sources: list[dict[tuple[str, str], list[tuple[float, float, str]]]],
+                  launches: list[tuple[float, tuple[str, str]]]) -> dict[tuple[tuple[str, str], float], str]:
+    """For each NCCL launch (time, thread), the op of the group it ends, when it ends one ("" otherwise absent).
+
+    ProcessGroupNCCL issues the ops of a coalesced group (``batch_isend_irecv``, ``_coalescing_manager``: the
+    pipeline-parallel send/recv pairs, or several all-gathers) inside ``ncclGroupStart``/``ncclGroupEnd``: each
+    op's ``record_param_comms`` span (and, in older versions that gave each grouped op a Work, its ``nccl:send
+    0->1`` annotation, whose RecordFunction ends as soon as the op is queued) closes without a launch, and the
+    group's kernel is launched at ``ncclGroupEnd``, in ``endCoalescing`` (pytorch/pytorch ``ProcessGroupNCCL.cpp``).
+    There newer versions open a ``nccl:coalesced`` annotation first (``initWork(..., "nccl:coalesced", ...)``
+    before ``groupEnd()``) and older ones after, so the launch is inside ``nccl:coalesced`` or inside nothing.
+    ``nccl:coalesced`` says only that ops were grouped, not which, and its span (a Work's RecordFunction) can
+    outlast the launch and cover later ones on its thread: it is no op of its own (it is not read as an
+    annotation at all), and the group's ops are those whose spans on the launching thread started after the
+    thread's previous NCCL launch and ended before this one.  All point-to-point: the group is pipeline
+    traffic; any collective: a collective.  Each span is visited once (both lists sorted), so this is
+    n log n as ``_annotation_of`` is.
+    """
+    by_thread: dict[tuple[str, str], set[float]] = {}
+    for ts, thread in launches:
+        by_thread.setdefault(thread, set()).add(ts)
+    out: dict[tuple[tuple[str, str], float], str] = {}
+    for thread, times in by_thread.items():
+        spans = sorted(s for src in sources for s in src.get(thread, []))
+        i = 0
+        for launch in sorted(times):
+            issued: list[str] = []
+            # the spans that started since the previous launch (earlier ones were that launch's to take)
+            while i < len(spans) and spans[i][0] < launch:
+                _, end, op = spans[i]
+                i += 1
+                if end <= launch and _op(op):
+                    issued.append(op)
+            if issued:
+                out[thread, launch] = next((o for o in issued if o.lower() not in _PIPELINE_OPS), issued[0])
+    return out
+
+
+def _correlation(v: object) -> int | str | None:
+    """A ``correlation`` arg as a key that a launch and its kernel share: ``5``, ``5.0`` and ``"5"`` alike.
+
+    Some exporters write ids as strings or floats; a list, an object or a bool cannot key the launches.
+    """
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, int):
+        return v
+    if isinstance(v, float):
+        return int(v) if v.is_integer() else None
+    if isinstance(v, str):
+        t = v.strip()
+        return int(t) if t.isascii() and t.isdigit() and len(t) < 20 else t
+    return None
+
+
+class _Names:
+    """The names a trace's metadata (``"ph": "M"``) events give each process.
+
+    Kineto names every process it saw once (``process_name``: the host process's name, on its own pid and on
+    each of its devices' pids).  One pid with two names is two processes' events under one pid: several ranks'
+    traces merged after their pids were reused (each container's trainer can have the same pid; HTA's 128-rank
+    job names its processes ``pyper:trainer:0:0``, ``pyper:trainer:0:1``).  Thread names tell nothing: PyTorch
+    renames its threads as it runs, and the 2-rank DDP fixture names one thread both
+    ``thread 2919752 (pt_main_thread)`` and ``thread 2919752 (pt_autograd_0)``.
+    """
+
+    def __init__(self) -> None:
+        self.processes: dict[str, list[str]] = {}
+
+    def add(self, e: dict[str, Any]) -> None:
+        args = e.get("args")
+        name = args.get("name") if isinstance(args, dict) else None
+        if e.get("name") != "process_name" or not isinstance(name, str):
+            return
+        seen = self.processes.setdefault(_thread(e)[0], [])
+        if name not in seen:
+            seen.append(name)
+
+    def merged(self, first: set[str]) -> str:
+        """What shows two processes' events under one pid ("" when nothing does); pids in ``first`` are named
+        first (the host process's: its devices' pids carry its name too)."""
+        for pid, names in sorted(self.processes.items(), key=lambda kv: (kv[0] not in first, len(kv[0]), kv[0])):
+            if len(names) > 1:
+                return f"pid {pid} has {len(names)} process names ({_names(names)})"
+        return ""
+
+
+def _names(names: list[str]) -> str:
+    return ", ".join(_short(n) for n in names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+
+
+def _steps_merged(spans: dict[int, tuple[float, float]], twice: tuple[int, float, float] | None) -> str:
+    """What shows two step series in one process ("" when nothing does).
+
+    One process's ``ProfilerStep`` spans are one series: ``prof.step()`` ends a step and starts the next, so no
+    number comes twice and no two steps overlap.  A number twice with two spans, or two steps that overlap by
+    more than a microsecond (the rounding of ``ts`` and ``dur``), is two ranks' steps.
+    """
+    if twice is not None:
+        n, a, b = twice
+        return f"ProfilerStep#{n} twice (at ts {a:.0f} and {b:.0f} µs)"
+    order = sorted(spans.items(), key=lambda kv: kv[1][0])
+    for (n0, (_, e0)), (n1, (s1, _)) in zip(order, order[1:], strict=False):
+        if s1 < e0 - 1.0:
+            return f"ProfilerStep#{n0} and ProfilerStep#{n1} overlap (by {e0 - s1:.0f} µs)"
+    return ""
 
 
 def _annotation_of(annotations: dict[tuple[str, str], list[tuple[float, float, str]]],
