@@ -29,7 +29,7 @@ import statistics
 from bisect import bisect_left
 from collections import Counter, deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from whywait.agents.events import NODE_KINDS, TOPIC_PLACEMENT, ContractError, decode
 from whywait.engine.diagnosis import Diagnosis
@@ -105,6 +105,10 @@ class EventTimeMerge:
         # Messages that reached the merge after it had released later ones by more than the slack (history
         # written to a partition after newer data, within the window): evaluated, but late (see late_note).
         self.late = 0
+        # stream -> offsets where a run of late messages began (given ``offsets`` in :meth:`add`): where the
+        # reader splits the partition into streams of their own when it reads the window again (see ``jumps``).
+        self.jumps: dict[str, list[int]] = {}
+        self._was_late: dict[str, bool] = {}
         self.read = 0
         self.before: dict[str, tuple[float, bytes, Mapping[str, Any]]] = {}  # job -> placement before the start
         self._recent: dict[str, deque[float]] = {}  # stream -> event times of its latest valid messages
@@ -133,7 +137,8 @@ class EventTimeMerge:
         """Called when ``stream`` has no more records."""
         self.open.pop(stream, None)
 
-    def add(self, stream: str, topic: str, values: Iterable[bytes | None]) -> int:
+    def add(self, stream: str, topic: str, values: Sequence[bytes | None],
+            offsets: Sequence[int] | None = None) -> int:
         """Decode ``values`` read from ``stream`` (records of ``topic``), keep those in the window.
 
         Decisions are taken per message, never per batch, so what is read does not depend on where
@@ -142,6 +147,10 @@ class EventTimeMerge:
         (unless the stream is in :attr:`to_end`).  Messages past the window do not move the
         stream's progress: what follows them may be the window's again.  Returns how many of
         ``values`` were looked at (all of them unless the stream was closed early).
+
+        With ``offsets`` (each value's offset in its partition), the offset where a run of late
+        messages begins is kept in :attr:`jumps`: history written after newer data, which a second
+        pass reads as a stream of its own, in order.
         """
         w = self.window
         read_from, until = w.read_from, w.until
@@ -157,6 +166,8 @@ class EventTimeMerge:
         released_to = self.released_to
         n = self.read
         held = late = 0
+        was_late = self._was_late.get(stream, False)
+        jumps = self.jumps.get(stream)
         for n, raw in enumerate(values, start=self.read + 1):  # noqa: B007 - n, the count read, is kept below
             if raw is None:  # a tombstone on a compacted topic
                 self.skipped["tombstones"] += 1
@@ -194,6 +205,14 @@ class EventTimeMerge:
                     continue
             if t < released_to:
                 late += 1
+                if not was_late and offsets is not None:
+                    if jumps is None:
+                        jumps = self.jumps[stream] = []
+                    if len(jumps) < _MAX_RUNS:  # as the tail's runs: past that many, the rest stay late
+                        jumps.append(offsets[n - self.read - 1])
+                was_late = True
+            else:
+                was_late = False
             key = math.floor(t)  # whole seconds: bucket bounds compare exactly with any float
             bucket = buckets.get(key)
             if bucket is None:
@@ -207,6 +226,7 @@ class EventTimeMerge:
         if late:
             self.late += late
         self._past[stream] = past
+        self._was_late[stream] = was_late
         if stream in self.open:
             if past >= _PAST_RUN and stops:
                 self.close(stream)

@@ -28,7 +28,7 @@ from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, AsyncGenerator, Callable, Iterator
+from typing import Any, AsyncGenerator, Callable, Iterable, Iterator, Mapping, Sequence, TypeVar
 
 from whywait.engine.commands.gc_tuning import batch_gc
 from whywait.engine.errors import BrokerUnavailable, ConfigError, RuleError
@@ -37,6 +37,11 @@ from whywait.engine.replay import TAIL_SCAN_MAX, EventTimeMerge, TailScan, Windo
 from whywait import jsonl
 from whywait.durations import parse_duration as _parse_duration
 from whywait.errors import DurationError
+
+# How many times a window is read at most: each pass after the first reads the partitions cut where the one before
+# found history written after newer data (see read_in_order).  History imported into history is a third.
+MAX_PASSES = 3
+_T = TypeVar("_T")
 
 # Relative times (-10m) look like options to argparse; this lets them through as values.
 _NEGATIVE = re.compile(r"^-\d+(\.\d+)?(?:ms|[smhdw])?(?:\d+(\.\d+)?(?:ms|[smhdw]))*$")
@@ -178,7 +183,8 @@ async def seek_to_log_start(c: Any, tps: list[Any]) -> dict[Any, int]:
 
 
 def kafka_batches(bootstrap: str, window: Window, merge: EventTimeMerge, batch: int = 5000,
-                  prefetch: int = 4, read_to_end: bool = False) -> Iterator[Any]:
+                  prefetch: int = 4, read_to_end: bool = False,
+                  splits: Mapping[str, Sequence[int]] | None = None) -> Iterator[Any]:
     """Yield the window's messages from Kafka in event-time order (through ``merge``), a partition at a time.
 
     The aiokafka consumer and the merge (which decodes) run on a reader thread with its own event
@@ -191,6 +197,10 @@ def kafka_batches(bootstrap: str, window: Window, merge: EventTimeMerge, batch: 
     after the window (its tail) are scanned for the window's events (a backfill) when there are at
     most ``TAIL_SCAN_MAX`` of them, or with ``read_to_end``; a longer tail is not read past the run
     of messages after the window, and ``merge.stopped_early`` says where each partition stopped.
+
+    ``splits`` (partition name, as ``topic[p]``, to offsets) cuts a partition there into streams of
+    their own: where an earlier pass found history written after newer data (``merge.jumps``, see
+    :func:`read_in_order`).
     """
     import queue
     import threading
@@ -208,7 +218,7 @@ def kafka_batches(bootstrap: str, window: Window, merge: EventTimeMerge, batch: 
         return False
 
     async def read() -> None:
-        agen = _kafka_agen(bootstrap, window, merge, batch, read_to_end)
+        agen = _kafka_agen(bootstrap, window, merge, batch, read_to_end, splits or {})
         try:
             async for msgs in agen:
                 if msgs and not put(("batch", msgs)):
@@ -251,7 +261,8 @@ class _Span:
 
 
 async def _kafka_agen(bootstrap: str, window: Window, merge: EventTimeMerge, batch: int,
-                      read_to_end: bool = False) -> AsyncGenerator[list[Any], None]:
+                      read_to_end: bool = False,
+                      splits: Mapping[str, Sequence[int]] | None = None) -> AsyncGenerator[list[Any], None]:
     from aiokafka import AIOKafkaConsumer, TopicPartition
     from aiokafka.errors import KafkaError
     from whywait.agents.events import INPUT_TOPICS, TOPIC_PLACEMENT
@@ -315,6 +326,8 @@ async def _kafka_agen(bootstrap: str, window: Window, merge: EventTimeMerge, bat
                 spans[name] = _Span(tp, lo, end, end)
                 if tail_at >= end:
                     merge.to_end.add(name)
+            for x in sorted(set((splits or {}).get(name, ()))):
+                _split_span(spans, merge, name, x)
         merge.open = dict.fromkeys(spans, -float("inf"))
         for name, sp in spans.items():
             if sp.pos >= sp.end:
@@ -339,7 +352,7 @@ async def _kafka_agen(bootstrap: str, window: Window, merge: EventTimeMerge, bat
             recs = [r for r in got if r.offset < sp.end]
             sp.pos = recs[-1].offset + 1 if recs else sp.end
             if recs:
-                looked = merge.add(sid, tp.topic, [r.value for r in recs])
+                looked = merge.add(sid, tp.topic, [r.value for r in recs], [r.offset for r in recs])
                 if sid not in merge.open:  # closed early: the rest is past the window, as far as the merge knows
                     sp.pos = recs[looked].offset if looked < len(recs) else sp.pos
                     if sp.pos < sp.log_end:
@@ -356,6 +369,28 @@ async def _kafka_agen(bootstrap: str, window: Window, merge: EventTimeMerge, bat
         raise BrokerUnavailable(bootstrap, f"{type(exc).__name__} while reading") from None
     finally:
         await c.stop()
+
+
+def _split_span(spans: dict[str, _Span], merge: EventTimeMerge, name: str, x: int) -> None:
+    """Cut the stream of partition ``name`` that holds offset ``x`` in two there, each read to its end.
+
+    The first part is read to ``x`` whatever it holds (it must not stop early: the records after it are
+    another stream's); the second keeps what the whole was (read to its end, or stopping after the window).
+    """
+    for sid, sp in list(spans.items()):
+        if (sid == name or sid.startswith((f"{name}@", f"{name}#"))) and sp.pos < x < sp.end:
+            part = f"{name}#{x}"
+            spans[part] = _Span(sp.tp, x, sp.end, sp.log_end)
+            if sid in merge.to_end:
+                merge.to_end.add(part)
+            sp.end = x
+            merge.to_end.add(sid)
+            return
+
+
+def partition_of(stream: str) -> str:
+    """The partition (``topic[p]``) a merge stream of the Kafka reader reads: its name without ``@``/``#`` parts."""
+    return stream.split("@", 1)[0].split("#", 1)[0]
 
 
 async def _scan_tail(c: Any, tp: Any, pos: int, end: int, window: Window, merge: EventTimeMerge,
@@ -378,6 +413,48 @@ async def _scan_tail(c: Any, tp: Any, pos: int, end: int, window: Window, merge:
                 scan.add(r.offset, r.value)
         pos = got[-1].offset + 1
     return scan.runs()
+
+
+def read_in_order(messages: Callable[[EventTimeMerge, Mapping[str, Sequence[int]]], Iterable[Any]], w: Window,
+                  consume: Callable[[Iterable[Any]], _T], *, raw: bool = False,
+                  again: Callable[[_T], bool] = lambda _: True,
+                  who: str = "whywait replay") -> tuple[_T, EventTimeMerge, dict[str, list[int]]]:
+    """Read the window with ``consume`` in event-time order, again if history was found written after newer data.
+
+    Called by replay, its report and export.  A partition that holds, in offset order, newer data and
+    then history for an earlier time of the window (``whywait import`` of the last hour, an agent
+    sending its backlog after an outage) cannot be merged in order in one pass: what came first was
+    evaluated before the history was seen.  Such a pass's merge knows where each late run began
+    (``merge.jumps``); the window is then read again with the partitions cut there, each run a stream
+    of its own, so the merge puts every message in its place.  Nothing is held for this: the normal
+    case costs one pass, and the history case one more (at most :data:`MAX_PASSES`; what is still
+    late then is said, as before).  ``again(result)`` says whether a pass may be redone (not after
+    Ctrl-C).  Returns the last pass's result, its merge and the cuts made.
+    """
+    splits: dict[str, list[int]] = {}
+    n = 0
+    while True:
+        n += 1
+        merge = EventTimeMerge([], w)
+        merge.raw = raw
+        out = consume(messages(merge, splits))
+        found: dict[str, list[int]] = {}
+        for stream, offsets in merge.jumps.items():
+            part = partition_of(stream)
+            new = [x for x in offsets if x not in splits.get(part, ())]
+            if new:
+                found.setdefault(part, []).extend(new)
+        if not found or n >= MAX_PASSES or not again(out):
+            if n > 1:
+                merge.notes.append(f"the window was read {n} times: {sum(map(len, splits.values())):,} run(s) of "
+                                   f"history on {len(splits)} partition(s) were written after newer data, and each "
+                                   "was then read as a stream of its own, in event-time order")
+            return out, merge, splits
+        print(f"{who}: {merge.late:,} message(s) on {len(found)} partition(s) were written after newer data "
+              "(history imported late, an agent's backlog): reading the window again with each such run as a "
+              "stream of its own, so they are evaluated in event-time order", file=sys.stderr)
+        for part, xs in found.items():
+            splits.setdefault(part, []).extend(xs)
 
 
 def bundle_batches(bundle: Any, merge: EventTimeMerge, batch: int = 5000) -> Iterator[dict[str, Any]]:
@@ -470,14 +547,15 @@ class Plan:
         self.bootstrap = args.bootstrap
         self.read_to_end = bool(getattr(args, "read_to_end", False))
 
-    def messages(self, merge: EventTimeMerge) -> Iterator[dict[str, Any]]:
-        """A fresh pass over the window's messages (the report reads them twice)."""
+    def messages(self, merge: EventTimeMerge,
+                 splits: Mapping[str, Sequence[int]] | None = None) -> Iterator[dict[str, Any]]:
+        """A fresh pass over the window's messages (the report reads them twice); ``splits``: see kafka_batches."""
         if self.bundle is not None:
             return bundle_batches(self.bundle, merge)
         from whywait.engine.localkafka.broker import resolve_bootstrap
 
         return kafka_batches(self.bootstrap or resolve_bootstrap(), self.window, merge,
-                             read_to_end=self.read_to_end)
+                             read_to_end=self.read_to_end, splits=splits)
 
 
 async def notify_records(bootstrap: str) -> list[dict[str, Any]]:
@@ -558,7 +636,7 @@ def run(args: argparse.Namespace) -> int:
 
     from whywait.engine.commands.engine_cmd import load_topology
     from whywait.engine.commands.outputs import check_outputs
-    from whywait.engine.replay import PlacedTopology, backtest, diagnoses_jsonl, incidents, replay
+    from whywait.engine.replay import PlacedTopology, ReplayResult, backtest, diagnoses_jsonl, incidents, replay
     from whywait.engine.rules.loader import load_rules
 
     if args.slack_thread:  # refused now, not after the whole window was replayed
@@ -583,12 +661,18 @@ def run(args: argparse.Namespace) -> int:
         def topo() -> Any:  # one per pass: the report's second pass learns the placements again
             return load_topology(plan.topo_path) if plan.topo_path is not None else PlacedTopology()
 
-        topology = topo()
-        against = (load_rules(plan.against), topo()) if plan.against else None
-        merge = EventTimeMerge([], w)
+        old_rules = load_rules(plan.against) if plan.against else None
+        topology = topo()  # a broken topology is refused before any reading
+
+        def one_pass(msgs: Iterable[Any]) -> tuple[ReplayResult, ReplayResult | None]:
+            nonlocal topology
+            topology = topo()
+            with batch_gc(), progress_bar(w) as tick:
+                return replay(msgs, rules, topology, against=(old_rules, topo()) if old_rules else None,
+                              on_message=tick)
+
         t_wall, t_cpu = time.monotonic(), time.process_time()
-        with batch_gc(), progress_bar(w) as tick:
-            res, old = replay(plan.messages(merge), rules, topology, against=against, on_message=tick)
+        (res, old), merge, splits = read_in_order(plan.messages, w, one_pass, again=lambda r: not r[0].interrupted)
         wall, cpu = time.monotonic() - t_wall, time.process_time() - t_cpu
         res.skipped.update(merge.skipped)
         spans = incidents(res.diagnoses, res.end, res.open_at_end)
@@ -650,9 +734,8 @@ def run(args: argparse.Namespace) -> int:
 
                 records = asyncio.run(notify_records(plan.bootstrap or resolve_bootstrap()))
                 threads = slack_threads(records, os.environ.get("WHYWAIT_SLACK_WORKSPACE_URL") or "https://slack.com")
-            merge2 = EventTimeMerge([], w)
-            with batch_gc():
-                rep = build_report(res, spans, plan.messages(merge2), w, topo(), threads)
+            with batch_gc():  # the cuts the replay made, so the report sees the same order
+                rep = build_report(res, spans, plan.messages(EventTimeMerge([], w), splits), w, topo(), threads)
             if args.plot:
                 from whywait.engine.report.plots import PAGE_INCIDENTS
 
@@ -699,9 +782,12 @@ def plot_window(bootstrap: str, topology: Path, rules: list[Path], since: float,
     from whywait.engine.rules.loader import load_rules
 
     w = Window(since, until)
-    res, _ = replay(kafka_batches(bootstrap, w, EventTimeMerge([], w)), load_rules(rules), load_topology(topology))
+    ruleset = load_rules(rules)
+    (res, _), _, splits = read_in_order(lambda merge, cut: kafka_batches(bootstrap, w, merge, splits=cut), w,
+                                        lambda msgs: replay(msgs, ruleset, load_topology(topology)), who="whywait demo")
     spans = incidents(res.diagnoses, res.end, res.open_at_end)
-    rep = build_report(res, spans, kafka_batches(bootstrap, w, EventTimeMerge([], w)), w, load_topology(topology))
+    rep = build_report(res, spans, kafka_batches(bootstrap, w, EventTimeMerge([], w), splits=splits), w,
+                       load_topology(topology))
     return rep.timeline_png(out)
 
 
