@@ -3,15 +3,21 @@
 - ``whywait rules check PATH...``: load without running anything; every schema error of every
   file (with file and line), duplicate ids, inhibitions naming no rule, templates that do not parse or read
   an unknown metric, and rule tests (``*.test.yaml``) checked as strictly as rules: unknown keys, fault
-  names, events against the contract, expectations naming no rule.  Exit 1 when anything is wrong.
+  names, events against the contract, expectations naming no rule.
 - ``whywait rules test DIR|FILE...``: run the rule tests under the paths through the same evaluator as
   production, against the rules *in those paths* (plus ``--rules PATH``, e.g. the shipped rules a site
   folder overrides or inhibits, and the rules tree a path lies in: ``rules/`` for ``rules/network``,
-  said in one line); print one line per case and the failures in full; ``--junit FILE`` writes JUnit
-  XML for CI.  Exit 1 when a case fails.
+  said in one line); print one line per case and the failures in full; ``--show`` prints the message each
+  alert a case raised would send (title, cause, evidence, next step: what the console notifier prints);
+  ``--junit FILE`` writes JUnit XML for CI.
 - ``whywait rules metrics``: the metric names, their level and unit.
 - ``whywait rules conditions``: the condition types and their parameters, from the one registry;
   ``--docs FILE`` rewrites the generated condition tables of a Markdown file (``docs/rules.md``).
+
+``check`` and ``test`` exit alike (:data:`EXIT_STATUS`, in their ``--help``): 1 when the rules or their tests
+are wrong (a file that does not load, named with its line; for ``test``, also a case that failed), 2 for a
+wrong command line (a flag, a path that does not exist or is not a rule or test file, an unwritable
+``--junit FILE``).  A broken rule made ``check`` exit 1 and ``test`` exit 2.
 """
 
 from __future__ import annotations
@@ -19,21 +25,61 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Iterable
+
+if TYPE_CHECKING:
+    from whywait.engine.diagnosis import Diagnosis
+    from whywait.simulate.ruletest import CaseResult
+
+
+#: The exit status of ``rules check`` and ``rules test``, one meaning per code (printed by their ``--help``).
+EXIT_STATUS = {
+    0: "every rule and test file loads (check), and every case passes (test)",
+    1: "the rules or their tests are wrong: a file that does not load (each problem with its file and line), "
+       "or a case that failed (test)",
+    2: "usage: an unknown flag, a path that does not exist or is not a rule or test file, an unwritable "
+       "--junit FILE",
+}
+EXIT_RULES = 1
+
+
+def _epilog() -> str:
+    import textwrap
+
+    return "exit status:\n" + "\n".join(textwrap.fill(what, 88, initial_indent=f"  {code}  ", subsequent_indent=" " * 5)
+                                         for code, what in EXIT_STATUS.items())
+
+
+def _path(text: str) -> Path:
+    """A path argument; an empty one (an unset variable: ``rules check "$RULES"``) is refused: as ``Path("")`` it
+    would name the working folder, and check or test whatever lies there."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path (an unset variable?)")
+    return Path(text)
 
 
 def register(p: argparse.ArgumentParser) -> None:
     """Add the ``check``, ``test`` and ``metrics`` actions; called by :func:`whywait.engine.cli.build_parser`."""
     sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
-    c = sub.add_parser("check", help="lint rule files and folders, and their tests")
-    c.add_argument("paths", nargs="*", type=Path, help="rule files or folders (default: ./rules)")
-    t = sub.add_parser("test", help="run rule tests (*.test.yaml) against the rules beside them")
-    t.add_argument("paths", nargs="*", type=Path,
+    c = sub.add_parser("check", help="lint rule files and folders, and their tests", epilog=_epilog(),
+                       description="Load rule files and rule tests without running anything; print every problem "
+                                   "with its file and line.",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    c.add_argument("paths", nargs="*", type=_path, help="rule files or folders (default: ./rules)")
+    t = sub.add_parser("test", help="run rule tests (*.test.yaml) against the rules beside them", epilog=_epilog(),
+                       description="Run each case of the rule tests through the engine's evaluator; print one line "
+                                   "per case, and each failure.",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    t.add_argument("paths", nargs="*", type=_path,
                    help="folders of rules and their tests, or test files (default: ./rules)")
-    t.add_argument("--rules", action="append", type=Path, default=[],
+    t.add_argument("--show", action="store_true",
+                   help="print, under each case, the message each alert it raised would send (as the console "
+                        "notifier prints it: title, cause, evidence, next step), once per alert, as it first fired")
+    t.add_argument("--rules", action="append", type=_path, default=[],
                    help="more rules to load first, e.g. the shipped ones a site folder overrides, "
                         "inhibits or takes macros from (repeatable)")
     t.add_argument("--require-all", action="store_true", help="fail when a rule under test has no test file")
-    t.add_argument("--junit", type=Path, metavar="FILE", help="also write the results as JUnit XML to FILE")
+    t.add_argument("--junit", type=_path, metavar="FILE", help="also write the results as JUnit XML to FILE")
     sub.add_parser("metrics", help="list the metrics rules may name")
     cd = sub.add_parser("conditions", help="list the condition types and their parameters")
     cd.add_argument("--docs", type=Path, metavar="FILE",
@@ -41,7 +87,7 @@ def register(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the chosen action; return 0 when all is well, 1 when a check or a case failed."""
+    """Run the chosen action; return its exit status (:data:`EXIT_STATUS`; a usage error raises ConfigError)."""
     if args.action == "metrics":
         from whywait.engine.rules.metrics import METRICS
 
@@ -65,7 +111,7 @@ def _check(paths: list[Path]) -> int:
     from whywait.engine.rules.loader import RuleLoadError, is_test_file, load_rules
     from whywait.simulate.ruletest import RuleTestError, find_test_files, load_cases
 
-    _require(paths)
+    _require(paths, "rule")
     problems: list[str] = []
     rule_ids = None
     n_rules = 0
@@ -77,7 +123,7 @@ def _check(paths: list[Path]) -> int:
         problems += [str(e) for e in exc.errors]
     tests = [p for p in paths if p.is_dir() or is_test_file(p)]
     n_tests = 0
-    for f in find_test_files(p for p in tests if p.exists()):
+    for f in _unique(find_test_files(p for p in tests if p.exists())):
         n_tests += 1
         try:
             # with the rules broken, still check everything a test file says on its own
@@ -88,18 +134,21 @@ def _check(paths: list[Path]) -> int:
         print(line)
     if problems:
         print(f"{len(problems)} error(s)", file=sys.stderr)
-        return 1
+        return EXIT_RULES
     print(f"{n_rules} rule(s) and {n_tests} test file(s) OK", file=sys.stderr)
     return 0
 
 
 def _test(args: argparse.Namespace) -> int:
-    from whywait.engine.errors import ConfigError
+    from whywait.engine.commands.outputs import check_output
+    from whywait.engine.errors import ConfigError, RuleError
     from whywait.engine.rules.loader import RuleSet, load_rules, rule_files
-    from whywait.simulate.ruletest import junit_xml, run_files, untested_rules
+    from whywait.simulate.ruletest import find_test_files, junit_xml, run_files, untested_rules
 
     paths: list[Path] = args.paths or [_default_dir()]
-    _require([*args.rules, *paths])
+    _require(args.rules, "rule")
+    _require(paths, "test")
+    check_output(args.junit, "--junit")  # refused now, not after every case has run
     # The rules under test are the ones in the paths given: a folder's rules, or the rule a test file is
     # named after.  --rules come first, so a site folder's `override:` finds the rule it changes; then the
     # rules tree a path lies in (rules/ for rules/network), for the macros and rules it refers to.
@@ -111,17 +160,26 @@ def _test(args: argparse.Namespace) -> int:
             trees.append(tree)
             print(f"rules test: {p} lies in the rules tree {_shown(tree)}: loading its other rules too, for the "
                   "macros and rules it refers to (--rules to choose others)", file=sys.stderr)
-    rules = load_rules([*args.rules, *trees, *(p for p in under_test if p is not None)])
-    results = run_files(rules, paths)
+    try:
+        rules = load_rules([*args.rules, *trees, *(p for p in under_test if p is not None)])
+        # a test file reached twice (`rules test rules rules/gpu`) runs once
+        results = run_files(rules, _unique(find_test_files(paths)))
+        missing: list[str] = []
+        if args.require_all:  # only the rules under test need cases, not the ones --rules brought in
+            files = {str(f) for f in rule_files(p for p in under_test if p is not None)}
+            missing = untested_rules(RuleSet({k: r for k, r in rules.rules.items() if r.file in files}), paths)
+    except RuleError as exc:
+        # A rule or test file that does not load is what `rules check` reports, and exits alike for (it exited 2
+        # here, as a usage error): the rules are wrong, not the command line.  Nothing ran.
+        print(f"whywait rules: {exc}", file=sys.stderr)
+        return EXIT_RULES
     failed = [r for r in results if not r.ok]
     for r in results:
         print(f"{'PASS' if r.ok else 'FAIL'}  {r.file}: {r.name}")
         for failure in r.failures:
             print(f"      {failure}")
-    missing: list[str] = []
-    if args.require_all:  # only the rules under test need cases, not the ones --rules brought in
-        files = {str(f) for f in rule_files(p for p in under_test if p is not None)}
-        missing = untested_rules(RuleSet({k: r for k, r in rules.rules.items() if r.file in files}), paths)
+        if args.show:
+            _show(r)
     for rid in missing:
         print(f"FAIL  rule {rid} has no test cases")
     print(f"{len(results) - len(failed)} passed, {len(failed) + len(missing)} failed")
@@ -130,16 +188,70 @@ def _test(args: argparse.Namespace) -> int:
             args.junit.write_text(junit_xml(results))
         except OSError as exc:
             raise ConfigError(f"--junit {args.junit}: cannot write: {exc.strerror or exc}") from None
-    return 1 if failed or missing else 0
+    return EXIT_RULES if failed or missing else 0
 
 
-def _require(paths: list[Path]) -> None:
-    """Refuse a path that does not exist, in one line, before loading anything."""
+def _show(r: CaseResult) -> None:
+    """Print the message of each alert case ``r`` raised, as it first fired (``rules test --show``).
+
+    One message per incident (its fingerprint): the evaluator re-announces an incident as its evidence changes,
+    and the notifier edits the one message it posted; the header says how often, and whether it resolved.
+    """
+    from whywait.engine.notify.render import plain_text
+
+    first: dict[str, Diagnosis] = {}
+    updates: dict[str, int] = {}
+    resolved: set[str] = set()
+    for d in r.diagnoses:
+        if d.status == "resolved":
+            resolved.add(d.fingerprint)
+        elif d.fingerprint in first:
+            updates[d.fingerprint] = updates.get(d.fingerprint, 0) + 1
+        else:
+            first[d.fingerprint] = d
+    if not first:
+        print("      (no alert)")
+    for fp, d in first.items():
+        n = updates.get(fp, 0)
+        then = ", ".join(x for x in (f"updated {n} time{'s' if n != 1 else ''}" if n else "",
+                                      "then resolved" if fp in resolved else "") if x)
+        print(f"      > {d.rule_id}" + (f" ({then})" if then else "") + ":")
+        for line in plain_text(d).splitlines():
+            print(f"        {line}".rstrip())
+
+
+def _unique(files: Iterable[Path]) -> list[Path]:
+    """``files`` without the ones reached twice (a folder and a folder inside it, a path given twice)."""
+    seen: set[Path] = set()
+    out: list[Path] = []
+    for f in files:
+        if f.resolve() not in seen:
+            seen.add(f.resolve())
+            out.append(f)
+    return out
+
+
+def _require(paths: list[Path], kind: str) -> None:
+    """Refuse, in one line and before loading anything, a path that does not exist or cannot be what it is given
+    as: a file given as rules (``kind`` "rule") that is not YAML, or a file given to ``rules test`` (``kind``
+    "test") that is not a rule test.  A usage error (exit 2): the command line is wrong, not the rules."""
     from whywait.engine.errors import ConfigError
+    from whywait.engine.rules.loader import TEST_SUFFIXES, YAML_SUFFIXES, is_test_file
 
     for p in paths:
         if not p.exists():
             raise ConfigError(f"{p}: no such file or folder")
+        if p.is_dir():
+            continue
+        if not p.is_file():
+            raise ConfigError(f"{p}: is not a file or a folder")
+        if kind == "test" and not is_test_file(p):
+            tests = [t for t in (p.with_name(p.stem + s) for s in TEST_SUFFIXES) if t.is_file()]
+            hint = f"; its tests are {tests[0]}" if tests and p.suffix in YAML_SUFFIXES else ""
+            raise ConfigError(f"{p}: is not a rule-test file: rules test takes test files (named "
+                              f"*{' or *'.join(TEST_SUFFIXES)}) or folders of rules and their tests{hint}")
+        if kind == "rule" and p.suffix not in YAML_SUFFIXES:
+            raise ConfigError(f"{p}: is not a rule file (rule files are YAML, named *{' or *'.join(YAML_SUFFIXES)})")
 
 
 def rules_tree(path: Path) -> Path | None:

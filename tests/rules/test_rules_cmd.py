@@ -90,8 +90,8 @@ def test_rules_flag_brings_the_shipped_rules_a_site_overrides(tmp_path: Path,
         shipped_case.replace("    culprit: node-02\n", "    culprit: node-02\n    severity: critical\n", 1))
     assert main(["rules", "test", str(d), "--rules", str(RULES)]) == 0
     capsys.readouterr()
-    # Without the shipped rules, the override names nothing: one line, no traceback, exit 2.
-    assert main(["rules", "test", str(d)]) == 2
+    # Without the shipped rules, the override names nothing: one line, no traceback, exit 1 (as `rules check`).
+    assert main(["rules", "test", str(d)]) == 1
     err = capsys.readouterr().err
     assert "critical-gids.yaml:1: 'override' must name a rule loaded before it (got 'hardware.rdma-gid-missing')" \
         in err and "Traceback" not in err
@@ -142,7 +142,7 @@ def test_check_refuses_a_bad_test_file_with_every_problem_and_its_line(tmp_path:
 def test_rules_test_refuses_the_same_file_before_running_anything(tmp_path: Path,
                                                                    capsys: pytest.CaptureFixture[str]) -> None:
     d = site(tmp_path, test=BAD_SCENARIO)
-    assert main(["rules", "test", str(d)]) == 2
+    assert main(["rules", "test", str(d)]) == 1  # as `rules check` exits on the same file
     err = capsys.readouterr().err
     assert err.startswith("whywait rules: 4 problems:\n") and "unknown fault 'nic-packet-los'" in err
     assert "Traceback" not in err
@@ -207,7 +207,7 @@ def test_a_rule_named_but_not_loaded_says_how_to_load_it(tmp_path: Path, capsys:
     tree = rules_tree(tmp_path)
     (tree / "macros.yaml").unlink()  # no longer a tree: nothing is loaded from above
     (tree / "host" / "site.cpu-hot.yaml").write_text(RULE + "inhibits: [site.cpu-cold]\n")
-    assert main(["rules", "test", str(tree / "host")]) == 2
+    assert main(["rules", "test", str(tree / "host")]) == 1
     assert capsys.readouterr().err.endswith(
         "rule 'site.cpu-hot': 'inhibits[0]' must name a loaded rule (got 'site.cpu-cold'); load the folder that "
         "holds it too, e.g. --rules rules\n")
