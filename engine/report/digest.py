@@ -11,7 +11,8 @@ those went to waiting, and on what.
 - **Lost:** per incident, the diagnosis's ``cost.gpu_hours_lost`` when the rule gave one
   (the last update's, which covers the whole incident); otherwise estimated from the job's
   step times: median during the incident against the median in the 15 minutes before it.
-- **Cause:** the rule's domain (``network.*``, ``storage.*``, ...), see :data:`CAUSES`.
+- **Cause:** the rule's domain (``network.*``, ``storage.*``, ...), see :data:`CAUSES`, or the rule's own
+  (:data:`RULE_CAUSES`: a whole-job slowdown is no straggler).
 
 Pure: no Kafka, no Slack.  Memory is per job (one median per minute of the period).
 """
@@ -26,13 +27,23 @@ from typing import Any
 
 from whywait.engine.notify.format import SECTION_LIMIT, truncate
 
-# Rule-id prefix -> the cause the digest reports.  Unknown prefixes count as stragglers of unknown cause.
+# Rule-id prefix -> the cause the digest reports.  Only the straggler rules themselves are "stragglers of unknown
+# cause" (they name a slow rank no hardware rule explains); the job's other symptoms are causes of their own, since
+# a slowdown of the whole job is by definition no straggler.  A prefix not listed (a site's own rules) is "other".
 CAUSES: dict[str, str] = {
     "network": "network", "topology": "network", "storage": "storage", "data": "input pipeline",
-    "checkpoint": "checkpoints", "gpu": "GPU health", "contention": "contention",
-    "job": "stragglers of unknown cause", "straggler": "stragglers of unknown cause",
+    "checkpoint": "checkpoints", "gpu": "GPU health", "hardware": "hardware faults", "contention": "contention",
+    "straggler": "stragglers of unknown cause",
+}
+# Rule ids whose cause is not their domain's.
+RULE_CAUSES: dict[str, str] = {
+    "job.straggler": "stragglers of unknown cause", "job.rotating-straggler": "stragglers of unknown cause",
+    "job.whole-job-slow": "whole job slower, no straggler", "job.stage-imbalance": "pipeline stage imbalance",
+    "job.periodic-slowdown": "periodic slowdowns", "job.rank-silent": "silent or hung ranks",
+    "job.node-clock-skew": "clock skew",
 }
 UNKNOWN = "stragglers of unknown cause"
+OTHER = "other causes"
 _LEAD_S = 900.0
 # A week of a real cluster holds hundreds of jobs per project (sweeps, evaluations, short runs).  Slack takes at
 # most 50 blocks and 3,000 characters a section per message, and refuses (``msg_blocks_too_long``) at about
@@ -43,8 +54,14 @@ TOP_BARS = 25
 
 
 def cause_of(rule_id: str) -> str:
-    """The digest's cause for a rule id (its domain)."""
-    return CAUSES.get(rule_id.split(".", 1)[0], UNKNOWN)
+    """The digest's cause for a rule id: its own (:data:`RULE_CAUSES`), else its domain's, else "other causes"."""
+    got = RULE_CAUSES.get(rule_id)
+    if got is not None:
+        return got
+    domain = rule_id.split(".", 1)[0]
+    if domain == "job":  # a job-level rule not listed: what the job shows, not a straggler unless it says so
+        return UNKNOWN if "straggler" in rule_id else OTHER
+    return CAUSES.get(domain, OTHER)
 
 
 @dataclass

@@ -74,7 +74,20 @@ def test_causes_map_from_rule_domains() -> None:
     assert cause_of("checkpoint.stalled") == "checkpoints"
     assert cause_of("gpu.xid-ecc") == "GPU health"
     assert cause_of("job.compute-straggler") == "stragglers of unknown cause"
-    assert cause_of("something.new") == "stragglers of unknown cause"
+    assert cause_of("job.straggler") == "stragglers of unknown cause"
+    # a new user's imported job "is slower everywhere, with no straggler": the digest called it a straggler
+    assert cause_of("job.whole-job-slow") == "whole job slower, no straggler"
+    assert cause_of("job.stage-imbalance") == "pipeline stage imbalance"
+    assert cause_of("hardware.pcie-downgraded") == "hardware faults"  # was "stragglers of unknown cause"
+    assert cause_of("something.new") == "other causes"  # a site's own rule
+
+
+def test_every_shipped_rule_has_a_cause_of_its_own() -> None:
+    from whywait.engine.rules.loader import load_rules
+
+    rules = load_rules([Path(__file__).resolve().parents[2] / "rules"])
+    ids = list(rules.rules)
+    assert ids and all(cause_of(i) != "other causes" for i in ids), [i for i in ids if cause_of(i) == "other causes"]
 
 
 def test_blocks_and_chart(digest: Digest, tmp_path: Path) -> None:
