@@ -333,6 +333,12 @@ class Evaluator:
                 self.tick_budget -= 1
             now = self.next_tick
             self.next_tick += self.step_s  # first: a tick that fails is skipped, never retried forever
+            if self.next_tick <= now:
+                # Past 2**53 s of event time a step no longer moves a float clock: this loop would tick the same
+                # second forever (a rule test run out by a `for: 10000000000000d` the loader now refuses).
+                _stuck_clock(now, self.step_s)
+                self.next_tick = now
+                break
             self.store.close_buckets(now)
             t0 = time.perf_counter()
             try:
@@ -1052,6 +1058,16 @@ def _longest_window(node: Any) -> float:
         return max((_longest_window(i) for i in items), default=0.0)
     inner = getattr(node, "item", None)
     return _longest_window(inner) if inner is not None else 0.0
+
+
+_stuck_logged = [0]
+
+
+def _stuck_clock(now: float, step_s: float) -> None:
+    """Log (the first 10 times, then every 1000th) that event time is too large for a tick to move it."""
+    _stuck_logged[0] += 1
+    if _stuck_logged[0] <= 10 or _stuck_logged[0] % 1000 == 0:
+        log.error("event time %.17g is too large for a %gs tick to move the clock: no tick runs past it", now, step_s)
 
 
 def due(rule: Rule, now: float, step_s: float = 1.0) -> bool:
