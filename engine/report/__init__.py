@@ -55,6 +55,11 @@ class IncidentView:
     cost_source: str  # "rule", "estimated from step times" or "unknown"
     neighbours: list[str] = field(default_factory=list)
     slack_link: str | None = None  # the live incident's Slack thread, when it was posted
+    # The same figures at the incident's last update (its resolution, or the last change), by (metric, entity),
+    # and when: the cost is the last update's, so the evidence beside it must not be only the first's.
+    evidence_last: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    last_at: float | None = None
+    last_status: str = ""  # "resolved" or "firing"
 
 
 @dataclass
@@ -154,6 +159,7 @@ def _view(k: int, s: Span, sampler: Sampler, grid: Grid, topology: Any) -> Incid
     owner = f"{d.owner.team} (project {d.owner.project})" if d.owner else "unknown"
     changes = [(u.detected_at, f"{u.severity}: {u.title}") for u in s.updates[1:] if u.status == "firing"]
     cost = next((u.cost for u in reversed(s.updates) if u.cost), None)
+    later = next((u for u in reversed(s.updates[1:]) if u.evidence), None)  # the resolution's, if it gave any
     return IncidentView(
         number=k, rule_id=d.rule_id, severity=last.severity, title=d.title, cause=d.cause, job=d.job,
         culprit=d.culprit or d.job or "?", ranks=d.ranks, start=s.start, end=s.end, resolved=s.resolved,
@@ -162,7 +168,10 @@ def _view(k: int, s: Span, sampler: Sampler, grid: Grid, topology: Any) -> Incid
         evidence=[{"metric": e.metric, "entity": e.entity, "value": e.value, "unit": e.unit,
                    "baseline": e.baseline, "threshold": e.threshold} for e in d.evidence if e.metric != "check"],
         evidence_series=series[:3], cost=cost, cost_source="rule" if cost else "unknown",
-        neighbours=_neighbours(d, sampler, topology))
+        neighbours=_neighbours(d, sampler, topology),
+        evidence_last={} if later is None else {(e.metric, e.entity): {"value": e.value, "baseline": e.baseline}
+                                                 for e in later.evidence if e.metric != "check"},
+        last_at=None if later is None else later.detected_at, last_status="" if later is None else later.status)
 
 
 def _neighbours(d: Any, sampler: Sampler, topology: Any) -> list[str]:

@@ -79,11 +79,31 @@ def _incident_md(v: IncidentView) -> list[str]:
             "- **Checked and found clean:** " + ("; ".join(v.clean) or "nothing checked by this rule")]
     if v.next_step:
         out.append(f"- **Next step:** {v.next_step}")
-    out += ["", "| evidence | entity | value | baseline | threshold |", "|---|---|---|---|---|"]
+    def fig(x: float | None, unit: str = "") -> str:
+        return "" if x is None else f"{x:.4g}{' ' + unit if unit else ''}"
+
+    if not v.evidence_last or v.last_at is None:
+        out += ["", "| evidence | entity | value | baseline | threshold |", "|---|---|---|---|---|"]
+        for e in v.evidence:
+            out.append(f"| `{e['metric']}` | {e['entity']} | {fig(e['value'], e['unit'])} | {fig(e['baseline'])} "
+                       f"| {e['threshold']} |")
+        return out + [""]
+    # The cost above is the last update's: show the figures then beside those it fired on.
+    then = "at its resolution" if v.last_status == "resolved" else "at its last update"
+    out += ["", f"| evidence | entity | when it fired ({_hms(v.fired_at)}) | baseline | {then} ({_hms(v.last_at)}) "
+            "| baseline | threshold |", "|---|---|---|---|---|---|---|"]
     for e in v.evidence:
-        base = "" if e["baseline"] is None else f"{e['baseline']:.4g}"
-        out.append(f"| `{e['metric']}` | {e['entity']} | {e['value']:.4g} {e['unit']} | {base} | {e['threshold']} |")
+        end = v.evidence_last.get((e["metric"], e["entity"]), {})
+        out.append(f"| `{e['metric']}` | {e['entity']} | {fig(e['value'], e['unit'])} | {fig(e['baseline'])} "
+                   f"| {fig(end.get('value'), e['unit'])} | {fig(end.get('baseline'))} | {e['threshold']} |")
     return out + [""]
+
+
+def _hms(t: float) -> str:
+    """A time of day in UTC (the report's window says the date)."""
+    from datetime import datetime, timezone
+
+    return datetime.fromtimestamp(t, timezone.utc).strftime("%H:%M:%S UTC")
 
 
 def markdown(data: ReportData, png_names: str | Sequence[str]) -> str:

@@ -223,6 +223,22 @@ def test_report_tells_the_whole_story(tmp_path: Path) -> None:
     assert paths["pngs"][0].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_evidence_beside_the_cost_is_shown_at_the_end_too(tmp_path: Path) -> None:
+    # A new user's report: the summary's cost said "1.48 s per step instead of 0.828 s" (the resolution's figures)
+    # while the evidence table beside it showed 1.325 s vs 0.8202 s (when it fired), with nothing saying when.
+    rep, paths = report_for([("nic-packet-loss", "node-05", 120, 200)], tmp_path)
+    md = paths["md"].read_text()
+    head = next(line for line in md.splitlines() if line.startswith("| evidence |"))
+    assert "| when it fired (" in head and "| at its resolution (" in head, head
+    v = rep.data.incidents[0]
+    assert v.resolved and v.evidence_last and v.last_at is not None and v.last_at > v.fired_at
+    row = next(line for line in md.splitlines() if line.startswith("| `net.tcp_retrans_segs_per_s` | node-05"))
+    first = next(e for e in v.evidence if e["metric"] == "net.tcp_retrans_segs_per_s")
+    last = v.evidence_last[("net.tcp_retrans_segs_per_s", "node-05")]
+    assert f"{first['value']:.4g}" in row and f"{last['value']:.4g}" in row
+    assert "at its resolution (" in paths["html"].read_text()
+
+
 def test_every_incident_is_labelled_without_overlap(tmp_path: Path) -> None:
     import matplotlib.pyplot as plt
     from whywait.engine.report.plots import timeline_figure
