@@ -32,6 +32,8 @@ from pathlib import Path
 from typing import Any
 
 _LATENCY = re.compile(r"latency: rule=(\S+) status=(\S+) job=(\S+) produced_to_notified_ms=(\d+)")
+# The notifier's line when a silence mutes an incident (engine/notify/pipeline/core.py, once per incident).
+_SILENCED = re.compile(r"incident \S+ \(rule=(?P<rule>\S+) job=(?P<job>\S+)\): silenced by (?P<silence>\S+)")
 
 
 def register(p: argparse.ArgumentParser) -> None:
@@ -154,6 +156,7 @@ def run(args: argparse.Namespace) -> int:
                  "--max-clock-skew", "off"),  # the simulation runs event time faster than the wall clock
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     latencies: list[tuple[str, str, int]] = []
+    silenced: list[tuple[str, str]] = []  # (job, silence id) of incidents a silence muted
     ready = threading.Event()
 
     def pump() -> None:  # echo the engine's output (the alert), keep its latency lines
@@ -165,6 +168,8 @@ def run(args: argparse.Namespace) -> int:
             if m:
                 latencies.append((m.group(1), m.group(2), int(m.group(4))))
                 continue
+            if (s := _SILENCED.search(line)) is not None:
+                silenced.append((s.group("job"), s.group("silence")))
             if " INFO " in line and "whywait" not in line:
                 continue
             print("  engine | " + line.rstrip() if "INFO" in line or "WARN" in line or "ERROR" in line
@@ -213,8 +218,9 @@ def run(args: argparse.Namespace) -> int:
           f"{first['ranks'][-1:]} ({'correct' if first['culprit'] == t['culprit'] else 'WRONG'})")
     print(f"detection latency: {detect:.1f} s of event time (fault start → diagnosis)")
     wall = [ms for _, status, ms in latencies if status == "firing"]
-    if wall:
-        print(f"wall-clock       : {wall[0]} ms (event produced → notification posted)")
+    figure = notification_figure(wall, next((sid for j, sid in silenced if j == job), None))
+    if figure:
+        print(figure)
     print(f"false alarms     : {len(early)} during the fault-free lead-in")
     png = _timeline(bootstrap, topo_file, start, start + args.duration, work / "timeline.png")
     if png is not None:
@@ -222,6 +228,16 @@ def run(args: argparse.Namespace) -> int:
     print(f"files            : {work}")
     print("replay it        : " + replay_command(start, start + args.duration, topo_file, work / "replay"))
     return 0 if first["culprit"] == t["culprit"] and not early else 1
+
+
+def notification_figure(wall_ms: list[int], silenced_by: str | None) -> str | None:
+    """The wall-clock figure: event produced → notification posted, or the silence that kept it from being posted
+    (the engine still notified its pipeline; nothing was posted).  None when there is neither."""
+    if silenced_by is not None:
+        return f"wall-clock       : silenced by {silenced_by} (nothing posted)"
+    if wall_ms:
+        return f"wall-clock       : {wall_ms[0]} ms (event produced → notification posted)"
+    return None
 
 
 def replay_command(since: float, until: float, topo_file: Path, report: Path) -> str:

@@ -7,7 +7,12 @@ the Block Kit payload ``chat.postMessage`` would get and the plain-text preview,
 so a rule author sees the message before anyone receives it.
 
 ``whywait notify send FILE`` delivers it through the configured notifier (Slack
-when ``SLACK_BOT_TOKEN`` is set, else the console), to check a Slack setup.
+when ``SLACK_BOT_TOKEN`` is set, else the console), to check a Slack setup.  The
+silences in force apply to it as they do to the engine's notifications (read from
+Kafka: ``$WHYWAIT_KAFKA_BOOTSTRAP`` or the local broker; without one it says so and
+sends).  It exits 0 when everything was delivered or held by a silence (which it
+names), 1 when a receiver refused a delivery, 3 when a receiver could not be reached
+within ``--timeout`` (nothing is kept for later: it says so once).
 """
 
 from __future__ import annotations
@@ -16,11 +21,14 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from whywait.engine.errors import ConfigError
 
 from whywait import jsonl
+
+if TYPE_CHECKING:
+    from whywait.engine.notify.silences import SilenceStore
 
 
 def register(p: argparse.ArgumentParser) -> None:
@@ -30,7 +38,10 @@ def register(p: argparse.ArgumentParser) -> None:
                                 "(replay --json) one message per line")
     r.add_argument("--format", choices=("both", "json", "text"), default="both", help="what to print (both)")
     r.add_argument("--dashboard-url", help="dashboard link template (default: $WHYWAIT_DASHBOARD_URL)")
-    s = sub.add_parser("send", help="deliver a diagnosis through the configured notifier")
+    s = sub.add_parser("send", help="deliver a diagnosis through the configured notifier (silences apply)",
+                       description="Deliver a diagnosis through the configured notifier; the silences in force "
+                                   "apply.  Exit 0: delivered, or held by a silence (named); 1: a receiver refused "
+                                   "it; 3: a receiver could not be reached within --timeout.")
     s.add_argument("file", help="diagnosis JSON file or JSON lines (or '-' for stdin)")
     s.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for delivery (30)")
 
@@ -97,30 +108,7 @@ def run(args: argparse.Namespace) -> int:
 
     messages = load_messages(args.file)
     if args.notify_command == "send":
-        diagnoses = [d for group in messages for d in group]
-        from whywait.engine.notify import make_notifier
-
-        # In memory: the default outbox folder is the engine's, and its waiting items, which this
-        # process has no incident state for, would be taken and dropped.
-        notifier = make_notifier(outbox=False)
-        ok = False
-        stats: dict[str, Any] = {}
-        try:
-            for d in diagnoses:
-                notifier.notify(d)
-            ok = notifier.flush(args.timeout)
-            stats = notifier.stats()
-        finally:
-            notifier.close(timeout=1.0 if ok else 0.0)  # --timeout was the wait
-        refused = int(stats.get("failed", 0)) + int(stats.get("given_up", 0))
-        if not ok:
-            print(f"not all delivered within {args.timeout:.0f}s: {stats.get('waiting', 0)} delivery(ies) "
-                  "still waiting, dropped (the warnings above say why)", file=sys.stderr)
-        elif refused:
-            print(f"{refused} delivery(ies) refused, dropped (the errors above say why)", file=sys.stderr)
-        else:
-            print("delivered", file=sys.stderr)
-        return 0 if ok and not refused else 1
+        return _send([d for group in messages for d in group], args.timeout)
 
     from whywait.engine.notify.pipeline import PipelineConfig, group_key, incident_id, routed_channel
     from whywait.engine.notify.receivers.slack import SlackSettings, check_dashboard_template
@@ -143,4 +131,69 @@ def run(args: argparse.Namespace) -> int:
             print()
         if args.format in ("both", "text"):
             sys.stdout.write(plain_text(d, dashboard_url_template=template))
+    return 0
+
+
+def _silences() -> SilenceStore | None:
+    """The silences in force, from the silences topic (as ``whywait silence list`` reads it); None, said on
+    stderr, when no broker answers: a check of a receiver's setup must not need Kafka."""
+    from whywait.engine.commands import silence_cmd
+    from whywait.engine.errors import BrokerUnavailable
+    from whywait.engine.localkafka.broker import probe, resolve_bootstrap
+
+    try:
+        bootstrap = resolve_bootstrap()
+        if not probe(bootstrap, timeout=2.0):
+            raise BrokerUnavailable(bootstrap, "no answer to ApiVersions")
+        return silence_cmd.open_store(bootstrap)
+    except BrokerUnavailable as exc:
+        print(f"silences not checked: {exc}", file=sys.stderr)
+        return None
+
+
+def _send(diagnoses: list[Any], timeout: float) -> int:
+    from whywait.engine.errors import NotifyError
+    from whywait.engine.notify import make_notifier
+
+    silences = _silences()
+    # In memory: the default outbox folder is the engine's, and its waiting items, which this
+    # process has no incident state for, would be taken and dropped.
+    extra: dict[str, Any] = {} if silences is None else {"silence_store": silences, "close_stores": True}
+    try:
+        notifier = make_notifier(outbox=False, **extra)
+    except BaseException:
+        if silences is not None:
+            silences.close()
+        raise
+    ok = False
+    stats: dict[str, Any] = {}
+    held: dict[str, Any] = {}
+    problems: dict[str, str] = {}
+    dropped: dict[str, int] = {}
+    try:
+        for d in diagnoses:
+            notifier.notify(d)
+        ok = notifier.flush(timeout)
+        stats = notifier.stats()
+        held = notifier.silenced()
+        if not ok:  # given up: said once below, not also as "lost" when the notifier closes
+            problems = notifier.problems()
+            dropped = notifier.discard_pending()
+    finally:
+        notifier.close(timeout=1.0 if ok else 0.0)  # --timeout was the wait
+    # Each silenced incident was named in the notifier's log line (its silence, until when, by whom).
+    if not ok:
+        n = sum(dropped.values()) or int(stats.get("waiting", 0))
+        why = "; ".join(problems.values()) or "the receivers did not finish in time"
+        raise NotifyError(f"not delivered within {timeout:g}s: {why}; {n} delivery(ies) dropped", retryable=True)
+    refused = int(stats.get("failed", 0)) + int(stats.get("given_up", 0))
+    if refused:
+        print(f"{refused} delivery(ies) refused, dropped (the errors above say why)", file=sys.stderr)
+        return 1
+    if held and not int(stats.get("sent", 0)):
+        ids = ", ".join(dict.fromkeys(s.id for s in held.values()))
+        first = next(iter(held.values())).id
+        print(f"not sent: silenced by {ids} (`whywait silence expire {first}` ends it)", file=sys.stderr)
+    else:
+        print("delivered", file=sys.stderr)
     return 0

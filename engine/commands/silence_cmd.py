@@ -9,8 +9,10 @@ follows it, so a silence added here applies within a second.  The broker is
     whywait silence expire 3f2a9c1b0d4e
 
 A matcher must name a field or label a diagnosis carries (``jbo=x`` is refused, listing the valid
-names, unless ``--force``), and ``--for`` needs a unit.  A malformed silence, or an id that names
-no silence, exits 2 (input); an unreachable broker exits 3.
+names, unless ``--force``), and ``--for`` needs a unit and lasts more than 0s and at most a year
+(365d); everything is checked before anything is written.  A malformed silence, or an id that names
+no silence, exits 2 (input); an unreachable broker exits 3.  ``list`` and ``expire`` take any silence
+already stored, one set for longer by an older version too.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from whywait.engine.errors import ConfigError
+from whywait.engine.notify.silences import MAX_SILENCE_S, MAX_SILENCE_TEXT
 
 if TYPE_CHECKING:
     from whywait.engine.notify.silences import SilenceStore
@@ -34,7 +37,12 @@ def register(p: argparse.ArgumentParser) -> None:
     a = sub.add_parser("add", help="mute matching incidents for a while")
     a.add_argument("--match", "-m", action="append", required=True, metavar="NAME=PATTERN",
                    help="label or field (rule_id, job, culprit, severity, team, group...) and a glob; repeatable")
-    a.add_argument("--for", dest="duration", default="1h", help="how long, with a unit: 30m, 4h, 2d (1h)")
+    a.add_argument("--for", dest="duration", default="1h",
+                   help=f"how long, with a unit: 30m, 4h, 2d; more than 0s and at most {MAX_SILENCE_TEXT}, a year (1h)")
+    # `--for -2h` reaches --for (to be refused in one line) rather than being taken for an unknown option, as
+    # Python 3.13's argparse does by itself; argparse has no public switch for it.
+    if hasattr(a, "_negative_number_matcher"):
+        a._negative_number_matcher = re.compile(r"^-\.?\d")
     a.add_argument("--force", action="store_true",
                    help="accept a matcher name no diagnosis carries (a label only your own rules set)")
     a.add_argument("--comment", default="", help="why")
@@ -89,22 +97,33 @@ def check_names(matchers: dict[str, str]) -> None:
 
 
 def _duration(text: str) -> float:
-    """Seconds of ``--for``: a unit is required (``--for 2`` is more likely 2 hours than 2 seconds)."""
+    """Seconds of ``--for``: a unit is required (``--for 2`` is more likely 2 hours than 2 seconds), more than 0s
+    and at most :data:`MAX_SILENCE_S` (a year)."""
     from whywait.durations import parse_duration
     from whywait.errors import DurationError
 
+    if text.strip().startswith("-"):
+        raise ConfigError(f"--for must be a positive duration like 30m, 4h or 2d (got {text!r})")
     try:
-        return parse_duration(text, "--for")
+        seconds = parse_duration(text, "--for")
     except DurationError:
         hint = ""
         if re.fullmatch(r"\d+(?:\.\d+)?", text.strip()):
             n = text.strip()
             hint = f"; a bare number has no unit: write {n}h, {n}m or {n}s"
         raise ConfigError(f"--for must be a duration like 30m, 4h or 2d (got {text!r}){hint}") from None
+    if not seconds > 0:
+        raise ConfigError(f"--for must be longer than 0s (got {text!r})")
+    if not seconds <= MAX_SILENCE_S:  # an infinite sum of digits too
+        raise ConfigError(f"--for must be at most {MAX_SILENCE_TEXT} (a year; got {text!r}); "
+                          "add a new silence when this one ends")
+    return seconds
 
 
 def _when(t: float | None) -> str:
-    return "until resolved" if t is None else time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t))
+    from whywait.engine.notify.format import fmt_time
+
+    return "until resolved" if t is None else fmt_time(t)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -116,8 +135,6 @@ def run(args: argparse.Namespace) -> int:
         if not args.force:
             check_names(matchers)
         duration = _duration(args.duration)
-        if duration <= 0:
-            raise ConfigError(f"--for must be longer than 0s (got {args.duration!r})")
         silence = Silence.new(matchers, duration=duration, created_by=args.by or getpass.getuser(),
                               comment=args.comment)
     store = open_store(args.bootstrap)

@@ -55,14 +55,15 @@ def make_notifier(env: Mapping[str, str] | None = None, *, kafka_bootstrap: str 
     """Return the pipeline with the receivers the environment asks for (:func:`receiver_names`).
 
     Each receiver reads its own settings (``RECEIVERS[name].from_env``), the pipeline its own
-    (:meth:`PipelineConfig.from_env`).  With ``kafka_bootstrap`` and a receiver that keeps
-    messages (any but the console), the incident state and the silences live in their compacted
-    topics (so a restart edits the same messages); otherwise in memory.  ``kwargs`` go to
-    :class:`Pipeline` (``state_store``, ``silence_store``, ``clock``, ``close_stores``).  ``outbox=False``
-    keeps deliveries in memory whatever ``WHYWAIT_NOTIFY_OUTBOX`` says: a one-shot sender (``whywait
-    notify send``) must not take the engine's outbox, whose items only the engine's incident state
-    can deliver (without it they are dropped as forgotten).  A bad
-    setting raises :class:`ConfigError`; a rejected Slack token ``NotifyError(retryable=False)``.
+    (:meth:`PipelineConfig.from_env`).  With ``kafka_bootstrap`` the silences are the compacted
+    silences topic's, whatever the receivers (the console too: ``whywait silence add`` holds for
+    every receiver), and with a receiver that keeps messages (any but the console) the incident
+    state lives in its compacted topic too (so a restart edits the same messages); otherwise in memory.
+    ``kwargs`` go to :class:`Pipeline` (``state_store``, ``silence_store``, ``clock``, ``close_stores``).
+    ``outbox=False`` keeps deliveries in memory whatever ``WHYWAIT_NOTIFY_OUTBOX`` says: a one-shot sender
+    (``whywait notify send``) must not take the engine's outbox, whose items only the engine's incident
+    state can deliver (without it they are dropped as forgotten).  A bad setting raises :class:`ConfigError`;
+    a rejected Slack token ``NotifyError(retryable=False)``.
     """
     from whywait.engine.notify.pipeline import Pipeline, PipelineConfig
     from whywait.engine.notify.receivers import receiver_class
@@ -78,12 +79,14 @@ def make_notifier(env: Mapping[str, str] | None = None, *, kafka_bootstrap: str 
     # Each store on its own: a caller passing its own state store (the engine's --no-restore) still
     # gets the silences topic; defaulting both together left it in-memory silences, so silences set
     # with `whywait silence add` did not hold and a button's silence was lost on the next start.
+    # The silences do not depend on the receivers: tying them to a durable one left the console (the
+    # demo's default) deaf to every silence.
     if durable and kafka_bootstrap and "state_store" not in kwargs:
         from whywait.engine.notify.state import KafkaStateStore
 
         kwargs["state_store"] = KafkaStateStore(kafka_bootstrap)
         kwargs.setdefault("close_stores", True)
-    if durable and kafka_bootstrap and "silence_store" not in kwargs:
+    if kafka_bootstrap and "silence_store" not in kwargs:
         from whywait.engine.notify.silences import KafkaSilenceStore
 
         kwargs["silence_store"] = KafkaSilenceStore(kafka_bootstrap)

@@ -52,9 +52,23 @@ def fmt_duration(seconds: float) -> str:
     return f"{d}d {h}h" if h else f"{d}d"
 
 
+# The calendar's range: what strftime writes as a four-digit year.  Outside it (a silence set for a billion days,
+# stored by a version that did not bound it) gmtime overflows or gives a year no one means.
+_FIRST_TIME = -62135596800.0  # 0001-01-01 00:00:00 UTC
+_LAST_TIME = 253402300799.0  # 9999-12-31 23:59:59 UTC
+
+
 def fmt_time(t: float) -> str:
-    """Event time as ``2025-06-01 12:03:04 UTC``."""
-    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t))
+    """Event time as ``2025-06-01 12:03:04 UTC``; outside years 1 to 9999 ``after 9999-12-31 (8.64e+24)``
+    (never an ``OverflowError``)."""
+    if not t <= _LAST_TIME:  # NaN too
+        return f"after 9999-12-31 ({t:.3g})"
+    if t < _FIRST_TIME:
+        return f"before 0001-01-01 ({t:.3g})"
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t))
+    except (OverflowError, OSError, ValueError):  # a platform with a narrower time_t
+        return f"{t:.3g} (beyond this platform's clock)"
 
 
 def fmt_ranks(ranks: tuple[int, ...], limit: int = 12) -> str:

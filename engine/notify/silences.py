@@ -32,6 +32,12 @@ log = logging.getLogger(__name__)
 
 SILENCES_TOPIC = "whywait.silences.v1"
 
+#: The longest a silence may be set for: a year.  Longer is not a silence but a rule change, and an end beyond what the
+#: platform's clock can format (``--for 99999999999999999999d``) broke every ``whywait silence list``.  Silences
+#: already stored beyond it are still read, shown and expirable; only new ones are held to it.
+MAX_SILENCE_S = 365 * 86400.0
+MAX_SILENCE_TEXT = "365d"
+
 # Names a matcher may use besides the diagnosis' labels.
 MATCH_FIELDS = ("rule_id", "job", "culprit", "severity", "fingerprint", "group", "channel", "team", "project")
 
@@ -93,7 +99,15 @@ class Silence:
     @classmethod
     def new(cls, matchers: Mapping[str, str], *, duration: float | None, created_by: str, comment: str = "",
             now: float | None = None) -> Silence:
-        """A silence starting ``now`` for ``duration`` seconds (None: until resolved), with a fresh id."""
+        """A silence starting ``now`` for ``duration`` seconds (None: until resolved), with a fresh id.
+
+        ``duration`` must be more than 0 and at most :data:`MAX_SILENCE_S`, else a :class:`SilenceError`.
+        """
+        if duration is not None:
+            if not duration > 0:  # NaN too
+                raise SilenceError(f"a silence must last longer than 0s (got {duration!r:.40})")
+            if not duration <= MAX_SILENCE_S:
+                raise SilenceError(f"a silence lasts at most {MAX_SILENCE_TEXT} (a year; got {duration:.3g}s)")
         now = time.time() if now is None else now
         return cls(id=uuid.uuid4().hex[:12], matchers=dict(matchers), starts_at=now,
                    ends_at=None if duration is None else now + duration, created_by=created_by, comment=comment)

@@ -32,8 +32,9 @@ from typing import Any, Callable, Sequence
 from whywait.engine.diagnosis import Diagnosis
 from whywait.engine.errors import ConfigError, NotifyError
 from whywait.engine.notify.base import Notifier
+from whywait.engine.notify.format import fmt_time
 from whywait.engine.notify.pipeline.config import PipelineConfig
-from whywait.engine.notify.pipeline.incidents import Incident, IncidentBook, Step
+from whywait.engine.notify.pipeline.incidents import Incident, IncidentBook, Step, incident_id
 from whywait.engine.notify.pipeline.outbox import Outbox, OutboxItem
 from whywait.engine.notify.pipeline.ratelimit import ChannelRateLimiter
 from whywait.engine.notify.pipeline.receiver import Announcement, Line, Receiver, ReceiverError
@@ -63,6 +64,7 @@ class _Lane:
     retry_at: float = 0.0  # monotonic; nothing is sent before this (backoff after a failure)
     backoff: float = 0.0
     down_since: float | None = None
+    last_error: str | None = None  # while down: why the last try failed
     busy: bool = False
     inflight: int | None = None
 
@@ -103,6 +105,7 @@ class Pipeline(Notifier):
         self._lanes = {r.name: _Lane(r, ChannelRateLimiter(r.rate) if r.rate else None) for r in receivers}
         self._drop_orphans()
         self._ended: list[str] = []  # incidents resolved since the last tick (their silences end)
+        self._muted: dict[str, Silence] = {}  # incident key -> the silence holding it (said once in the log)
         self._resolved_unknown = 0
         self._stopping = False
         self._resume()
@@ -199,7 +202,7 @@ class Pipeline(Notifier):
         left = len(self.outbox)
         if not flushed and left:
             where = f"in {self.outbox.directory}, sent on the next start" if self.outbox.directory else \
-                "and are lost (no outbox folder configured)"
+                "and are lost (they were kept in memory only)"
             log.warning("notifier closed with %d delivery(ies) undelivered %s", left, where)
         self._persist()
         self.outbox.close()
@@ -240,6 +243,30 @@ class Pipeline(Notifier):
             out["resolved_unknown"] = self._resolved_unknown
             out["receivers"] = per
             return out
+
+    def silenced(self) -> dict[str, Silence]:
+        """The incidents a silence holds now, by incident id, as the scheduler last found them: what a
+        one-shot sender (``whywait notify send``) reports instead of a delivery."""
+        with self._cond:
+            return {incident_id(key): s for key, s in self._muted.items()}
+
+    def problems(self) -> dict[str, str]:
+        """Why each receiver that is failing now failed last (its error), by receiver name."""
+        with self._cond:
+            return {name: lane.last_error or "failing" for name, lane in self._lanes.items()
+                    if lane.down_since is not None}
+
+    def discard_pending(self) -> dict[str, int]:
+        """Drop every delivery still waiting, counted by receiver; for a one-shot sender that gave up and
+        says so itself (``close`` then has nothing left to warn about).  One being sent now is dropped from
+        the queue too: it is not retried, whatever its attempt in progress turns out to be."""
+        with self._cond:
+            dropped: Counter[str] = Counter()
+            for item in self.outbox.items():
+                dropped[item.receiver] += 1
+                self.outbox.done(item.seq)
+            self._cond.notify_all()
+            return dict(dropped)
 
     # ---- actions (Slack's buttons) -----------------------------------------------------------
 
@@ -333,6 +360,8 @@ class Pipeline(Notifier):
                         return
                     now = self._clock()
                     self._enqueue(self.book.due(now, self._silence_for), now)
+                    if len(self._muted) > len(self.book.incidents):  # forgotten ones
+                        self._muted = {k: v for k, v in self._muted.items() if k in self.book.incidents}
                     self._refresh(now)
                     self._end_silences()
                     self._cond.notify_all()  # the senders, and flush() waiters
@@ -352,10 +381,21 @@ class Pipeline(Notifier):
 
     def _silence_for(self, inc: Incident) -> Silence | None:
         try:
-            return self.silences.matching(inc.fields(), self._clock())
+            silence = self.silences.matching(inc.fields(), self._clock())
         except Exception as exc:  # a broken silence store must not stop notifications
             log.warning("silences unavailable (%s); notifying anyway", exc)
             return None
+        if silence is None:
+            self._muted.pop(inc.key, None)
+        elif (known := self._muted.get(inc.key)) is None or known.id != silence.id:
+            self._muted[inc.key] = silence
+            v = inc.view()
+            until = "until resolved" if silence.ends_at is None else f"until {fmt_time(silence.ends_at)}"
+            why = f"by {silence.created_by}" + (f": {silence.comment}" if silence.comment else "")
+            # Once per incident and silence (its updates are not said again); `whywait demo` reads this line.
+            log.info("incident %s (rule=%s job=%s): silenced by %s %s (%s); its receivers are not notified while "
+                     "it holds", inc.id, v.rule_id, v.job or "-", silence.id, until, why)
+        return silence
 
     def _end_silences(self) -> None:
         """Silences set "until resolved" end when their incident does."""
@@ -508,10 +548,12 @@ class Pipeline(Notifier):
             lane.backoff = first if lane.backoff == 0 else min(cap, lane.backoff * 2)
             pause = max(lane.backoff, exc.retry_after or 0.0)
             lane.retry_at = time.monotonic() + pause
+            lane.last_error = str(exc)
             if lane.down_since is None:
                 lane.down_since = self._clock()
-                log.warning("%s; %d notification(s) wait in the outbox for %s, retrying", exc,
-                            self.outbox.count(lane.receiver.name), lane.receiver.name)
+                where = f"in the outbox {self.outbox.directory}" if self.outbox.directory else "in memory"
+                log.warning("%s; %d notification(s) for %s wait %s, retrying", exc,
+                            self.outbox.count(lane.receiver.name), lane.receiver.name, where)
             else:
                 log.debug("%s still failing (%s); next try in %.1fs", lane.receiver.name, exc, pause)
 
@@ -519,7 +561,7 @@ class Pipeline(Notifier):
         if lane.down_since is not None:
             log.info("%s: delivering again after %.0fs; %d notification(s) waiting", lane.receiver.name,
                      self._clock() - lane.down_since, self.outbox.count(lane.receiver.name))
-        lane.down_since, lane.backoff = None, 0.0
+        lane.down_since, lane.backoff, lane.last_error = None, 0.0, None
 
     def _give_up(self, lane: _Lane, item: OutboxItem, why: str) -> None:
         lane.stats["given_up"] += 1

@@ -441,12 +441,16 @@ class IncidentBook:
         return out
 
     def _announce_firing(self, inc: Incident, now: float, silence: Silence | None) -> list[Step]:
+        if not inc.posted and silence is not None:
+            # Looked at again each group_interval, not only at the silence's end: a silence expired early
+            # (`whywait silence expire`) lets the incident through then, and one stored with an end in the
+            # far future does not keep it quiet for ever.
+            again = now + self.config.group_interval
+            inc.due = again if silence.ends_at is None else min(silence.ends_at, again)
+            return []  # nothing to save: a restart looks at the silences again anyway
         self.changed.add(inc.key)
         snap = snapshot(inc)
         if not inc.posted:
-            if silence is not None:
-                inc.due = silence.ends_at if silence.ends_at is not None else now + self.config.group_interval
-                return []
             inc.posted = True
             inc.due = None
             inc.announced, inc.last_announced_at = snap, now

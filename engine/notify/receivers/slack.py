@@ -198,10 +198,10 @@ class SlackReceiver(Receiver):
             err = exc.response.get("error") or f"HTTP {exc.response.status_code}"
             if err in AUTH_ERRORS:
                 raise NotifyRefused(f"Slack rejected the token ({err})") from None
-            log.warning("Slack auth.test failed (%s); notifications will wait in the outbox until it answers", err)
+            log.warning("Slack auth.test failed (%s); notifications are retried until it answers", err)
             return {}
         except (URLError, OSError, SlackClientError) as exc:
-            log.warning("Slack is unreachable at %s (%s); notifications will wait in the outbox",
+            log.warning("Slack is unreachable at %s (%s); notifications are retried until it answers",
                         self.settings.api_url or "https://slack.com/api/", _reason(exc))
             return {}
         log.info("Slack: connected to %s as %s", resp.get("team"), resp.get("user"))
@@ -320,7 +320,7 @@ class SlackReceiver(Receiver):
                                     rate_limited=status == 429 or err == "ratelimited") from None
             if err in AUTH_ERRORS:
                 if not self._auth_failed:
-                    log.error("Slack rejected the token (%s); notifications wait in the outbox", err)
+                    log.error("Slack rejected the token (%s); notifications are retried until it accepts one", err)
                 self._auth_failed = True
                 raise ReceiverError(f"Slack rejected the token ({err})", retryable=True, retry_after=30.0) from None
             raise _SlackRefused(err) from None
