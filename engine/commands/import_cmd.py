@@ -12,7 +12,11 @@ Timing imports become ``steps`` messages (one per rank per step, at the step's e
 ``-o FILE`` writes the messages as JSON lines instead of publishing (check them with
 ``whywait events check FILE``).  Every message is validated against the contract first: a bundle's
 values with the engine's own decoder (:func:`whywait.agents.events.decode`), those that break it
-skipped and counted, as the engine would dead-letter them.
+skipped and counted, as the engine would dead-letter them.  A timing file's values are checked as they are
+read, so an error names the row (``steps.csv:502: column duration_s: ...``) or the step event
+(``rank-0.json: ProfilerStep#12 (ts ... µs): ...``), never a message number the user never saw.  The same
+step of the same rank in two files is refused naming both.  A zip (or a file named ``*.whywait``) is a
+bundle even when it is cut short: the bundle reader says it is truncated.
 """
 
 from __future__ import annotations
@@ -40,15 +44,35 @@ def register(p: argparse.ArgumentParser) -> None:
     p.add_argument("--channel", help="... its team's Slack channel")
     p.add_argument("-o", "--output", type=Path, help="write JSON lines here instead of publishing")
     p.add_argument("--bootstrap", help="Kafka bootstrap (default: WHYWAIT_KAFKA_BOOTSTRAP or the local broker)")
+    p.epilog = ("Step tables: cells separated by ',', tab, ';' or '|' (from the header); one row per rank per step "
+                "(a row repeated exactly is dropped with a note, two that differ are refused naming both lines); a "
+                "numeric time too large for seconds since 1970 is read as milliseconds (or us, ns) when the whole "
+                "column is in that unit, with a note (name the column time_ms to say so).  Every value is checked "
+                "as it is read: an error names the file, line and column.  A profiler trace cut short (a tracer "
+                "killed mid-run, a copy not finished) is read up to its last whole event, with a note.")
+
+
+_ZIP_MAGIC = b"PK\x03\x04"  # a zip archive's first bytes: a bundle, whole or cut short
 
 
 def detect(path: Path) -> str:
-    """The format of ``path`` from its content."""
+    """The format of ``path`` from its content.
+
+    A file named ``*.whywait``, or any zip archive, is a bundle (profiler traces and step tables are never zips):
+    one cut short has lost the table of contents at its end and opens as no zip at all, and the bundle reader
+    says it is truncated, rather than the step-table reader saying its bytes are "not UTF-8".
+    """
     from whywait.engine.importers.bundle import is_bundle
     from whywait.engine.importers.kineto import is_kineto
 
-    if is_bundle(path):
+    if is_bundle(path) or path.suffix == ".whywait":
         return "bundle"
+    try:
+        with path.open("rb") as fh:
+            if fh.read(len(_ZIP_MAGIC)) == _ZIP_MAGIC:
+                return "bundle"
+    except OSError:
+        pass  # said by the reader the format leads to
     if is_kineto(path):
         return "kineto"
     return "steps"
@@ -63,7 +87,7 @@ def timing_messages(args: argparse.Namespace, files: list[tuple[Path, str]],
     from whywait.agents.events import ContractError, envelope, validate
     from whywait.engine.importers import ImportFormatError
     from whywait.engine.importers.kineto import steps_from_trace
-    from whywait.engine.importers.steps_table import read_steps
+    from whywait.engine.importers.steps_table import read_step_rows
 
     traces = [path for path, fmt in files if fmt == "kineto"]
     cap_mib = getattr(args, "max_trace_mib", 2048)
@@ -74,23 +98,35 @@ def timing_messages(args: argparse.Namespace, files: list[tuple[Path, str]],
         raise ImportFormatError(f"--rank names the rank of one profiler trace, and {len(traces)} were given: "
                                 "import them one at a time")
     rows: list[tuple[str, str, dict[str, Any]]] = []
-    seen: dict[tuple[str, int, int], tuple[int, Path]] = {}  # (job, rank, step) -> the file that gave it
+    where: dict[int, str] = {}  # id(record) -> where it was read: a table's file:line, a trace's step event
+    # (job, rank, step) -> the file that gave it: (its index, where in it, its format)
+    seen: dict[tuple[str, int, int], tuple[int, str, str]] = {}
     for i, (path, fmt) in enumerate(files):
+        got: list[tuple[str, str, dict[str, Any]]] = []
         if fmt == "kineto":
             if not args.job or not args.node:
                 missing = " and ".join(f"--{w}" for w in ("job", "node") if not getattr(args, w))
                 raise ImportFormatError(f"{path}: a profiler trace names neither its job nor its node: pass {missing}")
-            got = [(args.job, args.node, s.record())
-                   for s in steps_from_trace(path, args.rank, notes, cap_mib << 20)]
+            for s in steps_from_trace(path, args.rank, notes, cap_mib << 20):
+                got.append((args.job, args.node, s.record()))
+                where[id(got[-1][2])] = f"{path}: ProfilerStep#{s.step}" + (
+                    f" (ts {s.ts:.0f} µs)" if s.ts is not None else "")
         else:
-            got = list(read_steps(path, args.job, args.node, notes))
+            for no, job, node, rec in read_step_rows(path, args.job, args.node, notes):
+                got.append((job, node, rec))
+                where[id(rec)] = f"{path}:{no}"
         for job, _, rec in got:
-            # The same step of the same rank twice is one trace given twice, or two ranks' traces that
+            # The same step of the same rank twice is one file given twice, or two ranks' files that
             # both claim one rank: either way the job's peer comparison would be wrong, so say which.
-            first = seen.setdefault((job, rec["rank"], rec["step"]), (i, path))
+            here = where[id(rec)]
+            first = seen.setdefault((job, rec["rank"], rec["step"]), (i, here, fmt))
             if first[0] != i:
-                raise ImportFormatError(f"{path}: job {job} rank {rec['rank']} step {rec['step']} is also in "
-                                        f"{first[1]}: the same trace twice, or two traces that claim one rank")
+                what = {"kineto": "the same trace twice, or two traces that claim one rank",
+                        "steps": "the same table twice, or two tables that give one rank's steps"}
+                raise ImportFormatError(f"{here}: job {job} rank {rec['rank']} step {rec['step']} is also in "
+                                        f"{first[1]}: " + (what[fmt] if first[2] == fmt else
+                                                           "one run's steps from both a trace and a table") +
+                                        "; import each rank's steps once")
         rows += got
     rows.sort(key=lambda r: (r[2]["ended_at"], r[0], r[2]["rank"], r[2]["step"]))
     out: list[dict[str, Any]] = []
@@ -112,13 +148,20 @@ def timing_messages(args: argparse.Namespace, files: list[tuple[Path, str]],
             if args.channel:
                 body["slack_channel"] = args.channel
             out.append(envelope("placement", "whywait-import", first - 1.0, **body))
-    for job, node, rec in rows:
-        out.append(envelope("steps", node, rec["ended_at"], job=job, steps=[rec]))
-    for i, m in enumerate(out):
+    for m in out:  # the placement: built from the arguments and the ranks, not from a line
         try:
             validate(m)
         except ContractError as exc:
-            raise ImportFormatError(f"message {i + 1} ({m['kind']} of {m.get('job')}): {exc}") from None
+            raise ImportFormatError(f"the placement of job {m.get('job')}: {exc}") from None
+    for job, node, rec in rows:
+        m = envelope("steps", node, rec["ended_at"], job=job, steps=[rec])
+        try:
+            validate(m)
+        except ContractError as exc:
+            # The importers check every value as they read it; what is left (a name too long for the contract)
+            # is said at the line or event it came from, not at a message number the reader never saw.
+            raise ImportFormatError(f"{where[id(rec)]}: {str(exc).replace('steps[0].', '')}") from None
+        out.append(m)
     return out
 
 

@@ -2,7 +2,10 @@
 
 Called by ``whywait import`` for a Chrome-trace JSON file (``.json`` or ``.json.gz``) that
 ``torch.profiler`` wrote for one rank: the object form (``{"traceEvents": [...]}``) or the Trace
-Event Format's array form (the events alone, its closing ``]`` optional).  Spans are complete
+Event Format's array form (the events alone, its closing ``]`` optional).  A trace cut short, in either form,
+inside an event or inside its gzip stream (a tracer killed as it wrote, a copy not finished), is read up to
+its last whole event, with a note naming that event (``_parse``); one cut before any whole event, or before
+any step, is refused saying "truncated?".  Spans are complete
 (``"ph": "X"``) events, or ``B``/``E`` pairs as other tracers write them: per (pid, tid), in time order,
 an ``E`` closes the latest open ``B`` of its name (the latest open one when it has no name); a ``B``
 never closed or an ``E`` with nothing to close is counted in the import notes and ignored.  Async
@@ -125,6 +128,7 @@ class KinetoStep:
     collective_s: float | None
     pipeline_wait_s: float | None
     data_wait_s: float | None
+    ts: float | None = None  # the step span's own ``ts`` in the trace (µs), to name it in an error
 
     def record(self) -> dict[str, Any]:
         """The contract's StepTiming record for this step (an unknown phase is left out)."""
@@ -143,12 +147,13 @@ class KinetoStep:
 TRACE_MAX_BYTES = 2 << 30
 
 
-def _read_capped(path: Path, cap: int) -> bytes | bytearray:
+def _read_capped(path: Path, cap: int, cut: list[str] | None = None) -> bytes | bytearray:
     """The file's bytes, gunzipped when it is gzip, refused once they pass ``cap``.
 
     A gzip file inflates into one buffer that is returned as it is (a ``bytes`` copy of it would hold the
     trace twice at the peak); the gzip trailer's size (ISIZE, the length modulo 2**32) sizes nothing, for
-    a hostile file can lie in it, so the cap is checked as the data inflates.
+    a hostile file can lie in it, so the cap is checked as the data inflates.  A gzip file cut short (a copy
+    not finished) gives what inflated before the cut, said in ``cut``, so its whole events can still be read.
     """
     with path.open("rb") as fh:
         gz = fh.read(2) == b"\x1f\x8b"
@@ -159,7 +164,18 @@ def _read_capped(path: Path, cap: int) -> bytes | bytearray:
         return path.read_bytes()
     out = bytearray()
     with gzip.open(path, "rb") as g:  # read in chunks: the size is known only as it inflates
-        while chunk := g.read(1 << 22):
+        while True:
+            try:
+                # read1: one read of the compressed file at a time, so a cut loses nothing inflated before it
+                chunk = g.read1(1 << 22)
+            except EOFError:
+                if not out:
+                    raise
+                if cut is not None:
+                    cut.append("the gzip stream ends early")
+                break
+            if not chunk:
+                break
             out += chunk
             if len(out) > cap:
                 raise ImportFormatError(f"{path}: inflates past {cap / 2**20:,.0f} MiB (a decompression bomb, or "
@@ -168,21 +184,41 @@ def _read_capped(path: Path, cap: int) -> bytes | bytearray:
     return out
 
 
-def load_trace(path: Path, max_bytes: int = TRACE_MAX_BYTES) -> dict[str, Any]:
+def load_trace(path: Path, max_bytes: int = TRACE_MAX_BYTES, notes: Counter[str] | None = None) -> dict[str, Any]:
     """Read a (possibly gzipped) Chrome-trace JSON file; raise :class:`ImportFormatError` naming it.
 
     ``max_bytes`` caps the trace's size once decompressed.  The file is read once: its bytes are decoded to
     text and dropped before the JSON is parsed, so the peak holds the text and the parsed events, not also
-    the bytes (``json.loads`` of bytes would decode a copy while the caller still held them).
+    the bytes (``json.loads`` of bytes would decode a copy while the caller still held them).  A trace cut
+    short (``_parse``) is read up to its last whole event, said in ``notes``.
     """
+    data, cut = _load(path, max_bytes)
+    if cut and notes is not None:
+        notes[cut] += 1
+    return data
+
+
+def _load(path: Path, max_bytes: int) -> tuple[dict[str, Any], str]:
+    """:func:`load_trace`'s trace, and a note saying where it was cut short ("" when it is whole)."""
+    cut: list[str] = []
     try:
-        raw = _read_capped(path, max_bytes)
-        text = raw.decode(json.detect_encoding(raw), "surrogatepass")
+        raw = _read_capped(path, max_bytes, cut)
+        encoding = json.detect_encoding(raw)
+        try:
+            text = raw.decode(encoding, "surrogatepass")
+        except UnicodeDecodeError as exc:
+            if exc.reason != "unexpected end of data":
+                raise
+            text = raw[:exc.start].decode(encoding, "surrogatepass")  # a cut inside a character: see _parse
         del raw  # the bytes go before the parse: see the docstring
-        data = _parse(text)
+        data, cut_at = _parse(text)
     except FileNotFoundError:
         raise ImportFormatError(f"{path}: no such file") from None
     except json.JSONDecodeError as exc:
+        if cut or _ends_early(exc):
+            raise ImportFormatError(f"{path}: not a JSON trace ({exc.msg}: line {exc.lineno} column {exc.colno}): "
+                                    f"truncated? {cut[0] if cut else 'the JSON breaks at the end of the file'}, and "
+                                    "no whole event before that could be read") from None
         raise ImportFormatError(f"{path}: {_json_error(exc)}") from None
     except (OSError, ValueError, EOFError, zlib.error) as exc:  # ValueError: not UTF-8 (a UnicodeDecodeError)
         raise ImportFormatError(f"{path}: not a JSON trace ({exc})") from None
@@ -194,7 +230,13 @@ def load_trace(path: Path, max_bytes: int = TRACE_MAX_BYTES) -> dict[str, Any]:
         data = {"traceEvents": data}
     if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
         raise ImportFormatError(f"{path}: not a PyTorch profiler trace (no traceEvents list)")
-    return data
+    if cut_at is None and not cut:
+        return data, ""
+    n = len(data["traceEvents"])
+    why = cut[0] if cut else "the file ends inside an event"
+    return data, (f"{path.name}: the trace is cut short ({why}, as a tracer killed mid-run or a copy not finished "
+                  f"leaves it): read up to event {n:,} (traceEvents[{n - 1}]), the whole events before the cut; "
+                  "a step whose events came after it is missing or part-timed")
 
 
 def _json_error(exc: json.JSONDecodeError) -> str:
@@ -210,25 +252,85 @@ def _json_error(exc: json.JSONDecodeError) -> str:
     return f"not a JSON trace ({exc})"
 
 
-def _parse(text: str) -> Any:
-    """The trace's JSON; an array whose closing ``]`` is missing is read as if it were there.
+def _parse(text: str) -> tuple[Any, int | None]:
+    """The trace's JSON, and where it was cut (None: it is whole); a trace cut short is read up to its cut.
 
     The Trace Event Format lets the array form end without its ``]`` (a tracer killed mid-run
     still leaves a readable trace), so such a file is completed, after any trailing comma,
-    rather than refused.  Anything else that is not JSON raises ``ValueError`` as ``json.loads`` does.
+    rather than refused.  A trace cut inside an event (a tracer killed as it wrote one, a copy or
+    download not finished), in either form (``{"traceEvents": [...`` is what Kineto writes as it goes), is read
+    up to its last whole event (``_cut_events``).  Anything else that is not JSON, including a file that is
+    broken before its end, raises ``ValueError`` as ``json.loads`` does, or :class:`ImportFormatError`
+    for a file that ends too early to hold one whole event.
     """
     try:
-        return json.loads(text)
-    except ValueError:
+        return json.loads(text), None
+    except json.JSONDecodeError as exc:
         body = text.lstrip()
-        if not body.startswith("["):
+        if body.startswith("["):
+            tail = body.rstrip().rstrip(",")
+            try:
+                return json.loads(tail + "]"), None
+            except ValueError:
+                pass
+        got = _cut_events(text, exc)
+        if got is None:
             raise
-        tail = body.rstrip().rstrip(",")
-        try:
-            return json.loads(tail + "]")
-        except ValueError:
-            pass
+        return got
+    except ValueError:
         raise
+
+
+# How many places a cut trace is tried closed at (each try parses the whole text once): the last whole event's
+# closing brace comes within a few of the cut (braces inside the cut event's args, or its kernel's name).
+_CUT_TRIES = 16
+_SPACE = re.compile(r"\s*")
+_EVENT_END = re.compile(r"\s*(?:$|,|\])")  # what follows an event's closing brace: the next, the cut, the end
+
+
+def _ends_early(exc: json.JSONDecodeError) -> bool:
+    """Whether the JSON broke at the end of its text, as a file cut short does: an unterminated string runs to
+    it, and any other break (a value, a comma, a name expected) is within a few characters of it."""
+    if exc.msg == "Extra data":
+        return False
+    end = len(exc.doc)
+    while end > exc.pos and exc.doc[end - 1].isspace():  # not rstrip(): that copies a trace of gigabytes
+        end -= 1
+    return exc.msg.startswith("Unterminated string") or end - exc.pos <= 16
+
+
+def _cut_events(text: str, exc: json.JSONDecodeError) -> tuple[Any, int] | None:
+    """A trace cut short read up to its last whole event: ``(the JSON, the offset of the cut)``; None when the
+    JSON breaks before the file's end (a damaged file, not a cut one), or no close of it parses.
+
+    The parser failed at the end of the file (an unterminated string runs to it; anything else is within a few
+    characters of it), so everything before the event the cut is in is whole JSON: the events array is closed
+    (``]``, and ``}`` for the object form) after each ``}`` that ends an event (followed by a comma, or by the
+    cut), from the last, until the result parses.  It then holds the whole events before the cut.
+    """
+    if not _ends_early(exc):
+        return None
+    start = _SPACE.match(text)
+    first = text[start.end():start.end() + 1] if start else ""
+    closer = {"[": "]", "{": "]}"}.get(first, "")
+    if not closer:
+        return None
+    at = exc.pos
+    for _ in range(_CUT_TRIES):
+        at = text.rfind("}", 0, at)
+        if at < 0:
+            return None
+        if not _EVENT_END.match(text, at + 1):
+            continue  # a brace inside a string (a kernel's name), not the end of an event
+        try:  # a copy of the text: only for a trace that is cut, and a few times at most
+            data = json.loads(text[:at + 1] + closer)
+        except ValueError:
+            continue
+        events = data if isinstance(data, list) else data.get("traceEvents") if isinstance(data, dict) else None
+        if not isinstance(events, list) or not events:
+            return None
+        return data, at + 1
+    return None
 
 
 # Keys only a profiler trace has at its top (Kineto's ``ChromeTraceLogger`` writes them before ``traceEvents``).
@@ -339,7 +441,9 @@ def steps_from_trace(path: Path, rank: int | None = None, notes: Counter[str] | 
     launch is not in the trace), so the caller can say so instead of dropping it silently.
     """
     notes = Counter() if notes is None else notes
-    data = load_trace(path, max_bytes)
+    data, cut = _load(path, max_bytes)
+    if cut:
+        notes[cut] += 1
     events = data["traceEvents"]
     rank_error: ImportFormatError | None = None
     the_rank = -1
@@ -430,6 +534,10 @@ def steps_from_trace(path: Path, rank: int | None = None, notes: Counter[str] | 
         # addIterationMarker): one marker per profile, not per step, so it cannot stand in for the steps.
         why = (f" (its {_short(marker)} marks where the profile began, not a step; a trace taken on demand, "
                "as dynolog does, has none)") if marker else ""
+        if cut:
+            raise ImportFormatError(f"{path}: no ProfilerStep#N spans in the {len(events):,} event"
+                                    f"{'' if len(events) == 1 else 's'} before the trace was cut short: truncated? "
+                                    "(was the trace, the copy or the download cut short?)")
         raise ImportFormatError(f"{path}: no ProfilerStep#N spans{why}: profile with torch.profiler.schedule "
                                 "and call prof.step() each iteration")
     if min(s for s, _ in spans.values()) + base_us < _EPOCH_US:
@@ -481,7 +589,7 @@ def steps_from_trace(path: Path, rank: int | None = None, notes: Counter[str] | 
                               comm_s=_minus(comm, comp) / 1e6 if gpu_known else None,
                               collective_s=_minus(coll, comp) / 1e6 if gpu_known else None,
                               pipeline_wait_s=_minus(pipe, comp) / 1e6 if gpu_known else None,
-                              data_wait_s=data_wait))
+                              data_wait_s=data_wait, ts=s0))
     return out
 
 

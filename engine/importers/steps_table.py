@@ -21,6 +21,22 @@ misspelt field (``duraton_s``) is refused, naming the field, for a lost phase wo
 A time without a zone is UTC (a logger writing local time must say its offset: ``+02:00``).  Any problem is one
 line naming the file, the line and the column.  The file is UTF-8 (a leading byte-order mark, as
 spreadsheets write, is skipped); other bytes are refused with their line and byte offset.
+
+The cells are separated by ``,``, a tab, ``;`` or ``|``: whichever the header holds most of (outside
+quotes), so a TSV or a table a spreadsheet saved with ``;`` reads as a CSV does.  A ``;``-separated
+table with a decimal comma (``0,8``) is refused at its cell, for ``1,250`` could be either number.
+
+Every row is checked against the contract as it is read, so a value the engine would refuse is one line
+naming the row, not the message it became: a ``duration_s`` or phase outside ``0..1e+08 s``, a phase
+longer than its step allows (at most 1.5 × ``duration_s`` + 1 s), a time outside ``0..1e+11 s`` since 1970.
+A numeric ``time`` over ``1e+11`` s (the year 5138) cannot be seconds; one that reads as milliseconds,
+microseconds or nanoseconds since 1970 (``1796400000000``) is read in that unit, with a note, when
+the column's first numeric time is in it too: the unit is the column's, and a row in another one is
+refused naming both lines.  (Name the column ``time_ms`` to say so and have no note.)
+
+One row per rank per step (and job): a row repeated exactly (a logger that wrote it twice, two exports
+pasted together) is dropped and counted in a note; two rows of one step of one rank that differ are
+refused naming both lines.
 """
 
 from __future__ import annotations
@@ -29,12 +45,13 @@ import csv
 import difflib
 import json
 import math
+import re
 from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from whywait.agents.events import FIELD_BOUNDS, NOT_IN_NAMES
+from whywait.agents.events import FIELD_BOUNDS, NOT_IN_NAMES, PHASE_SLACK, UNIT_BOUNDS
 from whywait.engine.importers import ImportFormatError
 
 from whywait import jsonl
@@ -155,7 +172,9 @@ def _few(names: set[str], most: int = 5) -> str:
     return ", ".join(shown) + (f" and {more:,} more" if more else "")
 
 
-def _time(v: Any, where: str) -> float:
+def _time(v: Any, where: str) -> tuple[float, bool]:
+    """The time in ``v`` (Unix seconds or ISO 8601), and whether it was written as a number."""
+    numeric = True
     try:
         if isinstance(v, (int, float)) and not isinstance(v, bool):
             t = float(v)
@@ -164,13 +183,30 @@ def _time(v: Any, where: str) -> float:
             try:
                 t = float(s)
             except ValueError:
+                numeric = False
                 dt = datetime.fromisoformat(s.replace("Z", "+00:00"))
                 t = (dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)).timestamp()
     except (ValueError, OverflowError, OSError):  # OverflowError: an integer of 400 digits
         raise ImportFormatError(f"{where}: time must be Unix seconds or ISO 8601 (got {_short(v)})") from None
     if not math.isfinite(t):
         raise ImportFormatError(f"{where}: time must be Unix seconds or ISO 8601 (got {_short(v)})")
-    return t
+    return t, numeric
+
+
+# A time in seconds since 1970 is at most this (the contract's bound: the year 5138); a larger number is an
+# epoch in a finer unit.  Each unit's range ends where the next begins, so a number reads as one unit only.
+_EPOCH_MAX = UNIT_BOUNDS["s since epoch (UTC)"][1]
+_EPOCH_UNITS = ((1e3, "milliseconds", "ms"), (1e6, "microseconds", "us"), (1e9, "nanoseconds", "ns"))
+
+
+def _epoch_unit(t: float) -> tuple[float, str, str]:
+    """The unit a numeric time reads in, by its size: ``(per second, word, suffix)``; seconds are ``(1, ...)``."""
+    if t <= _EPOCH_MAX:
+        return 1.0, "seconds", "s"
+    for factor, word, suffix in _EPOCH_UNITS:
+        if t / factor <= _EPOCH_MAX:
+            return factor, word, suffix
+    return 1.0, "seconds", "s"  # no unit makes it a time: refused as out of bounds
 
 
 def _num(v: Any, where: str, integer: bool = False, most: float = math.inf) -> float | int | None:
@@ -211,14 +247,42 @@ def _not_utf8(path: Path) -> ImportFormatError:
     return ImportFormatError(f"{path}: not UTF-8")  # pragma: no cover - the text reader saw a bad byte
 
 
-def _rows(path: Path, notes: Counter[str] | None = None) -> Iterator[tuple[int, dict[str, Any]]]:
+class _Header:
+    """The columns a row came from: each field's column name and factor to seconds, and the cell separator."""
+
+    __slots__ = ("names", "sep")
+
+    def __init__(self, cols: dict[str, tuple[str, float]], sep: str = "") -> None:
+        self.names = {("time" if f == "ended_at" else f): (name, scale) for name, (f, scale) in cols.items()}
+        self.sep = sep  # "" for JSON lines
+
+    def column(self, field: str) -> str:
+        """``column duration_s``, or ``column 'Step Time (ms)' (duration_s)`` when the table names it otherwise."""
+        name = self.names.get(field, (field, 1.0))[0]
+        shown = name if re.fullmatch(r"[A-Za-z0-9_.-]+", name) else _short(name)
+        return f"column {shown}" if name == field else f"column {shown} ({field})"
+
+
+_SEPARATORS = (",", "\t", ";", "|")
+
+
+def _separator(header: str) -> str:
+    """The cell separator a header line uses: the one of :data:`_SEPARATORS` it holds most of, outside quotes
+    (a comma when it holds none: a table of one column)."""
+    bare = re.sub(r'"[^"]*"', "", header)
+    counts = [(bare.count(d), -i, d) for i, d in enumerate(_SEPARATORS)]
+    n, _, sep = max(counts)
+    return sep if n else ","
+
+
+def _rows(path: Path, notes: Counter[str] | None = None) -> Iterator[tuple[int, dict[str, Any], _Header]]:
     try:
         yield from _parsed_rows(path, notes)
     except UnicodeDecodeError:
         raise _not_utf8(path) from None
 
 
-def _parsed_rows(path: Path, notes: Counter[str] | None = None) -> Iterator[tuple[int, dict[str, Any]]]:
+def _parsed_rows(path: Path, notes: Counter[str] | None = None) -> Iterator[tuple[int, dict[str, Any], _Header]]:
     try:
         fh = path.open(newline="", encoding="utf-8-sig")  # -sig: skips the byte-order mark spreadsheets write
     except OSError as exc:
@@ -231,7 +295,7 @@ def _parsed_rows(path: Path, notes: Counter[str] | None = None) -> Iterator[tupl
                                     "JSON object per line); a profiler trace's events are imported with "
                                     "--format kineto")
         if first == "{":
-            known: dict[tuple[str, ...], dict[str, tuple[str, float]]] = {}
+            known: dict[tuple[str, ...], tuple[dict[str, tuple[str, float]], _Header]] = {}
             for no, line in enumerate(fh, start=1):
                 if not line.strip():
                     continue
@@ -244,17 +308,22 @@ def _parsed_rows(path: Path, notes: Counter[str] | None = None) -> Iterator[tupl
                 if not isinstance(row, dict):
                     raise ImportFormatError(f"{path}:{no}: expected a JSON object per line")
                 keys = tuple(row)
-                cols = known.get(keys)
-                if cols is None:
+                got = known.get(keys)
+                if got is None:
                     try:
                         cols = _columns(keys, strict=False)
                     except ImportFormatError as exc:
                         raise ImportFormatError(f"{path}:{no}: {exc}") from None
+                    got = (cols, _Header(cols))
                     if len(known) < 64:  # a few key sets in practice; a file of ever-new keys is not cached
-                        known[keys] = cols
-                yield no, _canonical(row, cols)
+                        known[keys] = got
+                yield no, _canonical(row, got[0]), got[1]
         else:
-            reader = csv.DictReader(fh)
+            # The separator from the header line: a TSV, or a table a spreadsheet saved with ";" (a locale whose
+            # decimal mark is the comma), reads as a CSV does.
+            sep = _separator(fh.readline(1 << 16))
+            fh.seek(0)
+            reader = csv.DictReader(fh, delimiter=sep)
             try:
                 if not reader.fieldnames:
                     raise ImportFormatError(f"{path}: no rows: the table is empty")
@@ -262,11 +331,14 @@ def _parsed_rows(path: Path, notes: Counter[str] | None = None) -> Iterator[tupl
                     cols = _columns(reader.fieldnames, notes=notes, source=path.name)
                 except ImportFormatError as exc:
                     raise ImportFormatError(f"{path}:1: {exc}") from None
+                head = _Header(cols, sep)
+                if sep in (";", "|") and notes is not None:
+                    notes[f"{path.name}: cells separated by {sep!r} (read as such)"] += 1
                 for row in reader:
                     if any(str(c).strip() for c in row.get(None) or ()):  # more cells than the header has columns
                         raise ImportFormatError(f"{path}:{reader.line_num}: {len(row[None]) + len(cols)} cells, "
                                                 f"and the header names {len(cols)} columns")
-                    yield reader.line_num, _canonical(row, cols)
+                    yield reader.line_num, _canonical(row, cols), head
             except csv.Error as exc:  # a NUL byte, a field over the csv module's size limit
                 raise ImportFormatError(f"{path}:{max(reader.line_num, 1)}: not a CSV row ({exc})") from None
 
@@ -275,25 +347,95 @@ def read_steps(path: Path, job: str | None = None, node: str | None = None,
                notes: Counter[str] | None = None) -> Iterator[tuple[str, str, dict[str, Any]]]:
     """Yield ``(job, node, StepTiming record)`` per row, with ``ended_at`` set to the row's time.
 
-    ``notes`` counts what was left out (a logger's other columns).  A table with no row at all (empty,
-    or a header alone) raises :class:`ImportFormatError`: importing nothing must not look like success.
+    ``notes`` counts what was left out (a logger's other columns, rows repeated exactly).  A table with no
+    row at all (empty, or a header alone) raises :class:`ImportFormatError`: importing nothing must not look
+    like success.  :func:`read_step_rows` gives each row's line too.
     """
+    for _, j, n, rec in read_step_rows(path, job, node, notes):
+        yield j, n, rec
+
+
+_DECIMAL_COMMA = re.compile(r"\s*[-+]?[0-9]*,[0-9]+\s*")
+_SECONDS = UNIT_BOUNDS["s"]
+
+
+def _cell(row: dict[str, Any], f: str, where: str, head: _Header, integer: bool = False) -> float | int | None:
+    """The number in ``row``'s ``f`` (None when empty), checked against the contract's bounds for it."""
+    v = row.get(f)
+    if head.sep == ";" and isinstance(v, str) and _DECIMAL_COMMA.fullmatch(v):
+        raise ImportFormatError(f"{where}: {head.column(f)}: {v.strip()!r} has a decimal comma (the table is "
+                                "';'-separated, as spreadsheets save it where the comma is the decimal mark): "
+                                "save it with decimal points")
+    x = _num(v, f"{where}: {f}", integer, FIELD_BOUNDS[f][1] if f in FIELD_BOUNDS else math.inf)
+    if x is not None and f not in FIELD_BOUNDS and not _SECONDS[0] <= x <= _SECONDS[1]:
+        raise ImportFormatError(f"{where}: {head.column(f)}: {x:g} s is outside {_SECONDS[0]:g}..{_SECONDS[1]:g} s")
+    return x
+
+
+def _differs(a: tuple[str, dict[str, Any]], b: tuple[str, dict[str, Any]]) -> str:
+    """What differs between two rows of one step (node, record): ``duration_s 0.8 there, 0.9 here``."""
+    (na, ra), (nb, rb) = a, b
+    out = [f"node {_short(na)} there, {_short(nb)} here"] if na != nb else []
+    for f in ("ended_at", "duration_s", *PHASES):
+        if ra.get(f) != rb.get(f):
+            there, here = ("-" if r.get(f) is None else f"{r[f]:g}" for r in (ra, rb))
+            out.append(f"{'time' if f == 'ended_at' else f} {there} there, {here} here")
+    return "; ".join(out[:3])
+
+
+def read_step_rows(path: Path, job: str | None = None, node: str | None = None,
+                   notes: Counter[str] | None = None) -> Iterator[tuple[int, str, str, dict[str, Any]]]:
+    """Yield ``(line, job, node, StepTiming record)`` per row (see :func:`read_steps`), each checked against
+    the contract as it is read, so an error names its line; rows repeated exactly are dropped (counted in
+    ``notes``), and two different rows of one (job, rank, step) are refused naming both lines."""
     rows = 0
-    for no, row in _rows(path, notes):
+    clock: tuple[float, str, int, Any] | None = None  # the time column's unit: (per second, word, line, cell)
+    seen: dict[tuple[str, int, int], tuple[int, str, dict[str, Any]]] = {}
+    repeated = 0
+    for no, row, head in _rows(path, notes):
         rows += 1
         where = f"{path}:{no}"
         t = row.get("time")
         if t in (None, ""):
             raise ImportFormatError(f"{where}: time: is required (when the step ended)")
-        rec: dict[str, Any] = {"ended_at": _time(t, f"{where}: time")}
+        ended, numeric = _time(t, f"{where}: time")
+        if numeric:
+            factor, word, suffix = _epoch_unit(ended)
+            name, scale = head.names.get("time", ("time", 1.0))
+            if clock is None:
+                clock = (factor, word, no, t)
+                if factor != 1.0:
+                    if scale != 1.0:  # the column names its unit, and the cells are in a finer one
+                        raise ImportFormatError(f"{where}: {head.column('time')}: {ended:g} s since 1970 in the "
+                                                f"unit the column names, over {_EPOCH_MAX:g} s: are its times in "
+                                                "that unit?")
+                    if notes is not None:
+                        notes[f"{path.name}: column {name} holds {word} since 1970 (line {no}: {_short(t)}): read "
+                              f"as {word}; name the column {name}_{suffix} to say so"] += 1
+            elif factor != clock[0]:
+                looks = f"looks like {word} since 1970" if factor != 1.0 else f"reads as {word}"
+                raise ImportFormatError(f"{where}: {head.column('time')}: {_short(t)} {looks}, and line {clock[2]} "
+                                        f"({_short(clock[3])}) holds {clock[1]}: one unit for the whole column")
+            ended /= factor
+        if not 0.0 <= ended <= _EPOCH_MAX:
+            raise ImportFormatError(f"{where}: {head.column('time')}: {_short(t)} is outside 0..{_EPOCH_MAX:g} s "
+                                    "since 1970")
+        rec: dict[str, Any] = {"ended_at": ended}
         for f, integer in (("rank", True), ("step", True), ("duration_s", False)):
-            v = _num(row.get(f), f"{where}: {f}", integer, FIELD_BOUNDS[f][1] if f in FIELD_BOUNDS else math.inf)
+            v = _cell(row, f, where, head, integer)
             if v is None:
                 raise ImportFormatError(f"{where}: {f}: is required")
             rec[f] = v
+        # As the contract checks it (PHASE_SLACK): a phase is timed apart from its step, so a little over it is
+        # allowed, and more cannot have been measured.
+        most = rec["duration_s"] * PHASE_SLACK[0] + PHASE_SLACK[1]
         for f in PHASES:
-            v = _num(row.get(f), f"{where}: {f}")
+            v = _cell(row, f, where, head)
             if v is not None:
+                if v > most:
+                    raise ImportFormatError(f"{where}: {head.column(f)}: {v:g} s is longer than its step allows "
+                                            f"(duration_s {rec['duration_s']:g} s: at most {PHASE_SLACK[0]:g} × "
+                                            f"duration_s + {PHASE_SLACK[1]:g} s, {most:g} s here)")
                 rec[f] = v
         j = row.get("job") or job
         n = row.get("node") or node
@@ -304,7 +446,22 @@ def read_steps(path: Path, job: str | None = None, node: str | None = None,
         for what, name in (("job", j), ("node", n)):
             if isinstance(name, str) and NOT_IN_NAMES.search(name):
                 raise ImportFormatError(f"{where}: {what}: must not hold control characters (got {_short(name)})")
-        yield str(j), str(n), rec
+        j, n = str(j), str(n)
+        # One row per rank per step: a repeat of a row is dropped, two rows that disagree are refused.
+        key = (j, rec["rank"], rec["step"])
+        first = seen.get(key)
+        if first is not None:
+            if (first[1], first[2]) == (n, rec):
+                repeated += 1
+                continue
+            raise ImportFormatError(f"{where}: job {j} rank {rec['rank']} step {rec['step']} is also on line "
+                                    f"{first[0]}, with other values ({_differs((first[1], first[2]), (n, rec))}): "
+                                    "one row per rank per step")
+        seen[key] = (no, n, rec)
+        yield no, j, n, rec
     if not rows:
         raise ImportFormatError(f"{path}: no rows: the table is empty" + (
             "" if path.stat().st_size == 0 else " but for its header"))
+    if repeated and notes is not None:
+        notes[f"{path.name}: {repeated} row{'s' if repeated > 1 else ''} repeated exactly (the same step of the "
+              "same rank, every value equal): dropped"] += 1
