@@ -105,6 +105,7 @@ class EventTimeMerge:
         # Messages that reached the merge after it had released later ones by more than the slack (history
         # written to a partition after newer data, within the window): evaluated, but late (see late_note).
         self.late = 0
+        self.telemetry = 0  # messages other than placements kept for the window (none: the window missed the data)
         # stream -> offsets where a run of late messages began (given ``offsets`` in :meth:`add`): where the
         # reader splits the partition into streams of their own when it reads the window again (see ``jumps``).
         self.jumps: dict[str, list[int]] = {}
@@ -165,7 +166,7 @@ class EventTimeMerge:
         buckets, keys, order_of = self._buckets, self._keys, self._order
         released_to = self.released_to
         n = self.read
-        held = late = 0
+        held = late = telemetry = 0
         was_late = self._was_late.get(stream, False)
         jumps = self.jumps.get(stream)
         for n, raw in enumerate(values, start=self.read + 1):  # noqa: B007 - n, the count read, is kept below
@@ -196,6 +197,7 @@ class EventTimeMerge:
             if kind_placement[1]:
                 if not self._placement(msg, t, raw):
                     continue
+                telemetry -= 1  # counted below with the rest
             elif not (read_from <= t <= until):
                 continue
             elif filtered and "job" in msg:
@@ -220,9 +222,11 @@ class EventTimeMerge:
                 heapq.heappush(keys, key)
             bucket.append((t, kind_placement[0], topic, raw, msg))
             held += 1
+            telemetry += 1
         looked = n - self.read
         self.read = n
         self.held += held
+        self.telemetry += telemetry
         if late:
             self.late += late
         self._past[stream] = past

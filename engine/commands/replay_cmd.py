@@ -77,7 +77,16 @@ def _parse_time(v: str, now: float, what: str) -> float:
 
 
 def _a_time(t: float, v: str, what: str) -> float:
-    """``t`` when it is a time a date can be written for (``1e400``, ``nan`` or year 30,000,000 is not)."""
+    """``t`` when it is a time a date can be written for (``1e400``, ``nan`` or year 30,000,000 is not).
+
+    A number of milliseconds, microseconds or nanoseconds since the epoch (what many loggers print) is
+    refused naming the time it would be in seconds: taken as seconds it is thousands of years ahead.
+    """
+    if math.isfinite(t) and t > 4e10:  # after the year 3237: no window anyone replays
+        for scale, unit in ((1e3, "milliseconds"), (1e6, "microseconds"), (1e9, "nanoseconds")):
+            if 946_684_800 <= t / scale < 4_102_444_800:  # 2000 to 2100 in seconds
+                raise ConfigError(f"{what}: {v!r} looks like {unit} since the epoch; in seconds it is "
+                                  f"{t / scale:.0f} ({_fmt(t / scale)} UTC): give Unix seconds")
     try:
         if math.isfinite(t):
             datetime.fromtimestamp(t, timezone.utc)
@@ -160,6 +169,46 @@ async def topic_partitions(bootstrap: str, topics: list[str]) -> dict[str, list[
         return out
     finally:
         await admin.close()
+
+
+async def topics_extent(bootstrap: str) -> tuple[float, float] | None:
+    """The event times of the oldest and newest record on the input topics (placements aside), or None.
+
+    Called when a replay's window held no telemetry, to say where the data lies: only each partition's
+    first and last record are read (a record's time is its ``time`` field), so it costs a few fetches.
+    """
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+    from whywait.agents.events import INPUT_TOPICS, TOPIC_PLACEMENT
+
+    c = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None,
+                         request_timeout_ms=15000, auto_offset_reset="earliest")
+    await asyncio.wait_for(c.start(), 20)
+    try:
+        names = [t for t in INPUT_TOPICS if t != TOPIC_PLACEMENT and t in await c.topics()]
+        parts = await topic_partitions(bootstrap, names)
+        tps = [TopicPartition(t, p) for t in names for p in parts.get(t, [0])]
+        if not tps:
+            return None
+        c.assign(tps)
+        firsts = await seek_to_log_start(c, tps)
+        ends = await c.end_offsets(tps)
+        times: list[float] = []
+        for tp in tps:
+            for off in {firsts[tp], ends[tp] - 1}:
+                if off < firsts[tp] or off >= ends[tp]:
+                    continue
+                c.seek(tp, off)
+                got = (await c.getmany(tp, timeout_ms=2000, max_records=1)).get(tp, [])
+                for r in got[:1]:
+                    try:
+                        t = json.loads(r.value).get("time") if r.value is not None else None
+                    except (ValueError, AttributeError):
+                        continue
+                    if isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t):
+                        times.append(float(t))
+        return (min(times), max(times)) if times else None
+    finally:
+        await c.stop()
 
 
 async def seek_to_log_start(c: Any, tps: list[Any]) -> dict[Any, int]:
@@ -696,6 +745,8 @@ def run(args: argparse.Namespace) -> int:
         late = merge.late_note()
         if late:
             notes.append(late)
+        if not merge.telemetry and not res.interrupted:
+            notes.append(_where_the_data_is(plan))
         if isinstance(topology, PlacedTopology):
             notes.append(topology.note())
         for note in notes:
@@ -753,6 +804,30 @@ def run(args: argparse.Namespace) -> int:
                 post_to_thread(rep, args.slack_thread, Path(tmpd))
                 print(f"posted the summary and timeline to {args.slack_thread}")
     return 130 if res.interrupted else 0
+
+
+def _where_the_data_is(plan: Plan) -> str:
+    """What to say when the window held no telemetry: where the data is (a wrong window is the usual cause)."""
+    w = plan.window
+    if plan.bundle is not None:
+        held = plan.bundle.manifest.get("window") or {}
+        if "since" in held and "until" in held:
+            return (f"no telemetry in the window; {plan.bundle.path} holds {_fmt(float(held['since']))} to "
+                    f"{_fmt(float(held['until']))} UTC")
+        return "no telemetry in the window"
+    from whywait.engine.localkafka.broker import resolve_bootstrap
+
+    try:
+        extent = asyncio.run(topics_extent(plan.bootstrap or resolve_bootstrap()))
+    except Exception as exc:  # noqa: BLE001 - a hint only: the replay's own result stands
+        return f"no telemetry in the window (where the topics' data lies could not be read: {type(exc).__name__})"
+    if extent is None:
+        return "no telemetry in the window, and the input topics hold none at all"
+    lo, hi = extent
+    where = "before" if hi < w.read_from else "after" if lo > w.until else "around"
+    return (f"no telemetry in the window ({_fmt(w.read_from)} to {_fmt(w.until)} UTC); the input topics hold "
+            f"records from {_fmt(lo)} to {_fmt(hi)} UTC (each partition's first and last), {where} it: is the "
+            "window right? (--since/--until take UTC, e.g. 2026-11-29T14:00:00Z)")
 
 
 def latest_cost(s: Any) -> float | None:
