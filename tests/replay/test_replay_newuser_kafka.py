@@ -58,8 +58,10 @@ def test_history_published_after_newer_data_is_replayed_whole(backfilled: dict[s
                                   str(stats)), env=backfilled["env"])
     assert r.returncode == 0, r.stderr
     got = json.loads(stats.read_text())
-    # all of it but the couple of messages stamped at the simulation's very end, past --until
-    assert backfilled["published"] - 20 <= got["messages"] <= backfilled["published"], (got, r.stdout)
+    # all of it but the couple of messages stamped at the simulation's very end, past --until; plus the placements
+    # of other tests' jobs on this shared broker stamped before the window (each job's latest enters at the start,
+    # as a running job's does): their number depends on which tests ran first
+    assert backfilled["published"] - 20 <= got["messages"] <= backfilled["published"] + 50, (got, r.stdout)
     assert "network.straggler-retransmits  node-05" in r.stdout and got["stopped_early"] == []
     assert "stopped reading" not in r.stderr
 
