@@ -16,6 +16,7 @@ from pathlib import Path
 
 def register(p: argparse.ArgumentParser) -> None:
     from whywait.engine.commands.replay_cmd import allow_relative_times
+    from whywait.engine.commands.rules_cmd import path_arg  # an empty path ("$UNSET") is refused, not read as "."
 
     allow_relative_times(p)
     p.add_argument("--since", required=True, help="start of the window: Unix s, ISO 8601, or relative (-10m)")
@@ -23,40 +24,69 @@ def register(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lead", default="15m", help="also keep this much before --since, to warm baselines (15m)")
     p.add_argument("--job", action="append", default=[], help="only this job (repeatable)")
     p.add_argument("--project", action="append", default=[], help="only this project's jobs (repeatable)")
-    p.add_argument("--topology", type=Path, help="topology YAML to include (default: WHYWAIT_TOPOLOGY)")
-    p.add_argument("--rules", action="append", type=Path,
+    p.add_argument("--topology", type=path_arg, help="topology YAML to include (default: WHYWAIT_TOPOLOGY)")
+    p.add_argument("--rules", action="append", type=path_arg,
                    help="rule files or folders to include (default: the engine's, ./rules or the shipped rules, "
                         "plus $WHYWAIT_SITE_RULES)")
     p.add_argument("--bootstrap", help="Kafka bootstrap (default: WHYWAIT_KAFKA_BOOTSTRAP or the local broker)")
-    p.add_argument("-o", "--output", type=Path, required=True, help="the bundle to write (incident.whywait)")
+    p.add_argument("-o", "--output", type=path_arg, required=True, help="the bundle to write (incident.whywait)")
     p.add_argument("--read-to-end", action="store_true",
                    help="read every partition to its end however much was written after the window (history "
                         "backfilled with `whywait import`); by default only when that tail is short")
 
 
-def rule_files(paths: list[Path]) -> list[tuple[str, Path]]:
-    """``(name inside the bundle, file)`` for every rule YAML under ``paths``.
+def bundle_rules(paths: list[Path]) -> tuple[list[tuple[str, Path]], list[str]]:
+    """The rule files under ``paths`` as the bundle holds them, and the rule paths its replay loads.
 
-    Each path keeps its own top-level name (a folder's name, or a file's), which the replay of the
-    bundle loads as one rule path each.  Two with the same name (``./rules`` and a site's
-    ``/etc/whywait/rules``) get ``rules`` and ``rules-2``: the second no longer overwrites the first.
+    Returns ``(name under rules/, file)`` for every rule YAML file (rules, macros, tests; nothing else: a
+    README, an editor's backup or a stray archive in the folder is not a rule, and one over the 4 MiB cap
+    would make the bundle unreplayable), and the paths under the bundle's root, in order.  One path (the
+    usual: ./rules, or the shipped rules) is laid out as it is: ``rules/macros.yaml``, ``rules/gpu/...``,
+    loaded as ``rules``; the bundle stored it as ``rules/rules/...``.  Several keep a folder (or file) each,
+    by their own name, so each loads as the path it was (a folder's ``macros.yaml`` at its top, a site's
+    ``override:`` after the rules it changes): ``./rules`` and a site's ``/etc/whywait/rules`` are
+    ``rules/rules`` and ``rules/rules-2``, the second no longer overwriting the first.
     """
     from whywait.engine.errors import ConfigError
+    from whywait.engine.rules.loader import yaml_files
 
-    out: list[tuple[str, Path]] = []
-    tops: set[str] = set()
-    for p in paths:
-        top, k = p.name, 2
-        while top in tops:
-            top, k = (f"{p.stem}-{k}{p.suffix}" if p.is_file() else f"{p.name}-{k}"), k + 1
-        tops.add(top)
+    seen: set[Path] = set()
+
+    def files_of(p: Path, top: str) -> list[tuple[str, Path]]:
+        """The files of ``p`` not bundled yet: a path given twice, or inside another (``--rules rules --rules
+        rules/gpu``), is loaded once by the engine, and twice over from a bundle holding it twice (every
+        rule in it a duplicate id)."""
         if p.is_dir():
-            out += [(f"{top}/{f.relative_to(p)}", f) for f in sorted(p.rglob("*")) if f.is_file()]
+            found = [(f"{top}/{f.relative_to(p)}".lstrip("/"), f) for f in yaml_files(p) if f.is_file()]
         elif p.is_file():
-            out.append((top, p))
+            found = [(top or p.name, p)]
         else:
             raise ConfigError(f"--rules {p}: no such file or folder")
-    return out
+        new = [(n, f) for n, f in found if f.resolve() not in seen]
+        seen.update(f.resolve() for _, f in new)
+        return new
+
+    if len(paths) == 1:
+        p = paths[0]
+        files = files_of(p, "")
+        return files, (["rules" if p.is_dir() else f"rules/{p.name}"] if files else [])
+    out: list[tuple[str, Path]] = []
+    tops: list[str] = []
+    for p in paths:
+        name = Path(Path(os.path.abspath(p)).name or "rules")  # "." and ".." have no name of their own
+        top, k = name.name, 2
+        while top in tops:
+            top, k = (f"{name.stem}-{k}{name.suffix}" if p.is_file() else f"{name}-{k}"), k + 1
+        files = files_of(p, top)
+        if files:
+            tops.append(top)
+            out += files
+    return out, [f"rules/{t}" for t in tops]
+
+
+def rule_files(paths: list[Path]) -> list[tuple[str, Path]]:
+    """``(name under rules/ in the bundle, file)`` for every rule YAML file under ``paths`` (:func:`bundle_rules`)."""
+    return bundle_rules(paths)[0]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -67,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
     from whywait.engine.importers.bundle import BundleWriter
     from whywait.engine.localkafka.broker import resolve_bootstrap
     from whywait.engine.replay import EventTimeMerge, Window
-    from whywait.engine.rules.loader import load_rules
+    from whywait.engine.rules.loader import YAML_SUFFIXES, load_rules
 
     now = time.time()
     since = parse_time(args.since, now, "--since")
@@ -79,6 +109,10 @@ def run(args: argparse.Namespace) -> int:
     if topo is not None:
         load_topology(topo)  # a broken topology is refused now, not at replay time
     rules = args.rules or default_rule_paths()  # what the live engine loads, as replay does
+    for r in rules:  # a README given as a rule was "README.md:1: must be a mapping with a rule (got str)"
+        if r.is_file() and r.suffix not in YAML_SUFFIXES:
+            raise ConfigError(f"--rules {r}: is not a rule file (rule files are YAML, named "
+                              f"*{' or *'.join(YAML_SUFFIXES)})")
     load_rules(rules)
     w = Window(since, until, parse_duration(args.lead, "--lead"), frozenset(args.job), frozenset(args.project))
     merge = EventTimeMerge([], w)
@@ -92,10 +126,15 @@ def run(args: argparse.Namespace) -> int:
             bw.add(topic, raw)
             if tick is not None:
                 tick(None)
-        bw.close(topo, rule_files(rules))
+        bw.close(topo, *bundle_rules(rules))
     total = sum(bw.counts.values())
     print(f"exported {total} messages from {_fmt(since)} to {_fmt(until)} UTC into {args.output} "
           f"({args.output.stat().st_size / 1e6:.1f} MB)")
+    if total == 0:  # a bundle of topology and rules alone replays to "0 incident(s)": not a postmortem
+        print(f"whywait export: no message was read between {_fmt(since)} and {_fmt(until)} UTC"
+              f"{' for ' + ', '.join(args.job + args.project) if args.job or args.project else ''}: "
+              f"{args.output} holds no events (is the window right, in UTC, and within the topics' retention?)",
+              file=sys.stderr)
     for why, n in sorted(merge.skipped.items()):
         print(f"  skipped {n}: {why}")
     # What replay says of the same window: a --job or --project that matched nothing (the bundle then holds

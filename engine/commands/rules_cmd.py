@@ -50,9 +50,10 @@ def _epilog() -> str:
                                          for code, what in EXIT_STATUS.items())
 
 
-def _path(text: str) -> Path:
-    """A path argument; an empty one (an unset variable: ``rules check "$RULES"``) is refused: as ``Path("")`` it
-    would name the working folder, and check or test whatever lies there."""
+def path_arg(text: str) -> Path:
+    """A path argument (argparse's ``type``); an empty one (an unset variable: ``rules check "$RULES"``) is refused:
+    as ``Path("")`` it would name the working folder, and check or test whatever lies there.  ``export`` uses it
+    too."""
     if not text.strip():
         raise argparse.ArgumentTypeError("an empty path (an unset variable?)")
     return Path(text)
@@ -65,21 +66,21 @@ def register(p: argparse.ArgumentParser) -> None:
                        description="Load rule files and rule tests without running anything; print every problem "
                                    "with its file and line.",
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    c.add_argument("paths", nargs="*", type=_path, help="rule files or folders (default: ./rules)")
+    c.add_argument("paths", nargs="*", type=path_arg, help="rule files or folders (default: ./rules)")
     t = sub.add_parser("test", help="run rule tests (*.test.yaml) against the rules beside them", epilog=_epilog(),
                        description="Run each case of the rule tests through the engine's evaluator; print one line "
                                    "per case, and each failure.",
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    t.add_argument("paths", nargs="*", type=_path,
+    t.add_argument("paths", nargs="*", type=path_arg,
                    help="folders of rules and their tests, or test files (default: ./rules)")
     t.add_argument("--show", action="store_true",
                    help="print, under each case, the message each alert it raised would send (as the console "
                         "notifier prints it: title, cause, evidence, next step), once per alert, as it first fired")
-    t.add_argument("--rules", action="append", type=_path, default=[],
+    t.add_argument("--rules", action="append", type=path_arg, default=[],
                    help="more rules to load first, e.g. the shipped ones a site folder overrides, "
                         "inhibits or takes macros from (repeatable)")
     t.add_argument("--require-all", action="store_true", help="fail when a rule under test has no test file")
-    t.add_argument("--junit", type=_path, metavar="FILE", help="also write the results as JUnit XML to FILE")
+    t.add_argument("--junit", type=path_arg, metavar="FILE", help="also write the results as JUnit XML to FILE")
     sub.add_parser("metrics", help="list the metrics rules may name")
     cd = sub.add_parser("conditions", help="list the condition types and their parameters")
     cd.add_argument("--docs", type=Path, metavar="FILE",

@@ -15,7 +15,12 @@ zip archive (deflate) holding:
     The raw value is kept byte for byte, so a replay of the bundle sees exactly what a
     replay of the topics saw.
 ``topology.yaml``, ``rules/...``
-    the topology and the rule files in force, so the replay needs nothing else.
+    the topology and the rule files in force, so the replay needs nothing else.  One rules folder (or file)
+    is laid out as it was: ``rules/macros.yaml``, ``rules/gpu/gpu.xid-ecc.yaml``; several keep a folder each,
+    named as theirs (``rules/rules/...`` and ``rules/site-rules/...``), loaded in the order given.  The
+    manifest's ``rule_paths`` lists what the replay loads (``["rules"]``).  A bundle without it (written
+    before it existed, when every rule path had a folder of its own: ``rules/rules/gpu/...``) loads each
+    folder or file under ``rules/`` as one path, as it always did.
 
 Events are streamed in and out: neither writing nor reading holds the range in memory.  A line
 longer than any contract message (:data:`MAX_LINE_BYTES`) is skipped as it is read, not held, and
@@ -61,6 +66,8 @@ _MAX_MANIFEST_BYTES = 16 << 20  # a manifest lists members and counts: kilobytes
 _MAX_RULE_BYTES = 4 << 20
 _MAX_TOPOLOGY_BYTES = 256 << 20
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+_ZIP_MAGIC = b"PK\x03\x04"  # a zip archive's first bytes (its first member's header)
+_MAX_RULE_PATHS = 64
 
 
 def _member_cap(name: str) -> tuple[int, str] | None:
@@ -122,23 +129,25 @@ class BundleWriter:
         self._zip.writestr(name, data)
         self._members[name] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
 
-    def close(self, topology: Path | None, rule_files: list[tuple[str, Path]]) -> None:
-        """Finish the events, add the topology and rule files, then write the manifest last."""
+    def close(self, topology: Path | None, rule_files: list[tuple[str, Path]],
+              rule_paths: list[str] | None = None) -> None:
+        """Finish the events, add the topology and rule files, then write the manifest last.
+
+        ``rule_files`` are ``(name under rules/, file)``; ``rule_paths``, the paths under the bundle's root the
+        replay loads, in order (``["rules"]``; :func:`whywait.engine.commands.export_cmd.bundle_rules` gives both).
+        Without them the reader loads each folder or file under ``rules/`` as one path.
+        """
         self._events.close()
         self._members[EVENTS] = {"sha256": self._hash.hexdigest(), "bytes": self._bytes}
         if topology is not None:
             self.add_file("topology.yaml", topology.read_bytes())
         for rel, p in rule_files:
             self.add_file(f"rules/{rel}", p.read_bytes())
-        from importlib.metadata import PackageNotFoundError, version
-
-        try:
-            whywait_version = version("whywait")
-        except PackageNotFoundError:  # pragma: no cover - running from a bare checkout
-            whywait_version = "unknown"
-        manifest = {"format": FORMAT, "version": VERSION, "whywait": whywait_version, "schema": SCHEMA_VERSION,
+        manifest = {"format": FORMAT, "version": VERSION, "whywait": _own_version(), "schema": SCHEMA_VERSION,
                     "created_at": time.time(), "window": self.window, "messages": dict(sorted(self.counts.items())),
                     "members": dict(sorted(self._members.items()))}
+        if rule_paths is not None:
+            manifest["rule_paths"] = list(rule_paths)
         self._zip.writestr(MANIFEST, json.dumps(manifest, indent=2, sort_keys=True))
         self._zip.close()
 
@@ -156,12 +165,7 @@ class Bundle:
         #: one that is not ``{"topic": ..., "value": "..."}``)
         self.skipped: Counter[str] = Counter()
         self.bad_lines = 0
-        try:
-            self._zip = zipfile.ZipFile(path)
-        except FileNotFoundError:
-            raise ImportFormatError(f"{path}: no such file") from None
-        except (zipfile.BadZipFile, OSError) as exc:
-            raise ImportFormatError(f"{path}: not a whywait bundle ({exc})") from None
+        self._zip = _open_zip(path)
         try:
             with self._zip.open(MANIFEST) as fh:
                 raw = fh.read(_MAX_MANIFEST_BYTES + 1)
@@ -178,9 +182,16 @@ class Bundle:
         if not isinstance(manifest, dict):
             raise ImportFormatError(f"{path}: {MANIFEST}: expected a JSON object (got {_kind(manifest)})")
         self.manifest: dict[str, Any] = manifest
-        if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
+        fmt, version = manifest.get("format"), manifest.get("version")
+        if fmt == FORMAT and isinstance(version, int) and not isinstance(version, bool) and version > VERSION:
+            # What a bundle from a newer whywait is, and what to do: the format check below said only "expected".
+            by = manifest.get("whywait")
+            raise ImportFormatError(f"{path}: bundle format version {version}, written by a newer whywait"
+                                    f"{f' ({by})' if isinstance(by, str) else ''}; this one "
+                                    f"({_own_version()}) reads version {VERSION}: upgrade whywait to read it")
+        if fmt != FORMAT or version != VERSION:
             raise ImportFormatError(f"{path}: {MANIFEST}: expected format {FORMAT!r} version {VERSION} "
-                                    f"(got {manifest.get('format')!r} {manifest.get('version')!r})")
+                                    f"(got {_shown(fmt)} {_shown(version)})")
         self._check_manifest()
 
     def _bad(self, key: str, expected: str, got: Any) -> ImportFormatError:
@@ -216,6 +227,14 @@ class Bundle:
         messages = m.get("messages")
         if messages is not None and not (isinstance(messages, dict) and all(_is_int(v) for v in messages.values())):
             raise self._bad("messages", "an object of topic → count", messages)
+        paths = m.get("rule_paths")
+        if paths is not None:
+            want = f'a list of up to {_MAX_RULE_PATHS} paths under rules/ ("rules", "rules/site-rules")'
+            if not (isinstance(paths, list) and len(paths) <= _MAX_RULE_PATHS):
+                raise self._bad("rule_paths", want, paths)
+            for i, p in enumerate(paths):
+                if not (isinstance(p, str) and _safe_rule_path(p)):
+                    raise self._bad(f"rule_paths[{i}]", want, p)
 
     def verify(self) -> None:
         """Check the bundle is whole and unedited: every member listed with its size and SHA-256, and matching.
@@ -316,9 +335,28 @@ class Bundle:
                 raise ImportFormatError(f"{self.path}: unsafe member name {n!r}")
             out.parent.mkdir(parents=True, exist_ok=True)
             self._copy(n, out)
-        # The rule paths as they were given to export (a folder keeps its macros.yaml at its top).
-        tops = sorted({Path(n).parts[1] for n in rules})
-        return topo, [dest / "rules" / t for t in tops]
+        return topo, [dest / p for p in self.rule_paths(rules)]
+
+    def rule_paths(self, rules: list[str]) -> list[str]:
+        """The rule paths the replay loads, under the bundle's root, in order; ``rules`` are the rule members.
+
+        The manifest's ``rule_paths`` when it has them (each must name a rule member or a folder of them).
+        A bundle written before them kept a folder (or file) under ``rules/`` per rule path given to export:
+        ``rules/rules/...``.  One with a ``macros.yaml`` at the top of ``rules/`` is one rules tree, as
+        bundles lay out one path now, and written without ``rule_paths`` (``BundleWriter.close`` with none).
+        """
+        listed = self.manifest.get("rule_paths")
+        if isinstance(listed, list):
+            for i, p in enumerate(listed):
+                if not any(n == p or n.startswith(p.rstrip("/") + "/") for n in rules):
+                    raise ImportFormatError(f"{self.path}: {MANIFEST}: rule_paths[{i}]: {p!r} names no rule file "
+                                            "in the bundle")
+            return [str(p).rstrip("/") for p in listed]
+        if not rules:
+            return []
+        if any(n in (f"rules/{m}" for m in ("macros.yaml", "macros.yml")) for n in rules):
+            return ["rules"]
+        return [f"rules/{t}" for t in sorted({n.split("/")[1] for n in rules})]
 
     def _copy(self, name: str, out: Path) -> None:
         """Stream member ``name`` to ``out``, never more than its cap (:func:`_member_cap`), even if unverified."""
@@ -408,9 +446,63 @@ def _shown(v: Any) -> str:
 
 
 def is_bundle(path: Path) -> bool:
-    """Whether ``path`` looks like a bundle (a zip holding a manifest)."""
+    """Whether ``path`` is meant as a bundle: named ``*.whywait``, or a zip archive (``whywait import`` reads it
+    as one).
+
+    Profiler traces and step tables are never zips, so a zip without a manifest, or one cut short (its
+    table of contents lost, it opens as no zip at all), is a bundle that :class:`Bundle` refuses in one line,
+    not a step table whose first bytes are "not UTF-8".
+    """
+    if path.suffix == ".whywait":  # what `whywait export -o` is told to write, e.g. incident.whywait
+        return True
     try:
-        with zipfile.ZipFile(path) as z:
-            return MANIFEST in z.namelist()
-    except (zipfile.BadZipFile, OSError):
+        with path.open("rb") as fh:
+            head = fh.read(len(_ZIP_MAGIC))
+    except OSError:
         return False
+    return head == _ZIP_MAGIC or zipfile.is_zipfile(path)
+
+
+def _open_zip(path: Path) -> zipfile.ZipFile:
+    """Open the bundle's archive; anything that is not one whole zip is one line saying what it is instead."""
+    try:
+        return zipfile.ZipFile(path)
+    except FileNotFoundError:
+        raise ImportFormatError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise ImportFormatError(f"{path}: is a folder, not a bundle (the file `whywait export -o` writes)") from None
+    except OSError as exc:
+        raise ImportFormatError(f"{path}: cannot read it ({exc.strerror or exc})") from None
+    except zipfile.BadZipFile as exc:
+        size = path.stat().st_size
+        if size == 0:
+            raise ImportFormatError(f"{path}: is empty (0 bytes), not a bundle: was the export interrupted, or the "
+                                    "copy not finished?") from None
+        with path.open("rb") as fh:
+            head = fh.read(512)
+        if head.startswith(_ZIP_MAGIC):
+            # A zip's table of contents is at its end: a copy or download cut short has lost it.
+            raise ImportFormatError(f"{path}: is truncated: a zip archive whose end is missing ({size:,} bytes): "
+                                    "was the export, the copy or the download cut short?") from None
+        if head.startswith(b"\x1f\x8b"):
+            raise ImportFormatError(f"{path}: is gzip-compressed, not a bundle (a bundle is a zip already): "
+                                    "decompress it (gunzip) and give the file inside") from None
+        if head[257:262] == b"ustar":
+            raise ImportFormatError(f"{path}: is a tar archive, not a bundle: extract the .whywait file from it "
+                                    "and give that") from None
+        raise ImportFormatError(f"{path}: not a whywait bundle (not a zip archive: {exc})") from None
+
+
+def _safe_rule_path(name: str) -> bool:
+    """Whether ``name`` (a manifest's ``rule_paths`` entry) is ``rules`` or a plain relative path under ``rules/``."""
+    parts = name.rstrip("/").split("/")
+    return parts[0] == "rules" and all(p not in ("", ".", "..") for p in parts[1:])
+
+
+def _own_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("whywait")
+    except PackageNotFoundError:  # pragma: no cover - running from a bare checkout
+        return "unknown"
