@@ -175,7 +175,7 @@ def test_relative_iso_and_unix_times() -> None:
     assert p.parse_args(["--since", "-10m"]).since == "-10m"
 
 
-@pytest.mark.parametrize("v", ["1e400", "inf", "nan", "1e15", "+99999999999w"])
+@pytest.mark.parametrize("v", ["1e400", "inf", "nan", "1e17", "+99999999999w"])
 def test_a_time_past_any_date_is_a_config_error(v: str) -> None:
     from whywait.engine.errors import ConfigError
 
