@@ -211,7 +211,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--align must be a number of seconds >= 0 (got {align_s})")
     want_partitions = _count(args.partitions, "--partitions", "WHYWAIT_PARTITIONS")
     want_replication = _count(args.replication, "--replication", "WHYWAIT_REPLICATION")
-    bootstrap = args.bootstrap or resolve_bootstrap()
+    bootstrap = resolve_bootstrap(flag=args.bootstrap)  # a malformed one is said as such (exit 2)
     if not probe(bootstrap, timeout=5.0):
         from whywait.engine.errors import BrokerUnavailable
 

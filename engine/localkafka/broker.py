@@ -22,6 +22,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -57,6 +58,10 @@ JVM_FLAGS = (
     "-Xss512k",
     "-Djava.awt.headless=true",
 )
+
+
+class BrokerAlreadyRunning(ConfigError):
+    """``whywait kafka start`` asked for a port or data folder the running local broker does not have (exit 2)."""
 
 
 class BrokerStartError(EngineError):
@@ -283,26 +288,115 @@ def probe(bootstrap: str, timeout: float = 2.0) -> bool:
     Metadata v4 for no topics; the broker only lists itself once it has registered
     with the controller, i.e. once topics can be created.
     """
-    return any(_probe_one(server.strip(), timeout) for server in bootstrap.split(",") if server.strip())
+    return probe_error(bootstrap, timeout) is None
 
 
-def _probe_one(server: str, timeout: float) -> bool:
+def probe_error(bootstrap: str, timeout: float = 2.0) -> str | None:
+    """None when :func:`probe` would be true, else why not, in a few words (the first server's reason).
+
+    Asked every few seconds by the running engine (``engine.stream.app.BrokerWatch``), which says it in its
+    warning that the broker is unreachable.
+    """
+    first: str | None = None
+    for server in (s.strip() for s in bootstrap.split(",")):
+        if not server:
+            continue
+        why = _probe_one(server, timeout)
+        if why is None:  # the first that answers counts
+            return None
+        first = first or why
+    return first or "no server named"
+
+
+def _probe_one(server: str, timeout: float) -> str | None:
     host, _, port = server.rpartition(":")
     host = host.strip("[]") or HOST
     try:
         with socket.create_connection((host, int(port)), timeout=timeout) as sock:
             if _self_connected(sock):  # nothing listens: the kernel joined our socket to itself
-                return False
+                return "connection refused"
             sock.settimeout(timeout)
             body = _request(sock, 18, 0, 1, b"")  # ApiVersions v0
             if struct.unpack(">h", body[:2])[0] != 0:
-                return False
+                return "it refused the ApiVersions request"
             # Metadata v4: topics = [] (none), allow_auto_topic_creation = false
             body = _request(sock, 3, 4, 2, struct.pack(">ib", 0, 0))
             # throttle_time_ms int32, then the brokers array's length
-            return struct.unpack(">i", body[4:8])[0] > 0
-    except (OSError, ValueError, struct.error):
-        return False
+            if struct.unpack(">i", body[4:8])[0] > 0:
+                return None
+            return "it lists no broker yet (starting, or its controller is gone)"
+    except ConnectionRefusedError:
+        return "connection refused"
+    except socket.gaierror:
+        return f"host {host!r} not found"
+    except (socket.timeout, TimeoutError):
+        return f"no answer within {timeout:g}s"
+    except (OSError, ValueError, struct.error) as exc:
+        return (getattr(exc, "strerror", None) or str(exc) or type(exc).__name__)[:120]
+
+
+# --------------------------------------------------------------------------- bootstrap strings
+
+_HOST_NAME = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_])?")
+BOOTSTRAP_FORM = "HOST:PORT[,HOST:PORT...], e.g. 127.0.0.1:9092"
+
+
+def check_bootstrap(value: str, source: str = "--bootstrap") -> str:
+    """``value`` checked as Kafka bootstrap servers, ``HOST:PORT[,HOST:PORT...]``; returned with spaces around its
+    entries removed.  A malformed one is a :class:`ConfigError` (exit 2) naming ``source`` (the flag or variable it
+    came from) and the part that is wrong, never a broker "unreachable" later.
+
+    HOST is a name or an IPv4 address, or an IPv6 address in brackets (``[::1]:9092``); PORT is 1-65535.
+    """
+    entries = value.split(",")
+    several = len(entries) > 1
+    good: list[str] = []
+    for i, raw in enumerate(entries, 1):
+        server = raw.strip()
+        where = f"entry {i} ({server!r})" if several else repr(server)
+        if not server:
+            raise ConfigError(f"{source} {value!r}: " + (f"entry {i} is empty" if several else "is empty")
+                              + f"; expected {BOOTSTRAP_FORM}")
+        host, colon, port = server.rpartition(":")
+        if not colon:
+            raise ConfigError(f"{source} {value!r}: {where} has no port; expected {BOOTSTRAP_FORM}")
+        wrong = [w for w in (_host_problem(host), _port_problem(port)) if w]
+        if wrong:
+            raise ConfigError(f"{source} {value!r}: in {where}, {' and '.join(wrong)}; expected {BOOTSTRAP_FORM}")
+        good.append(server)
+    return ",".join(good)
+
+
+def _host_problem(host: str) -> str | None:
+    if not host:
+        return "the host is missing"
+    if host.startswith("[") or host.endswith("]"):
+        import ipaddress
+
+        try:
+            if not (host.startswith("[") and host.endswith("]")):
+                raise ValueError
+            ipaddress.IPv6Address(host[1:-1])
+        except ValueError:
+            return f"the host {host!r} is not an IPv6 address in brackets"
+        return None
+    if ":" in host:
+        return f"the host {host!r} has a ':' (an IPv6 address goes in brackets: [::1]:9092)"
+    if not _HOST_NAME.fullmatch(host.removesuffix(".")):  # a trailing dot: a fully qualified name
+        bad = sorted({c for c in host if not (c.isascii() and (c.isalnum() or c in "._-"))})
+        what = ", ".join("a space" if c == " " else repr(c) for c in bad) if bad else "a '.' or '-' at an end"
+        return f"the host {host!r} is not a host name or address (it has {what})"
+    return None
+
+
+def _port_problem(port: str) -> str | None:
+    if not port:
+        return "the port is missing"
+    if not (port.isascii() and port.isdigit()):
+        return f"the port {port!r} is not a number"
+    if not 1 <= int(port) <= 65535:
+        return f"the port {int(port)} is outside 1-65535"
+    return None
 
 
 # --------------------------------------------------------------------------- processes + state
@@ -457,6 +551,7 @@ class LocalBroker:
         self.broker_dir: Path | None = None
         self.pid: int | None = None
         self._popen: subprocess.Popen[bytes] | None = None
+        self.reused = False  # start() found this (detached) broker running and returned it
 
     @property
     def bootstrap(self) -> str:
@@ -477,6 +572,17 @@ class LocalBroker:
         broker.broker_dir = Path(state["data_dir"]) if state.get("data_dir") else None
         return broker
 
+    def differs_from(self, port: int | None, data_dir: Path | str | None) -> str | None:
+        """What of ``port`` and ``data_dir`` (None: any) this broker was not started with, as the flags that ask
+        for it (``--port 19342``), or None when it matches them."""
+        wrong = []
+        if port is not None and port != self.port:
+            wrong.append(f"--port {port}")
+        if data_dir is not None and (self.broker_dir is None
+                                     or Path(data_dir).expanduser().resolve() != Path(self.broker_dir).resolve()):
+            wrong.append(f"--data-dir {data_dir}")
+        return " and ".join(wrong) or None
+
     def is_running(self) -> bool:
         if self.pid is None:
             return False
@@ -491,13 +597,22 @@ class LocalBroker:
         ``data_dir`` holds ``server.properties``, the logs and the Kafka data (``data/``);
         it defaults to ``<cache>/broker``, which is wiped first.  An explicit
         ``data_dir`` that was formatted before is reused as it is.  Detached: when the
-        recorded broker is already running and answering, its bootstrap is returned.
+        recorded broker is already running and answering, its bootstrap is returned and :attr:`reused` is set; a
+        ``port`` or ``data_dir`` it was not started with is :class:`BrokerAlreadyRunning` (exit 2) instead, not
+        silently ignored.
         """
         if self.detached:
             with _locked(self.cache_dir):
                 running = LocalBroker.from_state(self.cache_dir)
                 if running is not None and probe(running.bootstrap):
+                    clash = running.differs_from(port, data_dir)
+                    if clash:
+                        raise BrokerAlreadyRunning(
+                            f"{clash}: a local Kafka broker is already running, at {running.bootstrap} with data in "
+                            f"{running.broker_dir} (pid {running.pid}); stop it first (`whywait kafka stop`) to "
+                            "start one so, or leave the flag out to use the running one")
                     self.__dict__.update({k: v for k, v in running.__dict__.items() if k != "detached"})
+                    self.reused = True
                     return running.bootstrap
                 if running is not None:  # alive but not answering: replace it
                     running.stop()
@@ -621,11 +736,18 @@ class LocalBroker:
 # --------------------------------------------------------------------------- entry points
 
 
-def resolve_bootstrap(cache_dir: Path | str | None = None) -> str:
-    """``$WHYWAIT_KAFKA_BOOTSTRAP`` if set, else the running local broker's; else :class:`BrokerUnavailable`."""
+def resolve_bootstrap(cache_dir: Path | str | None = None, *, flag: str | None = None) -> str:
+    """``flag`` (a command's ``--bootstrap``) if given, else ``$WHYWAIT_KAFKA_BOOTSTRAP`` if set, else the running
+    local broker's; else :class:`BrokerUnavailable`.
+
+    The one place a bootstrap string is checked (:func:`check_bootstrap`): a malformed one is a
+    :class:`ConfigError` naming the flag or the variable and the part that is wrong.
+    """
+    if flag:
+        return check_bootstrap(flag, "--bootstrap")
     env = os.environ.get(BOOTSTRAP_ENV, "").strip()
     if env:
-        return env
+        return check_bootstrap(env, BOOTSTRAP_ENV)
     state = running_state(cache_dir)
     if state is None:
         raise BrokerUnavailable(f"{HOST} (local broker)", f"no local broker is running and {BOOTSTRAP_ENV} is unset")
@@ -639,7 +761,7 @@ def ensure_broker(cache_dir: Path | str | None = None, *, timeout: float = 60.0,
     """``$WHYWAIT_KAFKA_BOOTSTRAP`` if set; else the running local broker; else fetch and start one (detached)."""
     env = os.environ.get(BOOTSTRAP_ENV, "").strip()
     if env:
-        return env
+        return check_bootstrap(env, BOOTSTRAP_ENV)
     return LocalBroker(cache_dir, detached=True).start(timeout=timeout, quiet=quiet)
 
 

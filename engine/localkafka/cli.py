@@ -4,6 +4,10 @@
 ``WHYWAIT_KAFKA_BOOTSTRAP=127.0.0.1:PORT`` so that ``eval "$(whywait kafka start)"``
 points the other commands at it; they also find it without the variable, through
 the state file.  ``status`` exits 0 when a broker is running and answering, 1 if not.
+
+``start`` while a broker runs uses that one (the demo and a second ``make test`` rely on it) and says so on
+stderr; asked for a ``--port`` or ``--data-dir`` the running one does not have, it refuses (exit 2) rather
+than hand back a broker other than the one asked for.
 """
 
 from __future__ import annotations
@@ -22,7 +26,8 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help=f"jars and broker state (default ${lb.CACHE_ENV} or ~/.cache/whywait)")
     sub = parser.add_subparsers(dest="kafka_command", metavar="ACTION")
     sub.add_parser("fetch", help=f"download the Kafka {lb.KAFKA_VERSION} jars from Maven Central (once)")
-    start = sub.add_parser("start", help="start a detached single-node broker on 127.0.0.1 (or show the running one)")
+    start = sub.add_parser("start", help="start a detached single-node broker on 127.0.0.1 (or use the running one; "
+                                         "a --port or --data-dir it does not have is refused: `kafka stop` first)")
     start.add_argument("--port", type=int, default=None,
                        help="client port (default: the last broker's when free, else a free one below the "
                             "ephemeral range)")
@@ -50,8 +55,11 @@ def run(args: argparse.Namespace) -> int:
             print(f"whywait kafka: warning: port {args.port} is in the ephemeral range {lo}-{hi}; while the broker "
                   "is down a client may connect to itself there. A port below "
                   f"{lo} avoids it.", file=sys.stderr)
-        bootstrap = lb.LocalBroker(cache, detached=True).start(port=args.port, data_dir=args.data_dir,
-                                                               timeout=args.timeout)
+        broker = lb.LocalBroker(cache, detached=True)
+        bootstrap = broker.start(port=args.port, data_dir=args.data_dir, timeout=args.timeout)
+        if broker.reused:  # on stderr: stdout stays the one line `eval "$(whywait kafka start)"` reads
+            print(f"whywait kafka: a local broker was already running (pid {broker.pid}, data {broker.broker_dir}): "
+                  "using it, not starting another", file=sys.stderr)
         print(f"{lb.BOOTSTRAP_ENV}={bootstrap}")
         return 0
     if action == "stop":
