@@ -32,6 +32,7 @@ METRIC_NAMES: dict[str, str] = {
     "whywait_engine_consumer_lag": "messages behind the end of each assigned partition",
     "whywait_engine_assigned_partitions": "input partitions this worker consumes",
     "whywait_engine_lag_sampled_timestamp_seconds": "when the lag was last read from the broker",
+    "whywait_engine_broker_up": "1 when the Kafka broker answered the last probe (every 3 s), 0 when it did not",
     "whywait_engine_tick_duration_seconds": "wall time of one evaluation tick",
     "whywait_engine_tick_interval_seconds": "event time one tick covers: a tick slower than this falls behind",
     "whywait_engine_ticks_total": "evaluation ticks run",
@@ -74,6 +75,8 @@ class EngineMetrics:
                               METRIC_NAMES["whywait_engine_assigned_partitions"], registry=r)
         self.lag_sampled = Gauge("whywait_engine_lag_sampled_timestamp_seconds",
                                  METRIC_NAMES["whywait_engine_lag_sampled_timestamp_seconds"], registry=r)
+        self.broker_up = Gauge("whywait_engine_broker_up", METRIC_NAMES["whywait_engine_broker_up"], registry=r)
+        self.broker_up.set(1)  # the engine starts only once the broker answered
         self.silenced = Counter("whywait_engine_diagnoses_silenced",
                                 METRIC_NAMES["whywait_engine_diagnoses_silenced_total"], ["rule"], registry=r)
         self._lag_labels: set[tuple[str, str]] = set()
@@ -233,7 +236,9 @@ class Readiness:
     """``/readyz`` for the engine: rules loaded, the broker answering, partitions assigned.
 
     The stream layer calls :meth:`assigned` on each rebalance and :meth:`sampled` after each lag sample (which
-    talks to the broker); :meth:`__call__` returns None when ready, else the one-line reason.
+    talks to the broker), and sets :attr:`broker` to its broker watch's reason (``BrokerWatch.reason``: the
+    broker unreachable for some seconds, said at once rather than when the lag sample goes stale);
+    :meth:`__call__` returns None when ready, else the one-line reason.
     """
 
     def __init__(self, processor: Any, stale_after_s: float = 30.0, clock: Any = time.monotonic) -> None:
@@ -243,6 +248,7 @@ class Readiness:
         self.partitions = 0
         self.last_ok: float | None = None
         self.last_error: str | None = None
+        self.broker: Callable[[], str | None] | None = None  # why the broker is down, or None
 
     def assigned(self, n: int) -> None:
         """The consumer now holds ``n`` input partitions."""
@@ -258,6 +264,9 @@ class Readiness:
     def __call__(self) -> str | None:
         if len(self.processor.evaluator.rules) == 0:
             return "no rules loaded"
+        down = self.broker() if self.broker is not None else None
+        if down:
+            return down
         if self.last_ok is None:
             return f"broker not answered yet ({self.last_error})" if self.last_error else "not consuming yet"
         age = self.clock() - self.last_ok

@@ -76,6 +76,11 @@ class EngineConfig:
     # How far (event time, s) an input partition may be read ahead of the slowest one with unread records
     # before it is paused (engine/stream/alignment.py): bounds what a backlog makes the store hold.  0: off.
     align_s: float = 30.0
+    # The broker is probed every ``broker_check_s`` (BrokerWatch); not answering for ``broker_grace_s`` is a
+    # WARNING, repeated every ``broker_repeat_s`` while it lasts.
+    broker_check_s: float = 3.0
+    broker_grace_s: float = 8.0
+    broker_repeat_s: float = 60.0
     datadir: str = field(default_factory=lambda: os.path.join(
         os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state"),
         "whywait", "faust", "{conf.name}"))  # faust expands {conf.name}: one folder per consumer group
@@ -100,6 +105,95 @@ def reload_notice(errors: tuple[str, ...] | None, now: float) -> Diagnosis:
         cause="\n".join(errors or ()) or "The rule files load again.", job=None, owner=None,
         starts_at=now, detected_at=now, next_step="Fix the files named above; `whywait rules check` shows "
         "the same errors before you save.", confidence=1.0)
+
+
+def say_duration(seconds: float) -> str:
+    """``45s``, ``2m 10s``, ``1h 05m``: how long, for a log line."""
+    s = max(0, int(round(seconds)))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m {s % 60:02d}s" if s % 60 else f"{s // 60}m"
+    return f"{s // 3600}h {s % 3600 // 60:02d}m"
+
+
+def _utc(ts: float) -> str:
+    return time.strftime("%H:%M:%S UTC", time.gmtime(ts))
+
+
+class BrokerWatch:
+    """Whether the Kafka broker answers, asked every few seconds, and said when that changes.
+
+    Why: faust and aiokafka retry a broker that went away quietly, for ever, so an engine whose broker was
+    gone logged nothing at all, its alerts silently off.  Now, once the broker has not answered for
+    ``grace_s`` (a restart of a few seconds says nothing), a WARNING names it and since when, again every
+    ``repeat_s`` while it lasts, and an INFO says when it is back; ``whywait_engine_broker_up`` (``metrics``)
+    is the last probe's answer and ``/readyz`` (``readiness``) is 503 with the same words while it is down.
+    ``/healthz`` stays 200: the engine resumes by itself, and a restart would not bring the broker back.
+
+    :meth:`observe` takes each probe's answer (None: it answered; else why not) and does the saying; the
+    engine's timer calls :meth:`check`, which probes with :func:`~whywait.engine.localkafka.broker.probe_error`
+    (ApiVersions and Metadata on a connection of its own, off the event loop).
+    """
+
+    def __init__(self, bootstrap: str, *, grace_s: float = 8.0, repeat_s: float = 60.0, timeout_s: float = 2.0,
+                 clock: Any = time.time, metrics: Any = None) -> None:
+        self.bootstrap = bootstrap
+        self.grace_s = grace_s
+        self.repeat_s = repeat_s
+        self.timeout_s = timeout_s
+        self.clock = clock
+        self.metrics = metrics
+        self.failing_since: float | None = None  # when the first probe of this outage failed
+        self.said_at: float | None = None  # when the outage was last logged (None: not said, or not down)
+        self.error: str | None = None  # the last probe's reason
+
+    @property
+    def down(self) -> bool:
+        """The broker has not answered for ``grace_s`` or more (what the log and /readyz say)."""
+        return self.said_at is not None
+
+    @property
+    def failing(self) -> bool:
+        """The last probe got no answer: a stopping engine does not wait for the broker then."""
+        return self.failing_since is not None
+
+    def reason(self) -> str | None:
+        """/readyz's one line while :attr:`down`, else None."""
+        if not self.down or self.failing_since is None:
+            return None
+        return (f"broker {self.bootstrap} unreachable since {_utc(self.failing_since)} "
+                f"({say_duration(self.clock() - self.failing_since)}: {self.error}); no events are being evaluated")
+
+    def observe(self, error: str | None) -> None:
+        """One probe's answer: None when the broker answered, else why it did not."""
+        now = self.clock()
+        if self.metrics is not None:
+            self.metrics.broker_up.set(0 if error else 1)
+        if error is None:
+            if self.down and self.failing_since is not None:
+                log.info("broker %s back after %s; resuming from committed offsets", self.bootstrap,
+                         say_duration(now - self.failing_since))
+            self.failing_since = self.said_at = self.error = None
+            return
+        self.error = error
+        if self.failing_since is None:
+            self.failing_since = now
+        if self.said_at is None and now - self.failing_since < self.grace_s:
+            return
+        if self.said_at is not None and now - self.said_at < self.repeat_s:
+            return
+        log.warning("broker %s %sunreachable since %s (%s: %s): retrying; no events are being evaluated",
+                    self.bootstrap, "still " if self.said_at is not None else "", _utc(self.failing_since),
+                    say_duration(now - self.failing_since), error)
+        self.said_at = now
+
+    async def check(self) -> None:
+        """Probe the broker (in a thread: a probe waits up to ``timeout_s``) and :meth:`observe` the answer."""
+        from whywait.engine.localkafka.broker import probe_error
+
+        error = await asyncio.get_running_loop().run_in_executor(None, probe_error, self.bootstrap, self.timeout_s)
+        self.observe(error)
 
 
 # The source topic of a forwarded record, in a header of the repartition topic's records.
@@ -161,7 +255,9 @@ def kafka_errors_in_one_line(loop: asyncio.AbstractEventLoop, context: dict[str,
     if isinstance(exc, KafkaError):
         task = context.get("future")
         name = getattr(getattr(task, "get_coro", lambda: None)(), "__qualname__", None) or "a Kafka request"
-        log.warning("Kafka: %s (in %s; the consumer retries or the engine is stopping)", exc, name)
+        # Stopping with the broker gone, the sends given up (drop_unsent) fail one by one: said once already.
+        log.log(logging.DEBUG if _GAVE_UP.is_set() else logging.WARNING,
+                "Kafka: %s (in %s; the consumer retries or the engine is stopping)", exc, name)
         return
     message = str(context.get("message") or "")
     if exc is None and message.startswith("Unclosed AIOKafka"):
@@ -249,6 +345,37 @@ def bound_consumer_thread_stop(seconds: float) -> None:
     from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
 
     AIOKafkaConsumerThread.shutdown_timeout = float(seconds)
+
+
+# Set by drop_unsent: the engine stops with the broker gone and has said its sends are given up.
+_GAVE_UP = threading.Event()
+
+
+def drop_unsent(app: Any) -> int:
+    """Give up what the app's producer has not delivered yet; return how many batches that is.
+
+    Called as the engine stops with the broker gone: faust flushes its producer as it stops, and aiokafka's
+    flush and stop wait for every batch to be delivered or to expire (faust's ``producer_request_timeout``:
+    20 minutes), so an engine with a checkpoint or a diagnosis in flight did not exit.  Each batch is made
+    expired, so aiokafka fails it at its next failed attempt (at once, the broker refusing connections) through
+    its own path; failing them from here raced with a request in flight (aiokafka re-queued a batch it no
+    longer held: a KeyError as the producer stopped).  Their failures, which nobody awaits, are no longer
+    warnings (:func:`kafka_errors_in_one_line`): the engine said once that it drops them.  The inputs of what
+    is dropped are not committed either: a restarted engine reads them again.
+    """
+    _GAVE_UP.set()
+    producer = getattr(getattr(app, "_producer", None), "_producer", None)  # faust's Producer -> AIOKafkaProducer
+    acc = getattr(producer, "_message_accumulator", None)
+    if acc is None:
+        return 0
+    try:
+        batches = [b for queue in acc._batches.values() for b in queue] + list(acc._pending_batches)
+        for b in batches:
+            b._ttl = -1.0  # MessageBatch.expired(): older than its time to live
+    except Exception as exc:  # noqa: BLE001 - another aiokafka's insides: stopping goes on, maybe slower
+        log.debug("engine: could not drop the unsent output: %s: %s", type(exc).__name__, exc)
+        return 0
+    return len(batches)
 
 
 def build_app(cfg: EngineConfig, processor: Processor, notifier: Notifier,
@@ -466,6 +593,15 @@ def build_app(cfg: EngineConfig, processor: Processor, notifier: Notifier,
             log.error("rule reload refused, keeping the last good rules:\n  %s", "\n  ".join(res.errors))
             loop.run_in_executor(pool, _notify, reload_notice(res.errors, time.time()), None)
 
+    watch = BrokerWatch(cfg.bootstrap, grace_s=cfg.broker_grace_s, repeat_s=cfg.broker_repeat_s, metrics=metrics)
+    app.broker_watch = watch  # type: ignore[attr-defined]  # for the tests, and anyone holding the app
+    if readiness is not None:
+        readiness.broker = watch.reason
+
+    @app.timer(cfg.broker_check_s)
+    async def check_broker() -> None:
+        await watch.check()
+
     if metrics is not None or readiness is not None:
         from whywait.engine.observe.metrics import read_lag
 
@@ -492,12 +628,25 @@ def build_app(cfg: EngineConfig, processor: Processor, notifier: Notifier,
     async def _drain(app: faust.App, **kwargs: Any) -> None:
         # A restarted engine resumes the incidents as they stand now.  Bounded: with the broker gone the
         # send waits for it for ever, and a SIGTERM'd engine never exited (a new one resumes from the last
-        # checkpoint that was written, at most ``checkpoint_every_s`` old).
-        try:
-            await asyncio.wait_for(checkpoint(), cfg.drain_timeout_s)
-        except Exception as exc:  # noqa: BLE001 - stopping: say it and go on stopping
-            log.warning("engine: the last checkpoint was not written before stopping (%s); a restart resumes "
-                        "from the one before", type(exc).__name__ if not str(exc) else exc)
+        # checkpoint that was written, at most ``checkpoint_every_s`` old).  With the broker known not to answer
+        # it is not tried, and what the producer holds is dropped: faust's flush after this waited for it.
+        async def checkpoint_sent() -> None:
+            await checkpoint()
+            await app.producer.flush()
+
+        if watch.failing:
+            dropped = drop_unsent(app)
+            log.warning("engine: stopping with broker %s unreachable: the last checkpoint is not written, the last "
+                        "offsets are not committed%s; a restart resumes from the ones before", cfg.bootstrap,
+                        f" and {dropped} unsent batch(es) of output are dropped" if dropped else "")
+        else:
+            try:
+                await asyncio.wait_for(checkpoint_sent(), cfg.drain_timeout_s)
+            except Exception as exc:  # noqa: BLE001 - stopping: say it and go on stopping
+                dropped = drop_unsent(app)
+                log.warning("engine: the last checkpoint was not written before stopping (%s)%s; a restart resumes "
+                            "from the one before", type(exc).__name__ if not str(exc) else exc,
+                            f"; {dropped} unsent batch(es) of output are dropped" if dropped else "")
         await asyncio.get_running_loop().run_in_executor(pool, notifier.flush)
 
     return app

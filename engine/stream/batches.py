@@ -231,6 +231,11 @@ def round_robin(records: Mapping[TP, list[Any]]) -> Iterator[Any]:
 FETCH_MAX_WAIT_MS = 100
 
 
+# How long a stopping worker waits for its last offset commit (BatchConsumer.wait_empty): a commit takes
+# milliseconds when the broker answers.
+STOP_COMMIT_S = 5.0
+
+
 class BatchConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
     """faust's consumer thread, its aiokafka consumer made with :data:`FETCH_MAX_WAIT_MS`."""
 
@@ -239,6 +244,45 @@ class BatchConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
         # faust passes 1500 as a literal; aiokafka reads this attribute when it starts its fetcher.
         consumer._fetch_max_wait_ms = FETCH_MAX_WAIT_MS
         return consumer
+
+    async def on_thread_stop(self) -> None:
+        """faust's: stop the thread's method queue, then the aiokafka consumer; and finish it when aiokafka cannot.
+
+        With the broker gone, aiokafka's ``Fetcher.close`` cancels its fetch request, which is waiting out its retry
+        backoff, then awaits it, and that request's ``CancelledError`` came out of ``consumer.stop()``
+        (aio-libs/aiokafka#647).  mode's thread took it for its own cancellation and died without saying it had
+        stopped ("faust's Thread-1 stopped on CancelledError"), and the worker waited the thread's whole
+        ``shutdown_timeout`` for it ("Error while stopping child ... TimeoutError"): every stop with the broker
+        down took 10 s longer and said two lines of noise.  This thread was not cancelled: the rest of the
+        consumer is closed here and the thread stops as usual.
+        """
+        try:
+            await super().on_thread_stop()
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is None or task.cancelling():  # this thread itself is cancelled: so be it
+                raise
+            log.debug("engine: aiokafka's consumer stop raised its own fetch's cancellation; closing the rest")
+            await _close_after_cancelled_stop(self._consumer)
+
+
+async def _close_after_cancelled_stop(consumer: Any) -> None:
+    """What ``AIOKafkaConsumer.stop`` had left to do when its fetcher's close raised a cancelled request: the
+    fetcher's other requests, then the client's connections.  Errors here are a stopping consumer's: dropped."""
+    if consumer is None:
+        return
+    fetcher = getattr(consumer, "_fetcher", None)
+    pending = [t for t in getattr(fetcher, "_pending_tasks", ()) if not t.done()]
+    for t in pending:
+        t.cancel()
+    if pending:
+        await asyncio.gather(*pending, return_exceptions=True)
+    client = getattr(consumer, "_client", None)
+    if client is not None:
+        try:
+            await client.close()
+        except Exception:  # noqa: BLE001 - closing sockets of a broker that is gone
+            pass
 
 
 class BatchConsumer(faust_aiokafka.Consumer):
@@ -280,12 +324,28 @@ class BatchConsumer(faust_aiokafka.Consumer):
         self.ahead.difference_update(revoked)
 
     async def wait_empty(self) -> None:
-        """Wait for the batches being evaluated (bounded by the session timeout), then faust's own wait and commit."""
+        """Wait for the batches being evaluated (bounded by the session timeout), then faust's own wait and commit.
+
+        As the worker stops, the commit is bounded: aiokafka waits for a group coordinator for ever, and with the
+        broker gone the engine never exited.  It is not even tried when the engine's broker watch got no answer
+        from its last probe (``BrokerWatch.failing``; the engine says so once as it stops), and waited for at most
+        :data:`STOP_COMMIT_S` otherwise.
+        """
         if not self.should_stop:
             for feed in set(self.feeds.values()):
                 if not await feed.wait_idle(self.app.conf.broker_session_timeout * 0.25):
                     log.warning("engine: a batch was still being evaluated as the partitions went; it is read again")
-        await super().wait_empty()
+        if not self.app.should_stop:  # a rebalance: the commit must happen before the partitions go
+            await super().wait_empty()
+            return
+        watch = getattr(self.app, "broker_watch", None)
+        if watch is not None and watch.failing:
+            return
+        try:
+            await asyncio.wait_for(super().wait_empty(), STOP_COMMIT_S)
+        except asyncio.TimeoutError:
+            log.warning("engine: the last offsets were not committed within %.0fs as the engine stopped (the broker "
+                        "is not answering); a restart reads again from the ones before", STOP_COMMIT_S)
 
     async def on_stop(self) -> None:
         """As the worker stops: the last commit covers the batches being evaluated, when they end in time."""
