@@ -33,12 +33,13 @@ import re
 import types
 import typing
 from dataclasses import dataclass
-from typing import Annotated, Any, Callable, ClassVar, Literal, TypeVar, Union
+from typing import Annotated, Any, Callable, ClassVar, Collection, Literal, TypeVar, Union
 
 from whywait.engine.errors import RuleError
 from whywait.engine.rules.metrics import METRICS
 
 from whywait.durations import EXPECTED as DURATION_EXPECTED
+from whywait.durations import format_duration
 from whywait.durations import parse_duration as parse_duration_
 from whywait.errors import DurationError
 
@@ -133,13 +134,58 @@ class Kind:
     parse: Callable[[Any], Any]
 
 
-Duration = Annotated[float, Kind("duration", parse_duration)]
+# ---- bounds: what the engine can honour ------------------------------------------------------------------
+# A value past these is refused by the schema at its file and line (`whywait rules check`, and every load of
+# the rules), never left to a tick that reads a window nothing fills or a run-out that never ends.
+
+#: Event time the metric store keeps of per-entity telemetry (ranks, GPUs, nodes, NICs, devices) and
+#: occurrences: :class:`whywait.engine.evaluate.store.MetricStore`'s default ``retention_s``.
+RETENTION_S = 900.0
+#: Event time it keeps of job-level series (``MetricStore.job_retention_s``): the longest history of all.
+JOB_RETENTION_S = 3600.0
+#: Steps a job's step table keeps (``engine.evaluate.steps.StepTable``): what a count of steps can reach.
+STEPS_KEPT = 600
+#: The shortest window: ticks come once a second of event time, and so does telemetry.
+MIN_WINDOW_S = 1.0
+
+
+def duration_text(s: float) -> str:
+    """``900`` -> ``15m``, ``3600`` -> ``1h``, ``0.5`` -> ``500ms``: how a bound is written in a message."""
+    return format_duration(s)
+
+
+def parse_window(v: Any) -> float:
+    """A condition's duration (``window``, ``baseline``, an absence's ``for``): from 1s to the longest history
+    the engine keeps (:data:`JOB_RETENTION_S`); what a metric's own retention allows more is checked by
+    :func:`bound_problems`."""
+    s = parse_duration(v)
+    if not MIN_WINDOW_S <= s <= JOB_RETENTION_S:
+        raise Bad(f"a duration from {duration_text(MIN_WINDOW_S)} (a tick's second) to "
+                  f"{duration_text(JOB_RETENTION_S)} (the longest history the metric store keeps)", v)
+    return s
+
+
+Duration = Annotated[float, Kind("duration", parse_window)]
 Number = Annotated[float, Kind("number", parse_number)]
 Share = Annotated[float, Kind("share (0–1)", parse_share)]
 Comparison = Annotated[Compare, Kind("comparison", parse_compare)]
 MetricName = Annotated[str, Kind("metric", parse_metric)]
 Codes = Annotated[tuple[int, ...], Kind("list of integers", parse_ints)]
 Agg = Annotated[str, Kind("aggregation", enum(*AGGS))]
+
+
+#: Parameters that count points or steps (whole numbers, from 1 to the bound; a parameter whose default is 0,
+#: "off", may also be 0), and why each bound.
+COUNTS: dict[str, tuple[int, str]] = {
+    "steps": (STEPS_KEPT, f"a job's step table keeps its last {STEPS_KEPT} steps"),
+    "baseline_steps": (STEPS_KEPT, f"a job's step table keeps its last {STEPS_KEPT} steps"),
+    "history": (STEPS_KEPT, f"a job's step table keeps its last {STEPS_KEPT} steps"),
+    "count": (STEPS_KEPT, f"at most {STEPS_KEPT} points are judged"),
+    "min_segment": (STEPS_KEPT // 2, f"both sides of a split must fit in {STEPS_KEPT} points"),
+    "min_baseline_points": (int(JOB_RETENTION_S), f"a baseline holds at most one point a second of the "
+                                                  f"{duration_text(JOB_RETENTION_S)} kept"),
+    "levels": (16, "each level doubles the size of turn judged; past 16 none is ever seen"),
+}
 
 
 def param(default: Any = dataclasses.MISSING, doc: str = "") -> Any:
@@ -194,6 +240,46 @@ class ConditionParams:
         """The longest recent window this condition reads: its ``window`` or ``for`` (baselines left out)."""
         spans = [getattr(self, "window", None), getattr(self, "for_", None)]
         return max((float(x) for x in spans if isinstance(x, (int, float))), default=0.0)
+
+
+def kept_s(metric: str) -> float:
+    """Event time the metric store keeps of ``metric``: :data:`JOB_RETENTION_S` at job level, else
+    :data:`RETENTION_S`."""
+    return JOB_RETENTION_S if METRICS[metric].level == "job" else RETENTION_S
+
+
+def bound_problems(ct: ConditionType, params: ConditionParams, given: Collection[str]) -> list[tuple[str, str]]:
+    """``(key, what is wrong)`` for each parameter of ``params`` the rule gives (``given``: their attribute names)
+    past its bound (see :data:`COUNTS`), and for a given window (or baseline) that with the other reaches back
+    further than the store keeps of a metric the condition names.  A type's own defaults are not judged: a
+    `trend`'s hour, meant for job-level series, reads what there is of a GPU's.
+
+    Called by the schema after every key parsed; the durations' own range is checked as each is parsed.
+    """
+    out: list[tuple[str, str]] = []
+    for s in ct.specs:
+        v = getattr(params, s.attr)
+        if s.key in COUNTS and s.kind.text == "number" and v is not None and s.attr in given:
+            top, why = COUNTS[s.key]
+            low = 0 if s.default == 0 else 1
+            if not (float(v).is_integer() and low <= v <= top):
+                out.append((s.key, f"must be a whole number from {low} to {top}: {why} (got {v:g})"))
+    metrics = [getattr(params, s.attr) for s in ct.specs if s.kind.text == "metric"]
+    metrics = [m for m in metrics if isinstance(m, str) and m in METRICS]
+    window = getattr(params, "window", None)
+    if metrics and isinstance(window, float) and ({"window", "baseline"} & set(given)):
+        m = min(metrics, key=kept_s)
+        kept = kept_s(m)
+        baseline = getattr(params, "baseline", None)
+        reach = window + (baseline if isinstance(baseline, float) else 0.0)
+        if reach > kept:
+            key, what = (("baseline", f"plus 'window' reaches back {duration_text(reach)}")
+                         if isinstance(baseline, float) and window <= kept else ("window", "reaches back "
+                                                                                 f"{duration_text(reach)}"))
+            out.append((key, f"{what}, but the metric store keeps only {duration_text(kept)} of {m} "
+                             f"({METRICS[m].level} level), so the window is never filled: at most "
+                             f"{duration_text(kept)} in all"))
+    return out
 
 
 P = TypeVar("P", bound=ConditionParams)

@@ -27,7 +27,9 @@ from whywait.engine.rules.condition_types import (
     Bad,
     Compare,
     ConditionParams,
+    bound_problems,
     condition_types,
+    duration_text,
     enum,
     parse_duration,
     parse_number,
@@ -163,6 +165,21 @@ def _every(v: Any) -> float:
     return s
 
 
+# The longest `for` and `keep_firing_for`.  The shipped rules hold 0-4 s and keep firing 20 s-5 min; an hour
+# is twelve times the longest.  A condition that must hold over an hour before it is told has cost a training job
+# more than the diagnosis saves, and an incident kept firing an hour after its cause ended misleads whoever is
+# paged.  The bound also keeps `rules test`, which runs each case on by `for` + `keep_firing_for`, to minutes.
+FOR_MAX_S = 3600.0
+
+
+def _for(v: Any) -> float:
+    """A rule's ``for`` or ``keep_firing_for``: a duration from 0s to :data:`FOR_MAX_S`."""
+    s = parse_duration(v)
+    if not 0.0 <= s <= FOR_MAX_S:
+        raise _Bad(f"a duration from 0s to {duration_text(FOR_MAX_S)}", v)
+    return s
+
+
 def _strings(v: Any) -> tuple[str, ...]:
     if not isinstance(v, list) or not all(isinstance(x, str) and x for x in v):
         raise _Bad("a list of strings", v)
@@ -268,6 +285,9 @@ def _parse_node(ctx: _Ctx, v: Any, path: Path_, macros: dict[str, Any], depth: i
         if problem:
             ctx.err(path, problem)
             ok = False
+        for key, message in bound_problems(ct, params, values):
+            ctx.err(path + (key,), message)
+            ok = False
     culprit = ctx.parse(path + ("culprit",), v.get("culprit", False), _bool, False)
     # The key is `scope`, not `on`: YAML 1.1 reads a bare `on` key as the boolean true.
     on = ctx.parse(path + ("scope",), v.get("scope", "job"), _enum("job", "culprit"), "job")
@@ -317,8 +337,8 @@ def parse_rule(data: Any, file: str, lines: dict[Path_, int], macros: dict[str, 
     conf = ctx.parse(("confidence",), data.get("confidence", 0.7), _number, 0.7)
     if conf is not None and not 0 <= conf <= 1:
         ctx.err(("confidence",), f"must be between 0 and 1 (got {conf})")
-    for_s = ctx.parse(("for",), data.get("for", "0s"), _duration, 0.0)
-    kff = ctx.parse(("keep_firing_for",), data.get("keep_firing_for", "0s"), _duration, 0.0)
+    for_s = ctx.parse(("for",), data.get("for", "0s"), _for, 0.0)
+    kff = ctx.parse(("keep_firing_for",), data.get("keep_firing_for", "0s"), _for, 0.0)
     every = ctx.parse(("every",), data["every"], _every, 0.0) if "every" in data else 0.0
     group_by = ctx.parse(("group_by",), data.get("group_by", ["job"]), _strings, ("job",))
     for i, g in enumerate(group_by or ()):
