@@ -12,6 +12,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 
 def register(p: argparse.ArgumentParser) -> None:
@@ -92,7 +93,14 @@ def rule_files(paths: list[Path]) -> list[tuple[str, Path]]:
 def run(args: argparse.Namespace) -> int:
     from whywait.engine.commands.engine_cmd import default_rule_paths, load_topology
     from whywait.engine.commands.outputs import check_output
-    from whywait.engine.commands.replay_cmd import _fmt, kafka_batches, parse_duration, parse_time, progress_bar
+    from whywait.engine.commands.replay_cmd import (
+        _fmt,
+        kafka_batches,
+        parse_duration,
+        parse_time,
+        progress_bar,
+        read_in_order,
+    )
     from whywait.engine.errors import ConfigError
     from whywait.engine.importers.bundle import BundleWriter
     from whywait.engine.localkafka.broker import resolve_bootstrap
@@ -115,18 +123,28 @@ def run(args: argparse.Namespace) -> int:
                               f"*{' or *'.join(YAML_SUFFIXES)})")
     load_rules(rules)
     w = Window(since, until, parse_duration(args.lead, "--lead"), frozenset(args.job), frozenset(args.project))
-    merge = EventTimeMerge([], w)
-    merge.raw = True
     window = {"since": since, "until": until, "lead_s": w.lead_s, "jobs": sorted(w.jobs),
               "projects": sorted(w.projects)}
-    with BundleWriter(args.output, window) as bw, \
-            progress_bar(w, "exporting", lambda _: max(merge.released_to, w.read_from)) as tick:
-        for topic, raw in kafka_batches(args.bootstrap or resolve_bootstrap(), w, merge,
-                                          read_to_end=args.read_to_end):
-            bw.add(topic, raw)
-            if tick is not None:
-                tick(None)
-        bw.close(topo, *bundle_rules(rules))
+    bootstrap = args.bootstrap or resolve_bootstrap()
+    reading: list[EventTimeMerge] = []  # the pass's merge, whose watermark the progress bar shows
+
+    def messages(m: EventTimeMerge, cut: Any) -> Any:
+        reading[:] = [m]
+        return kafka_batches(bootstrap, w, m, read_to_end=args.read_to_end, splits=cut)
+
+    def write(items: Any) -> BundleWriter:
+        # Each pass writes the bundle anew: a second one (history found written after newer data, see
+        # read_in_order) puts the records in event-time order, which a bundle's replay relies on.
+        with BundleWriter(args.output, window) as bw, \
+                progress_bar(w, "exporting", lambda _: max(reading[0].released_to, w.read_from)) as tick:
+            for topic, raw in items:
+                bw.add(topic, raw)
+                if tick is not None:
+                    tick(None)
+            bw.close(topo, *bundle_rules(rules))
+        return bw
+
+    bw, merge, _ = read_in_order(messages, w, write, raw=True, who="whywait export")
     total = sum(bw.counts.values())
     print(f"exported {total} messages from {_fmt(since)} to {_fmt(until)} UTC into {args.output} "
           f"({args.output.stat().st_size / 1e6:.1f} MB)")
