@@ -17,6 +17,12 @@ kind         id                       attributes
 ``pool``     ``scratch``              ``type`` (``nfs``, ``lustre``...)
 ===========  =======================  ===========================================
 
+A host is often named differently by different sources: ``node01`` by Slurm,
+``node01.cluster.local`` by Kubernetes, a fabric dump or an agent whose
+``socket.gethostname()`` is the FQDN.  :meth:`Topology.canonical_node` gives the
+topology's own name for any of them when that is unambiguous (:class:`NodeNames`);
+placements and the engine's telemetry path resolve every node name through it.
+
 Jobs are not part of the graph: the engine places and removes them as placement
 messages arrive (:meth:`Topology.place_job`, :meth:`Topology.apply_placement`).
 Every mutation bumps :attr:`Topology.version`; the per-query caches are keyed on
@@ -28,7 +34,9 @@ aiokafka, slack_sdk or pynvml).
 
 from __future__ import annotations
 
+import difflib
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -131,6 +139,189 @@ def normalise_pci(addr: str) -> str | None:
     return f"{dom:04x}:{m.group(2).lower()}:{m.group(3).lower()}.{m.group(4)}"
 
 
+# ---------------------------------------------------------------------------------------------- node names
+
+_IPV4 = re.compile(r"\d{1,3}(?:\.\d{1,3}){3}")
+# Distinct unknown names whose match (and suggestions) one topology remembers: telemetry names a few
+# dozen hosts, but a producer can invent names without end, and the memo must not grow with them.
+_NODE_MEMO_MAX = 4096
+# Distinct unknown names a topology looks for similar host names for (difflib: up to milliseconds each).
+_SIMILAR_MAX = 256
+
+
+def short_name(host: str) -> str:
+    """A host name up to its first dot: ``node01.cluster.local`` → ``node01``.
+
+    An IPv4 address is its own short name (``10.0.0.1`` is not host ``10``), and so is a name that
+    starts with a dot.  A trailing dot (a rooted DNS name) is ignored.
+    """
+    name = host.rstrip(".")
+    if _IPV4.fullmatch(name):
+        return name
+    return name.split(".", 1)[0] or name
+
+
+@dataclass(frozen=True)
+class NodeMatch:
+    """Which host of the topology a name from another source means (:meth:`Topology.match_node`).
+
+    ``node`` is the topology's own name for it, or None.  ``how``: ``exact``; ``case`` (the same
+    name in other letters' case, as DNS names are); ``short`` (one name is the other's short name:
+    ``node01`` and ``node01.cluster.local``); empty when nothing matched.  ``ambiguous`` lists the
+    hosts that share the name's short name when there are several (``node01.a`` and ``node01.b``
+    for ``node01``): the name is then none of them, since it could be either.
+    """
+
+    node: str | None
+    how: str = ""
+    ambiguous: tuple[str, ...] = ()
+
+
+class NodeNames:
+    """An index of host names that says which host a name given by another source means.
+
+    One machine is ``node01`` to Slurm, ``node01.cluster.local`` to Kubernetes or in a fabric dump's
+    node description, and either to an agent (``socket.gethostname()`` is the FQDN on some
+    distributions).  A name matches a host when it is the host's name, the same name in another
+    case, or when one of the two is the other's short name and no other host has that short name.
+    Two full names never match each other (``node01.a`` is not ``node01.b``).  Built by
+    :class:`Topology` when its hosts change and by :func:`~whywait.topology.reconcile.merge`.
+    """
+
+    def __init__(self, hosts: Iterable[str]) -> None:
+        self.hosts = frozenset(hosts)
+        self._lower: dict[str, list[str]] = {}
+        self._short: dict[str, list[str]] = {}
+        # for :meth:`similar`, built at its first call: lower-case names, the same without padding zeros, pieces
+        self._keys: dict[str, list[str]] | None = None
+        self._unpadded: dict[str, list[str]] = {}
+        self._grams: dict[str, list[str]] | None = None
+        for h in _sorted(self.hosts):
+            self._lower.setdefault(h.rstrip(".").lower(), []).append(h)
+            self._short.setdefault(short_name(h).lower(), []).append(h)
+
+    def match(self, name: str) -> NodeMatch:
+        """The host ``name`` means (see the class), or why none."""
+        if name in self.hosts:
+            return NodeMatch(name, "exact")
+        key = name.rstrip(".").lower()
+        same = self._lower.get(key)
+        if same:
+            return NodeMatch(same[0], "case") if len(same) == 1 else NodeMatch(None, "", tuple(same))
+        short = short_name(key)
+        found = self._short.get(short, ())
+        # A short name may be any host of that short name; a full one only the host named short (two full
+        # names of one short name are two domains' hosts).
+        if short != key and not any(short_name(h).lower() == h.rstrip(".").lower() for h in found):
+            return NodeMatch(None)
+        if len(found) == 1:
+            return NodeMatch(found[0], "short")
+        return NodeMatch(None, "", tuple(found))
+
+    def similar(self, name: str, n: int = 3) -> tuple[str, ...]:
+        """Up to ``n`` hosts whose name (or short name) is close to ``name``'s, closest first.
+
+        A name equal but for the zeros its numbers are padded with (``node-7`` for ``node-07``) comes
+        first; then difflib's ratio (at least 0.6), ties in natural order.  Of a large cluster's names only
+        the few sharing the most three-letter pieces with ``name`` are compared, so that a name costs
+        milliseconds, not a second, with 10,000 hosts.
+        """
+        if self._keys is None:
+            self._keys = {}
+            for h in self.hosts:
+                for k in {h.rstrip(".").lower(), short_name(h).lower()}:
+                    self._keys.setdefault(k, []).append(h)
+            self._unpadded = {}
+            for k, hosts in self._keys.items():
+                self._unpadded.setdefault(_unpad(k), []).extend(hosts)
+        key = name.rstrip(".").lower()
+        probes = tuple(dict.fromkeys((key, short_name(key))))
+        scored: dict[str, tuple[float, tuple[Any, ...]]] = {}
+
+        def note(hosts: Iterable[str], score: float) -> None:
+            for h in hosts:
+                if h not in scored or scored[h][0] < score:
+                    scored[h] = (score, natural_key(h))
+
+        matcher = difflib.SequenceMatcher()
+        for probe in probes:
+            note(self._unpadded.get(_unpad(probe), ()), 2.0)
+            matcher.set_seq2(probe)
+            for k in self._candidates(probe):
+                matcher.set_seq1(k)
+                if matcher.real_quick_ratio() >= 0.6 and matcher.quick_ratio() >= 0.6:
+                    score = matcher.ratio()
+                    if score >= 0.6:
+                        note(self._keys[k], score)
+        return tuple(sorted(scored, key=lambda h: (-scored[h][0], scored[h][1])))[:n]
+
+    def _candidates(self, probe: str, limit: int = 200) -> Iterable[str]:
+        """The names :meth:`similar` compares with ``probe``: all of a small cluster's, else the ``limit``
+        that share the most three-letter pieces with it (an index built at the first call)."""
+        assert self._keys is not None
+        if len(self._keys) <= limit:
+            return self._keys
+        if self._grams is None:
+            self._grams = {}
+            for k in self._keys:
+                for g in _trigrams(k):
+                    self._grams.setdefault(g, []).append(k)
+        shared: Counter[str] = Counter()
+        for g in _trigrams(probe):
+            shared.update(self._grams.get(g, ()))
+        return [k for k, _ in shared.most_common(limit)]
+
+
+def _trigrams(text: str) -> set[str]:
+    padded = f"  {text} "
+    return {padded[i:i + 3] for i in range(len(padded) - 2)}
+
+
+_DIGITS = re.compile(r"\d+")
+
+
+def _unpad(name: str) -> str:
+    """``node-007`` → ``node-7``: a name with its numbers' padding zeros dropped."""
+    return _DIGITS.sub(lambda m: str(int(m.group())), name)
+
+
+def node_name_groups(names: Sequence[str]) -> tuple[dict[str, str], list[tuple[str, tuple[str, ...]]]]:
+    """Which of ``names`` (from several sources, in the order of trust) are one host, and under which name.
+
+    Names one of which is the other's short name (``node01``, ``node01.cluster.local``), or that
+    differ in case only, are one host, named as the first of them in ``names``.  When two full
+    names share a short name (``node01.a``, ``node01.b``) they are two hosts, and the bare short
+    name is kept apart as a host of its own: it could be either.  Returns ``name -> host`` for every
+    name, and ``(bare name, the full names it could be)`` for each name kept apart so.
+    """
+    groups: dict[str, list[str]] = {}
+    for n in dict.fromkeys(names):
+        groups.setdefault(short_name(n).lower(), []).append(n)
+    out: dict[str, str] = {}
+    apart: list[tuple[str, tuple[str, ...]]] = []
+    for short, group in groups.items():
+        full: dict[str, list[str]] = {}  # a full name in lower case -> its spellings, in order
+        bare: list[str] = []
+        for n in group:
+            low = n.rstrip(".").lower()
+            if low == short:
+                bare.append(n)
+            else:
+                full.setdefault(low, []).append(n)
+        if len(full) <= 1:
+            for n in group:
+                out[n] = group[0]
+            continue
+        for spellings in full.values():
+            for n in spellings:
+                out[n] = spellings[0]
+        for n in bare:
+            out[n] = bare[0]
+        if bare:
+            apart.append((bare[0], tuple(s[0] for s in full.values())))
+    return out, apart
+
+
 @dataclass(frozen=True)
 class Mount:
     """A host's mount of a storage pool: ``device`` is how the host's storage reports name it."""
@@ -192,6 +383,13 @@ class Topology:
         # What the import could not match to anything (an agent's NIC the fabric does not show...),
         # kept in the cluster file so that `check`, `show` and the engine's start list it.
         self.unmatched: tuple[str, ...] = ()
+        # Node names other sources use (see :class:`NodeNames`): the index is built when first needed after
+        # the hosts change (not at every placement, which bumps the version); each distinct name that is not
+        # a host's own is matched once (bounded: names can be invented).
+        self._names: NodeNames | None = None
+        self._node_memo: dict[str, str | None] = {}
+        self._unknown_memo: dict[str, str] = {}
+        self._similar_left = _SIMILAR_MAX
 
     # ------------------------------------------------------------------ mutation
 
@@ -302,6 +500,10 @@ class Topology:
         for m in mount_objs:
             self.graph.add_edge(node, m.pool, link="mount", device=m.device)
         self._hosts[node] = _Host(node, rack, indexes, tuple(nic_objs), mount_objs, dict(gpu_pci or {}), node_type)
+        self._names = None
+        self._node_memo.clear()
+        self._unknown_memo.clear()
+        self._similar_left = _SIMILAR_MAX
         self._bump()
 
     def place_job(self, job: str, project: str, team: str, channel: str | None,
@@ -311,13 +513,19 @@ class Topology:
 
         Called by the engine for each ``running`` placement message; replaces any
         earlier placement of the same job.  Every node and GPU must exist
-        (:class:`UnknownEntityError` otherwise).  Bumps :attr:`version` and
+        (:class:`UnknownEntityError` otherwise); a node may be named as another source names
+        it (``node01.cluster.local`` for ``node01``: :meth:`canonical_node`), and the job is
+        stored under the topology's names.  Bumps :attr:`version` and
         returns the stored :class:`JobInfo`.
         """
         clean: dict[int, tuple[str, int]] = {}
         for rank in sorted(ranks):
-            node, gpu = ranks[rank]
-            host = self._host(node)
+            given, gpu = ranks[rank]
+            # The scheduler's name for the host may not be the topology's (node01 / node01.cluster.local)
+            node = self.canonical_node(given)
+            if node is None:
+                raise UnknownEntityError("node", given, self.node_hint(given))
+            host = self._hosts[node]
             if gpu not in host.gpus:
                 raise UnknownEntityError("gpu", gpu_id(node, gpu),
                                          f"job {job!r} rank {rank}; {node} has GPUs {list(host.gpus)}")
@@ -362,7 +570,8 @@ class Topology:
             raise UnknownEntityError(kind, entity, self._known_hint(kind))
 
     def _known_hint(self, kind: str) -> str:
-        names = _sorted(n for n, a in self.graph.nodes(data=True) if a["kind"] == kind)
+        names = self.nodes() if kind == "node" else _sorted(n for n, a in self.graph.nodes(data=True)
+                                                             if a["kind"] == kind)
         if not names:
             return f"the topology has no {kind}s"
         if len(names) <= 6:
@@ -373,7 +582,78 @@ class Topology:
         try:
             return self._hosts[node]
         except KeyError:
-            raise UnknownEntityError("node", node, self._known_hint("node")) from None
+            raise UnknownEntityError("node", node, self.node_hint(node, similar=False)) from None
+
+    # ------------------------------------------------------------------ node names
+
+    def node_names(self) -> NodeNames:
+        """The index of the hosts' names (:class:`NodeNames`), rebuilt after the hosts change."""
+        if self._names is None:
+            self._names = NodeNames(self._hosts)
+        return self._names
+
+    def match_node(self, name: str) -> NodeMatch:
+        """Which host ``name`` means, and how it matched (:class:`NodeMatch`; rules in :class:`NodeNames`)."""
+        return self.node_names().match(name)
+
+    def canonical_node(self, name: str) -> str | None:
+        """The topology's name of the host another source calls ``name`` (``node01.cluster.local`` → ``node01``),
+        or None when it holds no such host, or more than one it could be.
+
+        Called for the ``node`` of every telemetry message and every placed rank: the host's own name
+        costs a dict lookup; another name is matched once and remembered (bounded).
+        """
+        if name in self._hosts:
+            return name
+        try:
+            return self._node_memo[name]
+        except KeyError:
+            pass
+        found = self.node_names().match(name).node
+        if len(self._node_memo) >= _NODE_MEMO_MAX:
+            self._node_memo.pop(next(iter(self._node_memo)))
+        self._node_memo[name] = found
+        return found
+
+    def node_hint(self, name: str, similar: bool = True) -> str:
+        """Why ``name`` names no host, for an error: the hosts it could be, or the hosts the topology holds and,
+        with ``similar``, those whose names are close (difflib).  Remembered per name (bounded)."""
+        if not similar:
+            m = self.match_node(name)
+            if not m.ambiguous and m.node is None:
+                return self._known_hint("node")
+        hint = self._unknown_memo.get(name)
+        if hint is None:
+            index = self.node_names()
+            m = index.match(name)
+            if m.ambiguous:
+                hint = (f"it could be any of {', '.join(m.ambiguous[:6])}{', …' if len(m.ambiguous) > 6 else ''}, "
+                        f"which share its short name {short_name(m.ambiguous[0])!r}")
+            elif m.node is not None:
+                hint = f"the topology calls it {m.node!r}"
+            else:
+                # A short list of known hosts names them all; a long one gets the names closest to the mistake,
+                # for the first few hundred distinct names (each costs up to milliseconds: invented names in
+                # bulk must not stall the engine).
+                near: tuple[str, ...] = ()
+                if len(index.hosts) > 6 and self._similar_left > 0:
+                    self._similar_left -= 1
+                    near = index.similar(name)
+                hint = self._known_hint("node") + (f"; similar: {', '.join(near)}" if near else "")
+            if len(self._unknown_memo) >= _NODE_MEMO_MAX:
+                self._unknown_memo.pop(next(iter(self._unknown_memo)))
+            self._unknown_memo[name] = hint
+        return hint
+
+    def unknown_node_reason(self, name: str) -> str:
+        """The reason telemetry from ``name`` is refused, naming what the topology holds instead, and the fix.
+
+        ``'node01.x' is not in the topology (similar names in the topology: node01, node02); give the agent
+        the topology's name (whywait agent --node) or add the host to the topology``.  Called by the engine
+        when it dead-letters such a message (and by replays, for their note).
+        """
+        return (f"{name[:80]!r} is not in the topology ({self.node_hint(name)}); give the agent the topology's "
+                "name (whywait agent --node NAME) or add the host to the topology")
 
     def kind_of(self, entity: str) -> str | None:
         """Return the kind (:data:`KINDS`) of a graph id, or None when the topology lacks it."""
@@ -740,15 +1020,18 @@ class Topology:
 
     def entity_id(self, text: str) -> str:
         """The graph id a user means by ``text``: the id itself, or a GPU written ``node-07/gpu4`` (the
-        spelling of diagnoses' ``gpu`` label and of the README) for ``"node-07 gpu 4"``.  Text that names
+        spelling of diagnoses' ``gpu`` label and of the README) for ``"node-07 gpu 4"``, with the node as
+        any source names it (``node-07.cluster.local``: :meth:`canonical_node`).  Text that names
         nothing is returned unchanged, for the caller's own "unknown" error.
         """
         if text in self.graph:
             return text
         m = _GPU_SPELLING.fullmatch(text.strip())
-        if m and gpu_id(m.group(1), int(m.group(2))) in self.graph:
-            return gpu_id(m.group(1), int(m.group(2)))
-        return text
+        if m:
+            node = self.canonical_node(m.group(1)) or m.group(1)
+            if gpu_id(node, int(m.group(2))) in self.graph:
+                return gpu_id(node, int(m.group(2)))
+        return self.canonical_node(text) or text
 
     def path_between(self, a: str, b: str) -> tuple[str, ...]:
         """Graph ids from ``a`` to ``b`` (each a GPU, ``"node-07 gpu 4"`` or ``node-07/gpu4``, or a node),

@@ -30,7 +30,7 @@ from typing import Any, Mapping, Sequence
 
 from whywait.topology.errors import TopologyError
 from whywait.topology.loaders import NcclLocality, load_nccl_topology
-from whywait.topology.model import TIERS, Nic, Topology, natural_key, normalise_pci
+from whywait.topology.model import TIERS, Nic, Topology, natural_key, node_name_groups, normalise_pci
 from whywait.topology.sources import SourceFacts
 
 from whywait.textfiles import read_text
@@ -168,6 +168,7 @@ class _MHost:
     leaf: _Val | None = None
     nics: list[_MNic] = field(default_factory=list)
     node_type: str | None = None
+    names: dict[str, str] = field(default_factory=dict)  # every name a source gives the host -> where first
 
 
 @dataclass
@@ -229,12 +230,18 @@ def merge(sources: Sequence[SourceFacts], types: Sequence[NodeType] = (), name: 
         for r, where in s.racks.items():
             racks.setdefault(r, where)
 
+    # One machine, several names: ``node01`` in topology.conf, ``node01.cluster.local`` in a fabric dump's node
+    # descriptions.  Names one of which is the other's short name are one host, named as the first source
+    # (cabling sources first) names it; a short name two full names share is neither (kept apart, unmatched).
+    host_of, apart = node_name_groups([hf.name for s in ordered for hf in s.hosts.values()])
     hosts: dict[str, _MHost] = {}
     fabric_hosts: set[str] = set()  # hosts whose NICs a cabling source listed: others' extra NICs are unmatched
     for s in ordered:
         for hf in s.hosts.values():
-            h = hosts.setdefault(hf.name, _MHost(hf.name, hf.where))
-            what = f"node {hf.name!r}"
+            name = host_of[hf.name]
+            h = hosts.setdefault(name, _MHost(name, hf.where))
+            h.names.setdefault(hf.name, hf.where)
+            what = f"node {name!r}"
             if hf.gpus is not None:
                 _set(h, "gpus", hf.gpus, hf.where, f"{what}: GPUs", conflicts)
             for g, bus in hf.gpu_pci.items():
@@ -273,8 +280,17 @@ def merge(sources: Sequence[SourceFacts], types: Sequence[NodeType] = (), name: 
             if cabling:
                 fabric_hosts.add(h.name)
 
+    renamed = [h for h in hosts.values() if len(h.names) > 1]
+    if renamed:
+        shown = [f"{h.name} (also {', '.join(n for n in h.names if n != h.name)})"
+                 for h in sorted(renamed, key=lambda h: natural_key(h.name))]
+        warnings.append(f"{len(renamed)} host(s) named differently by the sources (a short name and a full one, or "
+                        f"in another case) are one host each, under the first source's name: {_names(shown, 4)}")
+    for bare, full in apart:
+        unmatched.append(f"{hosts[bare].where}: node {bare!r} could be any of {', '.join(full)} (they share its "
+                         "short name); kept as a host of its own: name it in full in this source")
     for h in hosts.values():
-        t = next((t for t in types if t.covers(h.name)), None)
+        t = next((t for t in types if any(t.covers(n) for n in h.names)), None)
         if t is None:
             continue
         h.node_type = t.name

@@ -175,6 +175,10 @@ class Evaluator:
     tick_observer: Callable[[float], None] | None = None
     # The rule set the store was last told to keep the metrics of (see MetricStore.set_keep).
     _keep_for: Any = field(default=None, repr=False)
+    # The topology whose ``canonical_node`` names each message's node (see ``ingest``), and that method (None:
+    # no topology, or one that names nodes only one way).
+    _names_of: Any = field(default=None, repr=False)
+    _node_name: Callable[[str], str | None] | None = field(default=None, repr=False)
     # Per rule with an ``every``: the event time of the last tick that evaluated it (see ``tick``).  Not
     # checkpointed: which ticks evaluate a rule is a function of event time alone.
     _evaluated_at: dict[str, float] = field(default_factory=dict, repr=False)
@@ -194,10 +198,20 @@ class Evaluator:
             self.store.set_spans(rule_spans(self.rules))
             self._clock_rules = frozenset(r.id for r in self.rules
                                           if any(c.type == "clock_offset" for c in leaves(r.when)))
-        if self.clock_fix and msg["kind"] in NODE_KINDS:
-            off = self.clock_fix.get(msg["node"])
-            if off is not None:
-                msg = {**msg, "time": msg["time"] - off}
+        if msg["kind"] in NODE_KINDS:
+            # The agent's name for its host may not be the topology's (node01.cluster.local / node01): the
+            # message is stored under the topology's, which the placements and the rules use.
+            if self._names_of is not self.topology:
+                self._names_of = self.topology
+                self._node_name = getattr(self.topology, "canonical_node", None)
+            if self._node_name is not None:
+                node = self._node_name(msg["node"])
+                if node is not None and node is not msg["node"]:
+                    msg = {**msg, "node": node}
+            if self.clock_fix:
+                off = self.clock_fix.get(msg["node"])
+                if off is not None:
+                    msg = {**msg, "time": msg["time"] - off}
         if msg["kind"] == "placement":
             self._place(msg)
         elif msg["kind"] == "net" and self.topology is not None:

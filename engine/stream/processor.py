@@ -39,9 +39,19 @@ def _unix_user(user: str | None) -> tuple[str, int | None] | None:
     return (m.group(1), int(m.group(2)) if m.group(2) else None) if m else None
 
 
-def _unknown_node(topology: Any, node: str) -> bool:
+def _node_name(topology: Any, node: str) -> str | None:
+    """The topology's name of the host a message calls ``node`` (``node01.cluster.local`` → ``node01``, see
+    ``Topology.canonical_node``), or None when the topology holds no such host.  A topology that cannot
+    say (none, or a stub without nodes) takes every name as it is."""
+    canonical = getattr(topology, "canonical_node", None)
+    if canonical is not None:
+        return canonical(node)  # type: ignore[no-any-return]
     kind_of = getattr(topology, "kind_of", None)
-    return kind_of is not None and kind_of(node) != "node"
+    return node if kind_of is None or kind_of(node) == "node" else None
+
+
+# Distinct unknown node names logged (once each) by one processor: a producer can invent names without end.
+_LOGGED_UNKNOWN_MAX = 1000
 
 
 @dataclass(frozen=True)
@@ -122,6 +132,7 @@ class Processor:
         self.firing: set[str] = set()  # fingerprints announced firing and not yet resolved (counted once)
         self.routed_to: dict[tuple[str, int], int] = {}  # router: (topic, partition) -> last offset routed
         self.routed_time: dict[tuple[str, int], float] = {}  # router: (topic, partition) -> newest event time forwarded
+        self.unknown_nodes: set[str] = set()  # node names whose telemetry was dead-lettered, logged once each
 
     def process(self, records: Iterable[Record]) -> Output:
         """Decode and evaluate one batch; return diagnoses and dead letters, in order.
@@ -171,10 +182,14 @@ class Processor:
         if self.not_before is not None and msg["time"] < self.not_before:
             self.counts["skipped_before_start"] += 1
             return
-        if msg["kind"] in NODE_KINDS and _unknown_node(self.evaluator.topology, msg["node"]):
-            # Telemetry no rule can use; kept out of the store so invented node names cannot grow it.
-            self._dead(out, rec, f"node: {str(msg['node'])[:80]!r} is not in the topology", "unknown_node")
-            return
+        if msg["kind"] in NODE_KINDS:
+            node = _node_name(self.evaluator.topology, msg["node"])
+            if node is None:
+                # Telemetry no rule can use; kept out of the store so invented node names cannot grow it.
+                self._unknown_node(out, rec, self.evaluator.topology, msg["node"])
+                return
+            if node is not msg["node"]:  # the agent's name for a host the topology names otherwise
+                msg = {**msg, "node": node}
         why = self.evaluator.admit(msg, wall)
         if why is not None:
             self._dead(out, rec, why, "too_far_ahead" if "ahead" in why else "too_late")
@@ -242,9 +257,13 @@ class Processor:
             if self.not_before is not None and msg["time"] < self.not_before:
                 self.counts["route.skipped_before_start"] += 1
                 continue
-            if msg["kind"] in NODE_KINDS and _unknown_node(topo, msg["node"]):
-                self._dead(out, rec, f"node: {str(msg['node'])[:80]!r} is not in the topology", "unknown_node")
-                continue
+            if msg["kind"] in NODE_KINDS:
+                node = _node_name(topo, msg["node"])
+                if node is None:
+                    self._unknown_node(out, rec, topo, msg["node"])
+                    continue
+                if node is not msg["node"]:  # routed by the topology's name (the worker renames it again)
+                    msg = {**msg, "node": node}
             where = routes(msg, topo, partitions)
             t_ms = int(float(msg["time"]) * 1000)
             if t_ms / 1000 > self.routed_time.get((rec.topic, rec.partition), float("-inf")):
@@ -273,6 +292,10 @@ class Processor:
                 continue
             try:
                 msg = decode(value, topic)
+                if msg["kind"] in NODE_KINDS:
+                    node = _node_name(topo, msg["node"])
+                    if node is not None and node is not msg["node"]:
+                        msg = {**msg, "node": node}
                 if msg["kind"] == "net" and topo is not None:
                     msg = topo.canonical_net(msg)
                 elif msg["kind"] == "gpu" and topo is not None:
@@ -324,10 +347,25 @@ class Processor:
         for s in msg["steps"]:
             placed = ranks.get(s["rank"])
             reporter = s.get("node") or msg["node"]
-            if placed is not None and placed[0] != reporter:
+            # the agent may name its host otherwise than the placement (node01.cluster.local / node01)
+            if placed is not None and placed[0] != reporter and placed[0] != _node_name(topo, reporter):
                 return (f"job {job[:80]}: rank {s['rank']} runs on {placed[0]}, but {str(reporter)[:80]} reported "
                         "its timings")
         return None
+
+    def _unknown_node(self, out: Output, rec: Record, topology: Any, node: Any) -> None:
+        """Dead-letter telemetry from a node the topology does not hold, saying which names it holds instead.
+
+        Each distinct name is also logged once (bounded): an agent whose ``--node`` is not the topology's
+        name loses all its telemetry, and the engine's log is where its operator looks first.
+        """
+        name = str(node)
+        explain = getattr(topology, "unknown_node_reason", None)
+        reason = explain(name) if explain is not None else f"{name[:80]!r} is not in the topology"
+        self._dead(out, rec, f"node: {reason}", "unknown_node")
+        if name not in self.unknown_nodes and len(self.unknown_nodes) < _LOGGED_UNKNOWN_MAX:
+            self.unknown_nodes.add(name)
+            log.warning("telemetry from node %s is dead-lettered: %s", name[:80], reason)
 
     def _dead(self, out: Output, rec: Record, reason: str, category: str) -> None:
         self.counts["dead_letters"] += 1
