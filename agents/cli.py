@@ -129,10 +129,16 @@ def make_publisher(args: argparse.Namespace) -> Any:
         from whywait.agents.publisher import PrintPublisher  # noqa: PLC0415
 
         return PrintPublisher()
-    bootstrap = args.bootstrap or os.environ.get(BOOTSTRAP_ENV)
+    bootstrap = args.bootstrap or os.environ.get(BOOTSTRAP_ENV, "").strip()
     if not bootstrap:
         raise AgentConfigError(f"no Kafka to publish to: pass --bootstrap HOST:PORT or set {BOOTSTRAP_ENV} "
                                "(or use --print)")
+    from whywait.bootstrap import BootstrapError, check_bootstrap  # noqa: PLC0415
+
+    try:  # a typo in the address is said as such, not as a broker that never answers (the spool would fill)
+        bootstrap = check_bootstrap(bootstrap, "--bootstrap" if args.bootstrap else BOOTSTRAP_ENV)
+    except BootstrapError as exc:
+        raise AgentConfigError(str(exc)) from None
     from whywait.agents.publisher import KafkaPublisher  # noqa: PLC0415 - aiokafka only when publishing
 
     return KafkaPublisher(bootstrap, _spool_dir(args.spool_dir), int(args.spool_max_mb * (1 << 20)))

@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         from whywait.engine.localkafka.broker import resolve_bootstrap  # lazy: the broker helper is engine-side
 
-        bootstrap = args.bootstrap or resolve_bootstrap()
+        bootstrap = resolve_bootstrap(flag=args.bootstrap)
         source = _GeneratorProcess(sim) if _can_fork() else _InlineSource(sim)
         # SIGTERM (a service manager, `timeout`, the demo) must run the cleanup below like Ctrl-C
         # does, or the generator child is left orphaned.

@@ -5,6 +5,7 @@ Each package derives its own subtree from it; the whole tree::
     WhywaitError                        whywait.errors: anything a user can act on
     ├── YamlError                       whywait.errors: a YAML file is not valid YAML, or has a duplicate key
     ├── DurationError                   whywait.errors: a value is not a duration like '90s' (also a ValueError)
+    ├── BootstrapError                  whywait.bootstrap: a Kafka address is not HOST:PORT[,...] (also a ValueError)
     ├── AgentError                      agents.errors: the node agent
     │   ├── CollectorOff                a collector cannot run on this host
     │   ├── AgentConfigError            a flag or environment variable of `whywait agent` is wrong

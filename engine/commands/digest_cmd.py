@@ -113,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--until ({_fmt(until)}) must be after --since ({_fmt(since)})")
     check_outputs([(args.json, "--json"), (args.blocks, "--blocks"), (args.plot, "--plot")])
     digest = Digest(since, until, projects=frozenset(args.project))
-    asyncio.run(read_period(args.bootstrap or resolve_bootstrap(), since, until, digest))
+    asyncio.run(read_period(resolve_bootstrap(flag=args.bootstrap), since, until, digest))
     digest.finish()
     rows = digest.rows()
     print(f"useful GPU time from {_fmt(since)} to {_fmt(until)} UTC")

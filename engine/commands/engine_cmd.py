@@ -216,6 +216,9 @@ def run(args: argparse.Namespace) -> int:
         from whywait.engine.errors import BrokerUnavailable
 
         raise BrokerUnavailable(bootstrap, "no answer to ApiVersions")
+    # The engine's topics first: a --replication or --partitions the cluster cannot give is refused naming the flag,
+    # before the notifier's stores create theirs (which it refused as "unreachable", exit 3).
+    partitions = engine_partitions(bootstrap, want_partitions, want_replication)
     # Notifier state and silences live in compacted topics, so a restarted engine edits its messages.
     # --no-restore starts the notifier's message map empty too (silences, which are people's
     # decisions, are kept); it still writes, so the next restart resumes this run.
@@ -231,7 +234,6 @@ def run(args: argparse.Namespace) -> int:
         if actions is not None:
             actions.start()
             log.info("Slack interactivity endpoint: %s", actions.url)
-    partitions = engine_partitions(bootstrap, want_partitions, want_replication)
     if partitions > 1:
         from whywait.engine.stream.partitioning import OwnedTopology
 

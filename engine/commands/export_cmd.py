@@ -125,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
     w = Window(since, until, parse_duration(args.lead, "--lead"), frozenset(args.job), frozenset(args.project))
     window = {"since": since, "until": until, "lead_s": w.lead_s, "jobs": sorted(w.jobs),
               "projects": sorted(w.projects)}
-    bootstrap = args.bootstrap or resolve_bootstrap()
+    bootstrap = resolve_bootstrap(flag=args.bootstrap)
     reading: list[EventTimeMerge] = []  # the pass's merge, whose watermark the progress bar shows
 
     def messages(m: EventTimeMerge, cut: Any) -> Any:

@@ -208,7 +208,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     from whywait.engine.localkafka.broker import resolve_bootstrap
 
-    bootstrap = args.bootstrap or resolve_bootstrap()
+    bootstrap = resolve_bootstrap(flag=args.bootstrap)
     n = asyncio.run(publish(bootstrap, items, skipped))
     print(f"published {n} message{'' if n == 1 else 's'} from {what} to {bootstrap}")
     skipped.print()

@@ -99,7 +99,7 @@ def _publisher(args: argparse.Namespace) -> Any:
     from whywait.engine.localkafka.broker import resolve_bootstrap
 
     args.spool.mkdir(parents=True, exist_ok=True)
-    return PlacementPublisher(args.bootstrap or resolve_bootstrap(), str(args.spool))
+    return PlacementPublisher(resolve_bootstrap(flag=args.bootstrap), str(args.spool))
 
 
 async def _send_all(args: argparse.Namespace, msgs: list[dict[str, Any]], timeout_s: float = 15.0) -> int:

@@ -603,7 +603,7 @@ class Plan:
             return bundle_batches(self.bundle, merge)
         from whywait.engine.localkafka.broker import resolve_bootstrap
 
-        return kafka_batches(self.bootstrap or resolve_bootstrap(), self.window, merge,
+        return kafka_batches(resolve_bootstrap(flag=self.bootstrap), self.window, merge,
                              read_to_end=self.read_to_end, splits=splits)
 
 
@@ -762,7 +762,7 @@ def run(args: argparse.Namespace) -> int:
         if getattr(args, "publish_diagnoses", False):
             from whywait.engine.localkafka.broker import resolve_bootstrap
 
-            where = plan.bootstrap or resolve_bootstrap()
+            where = resolve_bootstrap(flag=plan.bootstrap)
             n = asyncio.run(publish_diagnoses(where, res.diagnoses))
             print(f"published {n} diagnosis message(s) of {len(shown)} incident(s) to the diagnoses topic on {where}")
         if args.stats_json:  # `whywait bench` reads it: the replay's own cost, start-up (rules, topology) excluded
@@ -783,7 +783,7 @@ def run(args: argparse.Namespace) -> int:
             if plan.bundle is None and args.report:
                 from whywait.engine.localkafka.broker import resolve_bootstrap
 
-                records = asyncio.run(notify_records(plan.bootstrap or resolve_bootstrap()))
+                records = asyncio.run(notify_records(resolve_bootstrap(flag=plan.bootstrap)))
                 threads = slack_threads(records, os.environ.get("WHYWAIT_SLACK_WORKSPACE_URL") or "https://slack.com")
             with batch_gc():  # the cuts the replay made, so the report sees the same order
                 rep = build_report(res, spans, plan.messages(EventTimeMerge([], w), splits), w, topo(), threads)
@@ -818,7 +818,7 @@ def _where_the_data_is(plan: Plan) -> str:
     from whywait.engine.localkafka.broker import resolve_bootstrap
 
     try:
-        extent = asyncio.run(topics_extent(plan.bootstrap or resolve_bootstrap()))
+        extent = asyncio.run(topics_extent(resolve_bootstrap(flag=plan.bootstrap)))
     except Exception as exc:  # noqa: BLE001 - a hint only: the replay's own result stands
         return f"no telemetry in the window (where the topics' data lies could not be read: {type(exc).__name__})"
     if extent is None:

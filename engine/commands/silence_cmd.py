@@ -57,7 +57,7 @@ def _open_kafka_store(bootstrap: str | None) -> SilenceStore:
     from whywait.engine.localkafka.broker import resolve_bootstrap
     from whywait.engine.notify.silences import KafkaSilenceStore
 
-    return KafkaSilenceStore(bootstrap or resolve_bootstrap(), follow=False)
+    return KafkaSilenceStore(resolve_bootstrap(flag=bootstrap), follow=False)
 
 
 # Tests replace this to run the command against an in-memory store.

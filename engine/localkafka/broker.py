@@ -22,7 +22,6 @@ import contextlib
 import hashlib
 import json
 import os
-import re
 import shutil
 import signal
 import socket
@@ -36,6 +35,8 @@ from typing import Any, Iterator
 
 from whywait.engine.errors import BrokerUnavailable, ConfigError, EngineError
 
+from whywait.bootstrap import BootstrapError
+from whywait.bootstrap import check_bootstrap as _check_bootstrap
 from whywait.errors import EXIT_UNAVAILABLE
 
 KAFKA_VERSION = "4.1.1"
@@ -337,66 +338,13 @@ def _probe_one(server: str, timeout: float) -> str | None:
 
 # --------------------------------------------------------------------------- bootstrap strings
 
-_HOST_NAME = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_])?")
-BOOTSTRAP_FORM = "HOST:PORT[,HOST:PORT...], e.g. 127.0.0.1:9092"
-
-
 def check_bootstrap(value: str, source: str = "--bootstrap") -> str:
-    """``value`` checked as Kafka bootstrap servers, ``HOST:PORT[,HOST:PORT...]``; returned with spaces around its
-    entries removed.  A malformed one is a :class:`ConfigError` (exit 2) naming ``source`` (the flag or variable it
-    came from) and the part that is wrong, never a broker "unreachable" later.
-
-    HOST is a name or an IPv4 address, or an IPv6 address in brackets (``[::1]:9092``); PORT is 1-65535.
-    """
-    entries = value.split(",")
-    several = len(entries) > 1
-    good: list[str] = []
-    for i, raw in enumerate(entries, 1):
-        server = raw.strip()
-        where = f"entry {i} ({server!r})" if several else repr(server)
-        if not server:
-            raise ConfigError(f"{source} {value!r}: " + (f"entry {i} is empty" if several else "is empty")
-                              + f"; expected {BOOTSTRAP_FORM}")
-        host, colon, port = server.rpartition(":")
-        if not colon:
-            raise ConfigError(f"{source} {value!r}: {where} has no port; expected {BOOTSTRAP_FORM}")
-        wrong = [w for w in (_host_problem(host), _port_problem(port)) if w]
-        if wrong:
-            raise ConfigError(f"{source} {value!r}: in {where}, {' and '.join(wrong)}; expected {BOOTSTRAP_FORM}")
-        good.append(server)
-    return ",".join(good)
-
-
-def _host_problem(host: str) -> str | None:
-    if not host:
-        return "the host is missing"
-    if host.startswith("[") or host.endswith("]"):
-        import ipaddress
-
-        try:
-            if not (host.startswith("[") and host.endswith("]")):
-                raise ValueError
-            ipaddress.IPv6Address(host[1:-1])
-        except ValueError:
-            return f"the host {host!r} is not an IPv6 address in brackets"
-        return None
-    if ":" in host:
-        return f"the host {host!r} has a ':' (an IPv6 address goes in brackets: [::1]:9092)"
-    if not _HOST_NAME.fullmatch(host.removesuffix(".")):  # a trailing dot: a fully qualified name
-        bad = sorted({c for c in host if not (c.isascii() and (c.isalnum() or c in "._-"))})
-        what = ", ".join("a space" if c == " " else repr(c) for c in bad) if bad else "a '.' or '-' at an end"
-        return f"the host {host!r} is not a host name or address (it has {what})"
-    return None
-
-
-def _port_problem(port: str) -> str | None:
-    if not port:
-        return "the port is missing"
-    if not (port.isascii() and port.isdigit()):
-        return f"the port {port!r} is not a number"
-    if not 1 <= int(port) <= 65535:
-        return f"the port {int(port)} is outside 1-65535"
-    return None
+    """``value`` checked as Kafka bootstrap servers (:func:`whywait.bootstrap.check_bootstrap`), as a
+    :class:`ConfigError` (exit 2) naming ``source`` and the part that is wrong, never a broker "unreachable" later."""
+    try:
+        return _check_bootstrap(value, source)
+    except BootstrapError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 # --------------------------------------------------------------------------- processes + state
