@@ -31,7 +31,8 @@ EXIT_CODES: dict[int, str] = {
     0: "success",
     1: "a check or test found problems (rules check, rules test, events check ...)",
     2: "usage or input: a wrong flag, environment variable, token or file (rule, topology, scenario, YAML), or an id "
-       "that names nothing (`silence expire ID`)",
+       "that names nothing (`silence expire ID`); `rules check` and `rules test`, whose findings are broken rules, "
+       "say those with 1",
     3: "unavailable: Kafka, the local broker, Slack or another service could not be reached or started",
     70: "internal error: a bug in whywait (run with -v for the traceback, and please report it)",
     130: "interrupted (Ctrl-C)",
