@@ -47,7 +47,7 @@ import dataclasses
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Collection, Iterable, Sequence
+from typing import Any, Callable, Collection, Iterable, Sequence
 
 from whywait.agents.events import ContractError, envelope, validate
 from whywait.engine.diagnosis import Diagnosis
@@ -419,15 +419,25 @@ def load_files(rules: RuleSet, paths: Iterable[str | Path]) -> list[tuple[Path, 
     return loaded
 
 
-def run_files(rules: RuleSet, paths: Iterable[str | Path]) -> list[CaseResult]:
-    """Run every case of every test file under ``paths`` (all checked first, see :func:`load_files`)."""
+def run_files(rules: RuleSet, paths: Iterable[str | Path], *, on_start: Callable[[int, int], None] | None = None,
+              on_result: Callable[[CaseResult], None] | None = None) -> list[CaseResult]:
+    """Run every case of every test file under ``paths`` (all checked first, see :func:`load_files`).
+
+    ``on_start(cases, files)`` is called once every file has loaded, and ``on_result`` after each case, so
+    ``whywait rules test`` shows each result as it comes (the whole shipped tree takes minutes).
+    """
+    loaded = load_files(rules, paths)
+    if on_start is not None:
+        on_start(sum(len(cases) for _, cases in loaded), len(loaded))
     results: list[CaseResult] = []
-    for f, cases in load_files(rules, paths):
+    for f, cases in loaded:
         for c in cases:
             t0 = time.perf_counter()
             res = run_case(rules, c, str(f))
             res.seconds = time.perf_counter() - t0
             results.append(res)
+            if on_result is not None:
+                on_result(res)
     return results
 
 

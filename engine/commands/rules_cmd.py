@@ -109,17 +109,21 @@ def _default_dir() -> Path:
 
 
 def _check(paths: list[Path]) -> int:
-    from whywait.engine.rules.loader import RuleLoadError, is_test_file, load_rules
+    from whywait.engine.rules.loader import RuleLoadError, is_test_file, load_rules, rule_files
     from whywait.simulate.ruletest import RuleTestError, find_test_files, load_cases
 
     _require(paths, "rule")
     problems: list[str] = []
     rule_ids = None
     n_rules = 0
+    trees = _trees_of(paths, [], "rules check")
     try:
-        rs = load_rules(paths)
+        rs = load_rules([*trees, *paths])
         # with no rule among the paths (test files given alone) there is nothing to check their names against
         rule_ids, n_rules = (rs.rules.keys() if len(rs) else None), len(rs)
+        if trees:  # count the rules of the paths given, not the tree's others loaded beside them
+            mine = {f.resolve() for f in rule_files(paths)}
+            n_rules = sum(1 for r in rs.rules.values() if Path(r.file).resolve() in mine)
     except RuleLoadError as exc:
         problems += [str(e) for e in exc.errors]
     tests = [p for p in paths if p.is_dir() or is_test_file(p)]
@@ -154,17 +158,13 @@ def _test(args: argparse.Namespace) -> int:
     # named after.  --rules come first, so a site folder's `override:` finds the rule it changes; then the
     # rules tree a path lies in (rules/ for rules/network), for the macros and rules it refers to.
     under_test = [p if p.is_dir() else _rule_beside(p) for p in paths]
-    trees: list[Path] = []
-    for p in paths:
-        tree = rules_tree(p)
-        if tree is not None and not any(_within(tree, q) for q in [*args.rules, *paths, *trees]):
-            trees.append(tree)
-            print(f"rules test: {p} lies in the rules tree {_shown(tree)}: loading its other rules too, for the "
-                  "macros and rules it refers to (--rules to choose others)", file=sys.stderr)
+    trees = _trees_of(paths, args.rules, "rules test")
     try:
         rules = load_rules([*args.rules, *trees, *(p for p in under_test if p is not None)])
-        # a test file reached twice (`rules test rules rules/gpu`) runs once
-        results = run_files(rules, _unique(find_test_files(paths)))
+        # a test file reached twice (`rules test rules rules/gpu`) runs once.  Each result is printed (and flushed)
+        # as its case ends: the shipped tree takes minutes, and piped output showed nothing until the end.
+        results = run_files(rules, _unique(find_test_files(paths)), on_start=_say_start,
+                            on_result=lambda r: _print_result(r, args.show))
         missing: list[str] = []
         if args.require_all:  # only the rules under test need cases, not the ones --rules brought in
             files = {str(f) for f in rule_files(p for p in under_test if p is not None)}
@@ -175,12 +175,6 @@ def _test(args: argparse.Namespace) -> int:
         print(f"whywait rules: {exc}", file=sys.stderr)
         return EXIT_RULES
     failed = [r for r in results if not r.ok]
-    for r in results:
-        print(f"{'PASS' if r.ok else 'FAIL'}  {r.file}: {r.name}")
-        for failure in r.failures:
-            print(f"      {failure}")
-        if args.show:
-            _show(r)
     for rid in missing:
         print(f"FAIL  rule {rid} has no test cases")
     print(f"{len(results) - len(failed)} passed, {len(failed) + len(missing)} failed")
@@ -190,6 +184,20 @@ def _test(args: argparse.Namespace) -> int:
         except OSError as exc:
             raise ConfigError(f"--junit {args.junit}: cannot write: {exc.strerror or exc}") from None
     return EXIT_RULES if failed or missing else 0
+
+
+def _say_start(cases: int, files: int) -> None:
+    print(f"rules test: running {cases} case(s) from {files} test file(s)", file=sys.stderr, flush=True)
+
+
+def _print_result(r: CaseResult, show: bool) -> None:
+    """One case's PASS/FAIL line and its failures (and with ``--show`` its messages), flushed."""
+    print(f"{'PASS' if r.ok else 'FAIL'}  {r.file}: {r.name}")
+    for failure in r.failures:
+        print(f"      {failure}")
+    if show:
+        _show(r)
+    sys.stdout.flush()
 
 
 def _show(r: CaseResult) -> None:
@@ -253,6 +261,23 @@ def _require(paths: list[Path], kind: str) -> None:
                               f"*{' or *'.join(TEST_SUFFIXES)}) or folders of rules and their tests{hint}")
         if kind == "rule" and p.suffix not in YAML_SUFFIXES:
             raise ConfigError(f"{p}: is not a rule file (rule files are YAML, named *{' or *'.join(YAML_SUFFIXES)})")
+
+
+def _trees_of(paths: list[Path], given: list[Path], who: str) -> list[Path]:
+    """The rules trees ``paths`` lie in that no path given already covers, each said once on stderr.
+
+    ``rules check rules/network`` and ``rules test rules/network`` both load the rest of ``rules/``: the
+    macros and the rules those in ``network`` inhibit live there (check reported them missing).
+    """
+    trees: list[Path] = []
+    for p in paths:
+        tree = rules_tree(p)
+        if tree is not None and not any(_within(tree, q) for q in [*given, *paths, *trees]):
+            trees.append(tree)
+            print(f"{who}: {p} lies in the rules tree {_shown(tree)}: loading its other rules too, for the "
+                  "macros and rules it refers to" + (" (--rules to choose others)" if who == "rules test" else ""),
+                  file=sys.stderr)
+    return trees
 
 
 def rules_tree(path: Path) -> Path | None:

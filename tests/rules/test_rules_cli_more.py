@@ -219,3 +219,37 @@ def test_a_path_given_twice_is_checked_and_tested_once(tmp_path: Path, capsys: p
     assert capsys.readouterr().err == "1 rule(s) and 1 test file(s) OK\n"
     assert main(["rules", "test", str(d), str(d / "site.cpu-hot.test.yaml")]) == 0
     assert capsys.readouterr().out.endswith("2 passed, 0 failed\n")
+
+
+# ---- a new user's pass (session 22): a folder inside the shipped tree, and results as they come ------------------
+
+
+def test_check_of_a_folder_inside_the_rules_tree_loads_the_rest_of_it(capsys: pytest.CaptureFixture[str]) -> None:
+    # `rules check rules/network` reported 8 errors (macros and inhibited rules it could not find) where
+    # `rules test rules/network` loaded the rest of rules/ and passed.
+    repo = Path(__file__).resolve().parents[2]
+    assert main(["rules", "check", str(repo / "rules" / "network")]) == 0
+    err = capsys.readouterr().err
+    assert "lies in the rules tree" in err and "3 rule(s) and 3 test file(s) OK" in err, err
+    assert main(["rules", "check", str(repo / "rules" / "network" / "network.link-flap.yaml")]) == 0
+    assert "1 rule(s) and 0 test file(s) OK" in capsys.readouterr().err
+
+
+def test_each_case_is_reported_as_it_ends(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    # Piped, `rules test rules` printed nothing for 11 minutes: every line came at the end.
+    from whywait.engine.commands import rules_cmd
+
+    seen: list[str] = []
+    real = rules_cmd._print_result
+
+    def spy(r: object, show: bool) -> None:
+        got = capsys.readouterr()
+        seen.append(got.err + got.out)  # what was printed before this case's line: the earlier cases'
+        real(r, show)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(rules_cmd, "_print_result", spy)
+    d = site(tmp_path)
+    assert main(["rules", "test", str(d)]) == 0
+    assert "rules test: running 2 case(s) from 1 test file(s)" in seen[0]
+    assert len(seen) == 2 and "PASS" in seen[1] and "node-02 is saturated" in seen[1]  # printed before case 2 ran
