@@ -86,6 +86,9 @@ def test_an_input_error_is_exit_2_and_an_unreachable_service_exit_3(tmp_path: Pa
     (["events", "check", "{missing}"], "{missing}: cannot read: No such file or directory"),
     (["events", "check", "{folder}"], "{folder}: cannot read: Is a directory"),
     (["events", "check", "{binary}"], "{binary}: cannot read: not UTF-8 text"),
+    # an empty capture said "0 valid, 0 invalid" and exit 0: a pass for an agent that wrote nothing
+    (["events", "check", "{empty}"],
+     "{empty}: holds no message (an empty file, or blank lines only): nothing to check"),
     (["topology", "check", "{missing}"], "{missing}: cannot read: No such file or directory"),
     (["topology", "check", "{folder}"], "{folder}: cannot read: Is a directory"),
     (["import", "{folder}", "-o", "{out}"], "{folder}: cannot read: Is a directory"),
@@ -94,7 +97,9 @@ def test_an_input_error_is_exit_2_and_an_unreachable_service_exit_3(tmp_path: Pa
 def test_a_file_that_cannot_be_read_is_exit_2_not_a_bug(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                         argv: list[str], what: str) -> None:
     (tmp_path / "binary").write_bytes(b"\xff\xfe\n")
-    names = {"missing": tmp_path / "nope", "folder": tmp_path, "binary": tmp_path / "binary", "out": tmp_path / "o"}
+    (tmp_path / "empty").write_text("\n\n")
+    names = {"missing": tmp_path / "nope", "folder": tmp_path, "binary": tmp_path / "binary", "out": tmp_path / "o",
+             "empty": tmp_path / "empty"}
     assert main([a.format(**names) for a in argv]) == 2
     err = capsys.readouterr().err
     assert err == f"whywait {argv[0]}: {what.format(**names)}\n"

@@ -41,6 +41,8 @@ def run(args: argparse.Namespace) -> int:
         except ContractError as exc:
             bad += 1
             print(f"{args.file}:{i}: {exc}")
+    if not total:  # "0 valid, 0 invalid", exit 0, read as a pass for an empty capture (an agent that wrote nothing)
+        raise ConfigError(f"{args.file}: holds no message (an empty file, or blank lines only): nothing to check")
     print(f"{total - bad} valid, {bad} invalid", file=sys.stderr)
     return 1 if bad else 0
 
