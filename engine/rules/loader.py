@@ -94,13 +94,16 @@ def _yaml_error(e: YamlError) -> RuleSchemaError:
     return RuleSchemaError(e.source, e.line, None, "", e.problem)
 
 
-def _load_macros(paths: Iterable[Path], errors: list[RuleSchemaError]) -> dict[str, Any]:
+def _load_macros(paths: Iterable[Path], errors: list[RuleSchemaError],
+                 where: dict[str, tuple[str, dict[Any, int]]] | None = None) -> dict[str, Any]:
+    """The macros of the ``macros.yaml`` in (or given as) ``paths``; ``where`` gets each one's file and lines."""
     macros: dict[str, Any] = {}
     for f in (f for p in paths for f in ([p / m for m in MACROS_FILES] if p.is_dir() else [p])):
         if f.name not in MACROS_FILES or not f.exists():
             continue
         try:
-            data = yamlio.load(f).data
+            y = yamlio.load(f)
+            data = y.data
         except YamlError as e:
             errors.append(_yaml_error(e))
             continue
@@ -108,6 +111,8 @@ def _load_macros(paths: Iterable[Path], errors: list[RuleSchemaError]) -> dict[s
             errors.append(RuleSchemaError(str(f), 1, None, "macros", "must be a mapping of name → condition"))
             continue
         macros.update(data.get("macros", {}))
+        if where is not None:
+            where.update((str(name), (str(f), y.lines)) for name in data.get("macros", {}))
     return macros
 
 
@@ -317,11 +322,13 @@ def load_rules(paths: Iterable[str | Path]) -> RuleSet:
     for p in given:
         if not p.exists():
             errors.append(RuleSchemaError(str(p), 0, None, "", "no such file or folder"))
-    macros = _load_macros(given, errors)
+    macro_lines: dict[str, tuple[str, dict[Any, int]]] = {}
+    macros = _load_macros(given, errors, macro_lines)
     rules: dict[str, Rule] = {}
     files = rule_files(p for p in given if p.exists())
     docs: list[_Doc] = []
     broken: set[str] = set()  # ids of rules whose files were refused (a rule's id is its file's name)
+    seen_macro: set[str] = set()
     for f in files:
         try:
             y = yamlio.load(f)
@@ -332,8 +339,11 @@ def load_rules(paths: Iterable[str | Path]) -> RuleSet:
         docs.append(_Doc(f, y.data, y.lines, spans=y.spans,
                          texts={p: y.source_text(sp) for p, sp in y.spans.items() if sp.last > sp.first}))
     for doc in _apply_overrides(docs, errors):
-        rule, errs = parse_rule(doc.data, str(doc.file), doc.lines, macros, expected_id=doc.expected_id)
-        errors += [_attribute(e, doc) for e in errs]
+        rule, errs = parse_rule(doc.data, str(doc.file), doc.lines, macros, expected_id=doc.expected_id,
+                                macro_lines=macro_lines)
+        # an error in a macro's own value is reported once, at its line in the macros file, however many use it
+        errors += [e for e in (_attribute(e, doc) for e in errs) if e.rule_id is not None or str(e) not in seen_macro]
+        seen_macro.update(str(e) for e in errs if e.rule_id is None)
         if rule is None:
             # its own errors say what is wrong; the rules that inhibit or supersede it need not say it again
             broken.add(str(doc.data.get("id") or doc.expected_id) if isinstance(doc.data, dict) else "")

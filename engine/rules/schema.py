@@ -203,14 +203,34 @@ def _fmt_path(path: Path_) -> str:
 
 
 class _Ctx:
-    def __init__(self, file: str, lines: dict[Path_, int]) -> None:
+    def __init__(self, file: str, lines: dict[Path_, int],
+                 macro_lines: dict[str, tuple[str, dict[Path_, int]]] | None = None) -> None:
         self.file, self.lines = file, lines
         self.rule_id: str | None = None
         self.errors: list[RuleSchemaError] = []
+        self.paths: list[Path_] = []  # each error's key path, as a tuple (for moving it into its macro's file)
+        self.macro_lines = macro_lines or {}
 
     def err(self, path: Path_, message: str) -> None:
         self.errors.append(RuleSchemaError(self.file, line_of(self.lines, path), self.rule_id,
                                            _fmt_path(path), message))
+        self.paths.append(path)
+
+    def to_macro(self, since: int, at: Path_, name: str) -> None:
+        """Place the errors from ``since`` on that lie inside macro ``name`` (used at ``at``) in the macros file.
+
+        A value of the macro's own is wrong wherever it is used: the error names the macros file's line and the
+        macro's key path, once (the loader drops the same error from the other rules using it), not the rule.
+        """
+        if name not in self.macro_lines:
+            return
+        file, lines = self.macro_lines[name]
+        for i in range(since, len(self.errors)):
+            p, e = self.paths[i], self.errors[i]
+            if len(p) > len(at) and p[:len(at)] == at and e.file == self.file:
+                where = ("macros", name) + tuple(p[len(at):])
+                self.errors[i] = RuleSchemaError(file, line_of(lines, where), None, _fmt_path(where), e.message)
+                self.paths[i] = where
 
     def bad(self, path: Path_, e: _Bad) -> None:
         self.err(path, f"must be {e.expected} (got {e.got!r})")
@@ -244,7 +264,10 @@ def _parse_node(ctx: _Ctx, v: Any, path: Path_, macros: dict[str, Any], depth: i
                         "none defined: load the folder holding macros.yaml too, e.g. --rules rules")
                 ctx.err(path + (k,), f"must name a defined macro ({have}) (got {name!r})")
                 return None
-            return _parse_node(ctx, macros[name], path + (k,), macros, depth + 1)
+            before = len(ctx.errors)
+            node = _parse_node(ctx, macros[name], path + (k,), macros, depth + 1)
+            ctx.to_macro(before, path + (k,), name)
+            return node
         if k == "not":
             inner = _parse_node(ctx, v[k], path + (k,), macros, depth + 1)
             return Not(inner) if inner is not None else None
@@ -298,14 +321,17 @@ def _parse_node(ctx: _Ctx, v: Any, path: Path_, macros: dict[str, Any], depth: i
 
 
 def parse_rule(data: Any, file: str, lines: dict[Path_, int], macros: dict[str, Any] | None = None,
-               expected_id: str | None = None) -> tuple[Rule | None, list[RuleSchemaError]]:
+               expected_id: str | None = None,
+               macro_lines: dict[str, tuple[str, dict[Path_, int]]] | None = None,
+               ) -> tuple[Rule | None, list[RuleSchemaError]]:
     """Parse one rule document; return ``(rule or None, every error found)``.
 
     Called by the loader for each file; ``macros`` are named conditions shared by
     the rule set (from ``macros.yaml``); ``expected_id`` (from the file name)
-    must match the rule's ``id``.
+    must match the rule's ``id``; ``macro_lines`` (macro name -> its file and that file's lines) places an
+    error in a macro's own value at its line in the macros file.
     """
-    ctx = _Ctx(file, lines)
+    ctx = _Ctx(file, lines, macro_lines)
     macros = macros or {}
     if not isinstance(data, dict):
         ctx.err((), f"must be a mapping with a rule (got {type(data).__name__})")

@@ -206,13 +206,20 @@ def test_change_point_segments_must_fit_the_points_kept(tmp_path: Path) -> None:
         "a split must fit in 600 points (got 301)"]
 
 
-def test_a_macro_out_of_range_is_refused(tmp_path: Path) -> None:
-    (tmp_path / "site").mkdir()
-    (tmp_path / "site" / "macros.yaml").write_text(
-        "macros:\n  comm-grew:\n    type: self_history\n    metric: job.comm_s\n    window: 0s\n    ratio: '> 1.3'\n")
-    text = RULE.split("    - type: self_history")[0] + "    - macro: comm-grew\n"
-    errors = load_errors(tmp_path, text)
-    assert len(errors) == 1 and "'when.all[1].macro.window' must be a duration from 1s" in errors[0], errors
+def test_a_macro_out_of_range_is_refused_once_at_its_own_line(tmp_path: Path) -> None:
+    """Not at each rule that uses it: the value to fix is in macros.yaml."""
+    d = tmp_path / "site"
+    d.mkdir()
+    macros = d / "macros.yaml"
+    macros.write_text("macros:\n  comm-grew:\n    type: self_history\n    metric: job.comm_s\n    window: 0s\n"
+                      "    ratio: '> 1.3'\n  any-grew: {any: [{macro: comm-grew}]}\n")
+    uses = RULE.split("    - type: self_history")[0] + "    - macro: comm-grew\n"
+    (d / "site.other.yaml").write_text(uses.replace("id: site.bounds", "id: site.other")
+                                       .replace("macro: comm-grew", "macro: any-grew"))
+    assert load_errors(tmp_path, uses) == [
+        f"{macros}:5: 'macros.comm-grew.window' must be a duration from 1s (a tick's second) to {ONE_HOUR} (got '0s')"]
+    unknown = uses.replace("macro: comm-grew", "macro: comm-grows")
+    assert load_errors(tmp_path, unknown)[0].startswith(f"{F}:15: rule 'site.bounds': 'when.all[1].macro' must name")
 
 
 def test_an_override_out_of_range_is_refused_in_its_own_file(tmp_path: Path) -> None:
