@@ -41,6 +41,11 @@ from whywait.agents import events
 from whywait.engine.evaluate.steps import PHASES, StepRec, StepTable
 from whywait.engine.rules.metrics import METRICS
 
+# Metrics kept for the job retention (an hour): the job level's, by the catalogue, not by a "job." prefix; the
+# checkpoint metrics are job level too, and a rule reading a save every 30 minutes needs them over the hour
+# (they were cut at 15 minutes, so checkpoint.duration-growing's 1h window never held its 3 saves).
+_JOB_LEVEL = frozenset(m.name for m in METRICS.values() if m.level == "job")
+
 log = logging.getLogger(__name__)
 
 THERMAL = {"hw_thermal_slowdown", "sw_thermal_slowdown"}
@@ -1275,7 +1280,7 @@ class MetricStore:
         cutoff = now - self.retention_s
         job_cutoff = now - self.job_retention_s
         for key, s in list(self._series.items()):
-            s.trim(job_cutoff if key[0].startswith("job.") else cutoff)
+            s.trim(job_cutoff if key[0] in _JOB_LEVEL or key[0].startswith("job.") else cutoff)
             if not s.t:  # an entity gone for the whole retention (a finished job's ranks): forget it
                 del self._series[key]
                 del self._by_metric[key[0]][key[1]]
