@@ -430,9 +430,12 @@ def replay(messages: Iterable[dict[str, Any]], rules: RuleSet, topology: Any, *,
     evs = [Evaluator(rules, topology)] + ([Evaluator(against[0], against[1])] if against else [])
     results = [ReplayResult([], 0, None, None) for _ in evs]
     first = results[0]
-    pairs = [(ev.ingest, res, getattr(ev.topology, "kind_of", None)) for ev, res in zip(evs, results, strict=True)]
+    pairs = [(ev.ingest, res, _node_known(ev.topology)) for ev, res in zip(evs, results, strict=True)]
     unknown_node = ("telemetry from a node no placement read names (no topology given)"
                     if isinstance(topology, PlacedTopology) else "telemetry from a node the topology does not hold")
+    # The first few names the topology lacks are counted apart, with what it holds like them (a typo, a domain).
+    reason_of = None if isinstance(topology, PlacedTopology) else getattr(topology, "unknown_node_reason", None)
+    unknown_keys: dict[str, str] = {}
     # Per message only what must be: the counts and the range are kept in locals and stored once at the end.
     n, lo, hi = 0, float("inf"), -float("inf")
     try:
@@ -443,11 +446,19 @@ def replay(messages: Iterable[dict[str, Any]], rules: RuleSet, topology: Any, *,
                 lo = t
             if t > hi:
                 hi = t
-            for ingest, res, kind_of in pairs:
+            for ingest, res, known in pairs:
                 # Telemetry of a node the topology lacks: the live engine dead-letters it (an invented name
-                # cannot grow its memory, nor count in event time), so the replay leaves it out too.
-                if kind_of is not None and m["kind"] in NODE_KINDS and kind_of(m["node"]) != "node":
-                    res.skipped[unknown_node] += 1
+                # cannot grow its memory, nor count in event time), so the replay leaves it out too.  Another
+                # name of one of its hosts (node01.cluster.local for node01) is that host's, as in the engine.
+                if known is not None and m["kind"] in NODE_KINDS and not known(m["node"]):
+                    name = m["node"]
+                    key = unknown_keys.get(name)
+                    if key is None:
+                        key = (f"{unknown_node}: {reason_of(name)}" if reason_of is not None and len(unknown_keys) < 3
+                               else unknown_node)
+                        if len(unknown_keys) < 1000:
+                            unknown_keys[name] = key
+                    res.skipped[key] += 1
                     continue
                 try:
                     got = ingest(m)
@@ -506,6 +517,15 @@ class PlacedTopology(Topology):
                 + (f" ({_few(self.learnt)})" if self.learnt else "")
                 + "; rules over NICs, switches and storage pools had nothing to join (--topology FILE, "
                 "or WHYWAIT_TOPOLOGY, gives them the cluster)")
+
+
+def _node_known(topology: Any) -> Callable[[str], bool] | None:
+    """Whether a node name is one of ``topology``'s hosts, under any name it resolves (None: no check)."""
+    canonical = getattr(topology, "canonical_node", None)
+    if canonical is not None:
+        return lambda name: canonical(name) is not None
+    kind_of = getattr(topology, "kind_of", None)
+    return None if kind_of is None else (lambda name: kind_of(name) == "node")
 
 
 def _close(ev: Evaluator, end: float) -> tuple[list[Diagnosis], frozenset[str]]:

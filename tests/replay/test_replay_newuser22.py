@@ -45,3 +45,39 @@ def test_a_window_without_data_says_where_the_data_is(kafka_bootstrap: str) -> N
     note = next(line for line in r.stdout.splitlines() if "no telemetry in the window" in line)
     assert "the input topics hold records from" in note and "after it: is the window right?" in note, note
     assert "Traceback" not in r.stderr
+
+
+def test_replay_takes_another_name_of_a_topology_host_as_the_engine_does(tmp_path: Path) -> None:
+    # The topology names node-05.cluster.local, the agents and placements node-05: the engine resolves it, and
+    # the replay counted every sample as "telemetry from a node the topology does not hold".
+    import re
+
+    from whywait.agents.events import encode
+    from whywait.engine.commands.engine_cmd import load_topology
+    from whywait.engine.replay import EventTimeMerge, Window, replay
+    from whywait.engine.rules.loader import load_rules
+    from whywait.simulate.cluster import make_cluster, make_job
+    from whywait.simulate.faults import make_fault
+    from whywait.simulate.sim import Simulation
+
+    topo = make_cluster(nodes=8)
+    plain = tmp_path / "plain.yaml"
+    topo.to_yaml(plain, include_jobs=False)
+    fqdn = tmp_path / "fqdn.yaml"
+    fqdn.write_text(re.sub(r"\bnode-(\d\d)\b", r"node-\1.cluster.local", plain.read_text()))
+    start = 1_700_000_000.0
+    sim = Simulation(topo, [make_job(topo)], [make_fault("nic-packet-loss", "node-05", 60, 200)],
+                     start_time=start, duration_s=240, seed=4)
+    msgs = list(sim.messages())
+    msgs.append(("whywait.host.v1", {**next(m for _, m in msgs if m["kind"] == "host"), "node": "node-5"}))  # a typo
+    w = Window(start, start + 240)
+    merge = EventTimeMerge(["s"], w)
+    for topic, m in sorted(msgs, key=lambda tm: tm[1]["time"]):
+        merge.add("s", topic, [encode(m)])
+    res, _ = replay(merge.drain(), load_rules([REPO / "rules"]), load_topology(fqdn))
+    assert any(d.rule_id == "network.straggler-retransmits" and d.culprit == "node-05.cluster.local"
+               for d in res.diagnoses), [(d.rule_id, d.culprit) for d in res.diagnoses]
+    assert sum(res.skipped.values()) == 1, res.skipped  # the typo alone, said with the hosts like it
+    (why,) = res.skipped
+    assert why.startswith("telemetry from a node the topology does not hold: 'node-5' is not in the topology")
+    assert "node-05.cluster.local" in why
