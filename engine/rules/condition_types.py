@@ -107,7 +107,12 @@ def parse_compare(v: Any) -> Compare:
 
 def parse_metric(v: Any) -> str:
     if not isinstance(v, str) or v not in METRICS:
-        raise Bad("a known metric (see `whywait rules metrics`)", v)
+        import difflib
+
+        # a misspelt name is the usual cause: name the metric meant, as the CLI does for a misspelt option
+        near = difflib.get_close_matches(v, list(METRICS), n=1, cutoff=0.8) if isinstance(v, str) else []
+        raise Bad(f"a known metric (see `whywait rules metrics`{'; did you mean ' + near[0] + '?' if near else ''})",
+                  v)
     return v
 
 

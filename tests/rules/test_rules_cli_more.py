@@ -253,3 +253,14 @@ def test_each_case_is_reported_as_it_ends(tmp_path: Path, capsys: pytest.Capture
     assert main(["rules", "test", str(d)]) == 0
     assert "rules test: running 2 case(s) from 1 test file(s)" in seen[0]
     assert len(seen) == 2 and "PASS" in seen[1] and "node-02 is saturated" in seen[1]  # printed before case 2 ran
+
+
+def test_a_misspelt_metric_names_the_one_meant(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    d = site(tmp_path, rule=RULE.replace("metric: host.cpu_busy_pct", "metric: host.cpu_busy_pc"))
+    assert main(["rules", "check", str(d)]) == 1
+    out = capsys.readouterr().out
+    assert "site.cpu-hot.yaml:7: rule 'site.cpu-hot': 'when.metric' must be a known metric" in out, out
+    assert "did you mean host.cpu_busy_pct?" in out and "(got 'host.cpu_busy_pc')" in out
+    d2 = site(tmp_path, rule=RULE.replace("metric: host.cpu_busy_pct", "metric: zzz"), name="other")
+    assert main(["rules", "check", str(d2)]) == 1
+    assert "did you mean" not in capsys.readouterr().out  # nothing like it: no guess
