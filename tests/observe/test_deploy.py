@@ -102,7 +102,8 @@ def test_alert_rules_parse_and_cover_whywaits_own_health() -> None:
     assert metric_names(alert_exprs(ALERTS)) - engine_names() - agent_names() == set()
     names = {r["alert"] for r in rules}
     for wanted in ("WhywaitEngineDown", "WhywaitConsumerLagGrowing", "WhywaitDeadLettersRising",
-                   "WhywaitNotificationsFailing", "WhywaitRuleReloadFailing", "WhywaitTickSlowerThanInterval"):
+                   "WhywaitNotificationsFailing", "WhywaitRuleReloadFailing", "WhywaitTickSlowerThanInterval",
+                   "WhywaitBrokerUnreachable"):
         assert wanted in names
 
 
@@ -122,7 +123,7 @@ def run_promtool(promtool: str, *args: str) -> subprocess.CompletedProcess[str]:
 def test_promtool_checks_and_unit_tests_the_alert_rules(promtool: str) -> None:
     r = run_promtool(promtool, "check", "rules", str(ALERTS))
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "SUCCESS: 14 rules found" in r.stdout, r.stdout
+    assert "SUCCESS: 15 rules found" in r.stdout, r.stdout
     # and the alerts fire on the series they are written for (and not on healthy ones): promtool's unit tests
     r = run_promtool(promtool, "test", "rules", str(ALERT_TESTS))
     assert r.returncode == 0 and "SUCCESS" in r.stdout, r.stdout + r.stderr
