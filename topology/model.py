@@ -19,9 +19,11 @@ kind         id                       attributes
 
 A host is often named differently by different sources: ``node01`` by Slurm,
 ``node01.cluster.local`` by Kubernetes, a fabric dump or an agent whose
-``socket.gethostname()`` is the FQDN.  :meth:`Topology.canonical_node` gives the
-topology's own name for any of them when that is unambiguous (:class:`NodeNames`);
-placements and the engine's telemetry path resolve every node name through it.
+``socket.gethostname()`` is the FQDN; or by names not related at all (``gpu-a1`` to the
+scheduler, ``ip-10-0-1-5`` to the agent, ``node01-ib`` in the fabric), which the cluster file
+declares as the host's ``aliases``.  :meth:`Topology.canonical_node` gives the topology's own
+name for any of them when that is unambiguous (:class:`NodeNames`); placements and the
+engine's telemetry path resolve every node name through it.
 
 Jobs are not part of the graph: the engine places and removes them as placement
 messages arrive (:meth:`Topology.place_job`, :meth:`Topology.apply_placement`).
@@ -165,8 +167,9 @@ def short_name(host: str) -> str:
 class NodeMatch:
     """Which host of the topology a name from another source means (:meth:`Topology.match_node`).
 
-    ``node`` is the topology's own name for it, or None.  ``how``: ``exact``; ``case`` (the same
-    name in other letters' case, as DNS names are); ``short`` (one name is the other's short name:
+    ``node`` is the topology's own name for it, or None.  ``how``: ``exact``; ``alias`` (one of the
+    host's declared ``aliases``); ``case`` (the same name, or an alias, in other letters' case, as DNS
+    names are); ``short`` (one name is the other's short name, an alias's as a host's:
     ``node01`` and ``node01.cluster.local``); empty when nothing matched.  ``ambiguous`` lists the
     hosts that share the name's short name when there are several (``node01.a`` and ``node01.b``
     for ``node01``): the name is then none of them, since it could be either.
@@ -184,26 +187,37 @@ class NodeNames:
     node description, and either to an agent (``socket.gethostname()`` is the FQDN on some
     distributions).  A name matches a host when it is the host's name, the same name in another
     case, or when one of the two is the other's short name and no other host has that short name.
-    Two full names never match each other (``node01.a`` is not ``node01.b``).  Built by
-    :class:`Topology` when its hosts change and by :func:`~whywait.topology.reconcile.merge`.
+    Two full names never match each other (``node01.a`` is not ``node01.b``).  A host's ``aliases``
+    (``alias -> host``: names a source gives it that are not related by domain, ``ip-10-0-1-5`` for
+    ``gpu-a1``) match exactly as its own name does.  Built by :class:`Topology` when its hosts change.
     """
 
-    def __init__(self, hosts: Iterable[str]) -> None:
+    def __init__(self, hosts: Iterable[str], aliases: Mapping[str, str] | None = None) -> None:
         self.hosts = frozenset(hosts)
+        self.aliases: Mapping[str, str] = dict(aliases or {})
         self._lower: dict[str, list[str]] = {}
         self._short: dict[str, list[str]] = {}
+        # the host of every name the index knows (its own, its aliases): what the short-name rules compare
+        self._names: dict[str, str] = {h: h for h in self.hosts}
+        self._names.update((a, h) for a, h in self.aliases.items() if h in self.hosts)
         # for :meth:`similar`, built at its first call: lower-case names, the same without padding zeros, pieces
         self._keys: dict[str, list[str]] | None = None
         self._unpadded: dict[str, list[str]] = {}
         self._grams: dict[str, list[str]] | None = None
-        for h in _sorted(self.hosts):
-            self._lower.setdefault(h.rstrip(".").lower(), []).append(h)
-            self._short.setdefault(short_name(h).lower(), []).append(h)
+        # keys -> the names (a host's or an alias) that have them; one host per name, in natural order
+        self._short_names: dict[str, list[str]] = {}
+        for n in _sorted(self._names):
+            host = self._names[n]
+            _add_once(self._lower.setdefault(n.rstrip(".").lower(), []), host)
+            _add_once(self._short.setdefault(short_name(n).lower(), []), host)
+            self._short_names.setdefault(short_name(n).lower(), []).append(n)
 
     def match(self, name: str) -> NodeMatch:
         """The host ``name`` means (see the class), or why none."""
         if name in self.hosts:
             return NodeMatch(name, "exact")
+        if name in self.aliases and self.aliases[name] in self.hosts:
+            return NodeMatch(self.aliases[name], "alias")
         key = name.rstrip(".").lower()
         same = self._lower.get(key)
         if same:
@@ -212,7 +226,8 @@ class NodeNames:
         found = self._short.get(short, ())
         # A short name may be any host of that short name; a full one only the host named short (two full
         # names of one short name are two domains' hosts).
-        if short != key and not any(short_name(h).lower() == h.rstrip(".").lower() for h in found):
+        if short != key and not any(short_name(n).lower() == n.rstrip(".").lower()
+                                    for n in self._short_names.get(short, ())):
             return NodeMatch(None)
         if len(found) == 1:
             return NodeMatch(found[0], "short")
@@ -228,9 +243,9 @@ class NodeNames:
         """
         if self._keys is None:
             self._keys = {}
-            for h in self.hosts:
-                for k in {h.rstrip(".").lower(), short_name(h).lower()}:
-                    self._keys.setdefault(k, []).append(h)
+            for known, h in self._names.items():
+                for k in {known.rstrip(".").lower(), short_name(known).lower()}:
+                    _add_once(self._keys.setdefault(k, []), h)
             self._unpadded = {}
             for k, hosts in self._keys.items():
                 self._unpadded.setdefault(_unpad(k), []).extend(hosts)
@@ -270,6 +285,11 @@ class NodeNames:
         for g in _trigrams(probe):
             shared.update(self._grams.get(g, ()))
         return [k for k, _ in shared.most_common(limit)]
+
+
+def _add_once(hosts: list[str], host: str) -> None:
+    if host not in hosts:
+        hosts.append(host)
 
 
 def _trigrams(text: str) -> set[str]:
@@ -387,6 +407,7 @@ class Topology:
         # the hosts change (not at every placement, which bumps the version); each distinct name that is not
         # a host's own is matched once (bounded: names can be invented).
         self._names: NodeNames | None = None
+        self._aliases: dict[str, str] = {}  # a host's other name (``aliases`` in the cluster file) -> the host
         self._node_memo: dict[str, str | None] = {}
         self._unknown_memo: dict[str, str] = {}
         self._similar_left = _SIMILAR_MAX
@@ -401,6 +422,32 @@ class Topology:
         if entity in self.graph:
             raise TopologyError(f"duplicate id {entity!r}: already a {self.graph.nodes[entity]['kind']}",
                                 source="topology")
+        if entity in self._aliases:
+            raise TopologyError(f"duplicate id {entity!r}: already an alias of node {self._aliases[entity]!r}",
+                                source="topology")
+
+    def alias_clash(self, node: str, alias: str) -> str | None:
+        """Why ``alias`` cannot be another name of host ``node`` (named so in the reason), or None when it can.
+
+        An alias is unique in the topology: it is no id (a host's, a switch's...), no other host's short
+        name and no other alias, in any letters' case.  Checked by :meth:`add_node` and by the cluster
+        file's schema (which says where each host is declared).
+        """
+        key = alias.rstrip(".").lower()
+        if not key:
+            return f"alias {alias!r} of node {node!r} is not a host name"
+        if alias in self.graph and self.graph.nodes[alias]["kind"] != "node":
+            return f"alias {alias!r} of node {node!r} is already a {self.graph.nodes[alias]['kind']}'s id"
+        for h in self._hosts:
+            if h != node and key in (h.rstrip(".").lower(), short_name(h).lower()):
+                what = "name" if key == h.rstrip(".").lower() else "short name"
+                return f"alias {alias!r} of node {node!r} is the {what} of node {h!r}"
+        for a, h in self._aliases.items():
+            if a.rstrip(".").lower() == key:
+                return f"alias {alias!r} of node {node!r} is already an alias of node {h!r}"
+        if key in (node.rstrip(".").lower(), short_name(node).lower()):
+            return f"alias {alias!r} of node {node!r} is that node's own name"
+        return None
 
     def add_rack(self, rack: str) -> None:
         """Add a rack.  Called while building a topology; bumps :attr:`version`."""
@@ -451,15 +498,33 @@ class Topology:
 
     def add_node(self, node: str, gpus: int | Sequence[int] = 0, nics: Sequence[Nic | Mapping[str, Any]] = (),
                  rack: str | None = None, mounts: Mapping[str, str] | None = None,
-                 gpu_pci: Mapping[int, str] | None = None, node_type: str | None = None) -> None:
+                 gpu_pci: Mapping[int, str] | None = None, node_type: str | None = None,
+                 aliases: Sequence[str] = ()) -> None:
         """Add a host with its GPUs, NICs (the first is the primary one) and pool mounts.
 
         ``gpus`` is a count (indexes 0..n-1) or the indexes; each NIC is a
         :class:`Nic` or a mapping with ``name``, ``leaf`` and ``gpus``;
         ``mounts`` maps pool id → device name; ``gpu_pci`` GPU index → PCI bus
-        id; ``node_type`` the declared node type it was built from.  Bumps :attr:`version`.
+        id; ``node_type`` the declared node type it was built from; ``aliases`` the host's
+        other names, which resolve as its own (:meth:`canonical_node`; refused when one
+        clashes: :meth:`alias_clash`).  Bumps :attr:`version`.
         """
         self._check_new(node)
+        key = node.rstrip(".").lower()
+        for a, h in self._aliases.items():
+            if a.rstrip(".").lower() in (key, short_name(node).lower()):
+                raise TopologyError(f"node {node!r}: its name (or short name) is already an alias of node {h!r}",
+                                    source="topology")
+        alias_list = tuple(dict.fromkeys(aliases))
+        if len(alias_list) != len(aliases):
+            raise TopologyError(f"node {node!r}: an alias is given twice ({list(aliases)})", source="topology")
+        for a in alias_list:
+            why = self.alias_clash(node, a)
+            if why is not None:
+                raise TopologyError(why, source="topology")
+        folded = [a.rstrip(".").lower() for a in alias_list]
+        if len(set(folded)) != len(folded):
+            raise TopologyError(f"node {node!r}: an alias is given twice ({list(aliases)})", source="topology")
         indexes = tuple(range(gpus)) if isinstance(gpus, int) else tuple(gpus)
         for g in (gpu_pci or {}):
             if g not in indexes:
@@ -499,7 +564,10 @@ class Topology:
         mount_objs = tuple(Mount(node, p, d) for p, d in (mounts or {}).items())
         for m in mount_objs:
             self.graph.add_edge(node, m.pool, link="mount", device=m.device)
-        self._hosts[node] = _Host(node, rack, indexes, tuple(nic_objs), mount_objs, dict(gpu_pci or {}), node_type)
+        self._hosts[node] = _Host(node, rack, indexes, tuple(nic_objs), mount_objs, dict(gpu_pci or {}), node_type,
+                                  alias_list)
+        for a in alias_list:
+            self._aliases[a] = node
         self._names = None
         self._node_memo.clear()
         self._unknown_memo.clear()
@@ -589,8 +657,12 @@ class Topology:
     def node_names(self) -> NodeNames:
         """The index of the hosts' names (:class:`NodeNames`), rebuilt after the hosts change."""
         if self._names is None:
-            self._names = NodeNames(self._hosts)
+            self._names = NodeNames(self._hosts, self._aliases)
         return self._names
+
+    def aliases_of(self, node: str) -> tuple[str, ...]:
+        """The host's declared other names (``aliases`` in the cluster file), in the order given."""
+        return self._host(node).aliases
 
     def match_node(self, name: str) -> NodeMatch:
         """Which host ``name`` means, and how it matched (:class:`NodeMatch`; rules in :class:`NodeNames`)."""
@@ -1174,6 +1246,8 @@ class Topology:
         nodes = []
         for h in self._hosts.values():
             d: dict[str, Any] = {"id": h.name}
+            if h.aliases:
+                d["aliases"] = list(h.aliases)
             if h.rack:
                 d["rack"] = h.rack
             if h.node_type:
@@ -1219,3 +1293,4 @@ class _Host:
     mounts: tuple[Mount, ...]
     gpu_pci: Mapping[int, str] = field(default_factory=dict)
     node_type: str | None = None
+    aliases: tuple[str, ...] = ()

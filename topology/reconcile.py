@@ -169,6 +169,7 @@ class _MHost:
     nics: list[_MNic] = field(default_factory=list)
     node_type: str | None = None
     names: dict[str, str] = field(default_factory=dict)  # every name a source gives the host -> where first
+    aliases: list[str] = field(default_factory=list)  # declared other names (``aliases``), in order
 
 
 @dataclass
@@ -198,13 +199,17 @@ def _match_nic(host: _MHost, guids: set[str], pci: str | None, names: set[str]) 
     return None
 
 
-def merge(sources: Sequence[SourceFacts], types: Sequence[NodeType] = (), name: str = "") -> MergeResult:
+def merge(sources: Sequence[SourceFacts], types: Sequence[NodeType] = (), name: str = "",
+          aliases: Mapping[str, Sequence[str]] | None = None) -> MergeResult:
     """Merge the facts of several sources (and declared node types) into one :class:`Topology`.
 
     Sources that cable NICs to switches (fabric dumps) are taken first, whatever the
-    order given, so that their names become the NICs' names.  Raises nothing for
-    disagreements: they are returned as ``conflicts`` (the caller decides; ``whywait
-    topology import`` refuses to write a file with any).
+    order given, so that their names become the NICs' names.  ``aliases`` maps a host
+    to its declared other names (a cluster file's ``aliases``: ``Topology.aliases_of``):
+    the merged host keeps them, and a host a source names by one of them is that host
+    (the scheduler's ``gpu-a1`` and the agent's ``ip-10-0-1-5``), under the declaring
+    name.  Raises nothing for disagreements: they are returned as ``conflicts`` (the
+    caller decides; ``whywait topology import`` refuses to write a file with any).
     """
     res = MergeResult(Topology(name))
     conflicts, warnings = res.conflicts, res.warnings
@@ -234,6 +239,27 @@ def merge(sources: Sequence[SourceFacts], types: Sequence[NodeType] = (), name: 
     # descriptions.  Names one of which is the other's short name are one host, named as the first source
     # (cabling sources first) names it; a short name two full names share is neither (kept apart, unmatched).
     host_of, apart = node_name_groups([hf.name for s in ordered for hf in s.hosts.values()])
+    # Declared aliases: a host a source names by another host's alias is that host (with all the names of its
+    # group); the declaring host is named as the sources name it (its group's name) where they do.
+    declared: dict[str, list[str]] = {}  # the merged host's name -> its aliases
+    alias_host: dict[str, str] = {}  # a folded alias -> the merged host's name
+    for owner, names in (aliases or {}).items():
+        merged = host_of.get(owner, owner)
+        for a in names:
+            key = a.rstrip(".").lower()
+            if key in alias_host and alias_host[key] != merged:
+                conflicts.append(f"alias {a!r} is declared for node {alias_host[key]!r} and node {merged!r}")
+                continue
+            alias_host[key] = merged
+            if a not in declared.setdefault(merged, []):
+                declared[merged].append(a)
+    if alias_host:
+        group_names = {g.rstrip(".").lower(): g for g in host_of.values()}
+        for key, merged in alias_host.items():
+            group = group_names.get(key)
+            if group is not None and group != merged:
+                host_of = {n: merged if h == group else h for n, h in host_of.items()}
+        apart = [(bare, full) for bare, full in apart if host_of.get(bare) == bare]
     hosts: dict[str, _MHost] = {}
     fabric_hosts: set[str] = set()  # hosts whose NICs a cabling source listed: others' extra NICs are unmatched
     for s in ordered:
@@ -280,9 +306,16 @@ def merge(sources: Sequence[SourceFacts], types: Sequence[NodeType] = (), name: 
             if cabling:
                 fabric_hosts.add(h.name)
 
-    renamed = [h for h in hosts.values() if len(h.names) > 1]
+    for merged, names in declared.items():
+        holder = hosts.get(merged)
+        if holder is None:
+            warnings.append(f"aliases {', '.join(names)} are declared for node {merged!r}, which no source names; "
+                            "not kept")
+            continue
+        holder.aliases = [a for a in names if a != holder.name]
+    renamed = [h for h in hosts.values() if len([n for n in h.names if n not in h.aliases]) > 1]
     if renamed:
-        shown = [f"{h.name} (also {', '.join(n for n in h.names if n != h.name)})"
+        shown = [f"{h.name} (also {', '.join(n for n in h.names if n != h.name and n not in h.aliases)})"
                  for h in sorted(renamed, key=lambda h: natural_key(h.name))]
         warnings.append(f"{len(renamed)} host(s) named differently by the sources (a short name and a full one, or "
                         f"in another case) are one host each, under the first source's name: {_names(shown, 4)}")
@@ -366,7 +399,7 @@ def merge(sources: Sequence[SourceFacts], types: Sequence[NodeType] = (), name: 
             racks[rack] = h.rack.where  # type: ignore[union-attr]
         try:
             topo.add_node(h.name, gpus, nics, rack, None,
-                          {g: v.value for g, v in h.gpu_pci.items() if g in gpus}, h.node_type)
+                          {g: v.value for g, v in h.gpu_pci.items() if g in gpus}, h.node_type, h.aliases)
         except TopologyError as exc:
             conflicts.append(f"{h.where}: {exc}")
     topo.unmatched = tuple(unmatched)

@@ -14,7 +14,15 @@ from typing import Any, Mapping
 
 import yaml
 from whywait.topology.errors import TopologyError
-from whywait.topology.model import MAX_GPUS_PER_NODE, TIERS, Nic, Topology, normalise_guid, normalise_pci
+from whywait.topology.model import (
+    MAX_GPUS_PER_NODE,
+    TIERS,
+    Nic,
+    Topology,
+    normalise_guid,
+    normalise_pci,
+    short_name,
+)
 
 from whywait import yamlio
 from whywait.errors import YamlError
@@ -25,7 +33,7 @@ _TOP_KEYS = {"format", "name", "racks", "switches", "storage_pools", "nodes", "j
 _RACK_KEYS = {"id"}
 _SWITCH_KEYS = {"id", "tier", "uplinks", "rack"}
 _POOL_KEYS = {"id", "type"}
-_NODE_KEYS = {"id", "rack", "type", "gpus", "gpu_pci", "nics", "mounts"}
+_NODE_KEYS = {"id", "aliases", "rack", "type", "gpus", "gpu_pci", "nics", "mounts"}
 _NIC_KEYS = {"name", "leaf", "gpus", "aliases", "guids", "pci"}
 _MOUNT_KEYS = {"pool", "device"}
 _JOB_KEYS = {"job", "project", "team", "channel", "ranks"}
@@ -175,11 +183,53 @@ def parse_topology(data: Any, source: str = "<dict>", lines: Mapping[str, int] |
             pools.add(s["id"])
 
     refused_nodes: set[str] = set()  # declared, but refused for a problem of their own (already reported)
-    for i, n in enumerate(_list(data, "nodes", p)):
+    node_list = _list(data, "nodes", p)
+    # Every host's name and short name (folded as DNS names are) -> (host, where declared), for the aliases:
+    # an alias is never another host's name or short name, wherever in the file that host is declared.
+    host_keys: dict[str, tuple[str, str, str]] = {}
+    for i, n in enumerate(node_list):
+        ident = n.get("id") if isinstance(n, dict) else None
+        if isinstance(ident, str) and ident:
+            for key, what in ((ident.rstrip(".").lower(), "name"), (short_name(ident).lower(), "short name")):
+                host_keys.setdefault(key, (ident, f"nodes[{i}].id", what))
+    alias_keys: dict[str, tuple[str, str]] = {}  # a folded alias -> (its host, the path it is declared at)
+
+    def where(path: str) -> str:
+        line = p.lines.get(path)
+        return f"{path}, line {line}" if line else path
+
+    for i, n in enumerate(node_list):
         path = f"nodes[{i}]"
         if not _check_keys(n, _NODE_KEYS, {"id"}, path, p):
             continue
         declared = ok = declare(n.get("id"), f"{path}.id")
+        host = n.get("id") if _str(n.get("id")) else "?"
+        aliases_raw = n.get("aliases", []) or []
+        node_aliases: list[str] = []
+        if not isinstance(aliases_raw, list) or not all(_str(a) for a in aliases_raw):
+            p.add(f"{path}.aliases", "a list of the host's other names (strings)", aliases_raw)
+            ok, aliases_raw = False, []
+        for j, a in enumerate(aliases_raw):
+            apath = f"{path}.aliases[{j}]"
+            key = a.rstrip(".").lower()
+            other = host_keys.get(key)
+            clash: str | None = None
+            if other is not None and other[0] == host:
+                clash = f"alias {a!r} of node {host!r} is that node's own {other[2]}"
+            elif other is not None:
+                clash = f"alias {a!r} of node {host!r} is the {other[2]} of node {other[0]!r} ({where(other[1])})"
+            elif key in alias_keys:
+                first = alias_keys[key]
+                clash = (f"alias {a!r} of node {host!r} is already an alias of node {first[0]!r} "
+                         f"({where(first[1])})")
+            elif a in ids:
+                clash = f"alias {a!r} of node {host!r} is already an id ({where(ids[a])})"
+            if clash is not None:
+                p.add(apath, "", raw=f"{clash}: an alias is unique in the topology")
+                ok = False
+            else:
+                alias_keys[key] = (host, apath)
+                node_aliases.append(a)
         rack = n.get("rack")
         if rack is not None and rack not in racks:
             p.add(f"{path}.rack", "a rack declared under 'racks'", rack)
@@ -279,7 +329,7 @@ def parse_topology(data: Any, source: str = "<dict>", lines: Mapping[str, int] |
                 continue
             mounts[m["pool"]] = dev
         if ok:
-            topo.add_node(n["id"], gpus, nics, rack, mounts, gpu_pci, node_type)
+            topo.add_node(n["id"], gpus, nics, rack, mounts, gpu_pci, node_type, node_aliases)
         elif declared:
             refused_nodes.add(n["id"])
 
@@ -313,6 +363,8 @@ def parse_topology(data: Any, source: str = "<dict>", lines: Mapping[str, int] |
                 ok = False
                 continue
             node, gpu, rank = r.get("node"), r.get("gpu"), r.get("rank")
+            if isinstance(node, str) and node not in refused_nodes and topo.match_node(node).how == "alias":
+                node = topo.match_node(node).node  # a host's alias is that host
             if not _int(rank) or rank in ranks:
                 p.add(f"{rpath}.rank", "a rank number unique in the job", rank)
                 ok = False
