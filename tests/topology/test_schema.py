@@ -51,7 +51,7 @@ def test_every_problem_of_a_file_is_reported_with_its_line():
         "(got 'leaf-9')",
         f"{path}:17: nodes[1].nics[0].gpus: expected a list of this node's GPU indexes [0, 1] (got [0, 5])",
         f"{path}:19: nodes[1].mounts[0].pool: expected a pool declared under 'storage_pools' (got 'nowhere')",
-        f"{path}:21: nodes[2].gpu: unknown key (valid: gpu_pci, gpus, id, mounts, nics, rack, type)",
+        f"{path}:21: nodes[2].gpu: unknown key (valid: aliases, gpu_pci, gpus, id, mounts, nics, rack, type)",
         f"{path}:23: jobs[0].ranks[0].node: expected a node declared under 'nodes' (got 'n9')",
     )
     assert str(info.value).startswith(f"11 problems in {path}:\n  {path}:4: racks[1].id: duplicate id")
