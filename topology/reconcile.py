@@ -67,6 +67,47 @@ class NodeType:
 _TYPE_KEYS = {"name", "match", "gpus", "nccl", "nic_names"}
 
 
+def load_aliases(path: str | Path) -> dict[str, list[str]]:
+    """The hosts' declared other names, for :func:`merge`'s ``aliases``: from a cluster file written before (its
+    nodes' ``aliases``; a re-import keeps what was added by hand) or from ``aliases: {host: [name, ...]}``.
+
+    Called by ``whywait topology import --aliases FILE``.  Every problem is one ``file:line`` line.
+    """
+    from whywait.topology.schema import parse_yaml_with_lines
+
+    source = str(path)
+    text = read_text(path, lambda line: TopologyError(line, source=source))
+    data, lines = parse_yaml_with_lines(text, source)
+    problems: list[str] = []
+
+    def bad(key: str, what: str) -> None:
+        problems.append(f"{source}:{lines.get(key, 1)}: {key}: {what}")
+
+    out: dict[str, list[str]] = {}
+    if isinstance(data, dict) and isinstance(data.get("nodes"), list):  # a cluster file
+        for i, n in enumerate(data["nodes"]):
+            if isinstance(n, dict) and isinstance(n.get("id"), str) and n.get("aliases") is not None:
+                names = n["aliases"]
+                if not isinstance(names, list) or not all(isinstance(a, str) and a.strip() for a in names):
+                    bad(f"nodes[{i}].aliases", f"expected a list of names (got {names!r})")
+                else:
+                    out[n["id"]] = list(names)
+    elif isinstance(data, dict) and set(data) == {"aliases"} and isinstance(data["aliases"], dict):
+        for host, names in data["aliases"].items():
+            if not isinstance(host, str) or not isinstance(names, list) or \
+                    not all(isinstance(a, str) and a.strip() for a in names):
+                bad(f"aliases.{host}", f"expected a host's name and a list of names (got {names!r})")
+            else:
+                out[host] = list(names)
+    else:
+        raise TopologyError(f"{source}:1: expected a cluster file (with 'nodes') or one key 'aliases' mapping each "
+                            "host to a list of its other names", source=source)
+    if problems:
+        raise TopologyError("\n".join(problems) if len(problems) == 1 else
+                            f"{len(problems)} problems in {source}:\n  " + "\n  ".join(problems), source=source)
+    return out
+
+
 def load_node_types(path: str | Path) -> list[NodeType]:
     """Read a node-types YAML (``node_types: [{name, match, gpus, nccl, nic_names}]``).
 

@@ -40,6 +40,9 @@ def register(p: argparse.ArgumentParser) -> None:
     i.add_argument("-o", "--output", type=Path, help="write the cluster YAML here (default: stdout)")
     i.add_argument("--types", type=Path, help="node types YAML: which hosts are which machine (GPUs, NCCL XML)")
     i.add_argument("--name", default="", help="the cluster's name")
+    i.add_argument("--aliases", type=Path, metavar="FILE",
+                   help="the hosts' other names to keep (an agent's hostname, a cloud name): a cluster file "
+                        "written before (its nodes' aliases) or 'aliases: {host: [name, ...]}'")
     c = sub.add_parser("check", help="lint cluster files: schema errors with file:line, then what they lack")
     c.add_argument("files", nargs="+", type=Path)
     c.add_argument("--strict", action="store_true", help="exit 1 when a file lacks something, not only on errors")
@@ -101,7 +104,7 @@ def _listing(items: list[str], everything: bool, limit: int = 8) -> str:
 
 def _import(args: argparse.Namespace) -> int:
     from whywait.engine.commands.outputs import check_output
-    from whywait.topology.reconcile import findings, load_node_types, merge
+    from whywait.topology.reconcile import findings, load_aliases, load_node_types, merge
     from whywait.topology.schema import dump_yaml
     from whywait.topology.sources import read_source
 
@@ -109,7 +112,7 @@ def _import(args: argparse.Namespace) -> int:
     groups = parse_source_args(args.sources)
     types = load_node_types(args.types) if args.types else []
     facts = [read_source(fmt, f) for fmt, files in groups for f in files]
-    res = merge(facts, types, args.name)
+    res = merge(facts, types, args.name, aliases=load_aliases(args.aliases) if args.aliases else None)
     for f in facts:
         unheld = f"; {len(f.unmatched)} unmatched, kept in the cluster file" if f.unmatched else ""
         print(f"{f.source}: {f.format}: {len(f.hosts)} host(s), {len(f.switches)} switch(es), "

@@ -196,3 +196,34 @@ def test_the_evaluator_alone_renames_an_alias(tmp_path: Path) -> None:
     ev = Evaluator(load_rules([RULES]), load(tmp_path, CLUSTER))
     ev.ingest(json.loads(_host("gpu-a1-ib", 5.0)))
     assert set(ev.store.node_last) == {"gpu-a1"}
+
+
+def test_a_re_import_keeps_the_aliases_added_to_the_cluster_file(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    # `topology import` writes the cluster file anew from the sources: aliases added to it by hand were lost on
+    # the next import.  `--aliases` takes them from the earlier file (or an `aliases:` mapping).
+    from whywait.engine.cli import main
+    from whywait.topology.model import Topology
+
+    conf = tmp_path / "topology.conf"
+    conf.write_text("SwitchName=s1 Nodes=gpu-a1,gpu-a2\n")
+    first = tmp_path / "c1.yaml"
+    assert main(["topology", "import", "slurm-conf", str(conf), "-o", str(first)]) == 0
+    edited = first.read_text().replace("- id: gpu-a1\n", "- id: gpu-a1\n  aliases: [ip-10-0-1-5]\n", 1)
+    assert edited != first.read_text()
+    first.write_text(edited)
+    again = tmp_path / "c2.yaml"
+    assert main(["topology", "import", "slurm-conf", str(conf), "--aliases", str(first), "-o", str(again)]) == 0
+    topo = Topology.from_yaml(again)
+    assert topo.canonical_node("ip-10-0-1-5") == "gpu-a1" and topo.aliases_of("gpu-a1") == ("ip-10-0-1-5",)
+    mapping = tmp_path / "aliases.yaml"
+    mapping.write_text("aliases:\n  gpu-a2: [ip-10-0-1-6]\n")
+    third = tmp_path / "c3.yaml"
+    assert main(["topology", "import", "slurm-conf", str(conf), "--aliases", str(mapping), "-o", str(third)]) == 0
+    assert Topology.from_yaml(third).canonical_node("ip-10-0-1-6") == "gpu-a2"
+    capsys.readouterr()
+    mapping.write_text("aliases:\n  gpu-a2: ip-10-0-1-6\n")
+    assert main(["topology", "import", "slurm-conf", str(conf), "--aliases", str(mapping)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"whywait topology: {mapping}:2: aliases.gpu-a2: expected a host's name and a list of names "
+                   "(got 'ip-10-0-1-6')"), err
