@@ -66,7 +66,7 @@ _TOP_KEYS = ("cases", "rule")
 _CASE_KEYS = ("events", "expect", "name", "scenario", "start", "strict", "topology")
 _DIAGNOSIS_FIELDS = tuple(f.name for f in dataclasses.fields(Diagnosis))
 # what an expectation may state: any Diagnosis field, plus these matchers
-_EXPECT_EXTRA = ("absent", "detected", "text_contains")
+_EXPECT_EXTRA = ("absent", "detected", "message_contains", "text_contains")
 _EXPECT_KEYS = tuple(sorted(set(_DIAGNOSIS_FIELDS) | set(_EXPECT_EXTRA) | {"rule"}))
 
 
@@ -248,8 +248,8 @@ def _check_expect(c: _Checker, p: yamlio.KeyPath, exp: Any, rule_ids: Collection
             c.err(q, f"must be a mapping of label to value (got {v!r})")
         elif k == "absent" and not isinstance(v, bool):
             c.err(q, f"must be true or false (got {v!r})")
-        elif k == "text_contains" and not (isinstance(v, str) or (isinstance(v, list)
-                                                                   and all(isinstance(x, str) for x in v))):
+        elif k in ("text_contains", "message_contains") and not (
+                isinstance(v, str) or (isinstance(v, list) and all(isinstance(x, str) for x in v))):
             c.err(q, f"must be a string or a list of strings (got {v!r})")
     return len(c.problems) == before
 
@@ -317,6 +317,14 @@ def _matches(d: Diagnosis, exp: dict[str, Any], start: float, where: str) -> boo
             continue
         elif k == "text_contains":
             blob = " ".join((d.title, d.cause, d.next_step))
+            if any(s not in blob for s in ([v] if isinstance(v, str) else v)):
+                return False
+        elif k == "message_contains":
+            # the whole message as its channel reads it (evidence lines, path, checks), what `rules test --show`
+            # prints: a rule author's assertion on an evidence figure or a checked-and-clean line
+            from whywait.engine.notify.render import plain_text
+
+            blob = plain_text(d, now=d.detected_at)
             if any(s not in blob for s in ([v] if isinstance(v, str) else v)):
                 return False
         elif k == "labels":

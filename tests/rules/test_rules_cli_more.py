@@ -264,3 +264,20 @@ def test_a_misspelt_metric_names_the_one_meant(tmp_path: Path, capsys: pytest.Ca
     d2 = site(tmp_path, rule=RULE.replace("metric: host.cpu_busy_pct", "metric: zzz"), name="other")
     assert main(["rules", "check", str(d2)]) == 1
     assert "did you mean" not in capsys.readouterr().out  # nothing like it: no guess
+
+
+def test_a_case_can_assert_on_the_whole_message(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # text_contains reads the title, cause and next step only; an evidence line (what --show prints) needs this
+    d = site(tmp_path)
+    test = d / "site.cpu-hot.test.yaml"
+    test.write_text(test.read_text().replace("detected: [1s, 3s]}",
+                                             "detected: [1s, 3s], message_contains: ['host.cpu_busy_pct']}"))
+    assert main(["rules", "test", str(d)]) == 0, capsys.readouterr()
+    test.write_text(test.read_text().replace("message_contains: ['host.cpu_busy_pct']",
+                                             "message_contains: ['no such line']"))
+    assert main(["rules", "test", str(d)]) == 1
+    assert "FAIL" in capsys.readouterr().out
+    test.write_text(test.read_text().replace("message_contains: ['no such line']", "message_contains: 5"))
+    assert main(["rules", "check", str(d)]) == 1
+    out = capsys.readouterr().out
+    assert "cases[0].expect[0].message_contains: must be a string or a list of strings (got 5)" in out
