@@ -153,12 +153,14 @@ def run(args: argparse.Namespace) -> int:
         if not items:
             print("no silences" + ("" if args.all else " in force"))
             return 0
-        print(f"{'ID':<13} {'UNTIL':<24} {'BY':<12} MATCHERS / COMMENT")
-        for s in items:
-            state = "" if s.active(now) else " (expired)"
-            shown = " ".join(f"{k}={v}" for k, v in s.matchers.items())
-            comment = f"  # {s.comment}" if s.comment else ""
-            print(f"{s.id:<13} {_when(s.ends_at) + state:<24} {s.created_by:<12} {shown}{comment}")
+        rows = [(s.id, _when(s.ends_at) + ("" if s.active(now) else " (expired)"), s.created_by,
+                 " ".join(f"{k}={v}" for k, v in s.matchers.items()) + (f"  # {s.comment}" if s.comment else ""))
+                for s in items]
+        # each column as wide as its widest cell: an expired or unbounded end ran the BY column out of line
+        w_id, w_until, w_by = (max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(("ID", "UNTIL", "BY")))
+        print(f"{'ID':<{w_id}} {'UNTIL':<{w_until}} {'BY':<{w_by}} MATCHERS / COMMENT")
+        for sid, until, by, rest in rows:
+            print(f"{sid:<{w_id}} {until:<{w_until}} {by:<{w_by}} {rest}")
         return 0
     finally:
         store.close()

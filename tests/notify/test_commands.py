@@ -94,6 +94,20 @@ def test_silence_add_list_expire(store, capsys) -> None:
     assert _run(silence_cmd, ["list", "--all"]) == 0 and "(expired)" in capsys.readouterr().out
 
 
+def test_silence_list_columns_stay_in_line(store, capsys) -> None:
+    # an expired silence's "(expired)" ran the BY column out of line with the header and the others
+    for by in ("alice", "bob"):
+        assert _run(silence_cmd, ["add", "-m", f"job={by}-run", "--for", "2h", "--by", by]) == 0
+    sid = capsys.readouterr().out.split()[0]
+    assert _run(silence_cmd, ["expire", sid]) == 0
+    capsys.readouterr()
+    assert _run(silence_cmd, ["list", "--all"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 3 and any("(expired)" in line for line in lines)
+    at = {line.index(next(w for w in ("BY", "alice", "bob") if f" {w} " in line)) for line in lines}
+    assert len(at) == 1, lines  # the BY column starts at one place on every line
+
+
 def test_silence_errors(store) -> None:
     with pytest.raises(SilenceError, match="NAME=PATTERN"):
         _run(silence_cmd, ["add", "-m", "job"])
