@@ -211,9 +211,11 @@ class CompactedTopic:
                 await self._follow_task
             except (asyncio.CancelledError, Exception):
                 pass
-        for client in (self._consumer, self._producer):
+        # The producer first, and each client on its own: aiokafka's consumer.stop() re-raises the cancellation of
+        # its own pending fetch (aio-libs/aiokafka#647), a CancelledError that skipped the producer's stop.
+        for client in (self._producer, self._consumer):
             if client is not None:
                 try:
                     await client.stop()
-                except Exception as exc:
-                    log.debug("stopping a Kafka client: %s", exc)
+                except (Exception, asyncio.CancelledError) as exc:
+                    log.debug("stopping a Kafka client: %r", exc)
