@@ -38,6 +38,7 @@ from whywait.engine.evaluate.steps import PHASES
 from whywait.engine.evaluate.store import MetricStore
 from whywait.engine.rules.condition_types import Kind
 from whywait.engine.rules.loader import RuleSet
+from whywait.engine.rules.metrics import METRICS
 from whywait.engine.rules.schema import Condition, Rule, leaves
 from whywait.engine.rules.templating import render as _render
 
@@ -626,24 +627,47 @@ class Evaluator:
                 inc.last = self._diagnose(rule, ctx, res, inc, ents, now)
                 firing.append(inc)
 
-    def _unmeasured(self, node: Any, job: str, now: float) -> bool:
-        """Whether a check reads only phases of the step that ``job`` has never reported.
+    def _unmeasured(self, node: Any, cctx: Ctx, now: float) -> bool:
+        """Whether a check that did not hold was never measured, so it cannot be said "checked and clean".
 
-        Called for a check that did not hold: "the job's data wait did not grow" is no finding for a job
-        that reports step durations only, and was listed as checked and clean beside a cause saying the
-        split cannot be told.  Such a check is left out of the clean ones.
+        Called for each check that did not hold.  Two ways a check measured nothing:
+
+        - it reads only phases of the step the job has never reported: "the job's data wait did not grow"
+          is no finding for a job that reports step durations only;
+        - one of the node-side metrics it reads (a GPU's clocks, a NIC's drops, a disk's latency) has no
+          point at all on the entities it looks at: "GPU clocks and temperature normal on node-02" was said
+          of a node whose agent runs without its GPU collector (no NVML) and sent no GPU sample.
         """
         phases = set()
+        others = False
         for leaf in leaves(node):
             metric = getattr(leaf.params, "metric", None)
             if not isinstance(metric, str):
-                return False
+                others = True  # a topology predicate or a count of events: nothing to have measured
+                continue
             level, _, name = metric.partition(".")
             name = "data_wait_s" if name == "data_wait_share" else name
-            if level not in ("job", "step") or name not in PHASES:  # the step's parts a producer may leave out
-                return False
-            phases.add(name)
-        return bool(phases) and not any(self.store.ever(f"job.{p}", job, now) for p in phases)
+            if level in ("job", "step") and name in PHASES:  # the step's parts a producer may leave out
+                phases.add(name)
+                continue
+            others = True
+            m = METRICS.get(metric)
+            if m is None or m.level not in ("node", "gpu", "nic", "device"):
+                continue
+            ents = cctx.entities(m.level, leaf.on)
+            if not ents:
+                if m.level in ("gpu", "node"):  # no GPU or node of the job's to look at
+                    return True
+                continue
+            # An occurrence metric (an XID) has no point while nothing happens: whether its entities were
+            # measured at all is whether any other metric of their level was (the collector ran).
+            probe = [metric] if not m.occurrences else [
+                k for k, other in METRICS.items() if other.level == m.level and not other.occurrences]
+            if not any(self.store.ever(k, e, now) for k in probe for e in ents):
+                return True
+        if others:
+            return False
+        return bool(phases) and not any(self.store.ever(f"job.{p}", cctx.job.job, now) for p in phases)
 
     def _rule_failed(self, rule: Rule, now: float, exc: BaseException) -> None:
         """Count and log a rule that raised on a tick (``tick_errors``, ``rule_errors``; ``rules test`` shows them)."""
@@ -888,7 +912,7 @@ class Evaluator:
             if evaluate(check.when, cctx).holds:
                 confidence -= 0.15  # a symptom that should be absent is present: the story is less certain
                 evidence.append(Evidence("check", name, 1.0, note="also seen: " + name))
-            elif not self._unmeasured(check.when, job.job, now):
+            elif not self._unmeasured(check.when, cctx, now):
                 clean.append(name)
         if rule.culprit:  # place-level rules name their culprit: a switch, a pool, another job
             culprit = _render(rule.culprit, tctx) or culprit

@@ -131,7 +131,8 @@ def test_check_refuses_a_bad_test_file_with_every_problem_and_its_line(tmp_path:
         f"{f}:11: cases[0].expect[1].rule: must name a loaded rule (got 'site.cpu-hto'); load the folder that holds it "
         "too",
         f"{f}:11: cases[0].expect[1].culprti: is not a diagnosis field (valid: absent, cause, clean_checks, "
-        "confidence, cost, culprit, detected, detected_at, ends_at, evidence, fingerprint, job, labels, next_step, "
+        "confidence, cost, culprit, detected, detected_at, ends_at, evidence, fingerprint, job, labels, "
+        "message_contains, next_step, "
         "owner, ranks, rule, rule_id, runbook_url, severity, starts_at, status, text, text_contains, title, "
         "topology_path)",
         f"{f}:11: cases[0].expect[1].detected[1]: must be a duration like '60s' (units ms, s, m, h, d, w) "

@@ -37,7 +37,7 @@ CASES = [
       "zscore)"]),
     ("unknown-metric-and-bad-compare", GOOD.replace("job.comm_s", "job.comms").replace('"> 1.3"', "1.3"),
      ["{f}:14: rule 'network.test-rule': 'when.all[1].metric' must be a known metric "
-      "(see `whywait rules metrics`) (got 'job.comms')",
+      "(see `whywait rules metrics`; did you mean job.comm_s?) (got 'job.comms')",
       "{f}:15: rule 'network.test-rule': 'when.all[1].ratio' must be a comparison like '> 10' (got 1.3)"]),
     ("unknown-type", GOOD.replace("type: self_history", "type: selfhistory"),
      ["{f}:13: rule 'network.test-rule': 'when.all[1].type' must be one of all, any, not, macro, or a condition "
