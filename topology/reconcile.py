@@ -24,7 +24,7 @@ Pure: standard library, networkx and PyYAML.
 from __future__ import annotations
 
 import fnmatch
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -433,6 +433,14 @@ def merge(sources: Sequence[SourceFacts], types: Sequence[NodeType] = (), name: 
                                  f"{', '.join(sorted(nic_leaves))} ({', '.join(wheres)})")
             elif not nics:
                 nics.append(Nic(h.name, DEFAULT_UPLINK_NIC, h.leaf.value, gpus))
+            elif not nic_leaves:
+                # The host's NICs come from a source that does not cable them (the agent) and its switch from one
+                # that names no NIC (topology.conf): the switch was dropped, and with it the host's paths and its
+                # shared-switch contention.  It goes on the NICs that serve GPUs (all of them when none says).
+                fabric = [n for n in nics if n.gpus] or nics
+                nics = [replace(n, leaf=h.leaf.value) if n in fabric else n for n in nics]
+                warnings.append(f"node {h.name!r}: no source cables its NIC(s) {', '.join(n.name for n in fabric)}; "
+                                f"put under {h.leaf.value!r} as {h.leaf.where} says")
         nics.sort(key=lambda n: natural_key(n.name))
         rack = h.rack.value if h.rack else None
         if rack is not None and rack not in racks:

@@ -227,3 +227,25 @@ def test_a_re_import_keeps_the_aliases_added_to_the_cluster_file(tmp_path: Path,
     err = capsys.readouterr().err.strip()
     assert err == (f"whywait topology: {mapping}:2: aliases.gpu-a2: expected a host's name and a list of names "
                    "(got 'ip-10-0-1-6')"), err
+
+
+def test_a_hosts_switch_from_topology_conf_is_kept_when_the_agent_names_its_nics(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # topology.conf says vm is under leaf1 and names no NIC; the agent names vm's NICs and no switch.  The merge
+    # dropped the switch ("1 host(s) without a switch"), silently, with the host's paths and contention.
+    import json
+
+    from whywait.engine.cli import main
+    from whywait.topology.model import Topology
+
+    conf = tmp_path / "topology.conf"
+    conf.write_text("SwitchName=leaf1 Nodes=vm\n")
+    agent = tmp_path / "agent.jsonl"
+    agent.write_text(json.dumps({"schema": 2, "kind": "net", "time": 1.7e9, "node": "vm", "interval_s": 1.0,
+                                 "nics": [{"nic": "eth0", "rx_bytes_per_s": 0.0, "tx_bytes_per_s": 0.0}]}) + "\n")
+    out = tmp_path / "cluster.yaml"
+    assert main(["topology", "import", "slurm-conf", str(conf), "agent", str(agent), "-o", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "node 'vm': no source cables its NIC(s) eth0; put under 'leaf1' as" in err, err
+    topo = Topology.from_yaml(out)
+    assert topo.leaf_of("vm") == "leaf1"
