@@ -29,13 +29,14 @@ import statistics
 from bisect import bisect_left
 from collections import Counter, deque
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from whywait.agents.events import NODE_KINDS, TOPIC_PLACEMENT, ContractError, decode
 from whywait.engine.diagnosis import Diagnosis
 from whywait.engine.evaluate.evaluator import Evaluator
 from whywait.engine.rules.loader import RuleSet
-from whywait.topology.model import Topology
+from whywait.topology.model import Topology, node_name_in
 
 # Placements sort before the telemetry of the same second, so a job is known when its first steps arrive.
 _KIND_ORDER = {"placement": 0, "checkpoint": 1, "steps": 2}
@@ -430,7 +431,7 @@ def replay(messages: Iterable[dict[str, Any]], rules: RuleSet, topology: Any, *,
     evs = [Evaluator(rules, topology)] + ([Evaluator(against[0], against[1])] if against else [])
     results = [ReplayResult([], 0, None, None) for _ in evs]
     first = results[0]
-    pairs = [(ev.ingest, res, _node_known(ev.topology)) for ev, res in zip(evs, results, strict=True)]
+    pairs = [(ev.ingest, res, partial(node_name_in, ev.topology)) for ev, res in zip(evs, results, strict=True)]
     unknown_node = ("telemetry from a node no placement read names (no topology given)"
                     if isinstance(topology, PlacedTopology) else "telemetry from a node the topology does not hold")
     # The first few names the topology lacks are counted apart, with what it holds like them (a typo, a domain).
@@ -446,11 +447,11 @@ def replay(messages: Iterable[dict[str, Any]], rules: RuleSet, topology: Any, *,
                 lo = t
             if t > hi:
                 hi = t
-            for ingest, res, known in pairs:
+            for ingest, res, name_in in pairs:
                 # Telemetry of a node the topology lacks: the live engine dead-letters it (an invented name
                 # cannot grow its memory, nor count in event time), so the replay leaves it out too.  Another
                 # name of one of its hosts (node01.cluster.local for node01) is that host's, as in the engine.
-                if known is not None and m["kind"] in NODE_KINDS and not known(m["node"]):
+                if m["kind"] in NODE_KINDS and name_in(m["node"]) is None:
                     name = m["node"]
                     key = unknown_keys.get(name)
                     if key is None:
@@ -517,15 +518,6 @@ class PlacedTopology(Topology):
                 + (f" ({_few(self.learnt)})" if self.learnt else "")
                 + "; rules over NICs, switches and storage pools had nothing to join (--topology FILE, "
                 "or WHYWAIT_TOPOLOGY, gives them the cluster)")
-
-
-def _node_known(topology: Any) -> Callable[[str], bool] | None:
-    """Whether a node name is one of ``topology``'s hosts, under any name it resolves (None: no check)."""
-    canonical = getattr(topology, "canonical_node", None)
-    if canonical is not None:
-        return lambda name: canonical(name) is not None
-    kind_of = getattr(topology, "kind_of", None)
-    return None if kind_of is None else (lambda name: kind_of(name) == "node")
 
 
 def _close(ev: Evaluator, end: float) -> tuple[list[Diagnosis], frozenset[str]]:

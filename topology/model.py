@@ -1294,3 +1294,17 @@ class _Host:
     gpu_pci: Mapping[int, str] = field(default_factory=dict)
     node_type: str | None = None
     aliases: tuple[str, ...] = ()
+
+
+def node_name_in(topology: Any, node: str) -> str | None:
+    """The name ``topology`` gives the host a message calls ``node`` (``node01.cluster.local`` → ``node01``, see
+    :meth:`Topology.canonical_node`), or None when it holds no such host.
+
+    Called per telemetry message by the stream processor and by replay, which must agree on what a known
+    node is.  A topology that cannot say (None, or a stub without nodes) takes every name as it is.
+    """
+    canonical = getattr(topology, "canonical_node", None)
+    if canonical is not None:
+        return canonical(node)  # type: ignore[no-any-return]
+    kind_of = getattr(topology, "kind_of", None)
+    return node if kind_of is None or kind_of(node) == "node" else None

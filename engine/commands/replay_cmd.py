@@ -711,11 +711,12 @@ def run(args: argparse.Namespace) -> int:
             return load_topology(plan.topo_path) if plan.topo_path is not None else PlacedTopology()
 
         old_rules = load_rules(plan.against) if plan.against else None
-        topology = topo()  # a broken topology is refused before any reading
+        topology = topo()  # a broken topology is refused before any reading; the first pass uses it
+        unused = [topology]
 
         def one_pass(msgs: Iterable[Any]) -> tuple[ReplayResult, ReplayResult | None]:
             nonlocal topology
-            topology = topo()
+            topology = unused.pop() if unused else topo()  # a pass again learns the placements afresh
             with batch_gc(), progress_bar(w) as tick:
                 return replay(msgs, rules, topology, against=(old_rules, topo()) if old_rules else None,
                               on_message=tick)

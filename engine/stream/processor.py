@@ -24,6 +24,7 @@ from whywait.agents.events import NODE_KINDS, ContractError, decode
 from whywait.engine.diagnosis import Diagnosis
 from whywait.engine.evaluate.evaluator import Evaluator
 from whywait.topology.errors import TopologyError
+from whywait.topology.model import node_name_in
 
 log = logging.getLogger(__name__)
 
@@ -37,17 +38,6 @@ def _unix_user(user: str | None) -> tuple[str, int | None] | None:
     ``alice(1000)``); None for anything else (a Kubernetes service account), which is not checked."""
     m = _UNIX_USER.match(user or "")
     return (m.group(1), int(m.group(2)) if m.group(2) else None) if m else None
-
-
-def _node_name(topology: Any, node: str) -> str | None:
-    """The topology's name of the host a message calls ``node`` (``node01.cluster.local`` → ``node01``, see
-    ``Topology.canonical_node``), or None when the topology holds no such host.  A topology that cannot
-    say (none, or a stub without nodes) takes every name as it is."""
-    canonical = getattr(topology, "canonical_node", None)
-    if canonical is not None:
-        return canonical(node)  # type: ignore[no-any-return]
-    kind_of = getattr(topology, "kind_of", None)
-    return node if kind_of is None or kind_of(node) == "node" else None
 
 
 # Distinct unknown node names logged (once each) by one processor: a producer can invent names without end.
@@ -183,7 +173,7 @@ class Processor:
             self.counts["skipped_before_start"] += 1
             return
         if msg["kind"] in NODE_KINDS:
-            node = _node_name(self.evaluator.topology, msg["node"])
+            node = node_name_in(self.evaluator.topology, msg["node"])
             if node is None:
                 # Telemetry no rule can use; kept out of the store so invented node names cannot grow it.
                 self._unknown_node(out, rec, self.evaluator.topology, msg["node"])
@@ -258,7 +248,7 @@ class Processor:
                 self.counts["route.skipped_before_start"] += 1
                 continue
             if msg["kind"] in NODE_KINDS:
-                node = _node_name(topo, msg["node"])
+                node = node_name_in(topo, msg["node"])
                 if node is None:
                     self._unknown_node(out, rec, topo, msg["node"])
                     continue
@@ -293,7 +283,7 @@ class Processor:
             try:
                 msg = decode(value, topic)
                 if msg["kind"] in NODE_KINDS:
-                    node = _node_name(topo, msg["node"])
+                    node = node_name_in(topo, msg["node"])
                     if node is not None and node is not msg["node"]:
                         msg = {**msg, "node": node}
                 if msg["kind"] == "net" and topo is not None:
@@ -348,7 +338,7 @@ class Processor:
             placed = ranks.get(s["rank"])
             reporter = s.get("node") or msg["node"]
             # the agent may name its host otherwise than the placement (node01.cluster.local / node01)
-            if placed is not None and placed[0] != reporter and placed[0] != _node_name(topo, reporter):
+            if placed is not None and placed[0] != reporter and placed[0] != node_name_in(topo, reporter):
                 return (f"job {job[:80]}: rank {s['rank']} runs on {placed[0]}, but {str(reporter)[:80]} reported "
                         "its timings")
         return None
