@@ -25,12 +25,11 @@ from typing import Any
 from whywait.agents.collectors import COLLECTORS, AgentConfigError, AgentError, Collector, collector_class
 from whywait.agents.collectors.dcgm import DcgmCollector
 from whywait.agents.collectors.gpu import NvmlCollector
-from whywait.agents.collectors.hardware import HardwareCollector
+from whywait.agents.collectors.hardware import STATE_ENV, HardwareCollector, state_dir
 from whywait.agents.training import DEFAULT_SOCKET, SOCKET_ENV
 
 BOOTSTRAP_ENV = "WHYWAIT_KAFKA_BOOTSTRAP"
 DEFAULT_COLLECTORS = "gpu,network,storage,host,hw"
-DEFAULT_SPOOL = "/var/lib/whywait/spool"
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -51,8 +50,12 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="group allowed to send training timings (the socket is mode 0660; default "
                              "$WHYWAIT_AGENT_SOCKET_GROUP, else 'whywait' if it exists, else the agent's group)")
     parser.add_argument("--bootstrap", default=None, help=f"Kafka bootstrap servers (default ${BOOTSTRAP_ENV})")
-    parser.add_argument("--spool-dir", default=None, help=f"on-disk spool for an unreachable Kafka "
-                                                          f"(default {DEFAULT_SPOOL}, or ~/.cache/whywait/spool)")
+    parser.add_argument("--state-dir", default=None,
+                        help=f"the agent's one folder on disk: the kernel log's place, and the spool unless "
+                             f"--spool-dir (default ${STATE_ENV}, else /var/lib/whywait when writable, "
+                             "else ~/.cache/whywait)")
+    parser.add_argument("--spool-dir", default=None, help="on-disk spool for an unreachable Kafka "
+                                                          "(default <state dir>/spool)")
     parser.add_argument("--spool-max-mb", type=float, default=64.0, help="spool bound in MiB (default 64)")
     parser.add_argument("--once", action="store_true", help="sample one interval, publish or print it, exit")
     parser.add_argument("--print", dest="print_", action="store_true",
@@ -64,8 +67,13 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def build_collectors(names: list[str], root: str = "/", dcgm_url: str | None = None,
-                     pids: list[int] | None = None, node: str | None = None) -> list[Collector]:
-    """Instantiate the named collectors; GPU bus ids from NVML feed the network collector's locality."""
+                     pids: list[int] | None = None, node: str | None = None,
+                     state: str | None = None) -> list[Collector]:
+    """Instantiate the named collectors; GPU bus ids from NVML feed the network collector's locality.
+
+    ``state`` is the agent's state folder (``--state-dir``): the ``hw`` collector keeps the kernel log's
+    place in it; None takes :func:`whywait.agents.collectors.hardware.state_dir`'s default.
+    """
     out: list[Collector] = []
     gpu_bus_ids: list[str] | None = None
     gpu: NvmlCollector | None = None
@@ -78,7 +86,8 @@ def build_collectors(names: list[str], root: str = "/", dcgm_url: str | None = N
                 gpu_bus_ids = [b for b in c.bus_ids if b]  # type: ignore[attr-defined]
         elif cls is HardwareCollector:
             # The GPU collector (built first) times NVML per GPU; the hw message publishes that health.
-            c = HardwareCollector(root, gpu=gpu, gpu_bus_ids=gpu_bus_ids)
+            c = HardwareCollector(root, gpu=gpu, gpu_bus_ids=gpu_bus_ids,
+                                  state_path=os.path.join(state, "kmsg.state") if state else None)
         elif cls is DcgmCollector:
             if not dcgm_url:
                 raise AgentConfigError("collector 'dcgm' needs --dcgm-url (the dcgm-exporter's /metrics URL)")
@@ -111,16 +120,23 @@ def _names(args: argparse.Namespace) -> list[str]:
     return sorted(names, key=lambda n: 0 if n == "gpu" else 2 if n == "hw" else 1)
 
 
-def _spool_dir(arg: str | None) -> str:
-    if arg:
-        return arg
-    try:
-        os.makedirs(DEFAULT_SPOOL, exist_ok=True)
-        if os.access(DEFAULT_SPOOL, os.W_OK):
-            return DEFAULT_SPOOL
-    except OSError:
-        pass
-    return os.path.join(os.path.expanduser("~"), ".cache", "whywait", "spool")
+def _state_dir(args: argparse.Namespace) -> str:
+    """The agent's state folder: ``--state-dir``, else ``$WHYWAIT_STATE_DIR``, else the default.
+
+    One folder for everything the agent writes, so that an agent run as an ordinary user with
+    ``--state-dir`` (or only ``--spool-dir``) writes nowhere else.
+    """
+    if getattr(args, "state_dir", None):
+        return str(args.state_dir)
+    if getattr(args, "spool_dir", None) and not os.environ.get(STATE_ENV):
+        # Only the spool named: the kernel log's place goes into it (the spool reads only its
+        # `<seq>.spool` files), not into /var/lib/whywait.
+        return str(args.spool_dir)
+    return state_dir()
+
+
+def _spool_dir(args: argparse.Namespace) -> str:
+    return str(args.spool_dir) if args.spool_dir else os.path.join(_state_dir(args), "spool")
 
 
 def make_publisher(args: argparse.Namespace) -> Any:
@@ -141,7 +157,7 @@ def make_publisher(args: argparse.Namespace) -> Any:
         raise AgentConfigError(str(exc)) from None
     from whywait.agents.publisher import KafkaPublisher  # noqa: PLC0415 - aiokafka only when publishing
 
-    return KafkaPublisher(bootstrap, _spool_dir(args.spool_dir), int(args.spool_max_mb * (1 << 20)))
+    return KafkaPublisher(bootstrap, _spool_dir(args), int(args.spool_max_mb * (1 << 20)))
 
 
 def _socket_path(args: argparse.Namespace) -> str | None:
@@ -165,10 +181,10 @@ def run(args: argparse.Namespace) -> int:
         if args.once and args.print_:
             from whywait.agents.publisher import MemoryPublisher  # noqa: PLC0415
 
-            collectors = build_collectors(names, args.root, args.dcgm_url, args.pid, args.node)
+            collectors = build_collectors(names, args.root, args.dcgm_url, args.pid, args.node, _state_dir(args))
             return _once_print(Agent(args.node, collectors, MemoryPublisher(), args.interval))
         publisher = make_publisher(args)  # configuration errors before any collector starts
-        collectors = build_collectors(names, args.root, args.dcgm_url, args.pid, args.node)
+        collectors = build_collectors(names, args.root, args.dcgm_url, args.pid, args.node, _state_dir(args))
         agent = Agent(args.node, collectors, publisher, args.interval, _socket_path(args),
                       socket_group=args.socket_group)
         server = _metrics_server(agent, addr)

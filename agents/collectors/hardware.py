@@ -18,9 +18,10 @@ that fails while running is counted and retried the next time it is due.  When
 no source can run at all the collector turns itself off.  An interval in which
 no source was due sends nothing.
 
-The kernel reader keeps its place across restarts in a state file under
-``WHYWAIT_STATE_DIR`` (default ``/var/lib/whywait``, or ``~/.cache/whywait``
-when that is not writable).
+The kernel reader keeps its place across restarts in ``kmsg.state`` in the
+agent's state folder (``whywait agent --state-dir``; without it
+``WHYWAIT_STATE_DIR``, else ``/var/lib/whywait``, or ``~/.cache/whywait`` when
+that is not writable).
 """
 
 from __future__ import annotations

@@ -246,6 +246,30 @@ def test_kmsg_after_a_reboot_reports_the_new_boot_from_its_start(tmp_path: Any) 
     assert [(e["seq"], e["class"]) for e in after.read(1.0)] == [(5, "hung_task")]
 
 
+@pytest.mark.parametrize("flags, where", [(["--state-dir", "{tmp}/state"], "{tmp}/state/kmsg.state"),
+                                          (["--spool-dir", "{tmp}/spool"], "{tmp}/spool/kmsg.state")])
+def test_the_agent_writes_its_state_only_where_it_was_told(tmp_path: Any, flags: list[str], where: str) -> None:
+    # An operator running the agent as an ordinary user with --state-dir (or only --spool-dir) expects
+    # nothing written elsewhere: the kernel log's place had gone to /var/lib/whywait or ~/.cache.
+    import subprocess
+    import sys
+
+    root = _kmsg_root(tmp_path)
+    home = tmp_path / "home"
+    home.mkdir()
+    tmp = str(tmp_path)
+    env = {k: v for k, v in os.environ.items() if k != "WHYWAIT_STATE_DIR"}
+    env["HOME"] = str(home)
+    cmd = [sys.executable, "-m", "whywait", "agent", "--once", "--print", "--collectors", "hw",
+           "--root", root, "--interval", "0.05", *[f.format(tmp=tmp) for f in flags]]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    state = where.format(tmp=tmp)
+    assert os.path.isfile(state), (os.listdir(tmp), out.stderr)
+    assert json.load(open(state))["boot_id"] == "boot-a"
+    assert list(home.iterdir()) == []  # nothing under ~/.cache
+
+
 def test_kmsg_reads_are_bounded(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     import whywait.agents.collectors.kmsg as kmsg
 
