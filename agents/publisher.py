@@ -223,17 +223,25 @@ class Spool:
             self._remove(head)
 
     def peek(self, n: int) -> list[tuple[str, str, bytes]]:
-        """The oldest unsent records, at most ``n``, all from the head segment."""
-        if not self._segments:
-            return []
-        head = min(self._segments)
-        self._peek_seq = head
-        if self._head_cache is None:
-            if head == max(self._segments) and self._fh is not None:
-                self._fh.close()  # the head is also the tail: the next append starts a new segment
-                self._fh = None
-            self._head_cache = list(self._read_segment(self._path(head)))
-        return self._head_cache[self._head_done: self._head_done + n]
+        """The oldest unsent records, at most ``n``, all from the head segment.
+
+        A head segment that holds nothing more (its file gone: another process sharing this folder
+        delivered it, or emptied by hand) is forgotten, and the next one read: an empty answer means
+        the spool is empty, never "ask again" (a publisher did, in a loop that never yielded).
+        """
+        while self._segments:
+            head = min(self._segments)
+            self._peek_seq = head
+            if self._head_cache is None:
+                if head == max(self._segments) and self._fh is not None:
+                    self._fh.close()  # the head is also the tail: the next append starts a new segment
+                    self._fh = None
+                self._head_cache = list(self._read_segment(self._path(head)))
+            out = self._head_cache[self._head_done: self._head_done + n]
+            if out or n <= 0:
+                return out
+            self._remove(head)
+        return []
 
     def commit(self, n: int) -> None:
         """The first ``n`` records returned by :meth:`peek` were delivered."""
@@ -385,6 +393,9 @@ class KafkaPublisher(Publisher):
     async def _run(self) -> None:
         backoff = 0.5
         while True:
+            # Every round yields to the loop: a round that awaits nothing (no record to deliver) must not
+            # hold it, or flush()'s timeout and close() never run.
+            await asyncio.sleep(0)
             if self._closing:
                 return  # close() also cancels, but a wait_for woken at that moment can swallow the cancel
             if not self._pending():
@@ -435,6 +446,12 @@ class KafkaPublisher(Publisher):
         except asyncio.TimeoutError:
             pass
         self._wake.clear()
+
+    @property
+    def unreachable(self) -> bool:
+        """True once the broker failed to answer and everything handed over is in the spool (nothing in
+        memory or in flight): a one-shot sender (a Slurm hook) can stop waiting then; a later run sends it."""
+        return self.last_error is not None and not self._connected and not self._queue and not self._inflight
 
     async def flush(self, timeout: float | None = None) -> bool:
         if not self._pending():

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import fcntl
 import logging
 import os
 import socket
@@ -26,8 +27,9 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from whywait.agents.events import TOPIC_PLACEMENT
 from whywait.engine.errors import ConfigError, WhywaitError
@@ -35,6 +37,8 @@ from whywait.engine.errors import ConfigError, WhywaitError
 from whywait.textfiles import read_text
 
 log = logging.getLogger("whywait.placement")
+# Seconds a Slurm hook waits for another run to finish with the shared spool before going on without its lock.
+SPOOL_LOCK_WAIT_S = 20.0
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -102,14 +106,58 @@ def _publisher(args: argparse.Namespace) -> Any:
     return PlacementPublisher(resolve_bootstrap(flag=args.bootstrap), str(args.spool))
 
 
+@contextmanager
+def _spool_lock(folder: Path, wait_s: float = SPOOL_LOCK_WAIT_S) -> Iterator[bool]:
+    """Hold the spool folder's lock (``.lock``, ``flock``) while one run drains it and sends; yield whether held.
+
+    Slurm starts many jobs at once, so many prologs and epilogs share one spool.  Holding the lock keeps
+    one job's placements in order (a spooled ``running`` is sent before its ``finished``, not after it)
+    and each spooled message sent once.  A run that cannot have it within ``wait_s`` goes on without
+    it, at worst sending a spooled message twice: a hook must never hang a job's start.
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    deadline = time.monotonic() + wait_s
+    with open(folder / ".lock", "a") as fh:
+        held = False
+        while not held:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                held = True
+            except OSError:
+                if time.monotonic() >= deadline:
+                    log.warning("placement: the spool %s stayed locked by another run for %.0f s; going on "
+                                "without its lock", folder, wait_s)
+                    break
+                time.sleep(0.05)
+        try:
+            yield held
+        finally:
+            if held:
+                fcntl.flock(fh, fcntl.LOCK_UN)
+
+
 async def _send_all(args: argparse.Namespace, msgs: list[dict[str, Any]], timeout_s: float = 15.0) -> int:
-    """Publish ``msgs``; return how many are still spooled (0 when all were delivered)."""
+    """Publish ``msgs``; return how many are still spooled (0 when all were delivered).
+
+    Waits at most ``timeout_s`` for the broker, and no longer once it has failed to answer and the
+    messages are spooled (a later run sends them): a prolog with the broker down takes about a second.
+    """
+    if args.print:
+        return await _send(args, msgs, timeout_s)
+    with _spool_lock(args.spool):
+        return await _send(args, msgs, timeout_s)
+
+
+async def _send(args: argparse.Namespace, msgs: list[dict[str, Any]], timeout_s: float) -> int:
     pub = _publisher(args)
     await pub.start()
     try:
         for m in msgs:
             await pub.send(args.topic, m["job"], m)
-        await pub.flush(timeout=timeout_s)
+        deadline = time.monotonic() + timeout_s
+        while not await pub.flush(timeout=0.2):
+            if time.monotonic() >= deadline or getattr(pub, "unreachable", False):
+                break
         return pub.spooled
     finally:
         await pub.close()

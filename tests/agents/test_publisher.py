@@ -248,3 +248,19 @@ def test_a_field_refused_again_and_again_is_logged_once_a_minute(caplog: pytest.
         p.check("whywait.host.v1", dict(bad))
     assert len(caplog.records) == 2 and p.invalid == 31
     assert "(29 more like it since, not logged)" in caplog.records[1].getMessage()
+
+
+def test_a_spool_another_process_drained_is_empty_not_a_loop(tmp_path: Any) -> None:
+    # Two Slurm hooks opened one spool; the first delivered its segment and removed it.  The second's peek
+    # answered [] while its count still said 1, and its publisher asked again, in a loop that never yielded.
+    d = str(tmp_path)
+    first = Spool(d, max_bytes=1 << 20)
+    first.append("t", "k", b"v")
+    first.close()
+    a, b = Spool(d, max_bytes=1 << 20), Spool(d, max_bytes=1 << 20)
+    assert len(a) == len(b) == 1
+    a.commit(len(a.peek(10)))
+    assert len(a) == 0 and not [n for n in os.listdir(d) if n.endswith(".spool")]
+    assert b.peek(10) == [] and len(b) == 0  # forgotten, not asked for again
+    b.append("t", "k2", b"w")  # and it still spools what it is given
+    assert [r[1] for r in b.peek(10)] == ["k2"]

@@ -116,3 +116,30 @@ def test_slurm_and_k8s_placements_are_joined_by_the_engine(kafka_bootstrap: str,
     assert dead[0]["reason"].startswith("topology: unknown node 'cpu-node-9'")
     assert json.loads(dead[0]["value"])["job"] == "team-x/notebook-0"
     assert proc.counts["kind.placement"] == 7
+
+
+def test_concurrent_slurm_hooks_sharing_a_spool_all_finish_and_lose_nothing(kafka_bootstrap: str,
+                                                                             tmp_path: Path) -> None:
+    """Slurm starts many jobs at once: their prologs share one spool.  Two that loaded the same spooled
+    segment used to spin for ever once the other had sent and removed it (a loop that never yielded), and
+    a prolog that hangs holds a job's start.  Now they take the spool's lock in turn, each exits in seconds,
+    and every placement reaches the broker: the spooled ones (written while it was down) first."""
+    topic = asyncio.run(create_topic(kafka_bootstrap, compacted=True, prefix="placement"))
+    spool = tmp_path / "spool"
+    fixture = str(PFIX / "scontrol-show-job-23.02.json")
+    common = ["--topic", topic, "--spool", str(spool), "--ownership", str(PFIX / "ownership.yaml"),
+              "--scontrol-json", fixture]
+    t0 = time.monotonic()
+    down = whywait("placement", "slurm", "--prolog", "--bootstrap", "127.0.0.1:1", *common,
+                   env={"SLURM_JOB_ID": "4242"})
+    assert down.returncode == 0 and "kept in" in down.stderr, down.stderr
+    assert time.monotonic() - t0 < 30, "a prolog with the broker down returns once it has spooled"
+    procs = [subprocess.Popen([sys.executable, "-m", "whywait", "placement", "slurm", "--prolog", "--bootstrap",
+                               kafka_bootstrap, *common], cwd=REPO, env={**os.environ, "SLURM_JOB_ID": "4242"},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(8)]
+    for p in procs:
+        _, err = p.communicate(timeout=90)
+        assert p.returncode == 0, err
+    records = asyncio.run(read_all(kafka_bootstrap, topic, want=9, timeout_s=20))
+    assert len(records) == 9, len(records)  # the spooled one, once, and the eight
+    assert not list(spool.glob("*.spool")), list(spool.iterdir())
