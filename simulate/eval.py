@@ -84,7 +84,7 @@ _HW_GPU_CLASSES = {"pcie-downgrade", "gpu-nvml-hang"}  # targeted at one GPU (no
 FAULT_CLASSES = ("nic-packet-loss", "link-flap", "wrong-nic", "uplink-oversubscribed", "contention",
                  "storage-slow", "storage-client-slow", "cpu-bound-loader", "checkpoint-growth",
                  "checkpoint-stall", "checkpoint-failed", "gpu-thermal", "gpu-power", "gpu-ecc-xid",
-                 "whole-job-slow", "rank-silent") + STRAGGLER_CLASSES + HW_CLASSES
+                 "whole-job-slow", "rank-silent", "node-down") + STRAGGLER_CLASSES + HW_CLASSES
 # Classes whose diagnosis must carry a cost (Diagnosis.cost["gpu_hours_lost"]) to be right on cost: every
 # class, wherever the truth lost anything (an incident that says nothing of its cost is a miss on cost).
 COST_CLASSES = FAULT_CLASSES
@@ -201,7 +201,7 @@ def _fault(cls: str, rng: random.Random, shape: Shape, start: float, end: float,
     nodes = [n for n in shape.victim_nodes if n not in avoid] or list(shape.victim_nodes)
     node = rng.choice(nodes)
     params: dict[str, Any] = {}
-    if cls in ("nic-packet-loss", "link-flap", "storage-client-slow", "cpu-bound-loader") or \
+    if cls in ("nic-packet-loss", "link-flap", "storage-client-slow", "cpu-bound-loader", "node-down") or \
             (cls in HW_CLASSES and cls not in _HW_GPU_CLASSES):
         target = node
     elif cls == "wrong-nic":

@@ -195,6 +195,11 @@ class Fault:
         """Change ``node``'s ``hw`` report for the interval ending at offset ``t``; called after
         :meth:`on_host` while the fault is active during that interval (the fail-slow hardware faults)."""
 
+    def silences(self, node: str) -> bool:
+        """Whether nothing of ``node``'s reaches Kafka while the fault is active (its agent is down): no
+        telemetry, and no steps of its ranks, which the training reporter sends through the agent."""
+        return False
+
     def clock_offset_s(self, node: str) -> float:
         """Seconds ``node``'s clock is off while the fault is active (its messages and step ends are
         stamped that far from the true time); 0 for every fault but a clock's."""
@@ -835,6 +840,41 @@ class RankSilent(Fault):
             g.update(util_pct=0.0, mem_util_pct=0.0, power_w=round(90.0 + self.rng.gauss(0, 3), 1))
 
 
+class AgentDown(Fault):
+    """A node's agent is stopped (or, from the start, never ran): nothing of the node's reaches Kafka.
+
+    The job itself trains on unaffected, so nothing is lost but whywait's sight of the node: its
+    telemetry, and its ranks' steps (the training reporter sends them to the node's agent over a local
+    socket and drops them when no agent listens).
+    """
+
+    name = "agent-down"
+    cause = "agent.down"
+    signals: ClassVar[tuple[str, ...]] = ("every message of the node stops: gpu, net, storage, host, hw, and its "
+                                          "ranks' steps",)
+    doc = ("the node's whywait agent stops (start 0: it never ran there); the job trains on unaffected, "
+           "whywait sees nothing of the node")
+
+    def silences(self, node: str) -> bool:
+        return node in self.nodes
+
+
+class NodeDown(AgentDown):
+    """A node stops altogether (a kernel panic, lost power, a hard hang): nothing of it reaches Kafka, and
+    its ranks' GPUs stop, so no rank of its jobs completes a step (they wait in the collective for the
+    lost ranks) until it is back."""
+
+    name = "node-down"
+    cause = "node.down"
+    signals = ("every message of the node stops (its telemetry and its ranks' steps)",
+               "no rank of the node's jobs completes a step")
+    doc = ("the node stops (kernel panic, power, hard hang): it sends nothing and its jobs hang in the "
+           "collective until it is back")
+
+    def on_step(self, t: float, job: JobState, fx: StepEffects) -> None:
+        fx.stalled = True
+
+
 class ClockSkew(Fault):
     """A node's clock is off: everything it reports is stamped ``offset_s`` from the true time."""
 
@@ -1301,6 +1341,8 @@ FAULTS: dict[str, type[Fault]] = {
     GpuEccXid.name: GpuEccXid,
     WholeJobSlow.name: WholeJobSlow,
     RankSilent.name: RankSilent,
+    AgentDown.name: AgentDown,
+    NodeDown.name: NodeDown,
     ClockSkew.name: ClockSkew,
     StragglerCompute.name: StragglerCompute,
     StragglerInput.name: StragglerInput,

@@ -312,11 +312,15 @@ class Simulation:
             # messages still come out when they are sent, as a live engine would receive them.
             off = sum(f.clock_offset_s(node) for f, _ in node_faults)
             tn = ts + off
-            yield TOPIC_GPU, envelope("gpu", node, tn, gpus=gpus)
-            yield TOPIC_NET, envelope("net", node, tn, **net)
-            yield TOPIC_STORAGE, envelope("storage", node, tn, **storage)
-            yield TOPIC_HOST, envelope("host", node, tn, **host)
-            yield TOPIC_HW, envelope("hw", node, tn, **hw)
+            # A node whose agent is down sends nothing; its readings were still drawn above, so the
+            # other nodes' noise and the node's own stream after the agent is back stay as they were.
+            mute = any(f.silences(node) for f, _ in node_faults)
+            if not mute:
+                yield TOPIC_GPU, envelope("gpu", node, tn, gpus=gpus)
+                yield TOPIC_NET, envelope("net", node, tn, **net)
+                yield TOPIC_STORAGE, envelope("storage", node, tn, **storage)
+                yield TOPIC_HOST, envelope("host", node, tn, **host)
+                yield TOPIC_HW, envelope("hw", node, tn, **hw)
             for js in self.jobs:
                 pend = js.pending.get(node)
                 if not pend:
@@ -332,7 +336,8 @@ class Simulation:
                         steps.append({**rec, "ended_at": round(rec["ended_at"] + off, 4)} if off else rec)
                 if steps:
                     self._hw.observe(node, t1, job=js.spec.job, steps=steps)
-                    yield TOPIC_STEPS, envelope("steps", node, tn, job=js.spec.job, steps=steps)
+                    if not mute:  # the reporter drops what no agent takes
+                        yield TOPIC_STEPS, envelope("steps", node, tn, job=js.spec.job, steps=steps)
 
     # ------------------------------------------------------------------ the step model
 

@@ -506,11 +506,20 @@ def _change_point(c: Condition, ctx: Ctx) -> Result:
 
 @dataclass(frozen=True, kw_only=True)
 class AbsenceCondition(ConditionParams):
-    """An entity that stops reporting while its job runs."""
+    """An entity that stops reporting while its job runs.
 
-    level: Literal["rank", "node"] = param(doc="what falls silent: a rank (its steps) or a node (its telemetry)")
+    At the node level a node of the job that has never reported counts as silent too, once the job's
+    other nodes have reported for ``for`` (no agent there, or one publishing under another name)."""
+
+    level: Literal["rank", "node"] = param(doc="what falls silent: a rank (its steps) or a node (its telemetry; "
+                                               "a node that never reported counts once its peers have reported "
+                                               "for `for`)")
     for_: Duration = param(doc="silent at least this long")
     max_share: Share = param(1.0, "hold only while at most this share of the job's reporting entities is silent")
+    min_share: Share = param(0.0, "hold only while at least this share of the job's reporting entities is silent "
+                                  "(`0.9` of its ranks: the job has stopped)")
+    steps: Number = param(0.0, "for ranks: silent at least this many of the job's typical step times too, "
+                               "whichever is longer (a job of 45 s steps is silent between its steps)")
 
 
 @condition("absence", AbsenceCondition)
@@ -521,19 +530,58 @@ def _absence(c: Condition, ctx: Ctx) -> Result:
     ents = ctx.entities(p.level, c.on)
     ages = ctx.store.ages(metric, ents, ctx.now)  # NaN: never reported (the job may still be starting)
     known = int(np.count_nonzero(~np.isnan(ages)))
+    for_s = p.for_
+    if p.steps > 0 and p.level == "rank":
+        for_s = max(for_s, p.steps * _typical_step_s(ctx))
     with np.errstate(invalid="ignore"):
-        silent = np.nonzero(ages >= p.for_)[0]
+        silent = np.nonzero(ages >= for_s)[0]
     # Share of the entities that have reported at all, by their reports' times: a whole job pausing (a
     # checkpoint) is not one rank falling silent, nor is every node but one whose clock runs ahead.
     quiet = len(silent)
     if p.level == "rank" and 0 < quiet < known:
-        silent = _behind(ctx, ents, silent, p.for_)
+        silent = _behind(ctx, ents, silent, for_s)
+    never = _never_reported(ctx, ents, ages, for_s) if p.level == "node" and 0 < known < len(ents) else None
+    if never is not None:
+        quiet += len(never[0])
+        known += len(never[0])
+        silent = np.concatenate([silent, never[0]]).astype(np.int64)
+        ages[never[0]] = never[1]
     res.entities = [ents[i] for i in silent]
-    res.holds = bool(res.entities) and quiet <= p.max_share * max(known, 1)
+    res.holds = bool(res.entities) and p.min_share * known <= quiet <= p.max_share * max(known, 1)
     if res.holds:
-        res.evidence = [_ev(c, metric, ents[i], float(ages[i]), None, f">= {p.for_:g}s", None, "no report since")
+        gone = set() if never is None else set(never[0].tolist())
+        res.evidence = [_ev(c, metric, ents[i], float(ages[i]), None, f">= {for_s:g}s", None,
+                            "never reported; its peers have reported for this long" if i in gone
+                            else "no report since")
                         for i in silent]
     return res
+
+
+def _typical_step_s(ctx: Ctx) -> float:
+    """The job's typical step time: the median over its last (up to) 10 steps of each step's median
+    duration over its ranks; 0 before it has reported one."""
+    table = ctx.store.step_tables.get(ctx.job.job)
+    if table is None or not table.steps:
+        return 0.0
+    rows = list(table.steps.values())[-10:]
+    return float(statistics.median(row_median(r) for r in rows))
+
+
+def _never_reported(ctx: Ctx, ents: Sequence[str], ages: np.ndarray, for_s: float) -> tuple[np.ndarray, float] | None:
+    """The job's nodes that have never reported, once its other nodes have reported for ``for_s``.
+
+    A node with no agent (never installed, or publishing under another name than the placement's) has
+    no age: without this it is never silent, and whywait is blind on it without saying so.  Judged by
+    the median of the reporting nodes' first reports, so a job still starting (its nodes' agents
+    coming up one by one) is not one.  Returns the indices and the span the peers have reported for.
+    """
+    missing = np.nonzero(np.isnan(ages))[0]
+    since = ctx.store.reporting_since(ents, ctx.now)
+    first = since[~np.isnan(since)]
+    if not len(missing) or not len(first):
+        return None
+    span = ctx.now - float(np.median(first))
+    return (missing, span) if span >= for_s else None
 
 
 def _behind(ctx: Ctx, ents: Sequence[str], silent: np.ndarray, for_s: float) -> np.ndarray:

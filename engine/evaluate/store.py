@@ -1371,6 +1371,19 @@ class MetricStore:
             return None
         return now - seen.t[i - 1]
 
+    def reporting_since(self, nodes: Sequence[str], now: float) -> np.ndarray:
+        """Each node's first report still kept, at or before ``now`` (NaN: none kept).
+
+        Called by the node absence condition to judge a node that has never reported against how long
+        its job's other nodes have: a placed node with no agent has no age of its own.
+        """
+        out = np.full(len(nodes), np.nan)
+        for i, n in enumerate(nodes):
+            seen = self.node_seen.get(n)
+            if seen is not None and seen.t and seen.t[0] <= now:
+                out[i] = seen.t[0]
+        return out
+
     def ages(self, metric: str, entities: Sequence[str], now: float) -> np.ndarray:
         """:meth:`age` for each of ``entities`` (NaN: never reported), vectorised for ranks' step reports."""
         col = self.columns.get("step.duration_s") if metric == "step.since_last_s" else None

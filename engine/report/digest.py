@@ -40,7 +40,8 @@ RULE_CAUSES: dict[str, str] = {
     "job.straggler": "stragglers of unknown cause", "job.rotating-straggler": "stragglers of unknown cause",
     "job.whole-job-slow": "whole job slower, no straggler", "job.stage-imbalance": "pipeline stage imbalance",
     "job.periodic-slowdown": "periodic slowdowns", "job.rank-silent": "silent or hung ranks",
-    "job.node-clock-skew": "clock skew",
+    "job.node-clock-skew": "clock skew", "job.node-down": "nodes down",
+    "job.node-unseen": "nodes whywait could not see",
 }
 UNKNOWN = "stragglers of unknown cause"
 OTHER = "other causes"

@@ -48,9 +48,10 @@ def test_every_rule_names_its_cause_runbook_and_layer(shipped: RuleSet) -> None:
 
 def test_whole_job_slow_is_muted_by_every_specific_cause(shipped: RuleSet) -> None:
     muters = {r.id for r in shipped if "job.whole-job-slow" in r.inhibits}
-    # A clock that is off slows nothing (step times do not depend on it): it must not mute a slowdown of
-    # the whole job, which it would, for a job-wide finding blames no node.
-    assert muters == set(shipped.rules) - {"job.whole-job-slow", "job.node-clock-skew"}
+    # A clock that is off slows nothing (step times do not depend on it), nor does an agent that stopped on
+    # a node that trains on: neither may mute a slowdown of the whole job, which it would, for a job-wide
+    # finding blames no node.
+    assert muters == set(shipped.rules) - {"job.whole-job-slow", "job.node-clock-skew", "job.node-unseen"}
 
 
 @pytest.mark.parametrize(("file", "case"), _cases())
