@@ -4,7 +4,7 @@ A training script imports this module (standard library only: no torch, no
 Kafka client) and wraps its loop::
 
     from whywait.agents.training import Reporter
-    rep = Reporter(job="llama-70b-run7", rank=int(os.environ["RANK"]))
+    rep = Reporter()                      # job and rank from the scheduler (see job_id_from_env)
     batches = iter(loader)
     for n in range(steps):
         with rep.step(n):
@@ -45,14 +45,55 @@ import os
 import socket
 import time
 import uuid
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Mapping, TypeVar
 
 DEFAULT_SOCKET = "/run/whywait/agent.sock"
 SOCKET_ENV = "WHYWAIT_AGENT_SOCKET"
+JOB_ENV = "WHYWAIT_JOB"
 DATAGRAM_VERSION = 1
 PHASES = ("data_wait", "compute", "comm", "checkpoint")
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+def slurm_job_id(job_id: str | int, array_job_id: str | int | None = None,
+                 array_task_id: str | int | None = None) -> str:
+    """The job id whywait gives a Slurm job: ``slurm-<id>``, or ``slurm-<array id>_<task>`` for an array task.
+
+    The one format shared by ``whywait placement slurm`` (which publishes the job's placement) and
+    :class:`Reporter` (whose steps must name the same job, or the engine cannot join them).
+    """
+    if array_job_id not in (None, "") and array_task_id not in (None, ""):
+        return f"slurm-{array_job_id}_{array_task_id}"
+    return f"slurm-{job_id}"
+
+
+def job_id_from_env(env: Mapping[str, str] | None = None) -> str | None:
+    """The job id the placement hooks publish for the job this process runs in, from its environment.
+
+    ``$WHYWAIT_JOB`` when set (Kubernetes: the watcher's ``NAMESPACE/JOB``, set through the downward
+    API; any scheduler the hooks do not cover), else Slurm's ``SLURM_JOB_ID`` (and array ids) as
+    ``slurm-<id>``; None when neither is there.
+    """
+    env = os.environ if env is None else env
+    explicit = (env.get(JOB_ENV) or "").strip()
+    if explicit:
+        return explicit
+    jid = (env.get("SLURM_JOB_ID") or "").strip()
+    if jid:
+        return slurm_job_id(jid, (env.get("SLURM_ARRAY_JOB_ID") or "").strip(),
+                            (env.get("SLURM_ARRAY_TASK_ID") or "").strip())
+    return None
+
+
+def rank_from_env(env: Mapping[str, str] | None = None) -> int | None:
+    """This process's global rank: ``RANK`` (torchrun, Kubeflow, accelerate), else Slurm's ``SLURM_PROCID``."""
+    env = os.environ if env is None else env
+    for key in ("RANK", "SLURM_PROCID"):
+        v = (env.get(key) or "").strip()
+        if v.isdigit():
+            return int(v)
+    return None
 
 
 def socket_path(path: str | None = None) -> str:
@@ -103,12 +144,30 @@ class _Step:
 class Reporter:
     """Reports one rank's step and checkpoint timings to the node agent.
 
-    ``job`` and ``rank`` identify the rank; ``node`` is optional and informative
-    only (the node agent always reports its own node).  ``sock`` overrides the socket path.  Counters:
-    :attr:`sent` and :attr:`dropped` (events the agent could not be given).
+    ``job`` and ``rank`` identify the rank.  ``job`` must be the id the job's placement carries, or the
+    engine has steps it cannot join to any placement (and says so in its log); left out, it is the
+    scheduler's (:func:`job_id_from_env`: ``slurm-$SLURM_JOB_ID`` as ``whywait placement slurm``
+    publishes it, or ``$WHYWAIT_JOB``).  ``rank`` left out is ``$RANK`` or ``$SLURM_PROCID``.
+    ``node`` is optional and informative only (the node agent always reports its own node).  ``sock``
+    overrides the socket path.  Counters: :attr:`sent` and :attr:`dropped` (events the agent could not
+    be given).
+
+    Raises ValueError, when it is created and never later, if neither the arguments nor the environment
+    give the job or the rank.
     """
 
-    def __init__(self, job: str, rank: int, node: str | None = None, sock: str | None = None) -> None:
+    def __init__(self, job: str | None = None, rank: int | None = None, node: str | None = None,
+                 sock: str | None = None) -> None:
+        if job is None:
+            job = job_id_from_env()
+            if job is None:
+                raise ValueError(f"Reporter: no job id: pass job=..., or set {JOB_ENV} (under Slurm, "
+                                 "SLURM_JOB_ID gives it); it must be the id the job's placement carries")
+        if rank is None:
+            rank = rank_from_env()
+            if rank is None:
+                raise ValueError("Reporter: no rank: pass rank=..., or run it where RANK (torchrun) or "
+                                 "SLURM_PROCID (srun) is set")
         self.job = str(job)
         self.rank = int(rank)
         self.node = node

@@ -18,6 +18,7 @@ import json
 import re
 from typing import Any, Mapping
 
+from whywait.agents.training import slurm_job_id
 from whywait.engine.placement.model import JobFacts, PlacementError
 from whywait.topology.loaders import expand_hostlist
 
@@ -103,8 +104,7 @@ def _facts_from_scontrol(text: str, job_id: str | None, env: Mapping[str, str], 
     jid = str(job.get("job_id"))
     # An array task is known to users (and squeue) as ARRAYID_TASK.
     array_id, task = _number(job.get("array_job_id")), _number(job.get("array_task_id"))
-    if array_id and task is not None:
-        jid = f"{array_id}_{task}"
+    job_name = slurm_job_id(jid, array_id or None, task)
     nodes = _job_nodes(job)
     if not nodes:
         nodes = expand_hostlist(env.get("SLURM_JOB_NODELIST", ""))
@@ -118,7 +118,7 @@ def _facts_from_scontrol(text: str, job_id: str | None, env: Mapping[str, str], 
         else:
             gpus = _gpus_from_tres(job)
         per_node.append((node, gpus))
-    return JobFacts(f"slurm-{jid}", "slurm", tuple(per_node),
+    return JobFacts(job_name, "slurm", tuple(per_node),
                     user=job.get("user_name") or env.get("SLURM_JOB_USER"),
                     account=job.get("account") or env.get("SLURM_JOB_ACCOUNT"), finished=finished)
 
@@ -135,10 +135,8 @@ def facts_from_env(env: Mapping[str, str], finished: bool) -> JobFacts:
     if not jid:
         raise PlacementError("SLURM_JOB_ID is not set: run this as Slurm's PrologSlurmctld/EpilogSlurmctld, "
                              "or give --job-id")
-    array_id, task = env.get("SLURM_ARRAY_JOB_ID"), env.get("SLURM_ARRAY_TASK_ID")
-    if array_id and task:
-        jid = f"{array_id}_{task}"
+    job_name = slurm_job_id(jid, env.get("SLURM_ARRAY_JOB_ID"), env.get("SLURM_ARRAY_TASK_ID"))
     gpus = tuple(int(g) for g in env.get("SLURM_JOB_GPUS", "").split(",") if g.strip().isdigit())
     nodes = tuple((n, gpus) for n in expand_hostlist(env.get("SLURM_JOB_NODELIST", "")))
-    return JobFacts(f"slurm-{jid}", "slurm", nodes, env.get("SLURM_JOB_USER"), env.get("SLURM_JOB_ACCOUNT"),
+    return JobFacts(job_name, "slurm", nodes, env.get("SLURM_JOB_USER"), env.get("SLURM_JOB_ACCOUNT"),
                     finished=finished)

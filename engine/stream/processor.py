@@ -14,6 +14,7 @@ import base64
 import hashlib
 import json
 import logging
+import math
 import re
 import time
 from collections import Counter
@@ -42,6 +43,8 @@ def _unix_user(user: str | None) -> tuple[str, int | None] | None:
 
 # Distinct unknown node names logged (once each) by one processor: a producer can invent names without end.
 _LOGGED_UNKNOWN_MAX = 1000
+# Event seconds a job's steps may come before a placement names it, before the engine says so (a hook run late).
+UNPLACED_GRACE_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -123,6 +126,9 @@ class Processor:
         self.routed_to: dict[tuple[str, int], int] = {}  # router: (topic, partition) -> last offset routed
         self.routed_time: dict[tuple[str, int], float] = {}  # router: (topic, partition) -> newest event time forwarded
         self.unknown_nodes: set[str] = set()  # node names whose telemetry was dead-lettered, logged once each
+        # job -> event time of its first steps while no placement named it (bounded); and those logged
+        self.unplaced: dict[str, float] = {}
+        self.unplaced_logged: set[str] = set()
 
     def process(self, records: Iterable[Record]) -> Output:
         """Decode and evaluate one batch; return diagnoses and dead letters, in order.
@@ -189,6 +195,8 @@ class Processor:
             if why is not None:
                 self._dead(out, rec, why, "sender")
                 return
+            if msg["kind"] == "steps":
+                self._note_unplaced(msg)
         try:
             diags = self.evaluator.ingest(msg)
         except TopologyError as exc:  # e.g. a placement on a node the topology does not hold
@@ -343,6 +351,36 @@ class Processor:
                         "its timings")
         return None
 
+    def _note_unplaced(self, msg: Mapping[str, Any]) -> None:
+        """Say once (in the log, and ``steps_unplaced_jobs``) when a job's steps have come for
+        :data:`UNPLACED_GRACE_S` of event time and no placement names the job.
+
+        No rule judges a job without a placement, so its steps are kept for nothing; the usual cause is
+        a training script whose ``Reporter(job=...)`` is not the id its scheduler hook publishes
+        (``slurm-777``).  The grace lets a placement that comes after the first steps (a hook run late,
+        an engine reading a backlog) arrive first.
+        """
+        job = str(msg["job"])
+        topo = self.evaluator.topology
+        if job in self.unplaced_logged or getattr(topo, "has_job", lambda _j: True)(job):
+            return
+        t = float(msg["time"])
+        first = self.unplaced.get(job)
+        if first is None:
+            if len(self.unplaced) < _LOGGED_UNKNOWN_MAX:
+                self.unplaced[job] = t
+            return
+        if t - first < UNPLACED_GRACE_S:
+            return
+        self.unplaced_logged.add(job)
+        self.counts["steps_unplaced_jobs"] += 1
+        placed = [j.job for j in topo.jobs()] if hasattr(topo, "jobs") else []
+        shown = ", ".join(placed[:5]) + (f" and {len(placed) - 5} more" if len(placed) > 5 else "")
+        log.warning("steps of job %s (from %s) have come for %.0f s, but no placement names that job, so no rule "
+                    "judges it: the training's Reporter must name the job as its placement does (placed now: %s; "
+                    "under Slurm, Reporter() takes slurm-$SLURM_JOB_ID, as `whywait placement slurm` publishes it)",
+                    job[:80], str(msg["node"])[:80], t - first, shown or "none")
+
     def _unknown_node(self, out: Output, rec: Record, topology: Any, node: Any) -> None:
         """Dead-letter telemetry from a node the topology does not hold, saying which names it holds instead.
 
@@ -365,3 +403,26 @@ class Processor:
     def stats(self) -> dict[str, Any]:
         """Counters for the log and the engine's health line."""
         return dict(self.counts)
+
+    def summary(self, before: Mapping[str, int] | None = None) -> str:
+        """The engine's periodic log line, for an operator: what was evaluated, up to which event time,
+        how many jobs and open incidents, and what was dead-lettered (by reason).
+
+        ``before`` is the counters of the previous line (``stats()``), to say what changed since.
+        Called by the engine's checkpoint timer; the raw counters go to the debug log.
+        """
+        c = self.counts
+        done = f"{c['messages']:,} message(s) evaluated"
+        if before is not None:
+            done += f" (+{c['messages'] - int(before.get('messages', 0)):,})"
+        t = getattr(self.evaluator, "next_tick", None)
+        at = (time.strftime("%H:%M:%S UTC", time.gmtime(t)) if isinstance(t, (int, float)) and math.isfinite(t)
+              and 0 <= t < 1e11 else "not started")
+        topo = self.evaluator.topology
+        jobs = len(topo.jobs()) if hasattr(topo, "jobs") else 0
+        parts = [done, f"event time {at}", f"{jobs:,} job(s) placed", f"{len(self.firing):,} incident(s) firing"]
+        dead = {k.split(".", 1)[1]: v for k, v in c.items() if k.startswith("dead_letters.") and v}
+        if dead:
+            parts.append(f"{c['dead_letters']:,} dead-lettered (" +
+                         ", ".join(f"{k} {v:,}" for k, v in sorted(dead.items(), key=lambda kv: -kv[1])) + ")")
+        return "; ".join(parts)

@@ -164,3 +164,28 @@ def test_adapters_say_what_is_missing() -> None:
             assert lib in str(exc)
         else:  # pragma: no cover - the library is installed here
             assert hasattr(cb, "clock")
+
+
+def test_the_reporter_names_the_job_as_the_scheduler_hook_publishes_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    from whywait.agents.training import job_id_from_env, rank_from_env
+    from whywait.engine.placement.slurm import facts_from_env
+
+    slurm = {"SLURM_JOB_ID": "777", "SLURM_PROCID": "5", "SLURM_JOB_NODELIST": "node-01"}
+    assert job_id_from_env(slurm) == facts_from_env(slurm, False).job == "slurm-777"
+    array = {**slurm, "SLURM_ARRAY_JOB_ID": "700", "SLURM_ARRAY_TASK_ID": "0"}
+    assert job_id_from_env(array) == facts_from_env(array, False).job == "slurm-700_0"
+    assert job_id_from_env({**slurm, "WHYWAIT_JOB": "ml/llama-run7"}) == "ml/llama-run7"  # said outright wins
+    assert job_id_from_env({}) is None
+    assert rank_from_env(slurm) == 5 and rank_from_env({**slurm, "RANK": "12"}) == 12 and rank_from_env({}) is None
+    for k in ("WHYWAIT_JOB", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "RANK"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("SLURM_JOB_ID", "778")
+    monkeypatch.setenv("SLURM_PROCID", "3")
+    rep = Reporter(sock="/nonexistent/agent.sock")
+    assert (rep.job, rep.rank) == ("slurm-778", 3)
+    monkeypatch.delenv("SLURM_JOB_ID")
+    with pytest.raises(ValueError, match="no job id: pass job=..., or set WHYWAIT_JOB"):
+        Reporter(rank=0)
+    monkeypatch.delenv("SLURM_PROCID")
+    with pytest.raises(ValueError, match="no rank"):
+        Reporter("j")
