@@ -14,6 +14,7 @@ import functools
 import logging
 import os
 import shutil
+import tempfile
 from typing import Any, Iterator
 
 import pytest
@@ -24,6 +25,16 @@ from hypothesis import HealthCheck, settings
 # neighbour makes one example slow now and then.  Speed is measured by the benchmarks instead.
 settings.register_profile("whywait", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("whywait")
+
+# The engine keeps faust's tables per consumer group, and the notifier its outbox, under $XDG_STATE_HOME
+# (~/.local/state).  The tests' hundreds of throwaway groups had piled up there, and a test could read an
+# outbox an earlier run left: each session gets a state folder of its own, removed at its end.
+_STATE_HOME = tempfile.mkdtemp(prefix="whywait-test-state-")
+os.environ["XDG_STATE_HOME"] = _STATE_HOME
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    shutil.rmtree(_STATE_HOME, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -94,7 +94,9 @@ def launch_engine(bootstrap: str, topology: Path, group: str, not_before: float,
            "WHYWAIT_NOTIFY_OUTBOX": str(work / f"outbox-{group}-{index}")}  # one outbox per notifier
     for k in ("SLACK_BOT_TOKEN", "WHYWAIT_METRICS_ADDR", "WHYWAIT_SITE_RULES"):
         env.pop(k, None)
-    cmd = [sys.executable, "-m", "whywait", "engine", "--topology", str(topology), "--group", group,
+    # JSON log lines: the periodic summary carries the engine's counters as a field (read by the tests).
+    cmd = [sys.executable, "-m", "whywait", "--log-format", "json", "engine", "--topology", str(topology),
+           "--group", group,
            "--not-before", str(not_before), "--no-restore", "--max-clock-skew", "off",
            "--instance-id", f"{group}-w{index}", *(a for r in rules for a in ("--rules", str(r)))]
     with log.open("wb") as fh:

@@ -424,6 +424,7 @@ def build_app(cfg: EngineConfig, processor: Processor, notifier: Notifier,
     state_topic = app.topic(TOPIC_ENGINE_STATE, key_serializer="raw", value_serializer="raw")
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="notify")
     seen_at_checkpoint = [-1]
+    last_stats: list[dict[str, Any] | None] = [None]  # the counters of the last summary line
 
     async def checkpoint() -> None:
         """Write the evaluator's compact state (incidents, frozen baselines) if anything moved."""
@@ -433,7 +434,11 @@ def build_app(cfg: EngineConfig, processor: Processor, notifier: Notifier,
         seen_at_checkpoint[0] = n
         snap = json.dumps(processor.evaluator.snapshot(), default=str).encode()
         await state_topic.send(key=cfg.group_id.encode(), value=snap)
-        log.info("engine: %s", processor.stats())
+        # One line an operator can read; the raw counters ride along as a field of the JSON log
+        # (`--log-format json`), for scripts, and are on /metrics.
+        counters = processor.stats()
+        log.info("engine: %s", processor.summary(last_stats[0]), extra={"counters": counters})
+        last_stats[0] = counters
         ev = processor.evaluator
         if ev.skew or ev.late:  # per node, so a skewed or lagging agent is named in the log too
             ahead = sorted(((s.rejected, n) for n, s in ev.skew.items()), reverse=True)[:10]

@@ -88,9 +88,10 @@ class ScaleOut:
     async def _checkpoint(self) -> None:
         ev = self.processor.evaluator
         owns = self.owned.owns
-        log.info("engine: evaluated to %s, placements applied %d, jobs here %s; %s", ev.next_tick, self.table.applied,
-                 [j.job for j in self.owned.jobs()][:20],
-                 self.processor.stats())
+        here = [j.job for j in self.owned.jobs()]
+        log.info("engine: %s; placements applied %d; jobs on this worker: %s", self.processor.summary(),
+                 self.table.applied, ", ".join(here[:10]) + (f" and {len(here) - 10} more" if len(here) > 10 else "")
+                 if here else "none", extra={"counters": self.processor.stats()})  # for scripts: the JSON log
         snap = ev.snapshot()
         jobs = {j.job for j in self.owned.jobs()}
         jobs |= {j for j in self.written if owns(j)}

@@ -128,12 +128,12 @@ def test_no_diagnosis_is_lost(failover: dict[str, Any]) -> None:
 
 
 def last_counts(log: str) -> dict[str, int]:
-    """The newest counters a worker logged (its checkpoint line ends with them)."""
-    import ast
+    """The newest counters a worker logged (a field of its JSON log's periodic summary line)."""
+    import json
 
-    lines = [ln for ln in log.splitlines() if "jobs here" in ln and ln.rstrip().endswith("}")]
+    lines = [ln for ln in log.splitlines() if ln.startswith("{") and '"counters"' in ln]
     assert lines, log[-2000:]
-    return dict(ast.literal_eval(lines[-1][lines[-1].index("; {") + 2:]))
+    return dict(json.loads(lines[-1])["counters"])
 
 
 def test_broker_restart_loses_no_event(tmp_path: Path) -> None:
@@ -159,7 +159,7 @@ def test_broker_restart_loses_no_event(tmp_path: Path) -> None:
     log = tmp_path / "worker.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLACK", "WHYWAIT_"))}
     env.update({"WHYWAIT_KAFKA_BOOTSTRAP": bootstrap, "PYTHONUNBUFFERED": "1", "WHYWAIT_RECEIVERS": "console",
-                "WHYWAIT_NOTIFY_OUTBOX": str(tmp_path / "outbox")})
+                "WHYWAIT_NOTIFY_OUTBOX": str(tmp_path / "outbox"), "WHYWAIT_LOG_FORMAT": "json"})
     worker = subprocess.Popen(whywait("engine", "--topology", str(topo), "--group", "restart", "--partitions", "4",
                                       "--instance-id", "none", "--not-before", str(start), "--no-restore",
                                       "--max-clock-skew", "off"),

@@ -20,7 +20,6 @@ import asyncio
 import json
 import os
 import random
-import re
 import subprocess
 import sys
 import time
@@ -88,8 +87,14 @@ async def end_offset(bootstrap: str, topic: str) -> int:
 
 
 def stats(log: str) -> dict[str, int]:
-    lines = re.findall(r"engine: (\{'records'.*\})", log)
-    return json.loads(lines[-1].replace("'", '"')) if lines else {}
+    """The counters of the engine's last summary line (a field of its JSON log)."""
+    for line in reversed(log.splitlines()):
+        if line.startswith("{") and '"counters"' in line:
+            try:
+                return dict(json.loads(line)["counters"])
+            except ValueError:
+                continue  # a line cut while the engine writes it
+    return {}
 
 
 def peak_rss_kb(pid: int) -> int:
@@ -108,11 +113,12 @@ def run_engine(bootstrap: str, tmp: Path, name: str, topo_file: Path, start: flo
     log = tmp / f"{name}.log"
     diag_from = asyncio.run(end_offset(bootstrap, TOPIC_DIAGNOSES))
     dlq_from = asyncio.run(end_offset(bootstrap, TOPIC_DEADLETTER))
-    eng = subprocess.Popen([sys.executable, "-m", "whywait", "engine", "--topology", str(topo_file),
-                            "--group", f"fuzz-{name}-{start:.0f}", "--latest", "--no-restore"],
+    eng = subprocess.Popen([sys.executable, "-m", "whywait", "--log-format", "json", "engine",
+                            "--topology", str(topo_file), "--group", f"fuzz-{name}-{start:.0f}", "--latest",
+                            "--no-restore"],
                            stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=REPO, env=env)
     try:
-        assert wait_for(lambda: "engine: consuming" in log.read_text(), 90), log.read_text()
+        assert wait_for(lambda: '"engine: consuming' in log.read_text(), 90), log.read_text()
         asyncio.run(produce(bootstrap, items))
         assert wait_for(lambda: stats(log.read_text()).get("records", 0) >= n_sent, 90), \
             (stats(log.read_text()), log.read_text()[-2000:])

@@ -73,3 +73,42 @@ def test_clock_skew_is_announced_only_for_topology_nodes() -> None:
     out = p.process(far)
     assert [json.loads(v)["category"] for _, v in out.dead_letters] == ["too_far_ahead", "unknown_node"]
     assert [(d.rule_id, d.culprit) for d in out.diagnoses] == [("whywait.agent-clock-skew", "node-01")]
+
+
+def test_steps_of_a_job_no_placement_names_are_said_once_after_the_grace(caplog: Any) -> None:
+    # A training script whose Reporter(job=...) is not the id its scheduler hook publishes: the engine
+    # keeps its steps for nothing; its log is where the operator looks.
+    import logging
+
+    p = proc()
+    reasons(p, Record(TOPIC_PLACEMENT, placement("alice")))
+
+    def run(t: float) -> bytes:
+        return encode(envelope("steps", "node-01", t, job="llama-run7",
+                               steps=[{"rank": 0, "step": int(t - T), "duration_s": 1.0}]))
+
+    with caplog.at_level(logging.WARNING, logger="whywait.engine.stream.processor"):
+        for dt in (1, 30, 60):
+            reasons(p, Record(TOPIC_STEPS, run(T + dt)))
+        assert not [r for r in caplog.records if "no placement names" in r.getMessage()]
+        for dt in (62, 63, 200):
+            reasons(p, Record(TOPIC_STEPS, run(T + dt)))
+    [line] = [r.getMessage() for r in caplog.records if "no placement names" in r.getMessage()]
+    assert line.startswith("steps of job llama-run7 (from node-01) have come for 61 s, but no placement names that "
+                           "job, so no rule judges it") and "placed now: j;" in line and "slurm-$SLURM_JOB_ID" in line
+    assert p.counts["steps_unplaced_jobs"] == 1
+    # a placed job's steps are never said
+    reasons(p, Record(TOPIC_STEPS, steps("node-01", 0)), Record(TOPIC_STEPS, steps("node-01", 0)))
+    assert p.counts["steps_unplaced_jobs"] == 1
+
+
+def test_the_periodic_log_line_reads_as_a_sentence() -> None:
+    p = proc()
+    assert p.summary() == ("0 message(s) evaluated; event time not started; 0 job(s) placed; 0 incident(s) firing")
+    reasons(p, Record(TOPIC_PLACEMENT, placement("alice")), Record(TOPIC_STEPS, steps("node-01", 0)),
+            Record(TOPIC_STEPS, b"{not json"))
+    before = p.stats()
+    reasons(p, Record(TOPIC_STEPS, steps("node-01", 0)))
+    line = p.summary(before)
+    assert line.startswith("3 message(s) evaluated (+1); event time ") and "; 1 job(s) placed; 0 incident(s) firing; " \
+        "1 dead-lettered (contract 1)" in line, line
