@@ -147,6 +147,8 @@ _IPV4 = re.compile(r"\d{1,3}(?:\.\d{1,3}){3}")
 # Distinct unknown names whose match (and suggestions) one topology remembers: telemetry names a few
 # dozen hosts, but a producer can invent names without end, and the memo must not grow with them.
 _NODE_MEMO_MAX = 4096
+# Jobs whose newest placement time is kept after they finished (a late, older placement is then ignored).
+_PLACED_AT_MAX = 20_000
 # Distinct unknown names a topology looks for similar host names for (difflib: up to milliseconds each).
 _SIMILAR_MAX = 256
 
@@ -399,6 +401,9 @@ class Topology:
         self._racks: list[str] = []
         self._pools: dict[str, str] = {}  # id -> type
         self._jobs: dict[str, JobInfo] = {}
+        # job -> event time of the newest placement applied (finished ones too, the newest _PLACED_AT_MAX):
+        # an older one arriving later (a hook's spool sent after the job's epilog) must not place it again.
+        self._placed_at: dict[str, float] = {}
         self._cache: dict[Any, Any] = {}
         # What the import could not match to anything (an agent's NIC the fabric does not show...),
         # kept in the cluster file so that `check`, `show` and the engine's start list it.
@@ -619,8 +624,22 @@ class Topology:
     def apply_placement(self, msg: Mapping[str, Any]) -> JobInfo | None:
         """Apply one decoded ``placement`` message (see ``whywait.agents.events``): place or remove its job.
 
-        Returns the placed job, or None when the message finished one.
+        Returns the placed job, or None when the message finished one.  A placement older (by its event
+        time) than one already applied for the job changes nothing: a spooled ``running`` sent after the
+        job's ``finished`` would otherwise place a finished job again, for ever.
         """
+        job, t = str(msg["job"]), msg.get("time")
+        if isinstance(t, (int, float)) and not isinstance(t, bool):
+            last = self._placed_at.get(job)
+            if last is not None and t < last:
+                return self._jobs.get(job)
+            self._placed_at.pop(job, None)  # re-inserted last: the entries are oldest first
+            self._placed_at[job] = float(t)
+            if len(self._placed_at) > _PLACED_AT_MAX * 5 // 4:
+                # Forget the oldest finished jobs (amortised); a running job's time is kept whatever its age.
+                finished = [j for j in self._placed_at if j not in self._jobs]
+                for j in finished[: len(self._placed_at) - _PLACED_AT_MAX]:
+                    del self._placed_at[j]
         if msg.get("state") == "finished":
             self.remove_job(str(msg["job"]))
             return None

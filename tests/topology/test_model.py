@@ -82,6 +82,18 @@ def test_apply_placement_message(topo):
     assert not topo.has_job("j2")
 
 
+def test_a_placement_older_than_the_one_applied_changes_nothing(topo):
+    # A Slurm prolog spooled while Kafka was down, sent after the job's epilog: the job stays finished.
+    running = {"kind": "placement", "time": 100.0, "job": "j1", "project": "p", "team": "t", "state": "running",
+               "ranks": [{"rank": 0, "node": "node-01", "gpu": 0}]}
+    finished = {**running, "time": 200.0, "state": "finished", "ranks": []}
+    assert topo.apply_placement(finished) is None
+    assert topo.apply_placement(running) is None and not topo.has_job("j1")
+    assert topo.apply_placement({**running, "time": 300.0}) is not None  # a newer run of the same id places it
+    moved = {**running, "time": 250.0, "ranks": [{"rank": 0, "node": "node-02", "gpu": 0}]}
+    assert topo.apply_placement(moved).ranks[0] == ("node-01", 0)  # older than what is applied: ignored
+
+
 def test_unknown_entities_are_named(topo):
     with pytest.raises(UnknownEntityError, match=r"unknown node 'node-99' \(known: node-01 … node-16, 16 in all\)"):
         topo.gpus_of("node-99")
