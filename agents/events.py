@@ -516,6 +516,8 @@ TOPICS: tuple[Topic, ...] = (
         F("account", "string", "", "Scheduler account or Kubernetes namespace (v2).", required=False),
         F("source", "string", "", "Who published this placement: `slurm`, `k8s`, `file`, `simulator` (v2).",
           required=False),
+        F("name", "string", "", "The job's name as its users know it, when the id is not (Slurm's `--job-name` "
+          "for `slurm-777`); alerts show it beside the id (v2).", required=False),
     ), check=_check_placed_ranks), "Which job runs where and who owns it. Compacted: the latest message per job wins. "
         "`node` in the envelope is the producer (the scheduler hook or simulator).",
         compacted=True, lists={"ranks": PLACED_RANK}),

@@ -371,6 +371,8 @@ class JobInfo:
     # rank -> its parallel coordinates (``dp``, ``pp``, ``tp``, ``cp``, ``ep``) where the placement
     # gives them, and its ``gpu_share`` when it has only part of a GPU.  Empty for v1 placements.
     coords: Mapping[int, Mapping[str, float]] = field(default_factory=dict, hash=False, compare=False)
+    # The name its users know it by, when the id is not that (Slurm's --job-name for slurm-777); None if none.
+    name: str | None = field(default=None, hash=False, compare=False)
 
     @property
     def world_size(self) -> int:
@@ -581,7 +583,7 @@ class Topology:
 
     def place_job(self, job: str, project: str, team: str, channel: str | None,
                   ranks: Mapping[int, tuple[str, int]],
-                  coords: Mapping[int, Mapping[str, float]] | None = None) -> JobInfo:
+                  coords: Mapping[int, Mapping[str, float]] | None = None, name: str | None = None) -> JobInfo:
         """Place (or re-place) ``job``: ``ranks`` maps rank → ``(node, gpu)``.
 
         Called by the engine for each ``running`` placement message; replaces any
@@ -609,7 +611,7 @@ class Topology:
                 order.append(clean[rank][0])
         info = JobInfo(job, project, team, channel, MappingProxyType(clean), tuple(order),
                        MappingProxyType({int(r): MappingProxyType(dict(c)) for r, c in (coords or {}).items()
-                                         if c}))
+                                         if c}), name or None)
         self._jobs[job] = info
         self._bump()
         return info
@@ -646,8 +648,10 @@ class Topology:
         ranks = {int(r["rank"]): (str(r["node"]), int(r["gpu"])) for r in msg["ranks"]}
         coords = {int(r["rank"]): {k: r[k] for k in PARALLEL_COORDS if r.get(k) is not None}
                   for r in msg["ranks"]}
+        name = msg.get("name")
         return self.place_job(str(msg["job"]), str(msg["project"]), str(msg["team"]),
-                              msg.get("slack_channel"), ranks, coords)
+                              msg.get("slack_channel"), ranks, coords,
+                              name if isinstance(name, str) and name != msg["job"] else None)
 
     # ------------------------------------------------------------------ lookups
 

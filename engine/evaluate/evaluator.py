@@ -892,7 +892,8 @@ class Evaluator:
             ev_by_metric.setdefault(e.metric, e)
         tctx = {
             "job": job.job, "project": job.project, "team": job.team, "channel": job.channel,
-            "culprit": culprit, "node": nodes[0] if nodes else None, "nodes": nodes,
+            "job_name": getattr(job, "name", None), "culprit": culprit,
+            "node": nodes[0] if nodes else None, "nodes": nodes,
             "rank": ranks[0] if ranks else None, "ranks": list(ranks), "n_ranks": len(job.ranks),
             # the culprit GPU when the incident is grouped by GPU (``group_by: [gpu]``); a topology predicate's
             # own ``gpu`` (in the facts below) wins.  It was only ``labels.gpu``, and ``{{ gpu }}``, which
@@ -921,7 +922,9 @@ class Evaluator:
             rule_id=rule.id, fingerprint=inc.fingerprint, status="firing", severity=rule.severity,  # type: ignore[arg-type]
             title=_render(rule.title, tctx), cause=_render(rule.cause, tctx), job=job.job, owner=owner,
             starts_at=inc.pending_since, detected_at=now,
-            labels={**{k: (_render(v, tctx) if "{" in v else v) for k, v in rule.labels.items()}, **inc.labels},
+            labels={**{k: (_render(v, tctx) if "{" in v else v) for k, v in rule.labels.items()}, **inc.labels,
+                    # the name its users know the job by (Slurm's --job-name), shown beside the id
+                    **({"job_name": str(tctx["job_name"])} if tctx["job_name"] else {})},
             evidence=tuple(evidence), topology_path=path, clean_checks=tuple(clean),
             confidence=round(max(0.05, min(1.0, confidence)), 2), next_step=_render(rule.next_step, tctx),
             culprit=culprit, ranks=ranks, runbook_url=rule.runbook_url, cost=cost,

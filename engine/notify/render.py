@@ -108,7 +108,8 @@ def _headline(d: Diagnosis, ctx: MessageContext) -> str:
 def _facts(d: Diagnosis, ctx: MessageContext) -> list[str]:
     facts = []
     if d.job:
-        facts.append(f"job {_code(d.job)}")
+        name = d.labels.get("job_name")
+        facts.append(f"job {_code(d.job)}" + (f" ({escape_mrkdwn(name)})" if name else ""))
     if d.ranks:
         facts.append(f"rank{'s' if len(d.ranks) > 1 else ''} {fmt_ranks(d.ranks)}")
     if d.culprit:

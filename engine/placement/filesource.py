@@ -3,6 +3,7 @@
 Each job is either a complete ``placement`` message (``kind: placement``) or the short form::
 
     job: train-7b
+    name: llama-7b pretraining   # optional: the name its users know it by, shown beside the id
     user: alice                  # optional
     account: llm                 # optional: a Slurm account, a namespace; decides the owner
     project: llm                 # optional: with team, overrides the ownership file
@@ -32,7 +33,7 @@ from whywait.topology.model import MAX_GPUS_PER_NODE
 from whywait import jsonl, yamlio
 from whywait.errors import YamlError
 
-_SHORT = {"job", "user", "account", "project", "team", "channel", "state", "nodes", "ranks"}
+_SHORT = {"job", "name", "user", "account", "project", "team", "channel", "state", "nodes", "ranks"}
 
 
 def _load(text: str, source: str) -> tuple[Any, dict[str, int]]:
@@ -113,7 +114,11 @@ def _one(item: Any, where: str, ownership: OwnershipFile, producer: str, now: fl
         owner = ownership.resolve(account=item.get("account"), user=item.get("user"))
         if item.get("channel"):
             owner = Owner(owner.project, owner.team, str(item["channel"]), owner.known)
-    facts = JobFacts(job, "file", tuple(nodes), item.get("user"), item.get("account"), finished=state == "finished")
+    job_name = item.get("name")
+    if job_name is not None and not isinstance(job_name, str):
+        raise PlacementError(f"{where}: job {job!r}: 'name' must be text (got {job_name!r})")
+    facts = JobFacts(job, "file", tuple(nodes), item.get("user"), item.get("account"), finished=state == "finished",
+                     name=job_name)
     try:
         return placement_message(facts, owner, now, producer, extra_ranks=ranks if isinstance(ranks, list) else [])
     except PlacementError as exc:

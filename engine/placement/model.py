@@ -41,6 +41,7 @@ class JobFacts:
     labels: Mapping[str, str] = field(default_factory=dict)
     ranks: tuple[tuple[int, str, int], ...] = ()
     finished: bool = False
+    name: str | None = None  # the name its users know it by (Slurm's --job-name), when the id is not that
 
     def rank_list(self) -> list[dict[str, Any]]:
         """The ranks as the contract's ``PlacedRank`` records."""
@@ -72,6 +73,8 @@ def placement_message(facts: JobFacts, owner: Owner, now: float, producer: str,
         body["user"] = facts.user
     if facts.account:
         body["account"] = facts.account
+    if facts.name and facts.name != facts.job:
+        body["name"] = facts.name[:200]
     msg = envelope("placement", producer, now, **body)
     try:
         return validate(msg)

@@ -120,7 +120,8 @@ def _facts_from_scontrol(text: str, job_id: str | None, env: Mapping[str, str], 
         per_node.append((node, gpus))
     return JobFacts(job_name, "slurm", tuple(per_node),
                     user=job.get("user_name") or env.get("SLURM_JOB_USER"),
-                    account=job.get("account") or env.get("SLURM_JOB_ACCOUNT"), finished=finished)
+                    account=job.get("account") or env.get("SLURM_JOB_ACCOUNT"), finished=finished,
+                    name=_name(job.get("name")) or _name(env.get("SLURM_JOB_NAME")))
 
 
 def _gpus_from_tres(job: Mapping[str, Any]) -> tuple[int, ...]:
@@ -139,4 +140,13 @@ def facts_from_env(env: Mapping[str, str], finished: bool) -> JobFacts:
     gpus = tuple(int(g) for g in env.get("SLURM_JOB_GPUS", "").split(",") if g.strip().isdigit())
     nodes = tuple((n, gpus) for n in expand_hostlist(env.get("SLURM_JOB_NODELIST", "")))
     return JobFacts(job_name, "slurm", nodes, env.get("SLURM_JOB_USER"), env.get("SLURM_JOB_ACCOUNT"),
-                    finished=finished)
+                    finished=finished, name=_name(env.get("SLURM_JOB_NAME")))
+
+
+def _name(v: Any) -> str | None:
+    """A job name fit to show: printable, at most 200 characters; None for none (Slurm's default ``bash``
+    of an interactive allocation is a name too, and shown)."""
+    if not isinstance(v, str):
+        return None
+    clean = "".join(ch for ch in v if ch.isprintable()).strip()[:200]
+    return clean or None

@@ -68,7 +68,8 @@ def _ranges(values: Any) -> str:
 # (engine.evaluate.evaluator and the topology predicates' facts).  `whywait rules check`
 # refuses a template naming anything else, so a typo is caught before it reaches a pager.
 TEMPLATE_VARS: dict[str, str] = {
-    "job": "the job id", "project": "its owning project", "team": "its owning team",
+    "job": "the job id", "job_name": "the job's name as its users know it (Slurm's --job-name), or None",
+    "project": "its owning project", "team": "its owning team",
     "channel": "the team's Slack channel", "culprit": "the culprit node(s), or None",
     "node": "the first culprit node", "nodes": "every culprit node", "rank": "the first culprit rank",
     "ranks": "every rank on the culprit nodes", "culprit_ranks": "the culprit ranks themselves",

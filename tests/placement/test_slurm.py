@@ -54,3 +54,31 @@ def test_a_job_without_gpus_is_not_placed() -> None:
     f = facts_from_env({"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "cpu[1-2]"}, finished=False)
     with pytest.raises(PlacementError, match="job slurm-7: no GPU is allocated to it"):
         placement_message(f, Owner("p", "t", None), 1.0, "slurmctld")
+
+
+def test_the_job_name_rides_with_the_placement_and_the_alert_shows_it() -> None:
+    # Users know their jobs by --job-name, not slurm-4242: the placement carries it, the alert shows both.
+    from pathlib import Path
+
+    from whywait.engine.evaluate.evaluator import Evaluator
+    from whywait.engine.notify.render import plain_text
+    from whywait.engine.rules.loader import load_rules
+    from whywait.simulate import Simulation, make_fault
+    from whywait.simulate.cluster import make_cluster, make_job
+
+    f = facts_from_scontrol((FIX / "scontrol-show-job-23.02.json").read_text(), "4242")
+    assert f.name == "pretrain-7b"
+    assert facts_from_env({"SLURM_JOB_ID": "9", "SLURM_JOB_NAME": "eval\x1b[31m-run"}, True).name == "eval[31m-run"
+    assert facts_from_env({"SLURM_JOB_ID": "9"}, True).name is None
+    assert placement_message(f, Owner("llm", "pretraining", None), 1.0, "ctl")["name"] == "pretrain-7b"
+    # Through the evaluator: a job placed with its name, whose node-03 agent stops.
+    topo = make_cluster(nodes=4)
+    sim = Simulation(topo, [make_job(topo, job="slurm-4242")], [make_fault("agent-down", "node-03", 60, 120)],
+                     start_time=1_700_000_000.0, duration_s=120, seed=1)
+    ev = Evaluator(load_rules([Path(__file__).resolve().parents[2] / "rules"]), topo)
+    diags = []
+    for _, m in sim.messages():
+        diags += ev.ingest({**m, "name": "pretrain-7b"} if m["kind"] == "placement" else m)
+    [d] = [d for d in diags if d.rule_id == "job.node-unseen" and d.status == "firing"]
+    assert d.labels["job_name"] == "pretrain-7b"
+    assert "Job: slurm-4242 (pretrain-7b)" in plain_text(d)
