@@ -550,7 +550,11 @@ def _first_line(exc: Exception) -> str:
 
 @dataclass(frozen=True)
 class Span:
-    """One incident: its first firing diagnosis, its last update, and when it began and ended."""
+    """One incident: its first firing diagnosis, its last update, and when it began and ended.
+
+    ``last`` is the last firing update; ``updates`` are every diagnosis of the incident in order, its closing
+    (resolved) one included, also for an incident still open when the data ended (its cost is the latest).
+    """
 
     first: Diagnosis
     last: Diagnosis
@@ -574,7 +578,10 @@ def incidents(diags: list[Diagnosis], end: float | None, open_at_end: frozenset[
         elif d.fingerprint in open_:
             ups = open_.pop(d.fingerprint)
             if d.fingerprint in open_at_end and end is not None:
-                spans.append(Span(ups[0], ups[-1], ups[0].starts_at, max(end, ups[0].detected_at), False, tuple(ups)))
+                # Open, but its closing diagnosis stays among the updates: it carries the cost accumulated to the
+                # end of the data (the first firing's is an early estimate), as --json and the digest see it.
+                spans.append(Span(ups[0], ups[-1], ups[0].starts_at, max(end, ups[0].detected_at), False,
+                                  (*ups, d)))
                 continue
             spans.append(Span(ups[0], ups[-1], ups[0].starts_at, d.ends_at or d.detected_at, True, (*ups, d)))
     for ups in open_.values():

@@ -59,7 +59,7 @@ class IncidentView:
     # and when: the cost is the last update's, so the evidence beside it must not be only the first's.
     evidence_last: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     last_at: float | None = None
-    last_status: str = ""  # "resolved" or "firing"
+    last_status: str = ""  # "resolved", "firing", or "data-end" (the closing figures of one still open)
 
 
 @dataclass
@@ -171,7 +171,9 @@ def _view(k: int, s: Span, sampler: Sampler, grid: Grid, topology: Any) -> Incid
         neighbours=_neighbours(d, sampler, topology),
         evidence_last={} if later is None else {(e.metric, e.entity): {"value": e.value, "baseline": e.baseline}
                                                  for e in later.evidence if e.metric != "check"},
-        last_at=None if later is None else later.detected_at, last_status="" if later is None else later.status)
+        last_at=None if later is None else later.detected_at,
+        # an incident open when the data ended keeps its closing diagnosis (its cost is the latest): not a resolution
+        last_status="" if later is None else later.status if s.resolved or later.status != "resolved" else "data-end")
 
 
 def _neighbours(d: Any, sampler: Sampler, topology: Any) -> list[str]:

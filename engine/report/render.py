@@ -89,8 +89,9 @@ def _incident_md(v: IncidentView) -> list[str]:
                        f"| {e['threshold']} |")
         return out + [""]
     # The cost above is the last update's: show the figures then beside those it fired on.
-    then = "at its resolution" if v.last_status == "resolved" else "at its last update"
-    out += ["", f"| evidence | entity | when it fired ({_hms(v.fired_at)}) | baseline | {then} ({_hms(v.last_at)}) "
+    then = {"resolved": f"at its resolution ({_hms(v.last_at)})", "data-end": f"when the data ended ({_hms(v.end)})"
+            }.get(v.last_status, f"at its last update ({_hms(v.last_at)})")
+    out += ["", f"| evidence | entity | when it fired ({_hms(v.fired_at)}) | baseline | {then} "
             "| baseline | threshold |", "|---|---|---|---|---|---|---|"]
     for e in v.evidence:
         end = v.evidence_last.get((e["metric"], e["entity"]), {})

@@ -592,3 +592,31 @@ def test_a_range_that_ends_while_the_fault_holds_leaves_the_incident_open_at_its
     assert not s.resolved and s.end == res.end and s.first.fingerprint in res.open_at_end
     assert [x.resolved for x in incidents(res.diagnoses, res.end) if x.first.fingerprint == s.first.fingerprint] == [
         True]  # without the set, as before
+
+
+def test_an_incident_open_at_the_end_carries_its_latest_cost_not_the_first_estimate(
+        one_fault: tuple[Topology, list], tmp_path: Path) -> None:
+    # The report and the console said "0.01 GPU-hours lost" (the first firing's estimate) for an incident still
+    # open when the data ended, while --json (and so the digest) held its closing diagnosis's 0.31: the closing
+    # diagnosis was dropped from the span.  The report must carry the latest figure the replay computed.
+    from whywait.engine.commands.replay_cmd import latest_cost
+    from whywait.engine.report import build_report
+
+    infra, msgs = one_fault
+    cut = [(tp, m) for tp, m in msgs if m["time"] < START + 170]
+    w = Window(START, START + 170)
+    res, _ = replay(merged(cut, w), load_rules([RULES]), infra)
+    spans = incidents(res.diagnoses, res.end, res.open_at_end)
+    [s] = [s for s in spans if s.first.rule_id == "network.straggler-retransmits"]
+    assert not s.resolved
+    closing = [d for d in res.diagnoses if d.fingerprint == s.first.fingerprint and d.status == "resolved"]
+    assert closing and closing[-1].cost and s.first.cost
+    want = closing[-1].cost["gpu_hours_lost"]
+    assert want > s.first.cost["gpu_hours_lost"]  # the first firing's is the early estimate
+    assert latest_cost(s) == pytest.approx(want)
+    rep = build_report(res, spans, merged(cut, w), w, Topology.from_dict(make_cluster(nodes=8).to_dict()))
+    [v] = [v for v in rep.data.incidents if v.rule_id == "network.straggler-retransmits"]
+    assert v.cost is not None and v.cost["gpu_hours_lost"] == pytest.approx(want) and not v.resolved
+    md = rep.write(tmp_path / "r")["md"].read_text()
+    assert f"**Cost:** {want:.2f} GPU-hours lost" in md
+    assert "at its resolution" not in md and "| when the data ended (" in md  # open: its figures at the data's end
