@@ -125,3 +125,57 @@ def test_an_oserror_without_a_file_is_still_reported_as_a_bug(monkeypatch: pytes
     monkeypatch.setattr(rules_cmd, "run", broken)
     assert main(["rules", "metrics"]) == 70
     assert "internal error: OSError" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [
+    ["replay", "--input", "missing.whywait", "--plot"],
+    ["digest", "--since", "7d", "--bootstrap", "127.0.0.1:1", "--plot"],
+], ids=["replay", "digest"])
+@pytest.mark.parametrize("name, says", [
+    ("out.txt", "'.txt' is not an image format matplotlib writes"),
+    ("out", "it has no suffix"),  # matplotlib wrote out.png, not the name given
+])
+def test_a_plot_matplotlib_cannot_write_is_refused_before_anything_is_read(
+        argv: list[str], name: str, says: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Before: `--plot out.txt` replayed the whole window, then ended in "internal error: ValueError: Format 'txt'
+    # is not supported (... a bug in whywait ...)", exit 70.
+    out = tmp_path / name
+    assert main([*argv, str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"whywait {argv[0]}: --plot {out}: {says}: name a .png"), err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("name", ["out.png", "out.SVG", "out.pdf"])
+def test_an_image_suffix_matplotlib_writes_passes(name: str, tmp_path: Path) -> None:
+    check_output(tmp_path / name, "--plot", image=True)
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["replay", "--input", "missing.whywait", "--json", "-"], "--json"),
+    (["digest", "--since", "7d", "--bootstrap", "127.0.0.1:1", "--json", "-"], "--json"),
+], ids=["replay", "digest"])
+def test_stdout_as_an_output_file_is_refused_not_written_as_a_file_named_dash(
+        argv: list[str], flag: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err == f"whywait {argv[0]}: {flag} -: writing to stdout is not supported (the command's summary goes " \
+                  "there): name a file\n"
+    assert not (tmp_path / "-").exists()
+
+
+def test_a_plot_inside_the_report_folder_that_report_will_create_passes(tmp_path: Path,
+                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    # Before: `--report r5 --plot r5/timeline.png` was refused: "its folder r5 does not exist".
+    from whywait.engine.commands.outputs import check_outputs
+
+    rep = tmp_path / "r5"
+    check_outputs([], [(rep, "--report")], [(rep / "timeline.png", "--plot")])
+    assert rep.is_dir()
+    # and the command goes past its outputs: the missing bundle is what stops it now
+    assert main(["replay", "--input", str(tmp_path / "missing.whywait"), "--report", str(tmp_path / "r6"),
+                 "--plot", str(tmp_path / "r6" / "t.png")]) == 2
+    err = capsys.readouterr().err
+    assert "--plot" not in err and "missing.whywait" in err, err

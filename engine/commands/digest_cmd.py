@@ -28,9 +28,11 @@ def register(p: argparse.ArgumentParser) -> None:
     p.add_argument("--until", help="end of the period (default: now; +1h: ahead of now)")
     p.add_argument("--project", action="append", default=[], help="only these projects (repeatable)")
     p.add_argument("--bootstrap", help="Kafka bootstrap (default: WHYWAIT_KAFKA_BOOTSTRAP or the local broker)")
-    p.add_argument("--json", type=Path, help="write the rows as JSON")
+    p.add_argument("--json", type=Path, metavar="FILE", help="write the rows as JSON to FILE (a file: '-' is "
+                                                              "refused, the table is printed on stdout)")
     p.add_argument("--blocks", type=Path, help="write the Slack Block Kit JSON")
-    p.add_argument("--plot", type=Path, help="write the PNG bar chart")
+    p.add_argument("--plot", type=Path, metavar="IMAGE", help="write the bar chart (its format by the suffix: .png, "
+                                                              ".svg, .pdf, ...)")
     p.add_argument("--post", action="store_true", help="post each team's digest to its channel (SLACK_BOT_TOKEN)")
 
 
@@ -111,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
     until = parse_time(args.until, now, "--until") if args.until else now
     if until <= since:
         raise ConfigError(f"--until ({_fmt(until)}) must be after --since ({_fmt(since)})")
-    check_outputs([(args.json, "--json"), (args.blocks, "--blocks"), (args.plot, "--plot")])
+    check_outputs([(args.json, "--json"), (args.blocks, "--blocks")], images=[(args.plot, "--plot")])
     digest = Digest(since, until, projects=frozenset(args.project))
     asyncio.run(read_period(resolve_bootstrap(flag=args.bootstrap), since, until, digest))
     digest.finish()

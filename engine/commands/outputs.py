@@ -22,24 +22,37 @@ from typing import Iterable
 
 from whywait.engine.errors import ConfigError
 
-__all__ = ["check_output", "check_outputs"]
+__all__ = ["check_output", "check_outputs", "image_formats"]
 
 
 def _why(err: OSError) -> str:
     return err.strerror or (errno.errorcode.get(err.errno, "") if err.errno else "") or type(err).__name__
 
 
-def check_output(path: Path | str | None, flag: str, *, folder: bool = False) -> None:
+def image_formats() -> list[str]:
+    """The file suffixes (without the dot, lower case) matplotlib can write a figure as."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    return sorted(FigureCanvasBase.get_supported_filetypes())
+
+
+def check_output(path: Path | str | None, flag: str, *, folder: bool = False, image: bool = False) -> None:
     """Refuse ``path`` (given as ``flag``) if the command could not write it; None (no output asked) passes.
 
     Called by a command before its work.  ``folder``: the command writes files into ``path`` (created
-    with its parents, as the command would).  Raises :class:`ConfigError` (exit 2) naming the flag,
+    with its parents, as the command would).  ``image``: matplotlib draws the file, in the format its
+    suffix names (``--plot out.txt`` used to end the whole run in an internal error; a name without a
+    suffix was written as ``out.png``, not the name given).  ``-`` is refused: these outputs are files,
+    and stdout carries the command's summary.  Raises :class:`ConfigError` (exit 2) naming the flag,
     the path and the reason; returns None when the path can be written.
     """
     if path is None:
         return
     p = Path(path)
     where = f"{flag} {p}"
+    if str(path) == "-":
+        raise ConfigError(f"{where}: writing to stdout is not supported (the command's summary goes there): "
+                          "name a file")
     if folder:
         if p.exists() and not p.is_dir():
             raise ConfigError(f"{where}: is a file, not a folder")
@@ -59,6 +72,12 @@ def check_output(path: Path | str | None, flag: str, *, folder: bool = False) ->
     if not parent.is_dir():
         what = "is not a folder" if parent.exists() else "does not exist"
         raise ConfigError(f"{where}: its folder {parent} {what}")
+    if image:
+        formats = image_formats()
+        suffix = p.suffix[1:].lower()
+        if suffix not in formats:
+            said = f"'.{suffix}' is not an image format matplotlib writes" if suffix else "it has no suffix"
+            raise ConfigError(f"{where}: {said}: name a .png, .svg or .pdf file (or {', '.join(formats)})")
     existed = p.exists()
     try:
         # "a" keeps an existing file as it is (the command overwrites it later); "x" makes a new one
@@ -76,9 +95,15 @@ def check_output(path: Path | str | None, flag: str, *, folder: bool = False) ->
 Output = tuple[Path | str | None, str]  # (path, the flag that gave it)
 
 
-def check_outputs(outputs: Iterable[Output], folders: Iterable[Output] = ()) -> None:
-    """:func:`check_output` for each ``(path, flag)`` of ``outputs`` (files) and of ``folders``."""
-    for path, flag in outputs:
-        check_output(path, flag)
+def check_outputs(outputs: Iterable[Output], folders: Iterable[Output] = (), images: Iterable[Output] = ()) -> None:
+    """:func:`check_output` for each ``(path, flag)`` of ``folders``, then of ``outputs`` (files) and ``images``.
+
+    The folders first: they are created as the command would create them, so ``--report DIR --plot
+    DIR/x.png`` is not refused because DIR does not exist yet.
+    """
     for path, flag in folders:
         check_output(path, flag, folder=True)
+    for path, flag in outputs:
+        check_output(path, flag)
+    for path, flag in images:
+        check_output(path, flag, image=True)

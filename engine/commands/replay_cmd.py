@@ -135,11 +135,13 @@ def register(p: argparse.ArgumentParser) -> None:
                      help="backtest: also run these rules over the same events and compare ('live': the "
                           "engine's rules, ./rules or the shipped ones, plus $WHYWAIT_SITE_RULES)")
     out = p.add_argument_group("output")
-    out.add_argument("--json", type=Path, help="write the diagnoses as JSON lines")
+    out.add_argument("--json", type=Path, metavar="FILE", help="write the diagnoses as JSON lines to FILE (a file: "
+                                                                "'-' is refused, the summary is printed on stdout)")
     out.add_argument("--stats-json", type=Path, help="write what the replay read and cost as JSON: messages, "
                                                      "CPU-seconds and wall seconds of the replay itself, skips")
     out.add_argument("--backtest-json", type=Path, help="write the backtest comparison as JSON")
-    out.add_argument("--plot", type=Path, help="write the main PNG timeline")
+    out.add_argument("--plot", type=Path, metavar="IMAGE", help="write the main timeline (its format by the suffix: "
+                                                                ".png, .svg, .pdf, ...)")
     out.add_argument("--report", type=Path, metavar="DIR", help="write the postmortem: report.html, report.md, PNGs")
     out.add_argument("--slack-thread", metavar="CHANNEL:TS",
                      help="post the summary and the main PNG into this Slack thread (e.g. C024BE91L:1764442800.0001)")
@@ -695,8 +697,8 @@ def run(args: argparse.Namespace) -> int:
     # A window with hours between its data (an imported table, then today's telemetry) skips the gap: the live
     # engine warns of that, a replay expects it.  The evaluator's errors (a rule that raised) still show.
     logging.getLogger("whywait.engine.evaluate.evaluator").setLevel(logging.ERROR)
-    check_outputs([(args.json, "--json"), (args.stats_json, "--stats-json"), (args.backtest_json, "--backtest-json"),
-                   (args.plot, "--plot")], [(args.report, "--report")])
+    check_outputs([(args.json, "--json"), (args.stats_json, "--stats-json"), (args.backtest_json, "--backtest-json")],
+                  [(args.report, "--report")], [(args.plot, "--plot")])
     with tempfile.TemporaryDirectory(prefix="whywait-replay-") as tmpd:
         plan = Plan(args, Path(tmpd))
         w = plan.window
