@@ -262,10 +262,18 @@ class Report:
 
     def write(self, folder: Path) -> dict[str, Any]:
         """Write ``report.html``, ``report.md`` and the timeline PNGs into ``folder``; return their paths."""
+        import re
+
         from whywait.engine.report.render import html, markdown
 
         folder.mkdir(parents=True, exist_ok=True)
         pngs = self.timeline_pngs(folder)
+        # A folder reused for a shorter report kept the pages of the longer one (timeline-3.png beside a report of
+        # one page): the page files this writer names and did not write now are stale, and removed.  Nothing else.
+        page = re.compile(r"timeline-[0-9]+\.png")
+        for old in folder.iterdir():
+            if page.fullmatch(old.name) and old not in pngs and old.is_file() and not old.is_symlink():
+                old.unlink()
         (folder / "report.md").write_text(markdown(self.data, [p.name for p in pngs]))
         (folder / "report.html").write_text(html(self.data, [p.read_bytes() for p in pngs]))
         return {"html": folder / "report.html", "md": folder / "report.md", "pngs": pngs}

@@ -620,3 +620,17 @@ def test_an_incident_open_at_the_end_carries_its_latest_cost_not_the_first_estim
     md = rep.write(tmp_path / "r")["md"].read_text()
     assert f"**Cost:** {want:.2f} GPU-hours lost" in md
     assert "at its resolution" not in md and "| when the data ended (" in md  # open: its figures at the data's end
+
+
+def test_a_reused_report_folder_loses_the_stale_pages_of_a_longer_report_and_nothing_else(tmp_path: Path) -> None:
+    # Before: a folder that held timeline-2.png from an earlier report of more than eight incidents kept it beside
+    # a new report of one page, which a reader took for part of it.
+    rep, _ = report_for([("nic-packet-loss", "node-05", 120, 200)], tmp_path)
+    folder = tmp_path / "reused"
+    folder.mkdir()
+    for name in ("timeline-2.png", "timeline-12.png", "timeline-notes.png", "notes.md", "timeline-2.png.bak"):
+        (folder / name).write_text("old")
+    paths = rep.write(folder)
+    assert [p.name for p in paths["pngs"]] == ["timeline.png"]
+    assert sorted(p.name for p in folder.iterdir()) == ["notes.md", "report.html", "report.md", "timeline-2.png.bak",
+                                                        "timeline-notes.png", "timeline.png"]
