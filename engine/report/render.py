@@ -28,10 +28,21 @@ def _cost(v: IncidentView) -> str:
         return "cost unknown (no step times for the job before and during the incident)"
     parts = [f"{c['gpu_hours_lost']:.2f} GPU-hours lost"]
     if c.get("slowdown_pct") is not None:
-        parts.append(f"steps {c['slowdown_pct']:.0f}% slower")
+        parts.append(_slowdown(float(c["slowdown_pct"])))
     if c.get("step_s") is not None and c.get("whatif_step_s") is not None:
         parts.append(f"{c['step_s']:.3g} s per step instead of {c['whatif_step_s']:.3g} s")
     return ", ".join(parts) + ("" if v.cost_source == "rule" else f" ({v.cost_source})")
+
+
+def _slowdown(pct: float) -> str:
+    """``steps 45% slower``; never "-1% slower" or "0% slower" (a figure at or below zero, or rounding to it)."""
+    if pct >= 0.5:
+        return f"steps {pct:.0f}% slower"
+    if pct > 0:
+        return "steps under 1% slower"
+    if pct > -0.5:
+        return "steps no slower"
+    return f"steps no slower ({-pct:.0f}% faster)"
 
 
 def summary(data: ReportData) -> list[str]:
