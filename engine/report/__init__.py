@@ -74,6 +74,9 @@ class ReportData:
     straggler_ranks: dict[str, set[int]]
     skipped: dict[str, int]
     messages: int
+    # Ctrl-C stopped the replay: the report covers the window only up to ``read_to`` (the last event time read).
+    interrupted: bool = False
+    read_to: float | None = None
 
     def split(self, job: str) -> dict[str, list[float]]:
         """The median rank's data/compute/comm time per bucket (phases nobody reported are left out)."""
@@ -144,7 +147,8 @@ def build_report(res: ReplayResult, spans: list[Span], messages: Iterable[dict[s
     for v in views:
         if v.job and v.ranks and len(v.ranks) < 64:
             straggler.setdefault(v.job, set()).update(v.ranks)
-    data = ReportData(window, grid, sampler, views, jobs, straggler, dict(res.skipped), res.messages)
+    data = ReportData(window, grid, sampler, views, jobs, straggler, dict(res.skipped), res.messages,
+                      interrupted=res.interrupted, read_to=res.end)
     _estimate_costs(data)
     return Report(data)
 

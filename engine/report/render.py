@@ -48,10 +48,14 @@ def _slowdown(pct: float) -> str:
 def summary(data: ReportData) -> list[str]:
     """One line per incident, then the totals: what was slow, when, why, what it cost, who owns it."""
     w = data.window
+    cut = [f"**Interrupted** (Ctrl-C) {_interrupted(data)}: this report covers only part of the window "
+           f"({_utc(w.since)} – {_utc(w.until)}), and its costs stop where the reading did."
+           ] if data.interrupted else []
     if not data.incidents:
-        return [f"No incident between {_utc(w.since)} and {_utc(w.until)}: every rule stayed quiet "
-                f"over {data.messages:,} messages."]
-    out = []
+        until = data.read_to if data.interrupted and data.read_to is not None else w.until
+        return [*cut, f"No incident between {_utc(w.since)} and {_utc(max(until, w.since))}: every rule stayed quiet "
+                      f"over {data.messages:,} messages."]
+    out = cut
     for v in data.incidents:
         ranks = f", rank{'s' if len(v.ranks) > 1 else ''} {_ranks(v.ranks)}" if v.ranks else ""
         state = f"until {_utc(v.end)}" if v.resolved else f"still going at {_utc(v.end)} (when the data read ended)"
@@ -61,6 +65,13 @@ def summary(data: ReportData) -> list[str]:
     lost = sum((v.cost or {}).get("gpu_hours_lost", 0.0) for v in data.incidents)
     out.append(f"In all: {len(data.incidents)} incident(s), {lost:.2f} GPU-hours lost.")
     return out
+
+
+def _interrupted(data: ReportData) -> str:
+    """``after 71,254 messages, at event time 2026-12-04 16:01:04 UTC``: where an interrupted replay stopped."""
+    if not data.messages or data.read_to is None:
+        return "before any message was read"
+    return f"after {data.messages:,} messages, at event time {_utc(data.read_to)}"
 
 
 def _ranks(ranks: tuple[int, ...]) -> str:
@@ -124,7 +135,8 @@ def markdown(data: ReportData, png_names: str | Sequence[str]) -> str:
 
     names = [png_names] if isinstance(png_names, str) else list(png_names)
     w = data.window
-    out = [f"# Postmortem: {', '.join(data.jobs) or 'the cluster'}, {_utc(w.since)} – {_utc(w.until)}", "",
+    out = [f"# Postmortem: {', '.join(data.jobs) or 'the cluster'}, {_utc(w.since)} – {_utc(w.until)}"
+           + (" (interrupted: partial)" if data.interrupted else ""), "",
            "## Summary", ""]
     out += [f"- {line}" for line in summary(data)]
     out += ["", "## Timeline (UTC)", ""]
@@ -139,6 +151,9 @@ def markdown(data: ReportData, png_names: str | Sequence[str]) -> str:
         for v in data.incidents:
             out += _incident_md(v)
     out += ["## What the replay read", "", f"- {data.messages:,} messages"]
+    if data.interrupted:
+        out.append(f"- **interrupted** (Ctrl-C) {_interrupted(data)}: the rest of the window, to {_utc(w.until)}, "
+                   "was not read")
     out += [f"- skipped {n}: {why}" for why, n in sorted(data.skipped.items())] or ["- nothing skipped"]
     return "\n".join(out) + "\n"
 

@@ -634,3 +634,36 @@ def test_a_reused_report_folder_loses_the_stale_pages_of_a_longer_report_and_not
     assert [p.name for p in paths["pngs"]] == ["timeline.png"]
     assert sorted(p.name for p in folder.iterdir()) == ["notes.md", "report.html", "report.md", "timeline-2.png.bak",
                                                         "timeline-notes.png", "timeline.png"]
+
+
+def test_a_report_of_an_interrupted_replay_says_so_where_it_stopped(one_fault: tuple[Topology, list],
+                                                                    tmp_path: Path) -> None:
+    # Before: a report written after Ctrl-C had the whole window in its title, "still going at 19:02:30 (when the
+    # data read ended)" and "N messages - nothing skipped": nothing told a reader it covered part of the window.
+    from whywait.engine.report import build_report
+    from whywait.engine.report.render import _utc
+    from whywait.engine.report.slack import thread_text
+
+    infra, msgs = one_fault
+    w = Window(START, START + 260)
+
+    def interrupted() -> object:
+        for m in merged(msgs, w):
+            if m["time"] > START + 150:
+                raise KeyboardInterrupt
+            yield m
+
+    res, _ = replay(interrupted(), load_rules([RULES]), infra)
+    assert res.interrupted and res.end is not None
+    rep = build_report(res, incidents(res.diagnoses, res.end, res.open_at_end), merged(msgs, w), w,
+                       Topology.from_dict(make_cluster(nodes=8).to_dict()))
+    paths = rep.write(tmp_path / "r")
+    md = paths["md"].read_text()
+    where = f"after {res.messages:,} messages, at event time {_utc(res.end)}"
+    summary = md.split("## Summary", 1)[1].split("## Timeline", 1)[0]
+    assert f"- **Interrupted** (Ctrl-C) {where}: this report covers only part of the window" in summary
+    read = md.split("## What the replay read", 1)[1]
+    assert f"- **interrupted** (Ctrl-C) {where}: the rest of the window, to {_utc(w.until)}, was not read" in read
+    assert md.splitlines()[0].endswith("(interrupted: partial)")
+    assert f"<b>Interrupted</b> (Ctrl-C) {where}" in paths["html"].read_text()
+    assert f"*Interrupted* (Ctrl-C) {where}" in thread_text(rep.summary_lines())  # the Slack post too
