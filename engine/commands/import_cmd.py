@@ -8,7 +8,9 @@ Formats (``--format``, detected from the content when left out):
 ``steps``   a per-rank step table, CSV or JSON lines (``whywait.engine.importers.steps_table``).
 
 Timing imports become ``steps`` messages (one per rank per step, at the step's end); with
-``--project`` and ``--team`` a placement is published too, so the engine evaluates the job.
+``--project`` and ``--team`` a placement is published too, so the engine evaluates the job: ``running`` a
+second before its first step, and ``finished`` just after its last (:func:`finished_at`), so a replay of the
+imported window sees the job run to its end and a later replay (or the live engine) does not place it.
 ``-o FILE`` writes the messages as JSON lines instead of publishing (check them with
 ``whywait events check FILE``).  Every message is validated against the contract first: a bundle's
 values with the engine's own decoder (:func:`whywait.agents.events.decode`), those that break it
@@ -24,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 from collections import Counter
 from pathlib import Path
 from typing import Any, Iterator
@@ -80,7 +83,8 @@ def detect(path: Path) -> str:
 
 def timing_messages(args: argparse.Namespace, files: list[tuple[Path, str]],
                     notes: Counter[str] | None = None) -> list[dict[str, Any]]:
-    """Contract messages (placement first, then steps in event-time order) from timing files.
+    """Contract messages (the ``running`` placements first, then steps and ``finished`` placements in event-time
+    order) from timing files.
 
     ``notes`` counts what the importers could not attribute (printed by ``run``).
     """
@@ -130,6 +134,7 @@ def timing_messages(args: argparse.Namespace, files: list[tuple[Path, str]],
         rows += got
     rows.sort(key=lambda r: (r[2]["ended_at"], r[0], r[2]["rank"], r[2]["step"]))
     out: list[dict[str, Any]] = []
+    ends: list[dict[str, Any]] = []  # each job's `finished` placement, just after its last step
     if args.project or args.team:
         if not (args.project and args.team):
             raise ImportFormatError("a placement needs both --project and --team")
@@ -148,7 +153,12 @@ def timing_messages(args: argparse.Namespace, files: list[tuple[Path, str]],
             if args.channel:
                 body["slack_channel"] = args.channel
             out.append(envelope("placement", "whywait-import", first - 1.0, **body))
-    for m in out:  # the placement: built from the arguments and the ranks, not from a line
+            # The job ran only as long as its steps: without its end, every later replay (and the live engine)
+            # kept it placed for ever, its nodes "learnt" or "unknown" in windows that hold nothing of it.
+            last = max(rec["ended_at"] for j, _, rec in rows if j == job)
+            ends.append(envelope("placement", "whywait-import", finished_at(last),
+                                 **{**body, "state": "finished", "ranks": []}))
+    for m in out + ends:  # the placements: built from the arguments and the ranks, not from a line
         try:
             validate(m)
         except ContractError as exc:
@@ -162,7 +172,22 @@ def timing_messages(args: argparse.Namespace, files: list[tuple[Path, str]],
             # is said at the line or event it came from, not at a message number the reader never saw.
             raise ImportFormatError(f"{where[id(rec)]}: {str(exc).replace('steps[0].', '')}") from None
         out.append(m)
+    if ends:  # in event-time order with the steps, each after its job's last step
+        out += ends
+        out.sort(key=lambda m: (m["time"], m["kind"] != "placement" or m["state"] == "finished"))
     return out
+
+
+def finished_at(last: float) -> float:
+    """When an imported job is said to have finished: just after its last step ended (``last``).
+
+    After it, not at it: a replay whose window ends at the last step (the imported window) reads no
+    ``finished`` placement and sees the job running to the end, as before; one that starts after it takes
+    the ``finished`` as the job's latest placement before the window, so the job is not placed there.  A
+    millisecond is past any rounding of the step's time, and no step of the job can be in between.
+    """
+    t = last + 1e-3
+    return t if t > last else math.nextafter(last, math.inf)
 
 
 def run(args: argparse.Namespace) -> int:

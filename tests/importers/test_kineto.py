@@ -87,10 +87,13 @@ def test_whywait_import_writes_valid_steps_with_event_time(tmp_path: Path) -> No
     assert r.returncode == 0, r.stderr
     msgs = [validate(json.loads(line)) for line in out.read_text().splitlines()]
     assert msgs[0]["kind"] == "placement" and [x["rank"] for x in msgs[0]["ranks"]] == [0, 1]
-    steps = [s for m in msgs[1:] for s in m["steps"]]
+    # the job ends just after its last step (else it stayed placed in every later replay)
+    assert msgs[-1]["kind"] == "placement" and msgs[-1]["state"] == "finished" and msgs[-1]["ranks"] == []
+    steps = [s for m in msgs[1:-1] for s in m["steps"]]
     assert len(steps) == 4 and {(s["rank"], s["step"]) for s in steps} == {(0, 551), (0, 552), (1, 551), (1, 552)}
-    assert all(m["time"] == m["steps"][0]["ended_at"] for m in msgs[1:])
+    assert all(m["time"] == m["steps"][0]["ended_at"] for m in msgs[1:-1])
     assert [m["time"] for m in msgs[1:]] == sorted(m["time"] for m in msgs[1:])
+    assert 0 < msgs[-1]["time"] - msgs[-2]["time"] < 0.01
 
 
 def test_bad_traces_are_one_line(tmp_path: Path) -> None:
