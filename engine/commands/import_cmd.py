@@ -39,7 +39,8 @@ def register(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", choices=FORMATS, default="auto", help="input format (default: from the content)")
     p.add_argument("--job", help="job id for timing imports (or a `job` column)")
     p.add_argument("--node", help="node the ranks ran on (or a `node` column)")
-    p.add_argument("--rank", type=int, help="rank of a profiler trace that does not say it")
+    p.add_argument("--rank", type=int, help="rank of a profiler trace (else its distributedInfo.rank, else a "
+                   "rank-N in its file name); a note says when the trace says another")
     p.add_argument("--max-trace-mib", type=int, default=2048, metavar="MIB",
                    help="largest profiler trace read, decompressed (default 2048: parsing needs several times it)")
     p.add_argument("--project", help="publish a placement for the job: its project")
@@ -109,8 +110,10 @@ def timing_messages(args: argparse.Namespace, files: list[tuple[Path, str]],
         got: list[tuple[str, str, dict[str, Any]]] = []
         if fmt == "kineto":
             if not args.job or not args.node:
-                missing = " and ".join(f"--{w}" for w in ("job", "node") if not getattr(args, w))
-                raise ImportFormatError(f"{path}: a profiler trace names neither its job nor its node: pass {missing}")
+                missing = [w for w in ("job", "node") if not getattr(args, w)]
+                lacks = " or its ".join(missing)
+                raise ImportFormatError(f"{path}: a profiler trace does not name its {lacks}: pass "
+                                        + " and ".join(f"--{w}" for w in missing))
             for s in steps_from_trace(path, args.rank, notes, cap_mib << 20):
                 got.append((args.job, args.node, s.record()))
                 where[id(got[-1][2])] = f"{path}: ProfilerStep#{s.step}" + (

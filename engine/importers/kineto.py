@@ -54,8 +54,9 @@ rank's trace and is read.  How each figure is read from the trace:
   ``## data_load ##``) inside the step.  A trace without any such span leaves the phase
   out: unknown, not zero.  Likewise a trace with no GPU kernel at all (a CPU-only profile) leaves
   the GPU phases out;
-- the rank is ``--rank``, else ``distributedInfo.rank``, else a ``rank-N`` in the file name (said in
-  a note), else the import stops and asks for ``--rank``.
+- the rank is ``--rank`` (said in a note when the trace's ``distributedInfo.rank``, or else its file name,
+  says another), else ``distributedInfo.rank``, else a ``rank-N`` in the file name (said in a note), else
+  the import stops and asks for ``--rank``.
 
 Memory copies and sets count as neither compute nor communication.  Device work is read from the
 ``kernel`` category and from MTIA's ``mtia_ccp_events`` (``_KERNEL_CATS``; MTIA's ``dma_request``
@@ -372,6 +373,9 @@ _FILE_RANK = re.compile(r"(?:^|[^a-z0-9])rank[-_]?([0-9]{1,7})(?![0-9])", re.IGN
 def _rank(path: Path, data: dict[str, Any], given: int | None, notes: Counter[str] | None = None) -> int:
     """The rank of the trace: ``given`` (``--rank``), else ``distributedInfo.rank``, else its file name's; checked.
 
+    An explicit ``--rank`` wins (the user named this file's rank), with a note in ``notes`` when the trace's own
+    ``distributedInfo.rank`` (or, without one, its file name) says another.
+
     The file name is the last resort because a trace without ``distributedInfo`` (an inference run, a
     profiler started before ``init_process_group``) is often saved as ``rank-N...``; ``notes`` says so
     when it is used, for a name can lie where the trace cannot.
@@ -379,6 +383,16 @@ def _rank(path: Path, data: dict[str, Any], given: int | None, notes: Counter[st
     rank: Any = given
     if given is not None:
         where = "--rank"
+        # The flag is the user's word for this file, so it wins; but a trace that says otherwise is worth a line
+        # (a --rank meant for another file, or a trace written by another rank than its name says).
+        info = data.get("distributedInfo")
+        own = info.get("rank") if isinstance(info, dict) else None
+        said = "distributedInfo.rank"
+        if own is None:
+            named = _FILE_RANK.findall(path.name)
+            own, said = (int(named[0]), "its file name") if len(set(named)) == 1 else (None, "")
+        if notes is not None and own is not None and own != given and not isinstance(own, bool):
+            notes[f"{path.name}: --rank {given} used, though {said} says rank {_short(own)}"] += 1
     else:
         info = data.get("distributedInfo")
         if info is not None and not isinstance(info, dict):
