@@ -60,6 +60,10 @@ class IncidentView:
     evidence_last: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     last_at: float | None = None
     last_status: str = ""  # "resolved", "firing", or "data-end" (the closing figures of one still open)
+    # What the totals count of ``cost["gpu_hours_lost"]`` (its own figure, as the rule gave it): less where
+    # incidents of the same job overlapped it, whose lost time is counted once (``costs``), and the numbers of those.
+    counted: float | None = None
+    shared_with: tuple[int, ...] = ()
 
 
 @dataclass
@@ -150,6 +154,7 @@ def build_report(res: ReplayResult, spans: list[Span], messages: Iterable[dict[s
     data = ReportData(window, grid, sampler, views, jobs, straggler, dict(res.skipped), res.messages,
                       interrupted=res.interrupted, read_to=res.end)
     _estimate_costs(data)
+    _count_costs(data)
     return Report(data)
 
 
@@ -201,11 +206,12 @@ def _neighbours(d: Any, sampler: Sampler, topology: Any) -> list[str]:
 
 
 def _estimate_costs(data: ReportData) -> None:
-    """Fill in the cost of incidents whose rule gave none, from the job's step times (see ``cost``)."""
-    from whywait.engine.report.cost import shared_gpu_hours
+    """Fill in the cost of incidents whose rule gave none, from the job's step times (see ``cost``).
 
+    Each estimate is the incident's own, as if it were alone: what overlapping incidents share is
+    :func:`_count_costs`'s business, as for the rules' own figures.
+    """
     times = data.grid.times()
-    by_job: dict[str, list[tuple[IncidentView, float, float, float]]] = {}
     for v in data.incidents:
         if v.cost is not None or not v.job:
             continue
@@ -216,18 +222,26 @@ def _estimate_costs(data: ReportData) -> None:
             continue
         base, now = statistics.median(before), statistics.median(during)
         frac = max(0.0, 1.0 - base / now) if now > 0 else 0.0
-        by_job.setdefault(v.job, []).append((v, base, now, frac))
-    for job, items in by_job.items():
-        p = data.sampler.placements.get(job)
+        p = data.sampler.placements.get(v.job)
         gpus = sum(float(r.get("gpu_share", 1.0)) for r in p["ranks"]) if p else 0.0
-        lost = shared_gpu_hours([(v.start, v.end, frac) for v, _, _, frac in items], gpus)
-        for (v, base, now, _), hours in zip(items, lost, strict=True):
-            others = [f"#{o.number}" for o, _, _, _ in items if o is not v and o.start < v.end and v.start < o.end]
-            v.cost = {"step_s": round(now, 4), "whatif_step_s": round(base, 4),
-                      "slowdown_pct": round(100.0 * (now / base - 1.0), 1) if base > 0 else 0.0,
-                      "gpus": gpus, "gpu_hours_lost": round(hours, 3)}
-            v.cost_source = "estimated from step times" + (
-                f"; the job's loss while {', '.join(others)} overlapped it is shared with them" if others else "")
+        v.cost = {"step_s": round(now, 4), "whatif_step_s": round(base, 4),
+                  "slowdown_pct": round(100.0 * (now / base - 1.0), 1) if base > 0 else 0.0,
+                  "gpus": gpus, "gpu_hours_lost": round(frac * gpus * max(0.0, v.end - v.start) / 3600.0, 3)}
+        v.cost_source = "estimated from step times"
+
+
+def _count_costs(data: ReportData) -> None:
+    """Set each incident's :attr:`IncidentView.counted`: its share of its job's loss, overlaps counted once."""
+    from whywait.engine.report.costs import Loss, counted_losses
+
+    costed = [v for v in data.incidents if v.cost and v.cost.get("gpu_hours_lost") is not None]
+    # an incident of no job shares with nothing: a key of its own
+    got = counted_losses([Loss(v.job if v.job else ("", v.number), v.start, v.end, float(v.cost["gpu_hours_lost"]))
+                          for v in costed if v.cost])
+    for v, n in zip(costed, got, strict=True):
+        v.counted = n
+        v.shared_with = tuple(o.number for o in costed if o is not v and v.job and o.job == v.job
+                              and o.start < v.end and v.start < o.end)
 
 
 def utc(t: float) -> str:

@@ -11,6 +11,8 @@ those went to waiting, and on what.
 - **Lost:** per incident, the diagnosis's ``cost.gpu_hours_lost`` when the rule gave one
   (the last update's, which covers the whole incident); otherwise estimated from the job's
   step times: median during the incident against the median in the 15 minutes before it.
+  Only the part of it inside the period counts, and incidents of one job that overlap count
+  the job's lost time once (``whywait.engine.report.costs``), as the replay's report does.
 - **Cause:** the rule's domain (``network.*``, ``storage.*``, ...), see :data:`CAUSES`, or the rule's own
   (:data:`RULE_CAUSES`: a whole-job slowdown is no straggler).
 
@@ -41,7 +43,7 @@ RULE_CAUSES: dict[str, str] = {
     "job.whole-job-slow": "whole job slower, no straggler", "job.stage-imbalance": "pipeline stage imbalance",
     "job.periodic-slowdown": "periodic slowdowns", "job.rank-silent": "silent or hung ranks",
     "job.node-clock-skew": "clock skew", "job.node-down": "nodes down",
-    "job.node-unseen": "nodes whywait could not see",
+    "job.node-unseen": "nodes whywait could not see", "job.stalled": "whole job stalled",
 }
 UNKNOWN = "stragglers of unknown cause"
 OTHER = "other causes"
@@ -133,39 +135,44 @@ class Digest:
         self.last_diag[d["fingerprint"]] = d
 
     def finish(self) -> None:
-        """Attribute each incident's loss to its job and cause; called once, after every add.
+        """Attribute each incident's loss in the period to its job and cause; called once, after every add.
 
-        Estimated losses of overlapping incidents of one job are shared, not added
-        (``whywait.engine.report.cost``): the job was slowed once.
+        Only incidents that overlap ``[since, until]`` count, and only the part of their loss that lies in it
+        (one that ended the day before the period counts nothing).  Each incident's own figure (the rule's,
+        else estimated from step times) is kept in ``gpu_hours_lost``; the job's loss counts overlapping
+        incidents of one job once (``whywait.engine.report.costs``: the job was slowed once, not once per
+        rule that saw it), and ``gpu_hours_counted`` is each incident's share of that in the period.
         """
-        from whywait.engine.report.cost import shared_gpu_hours
+        from whywait.engine.report.costs import Loss, counted_losses
 
-        estimated: dict[str, list[tuple[dict[str, Any], float]]] = defaultdict(list)
+        costed: list[tuple[JobUse, dict[str, Any]]] = []
         for d in sorted(self.last_diag.values(), key=lambda d: (d["starts_at"], d["fingerprint"])):
             if not d.get("job"):
                 continue
-            j = self._job(d["job"])
             end = d.get("ends_at") or self.until
-            cause = cause_of(d["rule_id"])
-            inc = {"rule_id": d["rule_id"], "cause": cause, "culprit": d.get("culprit"), "title": d.get("title", ""),
-                   "starts_at": d["starts_at"], "ends_at": end, "gpu_hours_lost": None, "how": "rule"}
+            if end < self.since or d["starts_at"] > self.until:
+                continue  # not in the period at all
+            j = self._job(d["job"])
+            inc = {"rule_id": d["rule_id"], "cause": cause_of(d["rule_id"]), "culprit": d.get("culprit"),
+                   "title": d.get("title", ""), "starts_at": d["starts_at"], "ends_at": end, "gpu_hours_lost": None,
+                   "gpu_hours_counted": None, "how": "rule"}
             j.incidents.append(inc)
             if d.get("cost") and d["cost"].get("gpu_hours_lost") is not None:
                 inc["gpu_hours_lost"] = float(d["cost"]["gpu_hours_lost"])
-                j.lost[cause] += inc["gpu_hours_lost"]
             else:
                 frac = self._lost_fraction(j, d["starts_at"], end)
                 inc["how"] = "estimated from step times" if frac is not None else "unknown"
-                if frac is not None:
-                    estimated[j.job].append((inc, frac))
-        for job, items in estimated.items():
-            j = self.jobs[job]
-            hours = shared_gpu_hours([(i["starts_at"], i["ends_at"], f) for i, f in items], j.gpus or 1.0)
-            for (inc, _), h in zip(items, hours, strict=True):
-                inc["gpu_hours_lost"] = round(h, 4)
-                j.lost[inc["cause"]] += h
+                if frac is None:
+                    continue
+                inc["gpu_hours_lost"] = round(frac * (j.gpus or 1.0) * max(0.0, end - d["starts_at"]) / 3600.0, 4)
+            costed.append((j, inc))
+        counted = counted_losses([Loss(j.job, i["starts_at"], i["ends_at"], i["gpu_hours_lost"]) for j, i in costed],
+                                 self.since, self.until)
+        for (j, inc), h in zip(costed, counted, strict=True):
+            inc["gpu_hours_counted"] = round(h, 4)
+            j.lost[inc["cause"]] += h
         for j in self.jobs.values():
-            j.incidents.sort(key=lambda i: -(i["gpu_hours_lost"] or 0.0))
+            j.incidents.sort(key=lambda i: (-(i["gpu_hours_counted"] or 0.0), -(i["gpu_hours_lost"] or 0.0)))
 
     def _lost_fraction(self, j: JobUse, start: float, end: float) -> float | None:
         """``1 - before / during`` of the job's median step time; None without steps on both sides."""
@@ -230,9 +237,11 @@ class Digest:
             text = (f"*{r['project']} / {r['job']}*: {used:,.1f} GPU-hours used, *{lost:,.1f} lost to waiting*{pct}"
                     + (f"\nby cause: {causes}" if causes else ""))
             for i in r["top_incidents"]:
-                g = i["gpu_hours_lost"]
+                g, c = i["gpu_hours_lost"], i.get("gpu_hours_counted")
                 text += (f"\n• {day(i['starts_at'])} {i['rule_id']} on {i['culprit'] or r['job']}: "
-                         + (f"{g:.2f} GPU-h" if g is not None else "cost unknown"))
+                         + ("cost unknown" if g is None else f"{g:.2f} GPU-h" if c is None or abs(c - g) < 0.005
+                            else f"{c:.2f} GPU-h counted ({g:.2f} by itself: shared with overlapping incidents "
+                                 "or partly outside the period)"))
             # a long job name or culprit list: cut, never refused
             blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": truncate(text, SECTION_LIMIT)}})
         return blocks

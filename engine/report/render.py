@@ -31,7 +31,12 @@ def _cost(v: IncidentView) -> str:
         parts.append(_slowdown(float(c["slowdown_pct"])))
     if c.get("step_s") is not None and c.get("whatif_step_s") is not None:
         parts.append(f"{c['step_s']:.3g} s per step instead of {c['whatif_step_s']:.3g} s")
-    return ", ".join(parts) + ("" if v.cost_source == "rule" else f" ({v.cost_source})")
+    text = ", ".join(parts) + ("" if v.cost_source == "rule" else f" ({v.cost_source})")
+    if v.shared_with and v.counted is not None:
+        others = ", ".join(f"#{n}" for n in v.shared_with)
+        text += (f"; {v.counted:.2f} of it counted in the total: {others} of the same job overlapped it, and the "
+                 "job's time lost then is counted once, shared among them")
+    return text
 
 
 def _slowdown(pct: float) -> str:
@@ -62,8 +67,12 @@ def summary(data: ReportData) -> list[str]:
         out.append(f"#{v.number} **{v.job or v.culprit}** was slowed from {_utc(v.start)} {state}: "
                    f"{v.cause} Where: {v.culprit}{ranks}. Cost: {_cost(v)}. "
                    f"Owner: {v.owner}{' ' + v.channel if v.channel else ''}.")
-    lost = sum((v.cost or {}).get("gpu_hours_lost", 0.0) for v in data.incidents)
-    out.append(f"In all: {len(data.incidents)} incident(s), {lost:.2f} GPU-hours lost.")
+    lost = sum(v.counted or 0.0 for v in data.incidents)
+    own = sum(float((v.cost or {}).get("gpu_hours_lost") or 0.0) for v in data.incidents)
+    shared = any(v.shared_with for v in data.incidents)
+    out.append(f"In all: {len(data.incidents)} incident(s), {lost:.2f} GPU-hours lost"
+               + (f" (costs shared: incidents of one job overlapped, and the job's time lost then is counted once; "
+                  f"their own figures add up to {own:.2f})" if shared else "") + ".")
     return out
 
 

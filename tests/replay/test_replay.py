@@ -249,11 +249,11 @@ def test_every_incident_is_labelled_without_overlap(tmp_path: Path) -> None:
                              ("nic-packet-loss", "node-07", 108, 200)], tmp_path)
     views = rep.data.incidents
     assert len(views) >= 3
-    # the three overlap on one job: their estimated losses share the time, so the total is the job's loss once
-    lost = sum(v.cost["gpu_hours_lost"] for v in views if v.cost)
+    # the three overlap on one job: their losses share the time, so the total is the job's loss once
+    lost = sum(v.counted or 0.0 for v in views)
     union = max(v.end for v in views) - min(v.start for v in views)
     assert lost <= 128 * union / 3600 * max(1 - v.cost["whatif_step_s"] / v.cost["step_s"] for v in views if v.cost)
-    assert all("shared with" in v.cost_source for v in views if v.cost_source.startswith("estimated"))
+    assert all(v.shared_with for v in views if v.cost)
     md = paths["md"].read_text()
     for v in views:
         assert f"### #{v.number} " in md
@@ -667,3 +667,28 @@ def test_a_report_of_an_interrupted_replay_says_so_where_it_stopped(one_fault: t
     assert md.splitlines()[0].endswith("(interrupted: partial)")
     assert f"<b>Interrupted</b> (Ctrl-C) {where}" in paths["html"].read_text()
     assert f"*Interrupted* (Ctrl-C) {where}" in thread_text(rep.summary_lines())  # the Slack post too
+
+
+def test_concurrent_incidents_of_one_job_count_its_lost_time_once_in_the_total(tmp_path: Path) -> None:
+    # The 32-node simulation with 10 faults: "In all: 10 incident(s), 19.94 GPU-hours lost" for a truth of 6.7,
+    # three rules charging the same 43.5 lost seconds.  The total counts a job's second once; each incident keeps
+    # its own figure, and says what of it the total counts.
+    from whywait.engine.report.costs import Loss, counted_losses
+
+    rep, paths = report_for([("nic-packet-loss", "node-05", 100, 180), ("gpu-thermal", "node-02", 104, 190),
+                             ("nic-packet-loss", "node-07", 108, 200)], tmp_path)
+    views = [v for v in rep.data.incidents if v.cost]
+    assert len(views) >= 3 and len({v.job for v in views}) == 1
+    own = [v.cost["gpu_hours_lost"] for v in views if v.cost]
+    want = counted_losses([Loss(v.job, v.start, v.end, c) for v, c in zip(views, own, strict=True)])
+    assert [v.counted for v in views] == pytest.approx(want)
+    assert sum(want) < sum(own) - 0.01
+    md = paths["md"].read_text()
+    total = next(line for line in md.splitlines() if line.startswith("- In all:"))
+    assert total.startswith(f"- In all: {len(rep.data.incidents)} incident(s), {sum(want):.2f} GPU-hours lost (costs "
+                            "shared: ") and f"their own figures add up to {sum(own):.2f}" in total, total
+    for v in views:  # each incident's own figure stays as it was given, with what the total counts of it
+        assert v.cost is not None and v.counted is not None
+        line = next(x for x in md.splitlines() if x.startswith(f"#{v.number} ") or x.startswith(f"- #{v.number} "))
+        assert f"Cost: {v.cost['gpu_hours_lost']:.2f} GPU-hours lost" in line
+        assert f"{v.counted:.2f} of it counted in the total" in line

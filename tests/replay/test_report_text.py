@@ -9,7 +9,7 @@ from whywait.engine.report.render import _cost
 
 
 def view(**cost: float) -> SimpleNamespace:
-    return SimpleNamespace(cost={"gpu_hours_lost": 3.11, **cost}, cost_source="rule", shared_hours=None, sharing=())
+    return SimpleNamespace(cost={"gpu_hours_lost": 3.11, **cost}, cost_source="rule", counted=None, shared_with=())
 
 
 @pytest.mark.parametrize("pct, says", [
