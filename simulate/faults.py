@@ -698,6 +698,25 @@ class WholeJobSlow(_JobFault):
         fx.compute_mult[:] = [c * m for c in fx.compute_mult]
 
 
+class JobStall(_JobFault):
+    """The whole job stops, then goes on: every rank waits on something they all share (a frozen shared
+    filesystem, the job suspended), so no rank differs from the others while it lasts."""
+
+    name = "job-stall"
+    cause = "job.stalled"
+    signals = ("no step completes; the step that hung ends as one long step on every rank",
+               "gpu.util_pct (every GPU of the job idle alike)")
+    doc = ("no rank of the job completes a step while it lasts; every GPU of the job idles alike (no rank "
+           "stands out); the step under way ends once it is over, as long as the stall on every rank")
+
+    def on_step(self, t: float, job: JobState, fx: StepEffects) -> None:
+        fx.stalled = True
+
+    def on_gpu(self, t: float, frac: float, node: str, gpus: list[dict[str, Any]]) -> None:
+        for g in gpus:
+            g.update(util_pct=round(g["util_pct"] * (1 - frac), 1), mem_util_pct=round(g["mem_util_pct"] * (1 - frac), 1))
+
+
 class CheckpointGrowth(_JobFault):
     """Each checkpoint of a job takes longer than the one before (state or metadata growing, bandwidth falling)."""
 
@@ -1340,6 +1359,7 @@ FAULTS: dict[str, type[Fault]] = {
     GpuPower.name: GpuPower,
     GpuEccXid.name: GpuEccXid,
     WholeJobSlow.name: WholeJobSlow,
+    JobStall.name: JobStall,
     RankSilent.name: RankSilent,
     AgentDown.name: AgentDown,
     NodeDown.name: NodeDown,

@@ -172,6 +172,7 @@ class JobState:
         n = len(self.ranks)
         self.bytes_per_step = 2.0 * spec.grad_bytes * (n - 1) / n if n > 1 else 0.0
         self.stalled_at = -1.0  # offset of the latest hung attempt: the collective makes no progress
+        self.stall_since: float | None = None  # offset where the step now hung began (None: not hung)
 
     def activity(self, t0: float, t1: float) -> str:
         """What the job's GPUs did during [t0, t1): ``hung``, ``checkpoint`` or ``train``."""
@@ -372,11 +373,18 @@ class Simulation:
                 # A hung collective: nobody completes a step; look again a little later.  The wait is
                 # lost to every fault that hangs the job.
                 js.stalled_at = s
+                if js.stall_since is None:
+                    js.stall_since = s
                 js.next_start = s + min(1.0, self.interval_s) / 2
                 for f, fx_f in zip(active, own, strict=True):
                     if fx_f.stalled:
                         f.tally(spec.job, js.next_start - s, None, None)
                 continue
+            # The step that hung completes once the hang ends, and its ranks report it as one long step
+            # (they waited in the collective all along), as a real job's timer does: the hang is not a gap
+            # between short steps.
+            held = s - js.stall_since if js.stall_since is not None else 0.0
+            js.stall_since = None
             ckpt_s = 0.0
             ckpt_delta: dict[int, float] = {}
             plan: CheckpointPlan | None = None
@@ -421,11 +429,12 @@ class Simulation:
                 else:
                     comm = end - ready[r]
                 truth = RankStep(end, data[r], compute, comm, ckpt_s)
-                rec: dict[str, Any] = {"rank": r, "step": step, "duration_s": round(end, 4)}
+                rec: dict[str, Any] = {"rank": r, "step": step, "duration_s": round(end + held, 4)}
                 if spec.split:
-                    rec.update(data_wait_s=round(data[r], 4), compute_s=round(compute, 4), comm_s=round(comm, 4))
+                    rec.update(data_wait_s=round(data[r], 4), compute_s=round(compute, 4),
+                               comm_s=round(comm + held, 4))
                     if pp:
-                        rec.update(collective_s=round(coll, 4), pipeline_wait_s=round(pipe, 4))
+                        rec.update(collective_s=round(coll + held, 4), pipeline_wait_s=round(pipe, 4))
                     if ckpt_s:
                         rec["checkpoint_s"] = round(ckpt_s, 4)
                 rec.update(node=js.node_of[r], ended_at=round(t_abs + end, 4))

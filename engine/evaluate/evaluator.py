@@ -728,6 +728,12 @@ class Evaluator:
         stragglers at once are what large jobs have; a root cause mutes only what it explains.
         """
         targets = self._blamed_nodes(inc)
+        if not targets:
+            # A job-wide finding in the aftermath of a cause that explained it: the one long step a hang
+            # leaves behind ends as the hang stops holding, while its incident is still firing (its
+            # keep_firing_for), and was told again as a stall of the whole job.
+            firing = [*firing, *(o for o in self.incidents.values() if o.firing and o.announced
+                                 and o.labels.get("job") == inc.labels.get("job") and o not in firing)]
         for other in firing:
             rule = self.rules.rules.get(other.rule_id)
             if other is inc or rule is None or (inc.rule_id not in rule.inhibits
@@ -894,6 +900,9 @@ class Evaluator:
             "job": job.job, "project": job.project, "team": job.team, "channel": job.channel,
             "job_name": getattr(job, "name", None), "culprit": culprit,
             "node": nodes[0] if nodes else None, "nodes": nodes,
+            # the culprit's nodes that have sent no telemetry (steps only: an imported table, no agent there):
+            # a text must not say their hardware was ruled out
+            "unseen_nodes": [n for n in nodes if self.store.age("node.since_last_s", n, now) is None],
             "rank": ranks[0] if ranks else None, "ranks": list(ranks), "n_ranks": len(job.ranks),
             # the culprit GPU when the incident is grouped by GPU (``group_by: [gpu]``); a topology predicate's
             # own ``gpu`` (in the facts below) wins.  It was only ``labels.gpu``, and ``{{ gpu }}``, which
