@@ -714,7 +714,8 @@ class JobStall(_JobFault):
 
     def on_gpu(self, t: float, frac: float, node: str, gpus: list[dict[str, Any]]) -> None:
         for g in gpus:
-            g.update(util_pct=round(g["util_pct"] * (1 - frac), 1), mem_util_pct=round(g["mem_util_pct"] * (1 - frac), 1))
+            g.update(util_pct=round(g["util_pct"] * (1 - frac), 1),
+                     mem_util_pct=round(g["mem_util_pct"] * (1 - frac), 1))
 
 
 class CheckpointGrowth(_JobFault):
