@@ -25,8 +25,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import math
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any, Iterator
@@ -49,7 +51,9 @@ def register(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--output", type=Path, help="write JSON lines here instead of publishing")
     p.add_argument("--bootstrap", help="Kafka bootstrap (default: WHYWAIT_KAFKA_BOOTSTRAP or the local broker)")
     p.epilog = ("Step tables: cells separated by ',', tab, ';' or '|' (from the header); one row per rank per step "
-                "(a row repeated exactly is dropped with a note, two that differ are refused naming both lines); a "
+                "(a row repeated exactly is dropped with a note, two that differ are refused naming both lines); a step "
+                "that ends before its rank's step before it, or more than a day from now, is noted (more than a year "
+                "from now is refused); a "
                 "numeric time too large for seconds since 1970 is read as milliseconds (or us, ns) when the whole "
                 "column is in that unit, with a note (name the column time_ms to say so).  Every value is checked "
                 "as it is read: an error names the file, line and column.  A profiler trace cut short (a tracer "
@@ -135,6 +139,7 @@ def timing_messages(args: argparse.Namespace, files: list[tuple[Path, str]],
                                                            "one run's steps from both a trace and a table") +
                                         "; import each rank's steps once")
         rows += got
+    read = list(rows)  # in read order, for check_times: the first row it names is the first in the files
     rows.sort(key=lambda r: (r[2]["ended_at"], r[0], r[2]["rank"], r[2]["step"]))
     out: list[dict[str, Any]] = []
     ends: list[dict[str, Any]] = []  # each job's `finished` placement, just after its last step
@@ -175,10 +180,58 @@ def timing_messages(args: argparse.Namespace, files: list[tuple[Path, str]],
             # is said at the line or event it came from, not at a message number the reader never saw.
             raise ImportFormatError(f"{where[id(rec)]}: {str(exc).replace('steps[0].', '')}") from None
         out.append(m)
+    check_times(read, where, notes)  # after the contract's own checks: a value it refuses is said as it says it
     if ends:  # in event-time order with the steps, each after its job's last step
         out += ends
         out.sort(key=lambda m: (m["time"], m["kind"] != "placement" or m["state"] == "finished"))
     return out
+
+
+FUTURE_NOTE_S = 86_400.0  # a step that ends more than this after now: a clock set wrong, said in a note
+FUTURE_MAX_S = 365 * 86_400.0  # more than this: no step can end then (a unit mistake, a placeholder): refused
+
+
+def check_times(rows: list[tuple[str, str, dict[str, Any]]], where: dict[int, str],
+                notes: Counter[str] | None, now: float | None = None) -> None:
+    """Say what is wrong with the steps' times that the contract lets through; ``rows`` in the order read.
+
+    A step that ends before the step before it of its rank (a logger's clock stepped back, rows stamped
+    from another clock) is said in a note naming the first such row: the replay reads steps in time order,
+    so those steps come before the ones they followed.  A step that ends more than a day after ``now`` (the
+    wall clock) is said in a note too (a clock set wrong); more than a year after it is refused, naming the
+    row: no step has ended then, and a time like the year 5138 is a unit mistake or a placeholder.
+    """
+    from whywait.engine.importers import ImportFormatError
+    from whywait.engine.importers.steps_table import utc_text
+
+    now = time.time() if now is None else now
+    ahead = [rec for _, _, rec in rows if rec["ended_at"] > now + FUTURE_NOTE_S]
+    if ahead:
+        first = ahead[0]
+        t, away = first["ended_at"], first["ended_at"] - now
+        if away > FUTURE_MAX_S:
+            raise ImportFormatError(f"{where[id(first)]}: time {t:.0f} s since 1970 is {utc_text(t)}, "
+                                    f"{away / FUTURE_MAX_S:,.0f} years from now: no step has ended then: surely a unit "
+                                    "mistake (or a placeholder); fix the time")
+        if notes is not None:
+            more = f" ({len(ahead):,} rows like it)" if len(ahead) > 1 else ""
+            notes[f"{where[id(first)]}: time {utc_text(t)} is {away / 86_400:,.1f} days after now "
+                  f"({utc_text(round(now))}): a clock set wrong?{more}"] += 1
+    by_rank: dict[tuple[str, int], list[tuple[int, int, dict[str, Any]]]] = {}
+    for i, (job, _, rec) in enumerate(rows):
+        by_rank.setdefault((job, rec["rank"]), []).append((rec["step"], i, rec))
+    back: list[tuple[int, str, dict[str, Any], dict[str, Any]]] = []  # (read order, job, the row, the step before)
+    for (job, _), steps in by_rank.items():
+        steps.sort(key=lambda x: x[0])
+        for (_, _, prev), (_, i, rec) in itertools.pairwise(steps):
+            if rec["ended_at"] < prev["ended_at"]:
+                back.append((i, job, rec, prev))
+    if back and notes is not None:
+        _, job, rec, prev = min(back, key=lambda x: x[0])
+        more = f" ({len(back):,} rows like it)" if len(back) > 1 else ""
+        notes[f"{where[id(rec)]}: time goes backwards: job {job} rank {rec['rank']} step {rec['step']} ends at "
+              f"{utc_text(rec['ended_at'])}, {prev['ended_at'] - rec['ended_at']:,.3f} s before its step "
+              f"{prev['step']} ({where[id(prev)]}) does; a clock that stepped back?{more}"] += 1
 
 
 def finished_at(last: float) -> float:

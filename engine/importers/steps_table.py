@@ -372,13 +372,31 @@ def _cell(row: dict[str, Any], f: str, where: str, head: _Header, integer: bool 
     return x
 
 
+def utc_text(t: float) -> str:
+    """``t`` (Unix seconds) as UTC ISO 8601 with as many fractional digits as it needs, to the microsecond
+    (``2026-12-04T16:00:00.25Z``); seconds since 1970 when it is past what a date can hold."""
+    try:
+        dt = datetime.fromtimestamp(t, timezone.utc)
+    except (OverflowError, OSError, ValueError):
+        return f"{t!r} s since 1970"
+    frac = f"{dt.microsecond / 1e6:.6f}"[1:].rstrip("0").rstrip(".")
+    return dt.strftime("%Y-%m-%dT%H:%M:%S") + frac + "Z"
+
+
 def _differs(a: tuple[str, dict[str, Any]], b: tuple[str, dict[str, Any]]) -> str:
-    """What differs between two rows of one step (node, record): ``duration_s 0.8 there, 0.9 here``."""
+    """What differs between two rows of one step (node, record): ``duration_s 0.8 there, 0.9 here``.
+
+    Each value in full (a time as UTC to the microsecond, a number as it reads back exactly): with ``%g`` two
+    times a second apart both printed ``1.7964e+09``.
+    """
     (na, ra), (nb, rb) = a, b
     out = [f"node {_short(na)} there, {_short(nb)} here"] if na != nb else []
     for f in ("ended_at", "duration_s", *PHASES):
         if ra.get(f) != rb.get(f):
-            there, here = ("-" if r.get(f) is None else f"{r[f]:g}" for r in (ra, rb))
+            if f == "ended_at" and utc_text(ra[f]) != utc_text(rb[f]):
+                there, here = utc_text(ra[f]), utc_text(rb[f])
+            else:
+                there, here = ("-" if r.get(f) is None else repr(r[f]) for r in (ra, rb))
             out.append(f"{'time' if f == 'ended_at' else f} {there} there, {here} here")
     return "; ".join(out[:3])
 

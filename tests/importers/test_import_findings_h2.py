@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import subprocess
 import sys
 from collections import Counter
@@ -81,3 +82,67 @@ def test_a_trace_import_asks_only_for_what_is_missing(tmp_path: Path, given: lis
     r = imp(tmp_path, str(f), *given)
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == [f"whywait import: {f}: {says}"]
+
+
+# ---- #17 time going backwards, and times from the future ----------------------------------------------------
+
+def _table(path: Path, rows: list[str], header: str = "time,job,rank,step,duration_s,node") -> Path:
+    path.write_text(header + "\n" + "".join(r + "\n" for r in rows))
+    return path
+
+
+def test_steps_whose_time_goes_backwards_are_said_once_naming_the_first_row(tmp_path: Path) -> None:
+    # two ranks; steps 3 and 4 of each stamped 500 s before step 0 (as csv/back.csv of the findings)
+    rows = [f"{1796400000 + s - (500 if s in (3, 4) else 0)},j,{r},{s},1,n" for s in range(6) for r in range(2)]
+    f = _table(tmp_path / "back.csv", rows)
+    r = imp(tmp_path, str(f))
+    assert r.returncode == 0, r.stderr
+    notes = [x for x in r.stdout.splitlines() if "note:" in x]
+    assert notes == [f"  note: {f}:8: time goes backwards: job j rank 0 step 3 ends at 2026-12-04T15:51:43Z, "
+                     f"499.000 s before its step 2 ({f}:6) does; a clock that stepped back? (2 rows like it)"]
+    assert "wrote 12 messages" in r.stdout  # a note, not an error: the steps are imported as they are
+    # steps in order, or rows of one rank out of order in the file but not in time: nothing said
+    ok = _table(tmp_path / "ok.csv", ["1796400002,j,0,2,1,n", "1796400001,j,0,1,1,n", "1796400001,j,1,1,1,n"])
+    assert "note" not in imp(tmp_path, str(ok)).stdout
+
+
+def test_a_time_from_the_future_is_noted_and_the_year_5138_refused(tmp_path: Path) -> None:
+    from whywait.engine.commands.import_cmd import check_times
+
+    now = 1_796_400_000.0
+    rows = [("j", "n", {"rank": 0, "step": s, "ended_at": now + d}) for s, d in ((0, 60.0), (1, 3 * 86_400.0),
+                                                                                    (2, 3 * 86_400.0 + 1))]
+    where = {id(rec): f"t.csv:{i + 2}" for i, (_, _, rec) in enumerate(rows)}
+    notes: Counter[str] = Counter()
+    check_times(rows, where, notes, now=now)
+    assert list(notes) == ["t.csv:3: time 2026-12-07T16:00:00Z is 3.0 days after now (2026-12-04T16:00:00Z): a "
+                           "clock set wrong? (2 rows like it)"]
+    notes.clear()
+    check_times(rows[:1], where, notes, now=now)  # a minute ahead (a clock a little off): nothing said
+    assert not notes
+    # through the CLI, against the wall clock: a table a few days ahead imports with the note
+    import time
+
+    soon = _table(tmp_path / "soon.csv", [f"{time.time() + 5 * 86_400:.3f},j,0,1,1,n"])
+    r = imp(tmp_path, str(soon))
+    assert r.returncode == 0 and f"  note: {soon}:2: time " in r.stdout and "days after now" in r.stdout, r.stdout
+    # the year 5138 is no time a step ended: refused, naming the row
+    far = _table(tmp_path / "future.csv", ["1796400000,j,0,0,1,n", "99999999999,j,0,1,1,n"])
+    r = imp(tmp_path, str(far))
+    assert r.returncode == 2
+    assert re.fullmatch(re.escape(f"whywait import: {far}:3: time 99999999999 s since 1970 is 5138-11-16T09:46:39Z, ")
+                        + r"3,1\d\d years from now: no step has ended then: surely a unit mistake "
+                        r"\(or a placeholder\); fix the time", r.stderr.strip()), r.stderr
+
+
+# ---- #18 the duplicate-row error's times ----------------------------------------------------------------------
+
+def test_two_rows_of_one_step_print_their_values_in_full(tmp_path: Path) -> None:
+    f = _table(tmp_path / "dupstep.csv", ["1796400000,j,0,0,1,n", "1796400001,j,0,0,1,n"])
+    r = imp(tmp_path, str(f))
+    assert r.returncode == 2
+    assert r.stderr.strip() == (f"whywait import: {f}:3: job j rank 0 step 0 is also on line 2, with other values "
+                                "(time 2026-12-04T16:00:00Z there, 2026-12-04T16:00:01Z here): one row per rank per "
+                                "step")
+    g = _table(tmp_path / "d2.csv", ["1796400000.25,j,0,0,0.8,n", "1796400000.25,j,0,0,0.8000001,n"])
+    assert "(duration_s 0.8 there, 0.8000001 here)" in imp(tmp_path, str(g)).stderr
