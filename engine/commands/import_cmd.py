@@ -51,9 +51,9 @@ def register(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--output", type=Path, help="write JSON lines here instead of publishing")
     p.add_argument("--bootstrap", help="Kafka bootstrap (default: WHYWAIT_KAFKA_BOOTSTRAP or the local broker)")
     p.epilog = ("Step tables: cells separated by ',', tab, ';' or '|' (from the header); one row per rank per step "
-                "(a row repeated exactly is dropped with a note, two that differ are refused naming both lines); a step "
-                "that ends before its rank's step before it, or more than a day from now, is noted (more than a year "
-                "from now is refused); a "
+                "(a row repeated exactly is dropped with a note, two that differ are refused naming both lines); "
+                "a step that ends before its rank's step before it, or more than a day from now, is noted (more than "
+                "a year from now is refused); a "
                 "numeric time too large for seconds since 1970 is read as milliseconds (or us, ns) when the whole "
                 "column is in that unit, with a note (name the column time_ms to say so).  Every value is checked "
                 "as it is read: an error names the file, line and column.  A profiler trace cut short (a tracer "
