@@ -64,6 +64,9 @@ class IncidentView:
     # incidents of the same job overlapped it, whose lost time is counted once (``costs``), and the numbers of those.
     counted: float | None = None
     shared_with: tuple[int, ...] = ()
+    # The names the rule may have put into its title, cause and next step (job, culprit, owner, entities, labels):
+    # the report escapes them there (``render.md_text``).
+    names: tuple[str, ...] = ()
 
 
 @dataclass
@@ -169,6 +172,9 @@ def _view(k: int, s: Span, sampler: Sampler, grid: Grid, topology: Any) -> Incid
     changes = [(u.detected_at, f"{u.severity}: {u.title}") for u in s.updates[1:] if u.status == "firing"]
     cost = next((u.cost for u in reversed(s.updates) if u.cost), None)
     later = next((u for u in reversed(s.updates[1:]) if u.evidence), None)  # the resolution's, if it gave any
+    names = {d.job, d.culprit, *(d.culprit or "").split(", "), *d.labels.values(),
+             *((d.owner.project, d.owner.team, d.owner.channel) if d.owner else ()),
+             *(x for e in d.evidence for x in (e.entity, e.entity.rsplit(":", 1)[0]))}
     return IncidentView(
         number=k, rule_id=d.rule_id, severity=last.severity, title=d.title, cause=d.cause, job=d.job,
         culprit=d.culprit or d.job or "?", ranks=d.ranks, start=s.start, end=s.end, resolved=s.resolved,
@@ -180,6 +186,7 @@ def _view(k: int, s: Span, sampler: Sampler, grid: Grid, topology: Any) -> Incid
         neighbours=_neighbours(d, sampler, topology),
         evidence_last={} if later is None else {(e.metric, e.entity): {"value": e.value, "baseline": e.baseline}
                                                  for e in later.evidence if e.metric != "check"},
+        names=tuple(sorted(str(n) for n in names if n)),
         last_at=None if later is None else later.detected_at,
         # an incident open when the data ended keeps its closing diagnosis (its cost is the latest): not a resolution
         last_status="" if later is None else later.status if s.resolved or later.status != "resolved" else "data-end")

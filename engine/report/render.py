@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import base64
 import html as _html
-from typing import TYPE_CHECKING, Sequence
+import re
+from typing import TYPE_CHECKING, Any, Sequence
 
 if TYPE_CHECKING:
     from whywait.engine.report import IncidentView, ReportData
@@ -20,6 +21,57 @@ def _utc(t: float) -> str:
     from whywait.engine.report import utc
 
     return utc(t)
+
+
+# ---- Markdown escaping ------------------------------------------------------------------------------------------
+# Names come from whoever runs a job (job, project, team, node names of an imported table): a `|` broke the evidence
+# table, raw HTML reached the Markdown, and the HTML made code and bold of a name's backticks and asterisks.  Every
+# name is written escaped (what CommonMark and GFM read literally); rule texts keep their own code spans.
+_SPECIAL = frozenset("\\`*_[]<>|&~")
+_NUL = "\x00"
+
+
+def esc(s: object) -> str:
+    """``s`` as literal Markdown text: its metacharacters backslash-escaped, on one line."""
+    t = " ".join(str(s).replace(_NUL, "").splitlines())
+    out = []
+    for k, c in enumerate(t):
+        if c == "_" and 0 < k < len(t) - 1 and t[k - 1].isalnum() and t[k + 1].isalnum():
+            out.append(c)  # train_llm: an underscore inside a word emphasises nothing
+        elif c in _SPECIAL:
+            out.append("\\" + c)
+        else:
+            out.append(c)
+    return "".join(out)
+
+
+def md_text(s: str, names: Sequence[str] = ()) -> str:
+    """A rule's rendered text (a title, a cause, a next step) as Markdown: literal, but for its own code spans.
+
+    ``names`` (the incident's job, culprit, owner, entities) are what the rule put into the text: they are
+    taken out before the code spans are found (a backtick in a job name must not open one), then written
+    back escaped, or verbatim inside a code span (fenced with enough backticks to hold them).
+    """
+    t = " ".join(str(s).replace(_NUL, "").splitlines())
+    found = sorted({n for n in names if n and _NUL not in n}, key=len, reverse=True)
+    if found:
+        t = re.sub("|".join(map(re.escape, found)), lambda m: f"{_NUL}{found.index(m.group(0))}{_NUL}", t)
+
+    def back(part: str, raw: bool) -> str:
+        pieces = re.split(f"{_NUL}([0-9]+){_NUL}", part)  # text, name number, text, ...
+        return "".join((found[int(x)] if k % 2 else x) if raw else esc(found[int(x)] if k % 2 else x)
+                       for k, x in enumerate(pieces))
+
+    out = []
+    for k, part in enumerate(re.split(r"`([^`]*)`", t)):
+        if k % 2 == 0:
+            out.append(back(part, False))
+            continue
+        code = back(part, True)
+        fence = "`" * (max((len(r) for r in re.findall("`+", code)), default=0) + 1)
+        pad = " " if "`" in code or code.startswith(" ") else ""
+        out.append(f"{fence}{pad}{code}{pad}{fence}")
+    return "".join(out)
 
 
 def _cost(v: IncidentView) -> str:
@@ -64,9 +116,9 @@ def summary(data: ReportData) -> list[str]:
     for v in data.incidents:
         ranks = f", rank{'s' if len(v.ranks) > 1 else ''} {_ranks(v.ranks)}" if v.ranks else ""
         state = f"until {_utc(v.end)}" if v.resolved else f"still going at {_utc(v.end)} (when the data read ended)"
-        out.append(f"#{v.number} **{v.job or v.culprit}** was slowed from {_utc(v.start)} {state}: "
-                   f"{v.cause} Where: {v.culprit}{ranks}. Cost: {_cost(v)}. "
-                   f"Owner: {v.owner}{' ' + v.channel if v.channel else ''}.")
+        out.append(f"#{v.number} **{esc(v.job or v.culprit)}** was slowed from {_utc(v.start)} {state}: "
+                   f"{md_text(v.cause, v.names)} Where: {esc(v.culprit)}{ranks}. Cost: {_cost(v)}. "
+                   f"Owner: {esc(v.owner)}{' ' + esc(v.channel) if v.channel else ''}.")
     lost = sum(v.counted or 0.0 for v in data.incidents)
     own = sum(float((v.cost or {}).get("gpu_hours_lost") or 0.0) for v in data.incidents)
     shared = any(v.shared_with for v in data.incidents)
@@ -92,32 +144,33 @@ def _ranks(ranks: tuple[int, ...]) -> str:
 
 
 def _incident_md(v: IncidentView) -> list[str]:
-    out = [f"### #{v.number} {v.title}", "",
+    out = [f"### #{v.number} {md_text(v.title, v.names)}", "",
            f"- **Rule:** `{v.rule_id}` ({v.severity})",
            f"- **Began:** {_utc(v.start)}; **fired:** {_utc(v.fired_at)}; "
            + (f"**resolved:** {_utc(v.end)}" if v.resolved else f"**still firing** at {_utc(v.end)}")]
     for t, what in v.changes:
-        out.append(f"- **Changed** at {_utc(t)}: {what}")
+        out.append(f"- **Changed** at {_utc(t)}: {md_text(what, v.names)}")
     out.append(f"- **Slack thread:** {v.slack_link}" if v.slack_link else "- **Slack thread:** not posted live "
                "(or the notifier's record of it has expired)")
-    out += [f"- **Cause:** {v.cause}",
-            f"- **Culprit:** {v.culprit}" + (f", rank{'s' if len(v.ranks) > 1 else ''} {_ranks(v.ranks)}"
-                                              if v.ranks else ""),
+    out += [f"- **Cause:** {md_text(v.cause, v.names)}",
+            f"- **Culprit:** {esc(v.culprit)}" + (f", rank{'s' if len(v.ranks) > 1 else ''} {_ranks(v.ranks)}"
+                                                   if v.ranks else ""),
             f"- **Cost:** {_cost(v)}",
-            f"- **Owner:** {v.owner}" + (f", {v.channel}" if v.channel else ""),
-            f"- **Topology path:** {' → '.join(v.path) or 'unknown'}",
-            "- **Other jobs on the same switch or storage pool:** " + ("; ".join(v.neighbours) or "none"),
-            "- **Checked and found clean:** " + ("; ".join(v.clean) or "nothing checked by this rule")]
+            f"- **Owner:** {esc(v.owner)}" + (f", {esc(v.channel)}" if v.channel else ""),
+            f"- **Topology path:** {' → '.join(esc(p) for p in v.path) or 'unknown'}",
+            "- **Other jobs on the same switch or storage pool:** " + ("; ".join(map(esc, v.neighbours)) or "none"),
+            "- **Checked and found clean:** " + ("; ".join(md_text(c, v.names) for c in v.clean)
+                                                 or "nothing checked by this rule")]
     if v.next_step:
-        out.append(f"- **Next step:** {v.next_step}")
+        out.append(f"- **Next step:** {md_text(v.next_step, v.names)}")
     def fig(x: float | None, unit: str = "") -> str:
-        return "" if x is None else f"{x:.4g}{' ' + unit if unit else ''}"
+        return "" if x is None else f"{x:.4g}{' ' + esc(unit) if unit else ''}"
 
     if not v.evidence_last or v.last_at is None:
         out += ["", "| evidence | entity | value | baseline | threshold |", "|---|---|---|---|---|"]
         for e in v.evidence:
-            out.append(f"| `{e['metric']}` | {e['entity']} | {fig(e['value'], e['unit'])} | {fig(e['baseline'])} "
-                       f"| {e['threshold']} |")
+            out.append(f"| {_metric(e)} | {esc(e['entity'])} | {fig(e['value'], e['unit'])} "
+                       f"| {fig(e['baseline'])} | {esc(e['threshold'] or '')} |")
         return out + [""]
     # The cost above is the last update's: show the figures then beside those it fired on.
     then = {"resolved": f"at its resolution ({_hms(v.last_at)})", "data-end": f"when the data ended ({_hms(v.end)})"
@@ -126,9 +179,15 @@ def _incident_md(v: IncidentView) -> list[str]:
             "| baseline | threshold |", "|---|---|---|---|---|---|---|"]
     for e in v.evidence:
         end = v.evidence_last.get((e["metric"], e["entity"]), {})
-        out.append(f"| `{e['metric']}` | {e['entity']} | {fig(e['value'], e['unit'])} | {fig(e['baseline'])} "
-                   f"| {fig(end.get('value'), e['unit'])} | {fig(end.get('baseline'))} | {e['threshold']} |")
+        out.append(f"| {_metric(e)} | {esc(e['entity'])} | {fig(e['value'], e['unit'])} "
+                   f"| {fig(e['baseline'])} | {fig(end.get('value'), e['unit'])} | {fig(end.get('baseline'))} "
+                   f"| {esc(e['threshold'] or '')} |")
     return out + [""]
+
+
+def _metric(e: dict[str, Any]) -> str:
+    """An evidence row's metric as code, for a table cell: a ``|`` there would end the cell (GFM), even in code."""
+    return md_text("`" + str(e["metric"]).replace("|", "¦").replace("`", "'") + "`")
 
 
 def _hms(t: float) -> str:
@@ -144,7 +203,7 @@ def markdown(data: ReportData, png_names: str | Sequence[str]) -> str:
 
     names = [png_names] if isinstance(png_names, str) else list(png_names)
     w = data.window
-    out = [f"# Postmortem: {', '.join(data.jobs) or 'the cluster'}, {_utc(w.since)} – {_utc(w.until)}"
+    out = [f"# Postmortem: {', '.join(map(esc, data.jobs)) or 'the cluster'}, {_utc(w.since)} – {_utc(w.until)}"
            + (" (interrupted: partial)" if data.interrupted else ""), "",
            "## Summary", ""]
     out += [f"- {line}" for line in summary(data)]
@@ -163,7 +222,7 @@ def markdown(data: ReportData, png_names: str | Sequence[str]) -> str:
     if data.interrupted:
         out.append(f"- **interrupted** (Ctrl-C) {_interrupted(data)}: the rest of the window, to {_utc(w.until)}, "
                    "was not read")
-    out += [f"- skipped {n}: {why}" for why, n in sorted(data.skipped.items())] or ["- nothing skipped"]
+    out += [f"- skipped {n}: {esc(why)}" for why, n in sorted(data.skipped.items())] or ["- nothing skipped"]
     return "\n".join(out) + "\n"
 
 
@@ -172,10 +231,90 @@ h1{font-size:1.4em}h2{border-bottom:1px solid #ccc}table{border-collapse:collaps
 td,th{border:1px solid #ccc;padding:2px 6px;font-size:.9em}code{background:#f3f3f3}img{max-width:100%}"""
 
 
-def html(data: ReportData, pngs: bytes | Sequence[bytes]) -> str:
-    """The report as one HTML file with the timeline PNGs inlined (opens offline)."""
-    import re
+def _tokens(s: str) -> list[tuple[str, str]]:
+    """The inline Markdown this report writes, read back: ("text", literal), ("code", literal), ("bold", "").
 
+    Backslash escapes give their character (so a name is never read as Markdown), a code span is fenced by
+    a run of backticks and closed by a run of the same length, ``**`` toggles bold (an unpaired last one is
+    literal).  Used by the HTML file and the Slack post, which render the same Markdown.
+    """
+    out: list[tuple[str, str]] = []
+    buf: list[str] = []
+
+    def flush() -> None:
+        if buf:
+            out.append(("text", "".join(buf)))
+            buf.clear()
+
+    i, n = 0, len(s)
+    while i < n:
+        c = s[i]
+        if c == "\\" and i + 1 < n and s[i + 1] in _PUNCT:
+            buf.append(s[i + 1])
+            i += 2
+        elif c == "`":
+            j = i
+            while j < n and s[j] == "`":
+                j += 1
+            m = re.compile(f"(?<!`){'`' * (j - i)}(?!`)").search(s, j)
+            if m is None:
+                buf.append(s[i:j])
+                i = j
+                continue
+            code = s[j:m.start()]
+            if len(code) >= 2 and code[0] == code[-1] == " " and code.strip(" "):
+                code = code[1:-1]
+            flush()
+            out.append(("code", code))
+            i = m.end()
+        elif s.startswith("**", i):
+            flush()
+            out.append(("bold", ""))
+            i += 2
+        else:
+            buf.append(c)
+            i += 1
+    flush()
+    bolds = [k for k, t in enumerate(out) if t[0] == "bold"]
+    if len(bolds) % 2:
+        out[bolds[-1]] = ("text", "**")
+    return out
+
+
+_PUNCT = frozenset("!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~")
+
+
+def _cells(row: str) -> list[str]:
+    """A table row's cells: split at each ``|`` that is not backslash-escaped."""
+    cells, cur, i = [], [], 0
+    row = row.strip()
+    row = row[1:] if row.startswith("|") else row
+    while i < len(row):
+        if row[i] == "\\" and i + 1 < len(row):
+            cur.append(row[i:i + 2])
+            i += 2
+            continue
+        if row[i] == "|":
+            cells.append("".join(cur))
+            cur = []
+        else:
+            cur.append(row[i])
+        i += 1
+    if "".join(cur).strip():
+        cells.append("".join(cur))
+    return cells
+
+
+def plain(s: str) -> str:
+    """Inline Markdown as the text it shows (a title, a Slack line's literal parts)."""
+    return "".join(v if k != "bold" else "" for k, v in _tokens(s))
+
+
+def html(data: ReportData, pngs: bytes | Sequence[bytes]) -> str:
+    """The report as one HTML file with the timeline PNGs inlined (opens offline).
+
+    Rendered from the Markdown (:func:`_tokens`), so both say the same; every name stays literal text.
+    """
     pngs = [pngs] if isinstance(pngs, bytes) else list(pngs)
     md = markdown(data, [f"timeline-{i + 1}.png" for i in range(len(pngs))])
     imgs = iter("data:image/png;base64," + base64.b64encode(p).decode() for p in pngs)
@@ -183,14 +322,20 @@ def html(data: ReportData, pngs: bytes | Sequence[bytes]) -> str:
     table: list[str] = []
 
     def inline(s: str) -> str:
-        s = _html.escape(s)
-        s = re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", s)
-        s = re.sub(r"(https://[^\s<]+)", r'<a href="\1">\1</a>', s)
-        return re.sub(r"`(.+?)`", r"<code>\1</code>", s)
+        out, bold = [], False
+        for kind, v in _tokens(s):
+            if kind == "bold":
+                out.append("</b>" if bold else "<b>")
+                bold = not bold
+            elif kind == "code":
+                out.append(f"<code>{_html.escape(v)}</code>")
+            else:
+                out.append(re.sub(r"(https://[^\s<>&\"']+)", r'<a href="\1">\1</a>', _html.escape(v)))
+        return "".join(out)
 
     def flush_table() -> None:
         if table:
-            rows = [r.strip("|").split("|") for r in table if not set(r) <= set("|-")]
+            rows = [_cells(r) for r in table if not set(r) <= set("|-")]
             body.append("<table>" + "".join(
                 "<tr>" + "".join(f"<{'th' if i == 0 else 'td'}>{inline(c.strip())}</{'th' if i == 0 else 'td'}>"
                                  for c in r) + "</tr>" for i, r in enumerate(rows)) + "</table>")
@@ -211,6 +356,6 @@ def html(data: ReportData, pngs: bytes | Sequence[bytes]) -> str:
         elif line:
             body.append(f"<p>{inline(line)}</p>")
     flush_table()
-    title = _html.escape(md.splitlines()[0].lstrip("# "))
+    title = _html.escape(plain(md.splitlines()[0].lstrip("# ")))
     return (f"<!doctype html><html><head><meta charset=utf-8><title>{title}</title><style>{_CSS}</style></head>"
             "<body>\n" + "\n".join(body) + "\n</body></html>\n")

@@ -61,8 +61,7 @@ MAX_TEXT = 3_900
 
 def thread_text(lines: list[str], limit: int = MAX_TEXT) -> str:
     """The summary as one Slack message: incident lines while they fit in ``limit``, the totals line always last."""
-    # Slack's mrkdwn bolds with one asterisk
-    lines = [re.sub(r"\*\*(.+?)\*\*", r"*\1*", line) for line in lines]
+    lines = [mrkdwn(line) for line in lines]
     head, *incidents = ["*Postmortem (whywait replay)*", *lines[:-1]]
     tail = lines[-1] if lines else ""
     room = 80  # kept for the "…and N more" line
@@ -74,6 +73,21 @@ def thread_text(lines: list[str], limit: int = MAX_TEXT) -> str:
         out.append(line)
         size += len(line) + 1
     return "\n".join([*out, tail])
+
+
+def mrkdwn(line: str) -> str:
+    """A line of the report's Markdown in Slack's mrkdwn: bold with one asterisk, names literal.
+
+    The Markdown escapes names with backslashes, which Slack shows as they are; Slack reads ``&``, ``<``
+    and ``>`` instead (``<!channel>`` in a job name would ping the channel), so those are escaped.
+    """
+    from whywait.engine.report.render import _tokens
+
+    def lit(v: str) -> str:
+        return v.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+    return "".join("*" if k == "bold" else f"`{lit(v)}`" if k == "code" and "`" not in v else lit(v)
+                   for k, v in _tokens(line))
 
 
 def _channel_id(client: object, name: str) -> str:

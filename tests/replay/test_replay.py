@@ -618,8 +618,10 @@ def test_an_incident_open_at_the_end_carries_its_latest_cost_not_the_first_estim
     [v] = [v for v in rep.data.incidents if v.rule_id == "network.straggler-retransmits"]
     assert v.cost is not None and v.cost["gpu_hours_lost"] == pytest.approx(want) and not v.resolved
     md = rep.write(tmp_path / "r")["md"].read_text()
-    assert f"**Cost:** {want:.2f} GPU-hours lost" in md
-    assert "at its resolution" not in md and "| when the data ended (" in md  # open: its figures at the data's end
+    section = md.split(f"### #{v.number} ", 1)[1].split("\n### ", 1)[0]
+    assert f"**Cost:** {want:.2f} GPU-hours lost" in section
+    # open: its figures at the data's end, not "at its resolution"
+    assert "at its resolution" not in section and "| when the data ended (" in section
 
 
 def test_a_reused_report_folder_loses_the_stale_pages_of_a_longer_report_and_nothing_else(tmp_path: Path) -> None:
@@ -692,3 +694,50 @@ def test_concurrent_incidents_of_one_job_count_its_lost_time_once_in_the_total(t
         line = next(x for x in md.splitlines() if x.startswith(f"#{v.number} ") or x.startswith(f"- #{v.number} "))
         assert f"Cost: {v.cost['gpu_hours_lost']:.2f} GPU-hours lost" in line
         assert f"{v.counted:.2f} of it counted in the total" in line
+
+
+HOSTILE = "<img src=x onerror=alert(1)>|`x`*y*"
+
+
+def test_names_are_escaped_in_the_markdown_and_stay_literal_in_the_html(tmp_path: Path) -> None:
+    # Before: a job named <img src=x onerror=alert(1)>|`x`*y* gave the evidence table an extra column, put the raw
+    # <img> into report.md, and the HTML made <code>x</code> of the name's backticks and broke its own bold tag.
+    import dataclasses
+
+    from whywait.engine.report.render import _cells, html, markdown
+    from whywait.engine.report.slack import thread_text
+
+    rep, _ = report_for([("nic-packet-loss", "node-05", 120, 200)], tmp_path)
+    data = rep.data
+    v = data.incidents[0]
+    job = v.job or ""
+    data.jobs = [HOSTILE if j == job else j for j in data.jobs]
+
+    def hostile(s: str) -> str:
+        return s.replace(job, HOSTILE)
+
+    data.incidents[0] = dataclasses.replace(
+        v, job=HOSTILE, title=hostile(v.title), cause=hostile(v.cause) + f" Try `kill {HOSTILE}` first.",
+        owner="t`e (project p<b>|x)", next_step=hostile(v.next_step) + " Then `ethtool -S` it.",
+        evidence=[{**e, "entity": hostile(e["entity"])} for e in v.evidence],
+        evidence_last={(m, hostile(ent)): x for (m, ent), x in v.evidence_last.items()},
+        names=tuple(hostile(n) for n in v.names) + ("t`e", "p<b>|x"))
+    md = markdown(data, "timeline.png")
+    outside_code = md.replace(f"`` kill {HOSTILE} ``", "")  # in a code span, <img> is literal text (CommonMark)
+    assert "<img" not in outside_code.replace("\\<img", "") and "<b>" not in outside_code.replace("\\<b\\>", "")
+    assert "\\<img src=x onerror=alert(1)\\>\\|\\`x\\`\\*y\\*" in md  # the name, escaped
+    rows = [line for line in md.splitlines() if line.startswith("| ")]
+    widths = {len(_cells(r)) for r in rows if not set(r) <= set("|-")}
+    assert widths == {7}, widths  # the | in the name no longer adds a column
+    assert f"`` kill {HOSTILE} ``" in md  # a name inside the rule's own code span stays verbatim there
+    page = html(data, b"\x89PNG")
+    body = page.split("<body>", 1)[1]
+    assert "<img src=x" not in body and "<code>x</code>" not in body and "<b>|x" not in body
+    assert "&lt;img src=x onerror=alert(1)&gt;|`x`*y*" in body  # the name as it is, literal
+    assert "<code>ethtool -S</code>" in body  # the rule's own code spans are still code
+    assert f"<code>kill {HOSTILE.replace('<', '&lt;').replace('>', '&gt;')}</code>" in body
+    assert "<title>Postmortem: &lt;img src=x" in page
+    for row in body.split("<tr>")[1:]:
+        assert row.count("<td>") in (0, 7) and row.count("<th>") in (0, 7), row
+    slack = thread_text(rep.summary_lines())
+    assert "&lt;img src=x onerror=alert(1)&gt;|`x`*y*" in slack and "\\" not in slack  # literal, and no <!...> mention
