@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import msgspec
-from whywait.agents.events import MAX_MESSAGE_BYTES, SCHEMA_VERSION
+from whywait.agents.events import MAX_MESSAGE_BYTES, SCHEMA_VERSION, TOPICS
 from whywait.engine.importers import ImportFormatError
 
 log = logging.getLogger(__name__)
@@ -86,6 +86,7 @@ class _Line(msgspec.Struct):
 
 # A replay of a bundle reads every line: the compiled decoder takes a third of json.loads' time per line.
 _LINE = msgspec.json.Decoder(_Line)
+_TOPICS = frozenset(t.name for t in TOPICS)  # the topics a bundle's lines may name: the contract's
 
 
 @dataclass
@@ -284,16 +285,21 @@ class Bundle:
         """Yield ``(topic, raw value)`` in the bundle's (event-time) order.
 
         A line over :data:`MAX_LINE_BYTES` is skipped without being held, and a line that is not
-        ``{"topic": ..., "value": "..."}`` is skipped too; each is logged with its number and counted in
-        :attr:`skipped`.  (A bundle whose checksums were recomputed after an edit can hold such lines.)
+        ``{"topic": ..., "value": "..."}`` is skipped too (one naming a topic that is none of the contract's is
+        said to be that, ``unknown topic 'x'``, not the shape it breaks); each is counted in :attr:`skipped`,
+        which the summary prints (the first few by line number), and logged at debug level only (``-v`` names
+        every one): it was a WARNING as well, so each bad line was said twice, in two styles.  A line of the
+        right shape is yielded whatever its topic: the contract's decoder says what is wrong with its value
+        there (``kind 'host' belongs on whywait.host.v1, not whywait.nosuch.v1``).  (A bundle whose checksums
+        were recomputed after an edit can hold such lines.)
         """
         with self._zip.open(EVENTS) as fh:
             for no, line in enumerate(_lines(fh, MAX_LINE_BYTES), start=1):
                 if line is None:
                     self.skipped[f"{EVENTS}: a line over {MAX_LINE_BYTES:,} bytes (longer than any contract "
                                  "message)"] += 1
-                    log.warning("%s:%s:%d: line over %s bytes, longer than any contract message: skipped",
-                                self.path, EVENTS, no, f"{MAX_LINE_BYTES:,}")
+                    log.debug("%s:%s:%d: line over %s bytes, longer than any contract message: skipped",
+                              self.path, EVENTS, no, f"{MAX_LINE_BYTES:,}")
                     continue
                 try:
                     fast = _LINE.decode(line)
@@ -303,18 +309,25 @@ class Bundle:
                     # (A line nested past the decoders' depth limit raises RecursionError: it is malformed too.)
                     try:
                         rec = json.loads(line)
-                        topic, value = rec["topic"], rec["value"].encode()
+                        topic = rec["topic"]
+                        if isinstance(topic, str) and topic not in _TOPICS:
+                            self._skip_line(no, _unknown_topic(topic), "unknown topics")
+                            continue
+                        value = rec["value"].encode()
                     except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
                         # One bad line costs that line, as a malformed message on a topic does: the
-                        # replay (or import) goes on, and its summary counts it.  The first few are
-                        # named by number (the log names every one).
-                        self.bad_lines += 1
-                        where = f"line {no}" if self.bad_lines <= 3 else "more lines"
-                        self.skipped[f"{EVENTS}: {where}: expected " + '{"topic": ..., "value": "..."}'] += 1
-                        log.warning("%s:%s:%d: expected {\"topic\": ..., \"value\": \"...\"}: skipped",
-                                    self.path, EVENTS, no)
+                        # replay (or import) goes on, and its summary counts it.
+                        self._skip_line(no, "expected " + '{"topic": ..., "value": "..."}')
                         continue
                 yield topic, value
+
+    def _skip_line(self, no: int, why: str, why_all: str | None = None) -> None:
+        """Count line ``no`` of the events as skipped, for ``why``: the first few by number, the rest together
+        (for ``why_all``: one count for every unknown topic, however many an edit named)."""
+        self.bad_lines += 1
+        where = f"line {no}: {why}" if self.bad_lines <= 3 else f"more lines: {why_all or why}"
+        self.skipped[f"{EVENTS}: {where}"] += 1
+        log.debug("%s:%s:%d: %s: skipped", self.path, EVENTS, no, why)
 
     def extract(self, dest: Path) -> tuple[Path | None, list[Path]]:
         """Write the topology and rule files under ``dest``; return the topology path and the rule paths.
@@ -437,6 +450,10 @@ def _is_number(v: Any) -> bool:
 def _kind(v: Any) -> str:
     names: dict[type, str] = {dict: "an object", list: "an array", str: "a string"}
     return names.get(type(v), type(v).__name__)
+
+
+def _unknown_topic(topic: str) -> str:
+    return f"unknown topic {topic if len(topic) <= 80 else topic[:77] + '...'!r}"
 
 
 def _shown(v: Any) -> str:

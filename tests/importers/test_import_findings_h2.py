@@ -146,3 +146,48 @@ def test_two_rows_of_one_step_print_their_values_in_full(tmp_path: Path) -> None
                                 "step")
     g = _table(tmp_path / "d2.csv", ["1796400000.25,j,0,0,0.8,n", "1796400000.25,j,0,0,0.8000001,n"])
     assert "(duration_s 0.8 there, 0.8000001 here)" in imp(tmp_path, str(g)).stderr
+
+
+# ---- #21 an edited bundle's bad lines: said once, an unknown topic as that ------------------------------------
+
+def test_an_edited_bundles_bad_lines_are_said_once_and_an_unknown_topic_as_that(tmp_path: Path) -> None:
+    import zipfile
+
+    from whywait.engine.importers.bundle import Bundle, BundleWriter
+
+    host = {"schema": 1, "kind": "host", "time": T0 / 1e6 + 1, "node": "node-01", "cpu_busy_pct": 5.0,
+            "cpu_iowait_pct": 0.0, "mem_used_bytes": 1, "mem_total_bytes": 2}
+    good = json.dumps({"topic": "whywait.host.v1", "value": json.dumps(host)})
+    p = tmp_path / "edited.whywait"
+    with BundleWriter(p, {"since": T0 / 1e6, "until": T0 / 1e6 + 60, "lead_s": 0.0}) as bw:
+        bw.add("whywait.host.v1", json.dumps(host).encode())
+        bw.close(None, [])
+    # edited as the findings did, and its checksums recomputed (a bundle's reader can only take it at its word)
+    lines = [good, "not json at all", '{"topic":"whywait.nosuch.v1","value":{"a":1}}',
+             '{"topic":"whywait.nosuch.v1"}', '{"topic":"whywait.host.v1","value":{"a":1}}', good]
+    events = ("\n".join(lines) + "\n").encode()
+    import hashlib
+
+    with zipfile.ZipFile(p) as z:
+        members = {n: z.read(n) for n in z.namelist()}
+    manifest = json.loads(members["manifest.json"])
+    manifest["members"]["events.jsonl"] = {"sha256": hashlib.sha256(events).hexdigest(), "bytes": len(events)}
+    members.update({"events.jsonl": events, "manifest.json": json.dumps(manifest).encode()})
+    with zipfile.ZipFile(p, "w", compression=zipfile.ZIP_DEFLATED) as z:
+        for n, data in members.items():
+            z.writestr(n, data)
+    b = Bundle(p)
+    b.verify()
+    assert len(list(b.events())) == 2
+    assert b.skipped == {'events.jsonl: line 2: expected {"topic": ..., "value": "..."}': 1,
+                         "events.jsonl: line 3: unknown topic 'whywait.nosuch.v1'": 1,
+                         "events.jsonl: line 4: unknown topic 'whywait.nosuch.v1'": 1,
+                         'events.jsonl: more lines: expected {"topic": ..., "value": "..."}': 1}
+    r = imp(tmp_path, str(p))
+    assert r.returncode == 0, r.stderr
+    assert "WARNING" not in r.stderr and "events.jsonl" not in r.stderr, r.stderr  # said once: in the summary
+    said = [x for x in r.stdout.splitlines() if "events.jsonl" in x]
+    assert said == ['  skipped 1: events.jsonl: line 2: expected {"topic": ..., "value": "..."}',
+                    "  skipped 1: events.jsonl: line 3: unknown topic 'whywait.nosuch.v1'",
+                    "  skipped 1: events.jsonl: line 4: unknown topic 'whywait.nosuch.v1'",
+                    '  skipped 1: events.jsonl: more lines: expected {"topic": ..., "value": "..."}']
