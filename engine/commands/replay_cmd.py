@@ -799,7 +799,7 @@ def run(args: argparse.Namespace) -> int:
                     if n_inc > PAGE_INCIDENTS else ""
                 print(f"timeline: {args.plot}{paged}")
             if args.report:
-                paths = rep.write(args.report)
+                paths = rep.write(args.report, keep=(args.plot,) if args.plot else ())
                 print(f"report: {paths['html']} (and {paths['md'].name}, {len(paths['pngs'])} PNG)")
             if args.slack_thread:
                 from whywait.engine.report.slack import post_to_thread

@@ -285,8 +285,11 @@ class Report:
 
         return summary(self.data)
 
-    def write(self, folder: Path) -> dict[str, Any]:
-        """Write ``report.html``, ``report.md`` and the timeline PNGs into ``folder``; return their paths."""
+    def write(self, folder: Path, keep: tuple[Path, ...] = ()) -> dict[str, Any]:
+        """Write ``report.html``, ``report.md`` and the timeline PNGs into ``folder``; return their paths.
+
+        ``keep``: files written by the same command (``--plot DIR/timeline-2.png``), never taken for stale pages.
+        """
         import re
 
         from whywait.engine.report.render import html, markdown
@@ -297,7 +300,8 @@ class Report:
         # one page): the page files this writer names and did not write now are stale, and removed.  Nothing else.
         page = re.compile(r"timeline-[0-9]+\.png")
         for old in folder.iterdir():
-            if page.fullmatch(old.name) and old not in pngs and old.is_file() and not old.is_symlink():
+            if page.fullmatch(old.name) and old not in pngs and old.is_file() and not old.is_symlink() \
+                    and not any(old.resolve() == k.resolve() for k in keep):
                 old.unlink()
         (folder / "report.md").write_text(markdown(self.data, [p.name for p in pngs]))
         (folder / "report.html").write_text(html(self.data, [p.read_bytes() for p in pngs]))

@@ -636,6 +636,9 @@ def test_a_reused_report_folder_loses_the_stale_pages_of_a_longer_report_and_not
     assert [p.name for p in paths["pngs"]] == ["timeline.png"]
     assert sorted(p.name for p in folder.iterdir()) == ["notes.md", "report.html", "report.md", "timeline-2.png.bak",
                                                         "timeline-notes.png", "timeline.png"]
+    (folder / "timeline-3.png").write_text("--plot's own")  # what the same command wrote there is kept
+    rep.write(folder, keep=(folder / "timeline-3.png",))
+    assert (folder / "timeline-3.png").read_text() == "--plot's own"
 
 
 def test_a_report_of_an_interrupted_replay_says_so_where_it_stopped(one_fault: tuple[Topology, list],
