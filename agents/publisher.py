@@ -23,8 +23,16 @@ the recent past is what the engine needs to say why a job is waiting *now*,
 and event-time windows would discard hour-old samples anyway.  Segments are
 ``spool_max_bytes / 8`` each, so at most an eighth of the spool goes at once.
 
+A spool that cannot be written (a full disk, a read-only file system, wrong
+permissions) does not stop the publisher: what it could not keep is counted in
+``dropped`` and said in a warning naming the folder (once a minute at most).
+
 Delivery is at least once: a message whose acknowledgement was lost in a
-failure is sent again from the spool.
+failure is sent again from the spool.  When an acknowledgement does not come,
+the producer is thrown away with the batches it still holds before those
+messages go to the spool, so the producer cannot deliver them a second time
+after it reconnects (only a batch the broker wrote but whose answer was lost
+arrives twice).
 """
 
 from __future__ import annotations
@@ -44,11 +52,33 @@ from whywait.agents.events import ContractError, encode, validate
 
 from whywait import jsonl
 
-log = logging.getLogger("whywait.agent")
+# Named after its user: the agent passes its own logger, the placement hooks leave this one.
+log = logging.getLogger("whywait.publisher")
 
 
 #: seconds between two log lines about messages refused for the same kind and field
 _REFUSAL_LOG_S = 60.0
+#: seconds between two warnings about one lasting problem (an outage, a full spool, an unwritable spool)
+SAY_EVERY_S = 60.0
+
+
+def size_text(n: float) -> str:
+    """Bytes as an operator reads them: ``5.1 KiB``, ``64 MiB``."""
+    for unit in ("bytes", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} bytes" if unit == "bytes" else f"{n:.3g} {unit}"
+        n /= 1024
+    return f"{n:.3g} GiB"  # pragma: no cover - the loop returns
+
+
+def reason(exc: BaseException) -> str:
+    """``Type: message`` of an exception, never an empty message (aiokafka's timeouts and asyncio's have none)."""
+    text = str(exc).strip()
+    if not text:
+        doc = (type(exc).__doc__ or "").strip().splitlines()
+        text = doc[0].rstrip(".") if doc and not doc[0].startswith(("Built-in", "Common base")) else "no detail given"
+    name = type(exc).__name__
+    return text if text.startswith(name) else f"{name}: {text}"  # aiokafka's messages start with their name
 
 
 class Publisher(ABC):
@@ -156,12 +186,17 @@ class Spool:
 
     SUFFIX = ".spool"
 
-    def __init__(self, directory: str, max_bytes: int = 64 << 20) -> None:
+    def __init__(self, directory: str, max_bytes: int = 64 << 20, logger: logging.Logger | None = None,
+                 bound_flag: str | None = None) -> None:
         self.dir = directory
         self.max_bytes = max(int(max_bytes), 4096)
         self.segment_bytes = max(self.max_bytes // 8, 1024)
         os.makedirs(directory, exist_ok=True)
         self.dropped = 0
+        self.log = logger or log
+        self.bound_flag = bound_flag  # the flag that sets max_bytes, named in the drop warning
+        self._drops_said = (float("-inf"), 0)  # (when the last drop warning went out, drops since then)
+        self._fresh = False  # the last write failed: the next record starts a new segment (no torn line before it)
         # seq -> [records, bytes]; the head segment's first `self._head_done` records were sent.
         self._segments: dict[int, list[int]] = {}
         self._head_done = 0
@@ -200,27 +235,59 @@ class Spool:
             return
 
     def append(self, topic: str, key: str, value: bytes) -> None:
+        """Add one record at the tail.  Raises ``OSError`` when the folder cannot be written (a full disk, a
+        read-only file system, permissions); the spool is unchanged then and takes the next record."""
         line = (json.dumps([topic, key, value.decode()], separators=(",", ":")) + "\n").encode()
         tail = max(self._segments) if self._segments else None
-        if tail is None or self._segments[tail][1] + len(line) > self.segment_bytes or \
-                (tail == min(self._segments) and self._head_cache is not None):
+        new = tail is None or self._fresh or self._segments[tail][1] + len(line) > self.segment_bytes or \
+            (tail == min(self._segments) and self._head_cache is not None)
+        if new:
             tail = (tail + 1) if tail is not None else 1
-            self._segments[tail] = [0, 0]
             if self._fh is not None:
                 self._fh.close()
                 self._fh = None
+        assert tail is not None
         if self._fh is None:
-            self._fh = open(self._path(tail), "ab")
-        self._fh.write(line)
-        self._fh.flush()
+            self._fh = open(self._path(tail), "ab")  # raises before anything is recorded
+        if new:
+            self._segments[tail] = [0, 0]
+        try:
+            self._fh.write(line)
+            self._fh.flush()
+        except OSError:
+            fh, self._fh = self._fh, None
+            try:
+                fh.close()
+            except OSError:
+                pass
+            self._fresh = True  # a torn line may end this segment: the next record goes to a new one
+            if self._segments[tail][0] == 0:
+                self._remove(tail)
+            raise
+        self._fresh = False
         self._segments[tail][0] += 1
         self._segments[tail][1] += len(line)
         while self.size_bytes > self.max_bytes and len(self._segments) > 1:
             head = min(self._segments)
             lost = self._segments[head][0] - self._head_done
             self.dropped += lost
-            log.warning("spool over %d bytes: dropped its oldest %d messages", self.max_bytes, lost)
+            self._say_drops(lost)
             self._remove(head)
+
+    def _say_drops(self, lost: int) -> None:
+        """Warn about messages dropped past the bound: the first time, then at most once a minute."""
+        last, since = self._drops_said
+        now = time.monotonic()
+        if now - last < SAY_EVERY_S:
+            self._drops_said = (last, since + lost)
+            return
+        self._drops_said = (now, 0)
+        flag = f" ({self.bound_flag})" if self.bound_flag else ""
+        hint = f"; raise {self.bound_flag} to keep more of an outage" if self.bound_flag else ""
+        self.log.warning("spool %s is full at %s%s: dropped its oldest %d message(s)%s, %d in all since "
+                         "start%s (said at most once a minute)", self.dir, size_text(self.max_bytes), flag,
+                         since + lost, " since the last warning" if last > float("-inf") else "", self.dropped,
+                         hint)
 
     def peek(self, n: int) -> list[tuple[str, str, bytes]]:
         """The oldest unsent records, at most ``n``, all from the head segment.
@@ -278,15 +345,20 @@ class KafkaPublisher(Publisher):
 
     ``send`` never waits on the broker: a background task delivers messages in
     batches, spooling them when the broker is unreachable and retrying with
-    backoff.  ``producer_factory`` (tests) builds the producer.
+    backoff.  ``producer_factory`` (tests) builds the producer.  ``logger`` is the
+    user's (the agent's, a hook's); ``spool_flag`` and ``bound_flag`` name the
+    flags that set the spool folder and its bound, for the warnings.
     """
 
     def __init__(self, bootstrap: str, spool_dir: str, spool_max_bytes: int = 64 << 20,
                  batch: int = 500, request_timeout_ms: int = 10_000, max_backoff_s: float = 10.0,
-                 producer_factory: Any = None, memory_max: int = 10_000) -> None:
+                 producer_factory: Any = None, memory_max: int = 10_000, logger: logging.Logger | None = None,
+                 spool_flag: str | None = None, bound_flag: str | None = None) -> None:
         super().__init__()
+        self.log = logger or log
         self.bootstrap = bootstrap
-        self.spool = Spool(spool_dir, spool_max_bytes)
+        self.spool_flag = spool_flag
+        self.spool = Spool(spool_dir, spool_max_bytes, logger=self.log, bound_flag=bound_flag)
         self.batch = batch
         self.request_timeout_ms = request_timeout_ms
         self.max_backoff_s = max_backoff_s
@@ -301,6 +373,10 @@ class KafkaPublisher(Publisher):
         self._closing = False
         self._inflight: list[tuple[str, str, bytes]] = []
         self.last_error: str | None = None
+        self.spool_failed = 0  # messages dropped because the spool could not be written (also in `dropped`)
+        self._spool_said = (float("-inf"), 0)  # (last warning, failures since)
+        self._down_since: float | None = None  # monotonic time the current outage was first said
+        self._down_said = float("-inf")
 
     @property
     def spooled(self) -> int:
@@ -312,6 +388,9 @@ class KafkaPublisher(Publisher):
 
     async def start(self) -> None:
         if self._task is None:
+            if len(self.spool):
+                self.log.info("%d message(s) spooled by an earlier run in %s: sending them first",
+                              len(self.spool), self.spool.dir)
             self._task = asyncio.create_task(self._run(), name="whywait-publisher")
 
     async def send(self, topic: str, key: str, msg: dict[str, Any]) -> None:
@@ -324,11 +403,29 @@ class KafkaPublisher(Publisher):
                 return
             self._queue.append(record)
         else:
-            self.spool.append(*record)
+            self._to_spool(record)
         self._idle.clear()
         self._wake.set()
         if self._task is None:
             await self.start()
+
+    def _to_spool(self, record: tuple[str, str, bytes]) -> None:
+        """Spool one record; one that cannot be written is dropped and counted, and said (once a minute)."""
+        try:
+            self.spool.append(*record)
+        except OSError as exc:
+            self.dropped += 1
+            self.spool_failed += 1
+            last, since = self._spool_said
+            now = time.monotonic()
+            if now - last < SAY_EVERY_S:
+                self._spool_said = (last, since + 1)
+                return
+            self._spool_said = (now, 0)
+            flag = f" (set by {self.spool_flag})" if self.spool_flag else ""
+            self.log.warning("cannot write the spool %s%s: %s; messages Kafka has not taken are dropped "
+                             "(%d so far; said at most once a minute)", self.spool.dir, flag,
+                             exc.strerror or exc, self.spool_failed)
 
     def _pending(self) -> int:
         return len(self._queue) + len(self.spool)
@@ -336,6 +433,7 @@ class KafkaPublisher(Publisher):
     async def _connect(self) -> bool:
         if self._producer is not None:
             return True
+        producer: Any = None
         try:
             if self._factory is not None:
                 producer = self._factory()
@@ -348,47 +446,92 @@ class KafkaPublisher(Publisher):
                     client_id="whywait-agent")
             await producer.start()
         except Exception as exc:
-            self._note_down(f"cannot connect: {exc}")
-            try:
-                await producer.stop()  # type: ignore[possibly-undefined]
-            except Exception:
-                pass
+            self._note_down(f"cannot connect: {reason(exc)}")
+            if producer is not None:
+                try:
+                    await producer.stop()
+                except Exception:
+                    pass
             return False
         self._producer = producer
-        log.info("Kafka at %s connected", self.bootstrap)
+        self.log.info("Kafka at %s connected", self.bootstrap)
         return True
 
     def _note_down(self, why: str) -> None:
-        if self._connected or self.last_error is None:
-            log.warning("Kafka at %s unreachable, spooling to %s: %s", self.bootstrap, self.spool.dir, why)
+        """Say an outage when it starts, then once a minute while it lasts (with what waits in the spool)."""
+        now = time.monotonic()
+        if self._connected or self.last_error is None or self._down_since is None:
+            self._down_since = self._down_said = now
+            self.log.warning("Kafka at %s unreachable, spooling to %s: %s", self.bootstrap, self.spool.dir, why)
+        elif now - self._down_said >= SAY_EVERY_S:
+            self._down_said = now
+            self.log.warning("Kafka at %s still unreachable after %.0f s; %d message(s) spooled in %s: %s",
+                             self.bootstrap, now - self._down_since, len(self.spool) + len(self._queue),
+                             self.spool.dir, why)
         self._connected = False
         self.last_error = why
 
     def _spool_unsent(self, records: list[tuple[str, str, bytes]]) -> None:
         """``records`` (older) then the in-memory queue (newer) go to the spool, in that order."""
         for r in records:
-            self.spool.append(*r)
+            self._to_spool(r)
         while self._queue:
-            self.spool.append(*self._queue.popleft())
+            self._to_spool(self._queue.popleft())
 
     async def _deliver(self, records: list[tuple[str, str, bytes]]) -> int:
-        """Send ``records`` in order; return how many leading ones were acknowledged."""
+        """Send ``records`` in order; return how many leading ones were acknowledged.
+
+        When fewer than all were, the producer is thrown away with what it still holds (see
+        :meth:`_drop_producer`): the caller spools the rest, and only the spool sends them again.
+        """
         futures = []
         try:
             for topic, key, value in records:
                 futures.append(await self._producer.send(topic, value=value, key=key.encode()))
         except Exception as exc:
-            self._note_down(f"send failed: {exc}")
+            self._note_down(f"send failed: {reason(exc)}")
         done = 0
         timeout = self.request_timeout_ms / 1000.0 + 5.0
         for fut in futures:
             try:
                 await asyncio.wait_for(asyncio.shield(fut), timeout)
+            except asyncio.TimeoutError:
+                self._note_down(f"not acknowledged within {timeout:.0f} s (the broker is down or does not answer)")
+                break
             except Exception as exc:
-                self._note_down(f"not acknowledged: {type(exc).__name__}: {exc}")
+                self._note_down(f"not acknowledged: {reason(exc)}")
                 break
             done += 1
+        if done < len(records):
+            for fut in futures[done:]:  # their outcome is the spool's business now: no "never retrieved" noise
+                fut.add_done_callback(_quiet)
+            await self._drop_producer()
         return done
+
+    async def _drop_producer(self) -> None:
+        """Throw the producer away without letting it deliver what it still holds.
+
+        aiokafka keeps retrying the batches it was given; had it kept them, it would deliver them after
+        reconnecting while the spool sends the same messages again (every message of the ~15 s before an
+        outage was noticed arrived twice).  Its sender is stopped first (nothing more goes out), then its
+        batches are failed, then it is closed; the next round connects a new one.
+        """
+        producer, self._producer = self._producer, None
+        if producer is None:
+            return
+        sender = getattr(producer, "_sender", None)
+        accumulator = getattr(producer, "_message_accumulator", None)
+        try:
+            if sender is not None:
+                await asyncio.wait_for(sender.close(), 5.0)
+            if accumulator is not None:
+                accumulator.fail_all(ConnectionError("dropped by whywait: spooled instead"))
+        except Exception:  # noqa: BLE001 - aiokafka's internals: stop() below still closes it
+            pass
+        try:
+            await asyncio.wait_for(producer.stop(), 5.0)
+        except Exception:  # noqa: BLE001
+            pass
 
     async def _run(self) -> None:
         backoff = 0.5
@@ -433,8 +576,9 @@ class KafkaPublisher(Publisher):
                     # "reachable again" only after an outage was said (a one-shot `placement publish`
                     # said it every time, although the broker had never been down).
                     if not self._connected and self.last_error is not None:
-                        log.info("Kafka at %s reachable again; spool drained", self.bootstrap)
+                        self.log.info("Kafka at %s reachable again; spool drained", self.bootstrap)
                         self.last_error = None
+                        self._down_since = None
                     self._connected = True
                 backoff = 0.5
 
@@ -464,9 +608,24 @@ class KafkaPublisher(Publisher):
         except asyncio.TimeoutError:
             return False
 
+    async def drain(self, timeout: float) -> bool:
+        """Give the broker up to ``timeout`` seconds to take everything accepted; True when it did.
+
+        Stops waiting early once the broker has failed to answer (:attr:`unreachable`): what is left
+        stays in the spool.  A broker still being connected to (a one-round agent) gets the time.
+        """
+        deadline = time.monotonic() + timeout
+        while self._pending():
+            if self.unreachable or time.monotonic() >= deadline:
+                return False
+            await self.flush(min(0.1, max(deadline - time.monotonic(), 0.0)))
+        return True
+
     async def close(self, timeout: float = 5.0) -> None:
-        if self._task is not None and (self._connected or self._producer is not None):
-            await self.flush(timeout)  # a broker that answered gets a few seconds to take the rest
+        """Give the broker up to ``timeout`` seconds to take what is queued (none once it failed to answer:
+        a stop during an outage is quick), then stop; what was not delivered stays in the spool."""
+        if self._task is not None and self._pending():
+            await self.drain(timeout)
         self._closing = True
         self._wake.set()
         if self._task is not None:
@@ -476,12 +635,20 @@ class KafkaPublisher(Publisher):
             except (asyncio.CancelledError, Exception):
                 pass
             self._task = None
+        held = bool(self._inflight)
         self._spool_unsent(self._inflight)  # anything not delivered survives in the spool
         self._inflight = []
-        if self._producer is not None:
+        if held:
+            await self._drop_producer()  # what it held is in the spool now: it must not send it too
+        elif self._producer is not None:
             try:
                 await asyncio.wait_for(self._producer.stop(), timeout)
             except Exception:
                 pass
             self._producer = None
         self.spool.close()
+
+
+def _quiet(fut: "asyncio.Future[Any]") -> None:
+    if not fut.cancelled():
+        fut.exception()

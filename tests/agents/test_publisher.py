@@ -138,7 +138,7 @@ async def test_reachable_again_is_said_after_an_outage_only(tmp_path: "os.PathLi
 
     broker = Broker(up=True)
     p = kafka(tmp_path, broker)
-    with caplog.at_level(logging.INFO, logger="whywait.agent"):
+    with caplog.at_level(logging.INFO, logger="whywait.publisher"):
         await p.send(TOPIC_HOST, "node-01", host_msg(0))
         assert await p.flush(timeout=5) and broker.values() == [0]
         assert said() == []
@@ -264,3 +264,196 @@ def test_a_spool_another_process_drained_is_empty_not_a_loop(tmp_path: Any) -> N
     assert b.peek(10) == [] and len(b) == 0  # forgotten, not asked for again
     b.append("t", "k2", b"w")  # and it still spools what it is given
     assert [r[1] for r in b.peek(10)] == ["k2"]
+
+
+class SlowBroker(Broker):
+    """A broker that takes ``connect_s`` to answer a new producer (aiokafka's bootstrap and metadata)."""
+
+    def __init__(self, connect_s: float) -> None:
+        super().__init__(up=True)
+        self.connect_s = connect_s
+
+
+class SlowProducer(FakeProducer):
+    async def start(self) -> None:
+        await asyncio.sleep(self.broker.connect_s)  # type: ignore[attr-defined]
+        await super().start()
+
+
+async def test_close_gives_a_broker_still_connecting_time_to_take_the_messages(tmp_path: Any) -> None:
+    # `whywait agent --once` closed the publisher while it was still connecting: nothing was flushed, the
+    # messages stayed in the spool, and the command exited 0 having sent nothing.
+    broker = SlowBroker(0.3)
+    p = KafkaPublisher("fake:9092", os.path.join(str(tmp_path), "spool"),
+                       producer_factory=lambda: SlowProducer(broker), max_backoff_s=0.05)
+    for i in range(3):
+        await p.send(TOPIC_HOST, "node-01", host_msg(i))
+    await p.close(timeout=5.0)
+    assert broker.values() == [0, 1, 2] and p.spooled == 0
+
+
+async def test_close_against_a_broker_that_refuses_is_quick_and_keeps_the_spool(tmp_path: Any) -> None:
+    broker = Broker(up=False)
+    p = kafka(tmp_path, broker)
+    for i in range(3):
+        await p.send(TOPIC_HOST, "node-01", host_msg(i))
+    await asyncio.sleep(0.05)
+    t0 = asyncio.get_running_loop().time()
+    await p.close(timeout=5.0)
+    assert asyncio.get_running_loop().time() - t0 < 1.0  # a stop during an outage is not slowed by the drain
+    assert p.spooled == 3 and broker.log == []
+
+
+async def test_a_spool_that_cannot_be_written_drops_counts_and_warns_once(
+        tmp_path: Any, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A full /var or a read-only file system killed the agent (OSError from Spool.append up to the CLI).
+    p = KafkaPublisher("fake:9092", os.path.join(str(tmp_path), "spool"), spool_flag="--spool-dir",
+                       producer_factory=lambda: FakeProducer(Broker(up=False)), max_backoff_s=0.05)
+    real_open = open
+
+    def full_disk(path: Any, *a: Any, **kw: Any) -> Any:
+        if str(path).endswith(".spool"):
+            raise OSError(28, "No space left on device", str(path))
+        return real_open(path, *a, **kw)
+
+    monkeypatch.setattr("builtins.open", full_disk)
+    with caplog.at_level(logging.WARNING, logger="whywait.publisher"):
+        for i in range(5):
+            await p.send(TOPIC_HOST, "node-01", host_msg(i))
+    said = [r.getMessage() for r in caplog.records if "cannot write the spool" in r.getMessage()]
+    assert p.dropped_total == 5 and p.spooled == 0
+    assert len(said) == 1 and p.spool.dir in said[0] and "--spool-dir" in said[0] and "No space left" in said[0]
+    monkeypatch.setattr("builtins.open", real_open)  # the disk has room again: spooling goes on
+    await p.send(TOPIC_HOST, "node-01", host_msg(5))
+    assert p.spooled == 1
+    await p.close(timeout=0.1)
+
+
+def test_a_failed_spool_write_leaves_the_spool_consistent(tmp_path: Any) -> None:
+    s = Spool(str(tmp_path), max_bytes=1 << 20)
+    s.append("t", "k", b"v0")
+
+    class Torn:
+        def write(self, data: bytes) -> int:
+            raise OSError(28, "No space left on device")
+
+        def flush(self) -> None:
+            pass
+
+        def close(self) -> None:
+            pass
+
+    s._fh = Torn()  # type: ignore[assignment]
+    with pytest.raises(OSError):
+        s.append("t", "k", b"v1")
+    s.append("t", "k", b"v2")
+    got = []
+    while len(s):
+        batch = s.peek(10)
+        got += [r[2] for r in batch]
+        s.commit(len(batch))
+    assert got == [b"v0", b"v2"]
+
+
+def test_spool_drop_warnings_are_said_once_a_minute_with_the_total_and_the_flag(
+        tmp_path: Any, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    import whywait.agents.publisher as publisher
+
+    clock = [1000.0]
+    monkeypatch.setattr(publisher.time, "monotonic", lambda: clock[0])
+    s = Spool(str(tmp_path), max_bytes=5242, bound_flag="--spool-max-mb")
+    with caplog.at_level(logging.WARNING, logger="whywait.publisher"):
+        for i in range(2000):
+            s.append("t", "k", f"value-{i:05d}".encode())
+            clock[0] += 0.01
+        assert s.dropped > 100 and len(caplog.records) == 1
+        clock[0] += 60
+        s.append("t", "k", b"x" * 2000)
+    assert len(caplog.records) == 2
+    text = caplog.records[1].getMessage()
+    assert "5.12 KiB (--spool-max-mb)" in text and "since the last warning" in text and "in all since start" in text
+
+
+async def test_the_outage_warning_says_why_and_repeats_every_minute(
+        tmp_path: Any, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    import whywait.agents.publisher as publisher
+
+    p = kafka(tmp_path, Broker(up=False))
+    clock = [1000.0]
+    monkeypatch.setattr(publisher.time, "monotonic", lambda: clock[0])
+    with caplog.at_level(logging.WARNING, logger="whywait.publisher"):
+        p._note_down(f"not acknowledged: {publisher.reason(asyncio.TimeoutError())}")
+        clock[0] += 30
+        p._note_down("cannot connect: ConnectionError: refused")
+        clock[0] += 31
+        p._note_down("cannot connect: ConnectionError: refused")
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 2 and not said[0].endswith(": ") and "TimeoutError: " in said[0]
+    assert "still unreachable after 61 s" in said[1]
+    await p.close(timeout=0.1)
+
+
+class HoldingBroker(Broker):
+    """Like aiokafka: a producer keeps the batches the broker did not acknowledge and delivers them once
+    it reconnects, unless they were failed."""
+
+    def __init__(self) -> None:
+        super().__init__(up=True)
+        self.held: list[tuple[asyncio.Future[None], tuple[str, bytes, bytes]]] = []
+
+    def come_back(self) -> None:
+        self.up = True
+        for fut, rec in self.held:
+            if not fut.done():
+                self.log.append(rec)
+                fut.set_result(None)
+        self.held = []
+
+
+class HoldingProducer(FakeProducer):
+    class _Sender:
+        async def close(self) -> None:
+            pass
+
+    class _Accumulator:
+        def __init__(self, broker: HoldingBroker) -> None:
+            self.broker = broker
+
+        def fail_all(self, exc: BaseException) -> None:
+            for fut, _ in self.broker.held:
+                if not fut.done():
+                    fut.set_exception(exc)
+
+    def __init__(self, broker: HoldingBroker) -> None:
+        super().__init__(broker)
+        self._sender = self._Sender()
+        self._message_accumulator = self._Accumulator(broker)
+
+    async def send(self, topic: str, value: bytes, key: bytes) -> "asyncio.Future[None]":
+        if self.broker.up:
+            return await super().send(topic, value, key)
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.broker.held.append((fut, (topic, key, value)))  # type: ignore[attr-defined]
+        return fut
+
+
+async def test_what_the_producer_held_when_the_broker_went_away_arrives_once(tmp_path: Any) -> None:
+    # Finding 7: the unacknowledged messages were spooled while aiokafka still held them; both sent them.
+    broker = HoldingBroker()
+    p = KafkaPublisher("fake:9092", os.path.join(str(tmp_path), "spool"), request_timeout_ms=10,
+                       producer_factory=lambda: HoldingProducer(broker), max_backoff_s=0.05)
+    p.request_timeout_ms = -4990  # the acknowledgement wait (timeout + 5 s) is 10 ms
+    await p.send(TOPIC_HOST, "node-01", host_msg(0))
+    assert await p.flush(timeout=5)
+    broker.up = False
+    for i in range(1, 4):
+        await p.send(TOPIC_HOST, "node-01", host_msg(i))
+    for _ in range(100):
+        await asyncio.sleep(0.01)
+        if p.spooled == 3:
+            break
+    assert p.spooled == 3
+    broker.come_back()
+    assert await p.flush(timeout=5)
+    assert broker.values() == [0, 1, 2, 3]  # each once, in order
+    await p.close()
