@@ -65,6 +65,7 @@ MAX_STEPS_PER_JOB = 20_000  # per interval; past it steps are dropped and counte
 SOCKET_GROUP = "whywait"  # the default group allowed to write the training socket, when it exists
 OWNER_TTL_S = 3600.0  # a job silent this long on this node may be claimed by another user (a new run)
 MAX_JOBS = 1024  # distinct jobs tracked per node: a flood of invented job names cannot grow memory
+MAX_SAID = 1024  # distinct (job, reason) pairs of refused datagrams logged; past it, none more until restart
 _UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 # What the contract takes from a datagram's numbers (a datagram is the training process's word, and a
 # value the contract refuses would cost the whole job's batch for the interval at the publisher).
@@ -95,6 +96,16 @@ class TrainingInbox:
         self.owners: dict[str, tuple[int, float]] = {}
         self.trusted_uids = trusted_uids if trusted_uids is not None else frozenset({0, os.getuid()})
         self._users: dict[str, dict[str, Any]] = {}  # job -> sender_uid (and sender_user) for the batches
+        self._said: set[tuple[str, str]] = set()  # (job, reason) of refused datagrams already logged
+
+    def _say(self, job: Any, why: str, msg: str, *args: Any) -> None:
+        """Log a refused datagram once per job and reason: a job whose every datagram is refused says so
+        once (its step timings are lost), not once per step; the counters see every one."""
+        key = (str(job)[:80] if isinstance(job, str) else "?", why)
+        if key in self._said or len(self._said) >= MAX_SAID:
+            return
+        self._said.add(key)
+        log.warning(msg + " (said once per job and reason; counted in agent_health and on /metrics)", *args)
 
     def feed(self, data: bytes, uid: int | None = None, pid: int | None = None) -> None:
         """Take one datagram; ``uid``/``pid`` are the kernel's word on the sender (None: not known).
@@ -105,14 +116,20 @@ class TrainingInbox:
         (the publisher refuses a batch whole).
         """
         self.received += 1
+        job: Any = None
         try:
             d = json.loads(data)
             if not isinstance(d, dict):
-                raise ValueError("not an object")
-            job = d["job"]
+                raise ValueError("not a JSON object")
+            job = d.get("job")
+            if "job" not in d or "rank" not in d:
+                raise ValueError("no 'job' or no 'rank'")
             rank = d["rank"]
-            if not name_ok(job) or not _is_int(rank) or not 0 <= rank <= RANK_MAX:
-                raise ValueError("bad job or rank")
+            if not name_ok(job):
+                raise ValueError("a job name the contract refuses (empty, over 256 characters, a control "
+                                 "character, or not text)")
+            if not _is_int(rank) or not 0 <= rank <= RANK_MAX:
+                raise ValueError(f"a rank that is no integer from 0 to {RANK_MAX}")
             if uid is not None and not self._may_report(job, uid, pid):
                 return
             kind = d.get("type")
@@ -125,8 +142,18 @@ class TrainingInbox:
             sender = pid if pid is not None else d.get("pid")  # the kernel's pid when known
             if isinstance(sender, int) and not isinstance(sender, bool) and sender > 0:
                 self.pids.add(sender)
-        except (ValueError, KeyError, TypeError, RecursionError, OverflowError):
+        except (ValueError, KeyError, TypeError, RecursionError, OverflowError) as exc:
             self.malformed += 1
+            if isinstance(exc, (json.JSONDecodeError, UnicodeDecodeError)):
+                why = "not JSON"
+            elif isinstance(exc, KeyError):
+                why = f"no {exc} field"
+            elif isinstance(exc, ValueError) and str(exc):
+                why = str(exc)
+            else:
+                why = type(exc).__name__
+            shown = repr(job[:80]) if isinstance(job, str) and name_ok(job[:80]) else "(unnamed)"
+            self._say(job, why, "training datagram for job %s refused: %s", shown, why[:200])
 
     def _may_report(self, job: str, uid: int, pid: int | None) -> bool:
         """Whether ``uid`` may report for ``job`` on this node; pins the job to its first reporter."""
@@ -146,9 +173,8 @@ class TrainingInbox:
         if uid in self.trusted_uids:
             return True
         self.rejected += 1
-        if self.rejected <= 10 or self.rejected % 1000 == 0:
-            log.warning("training datagram for job %r refused: sent by uid %d (pid %s), but uid %d owns the job "
-                        "on this node (%d refused so far)", job[:80], uid, pid, owner[0], self.rejected)
+        self._say(job, f"uid {uid}", "training datagram for job %r refused: sent by uid %d (pid %s), but uid %d "
+                  "owns the job on this node", job[:80], uid, pid, owner[0])
         return False
 
     def _forget_oldest(self) -> None:
@@ -330,7 +356,7 @@ class Agent:
 
     def __init__(self, node: str, collectors: Iterable[Collector], publisher: Publisher, interval: float = 1.0,
                  socket_path: str | None = None, clock: Callable[[], float] = time.time,
-                 socket_group: str | None = None) -> None:
+                 socket_group: str | None = None, socket_required: bool = False) -> None:
         if not node:
             raise AgentConfigError("--node must not be empty")
         if not (interval > 0 and math.isfinite(interval)):
@@ -340,7 +366,10 @@ class Agent:
         self.publisher = publisher
         self.interval = interval
         self.socket_path = socket_path
+        self.socket_required = socket_required  # an explicit --socket: failing to bind it is an error
         self.socket_gid = socket_gid(socket_group) if socket_path else None
+        # Why the training socket is not listening (None: listening, or no socket asked for).
+        self.socket_off: str | None = None
         self.clock = clock
         self.inbox = TrainingInbox(node)
         self.instance = agent_instance()
@@ -357,10 +386,18 @@ class Agent:
 
     # --- one round ---------------------------------------------------------
     def prime(self) -> None:
-        """Take a first reading from every collector (rates need two)."""
+        """Take a first reading from every collector (rates need two); nothing of it is published.
+
+        Each collector's :meth:`~Collector.prime`: a source whose reading uses up what it reads (the
+        kernel log, a finished BMC poll) is not read then, and the first round reports it.
+        """
         now, mono = self.clock(), time.monotonic()
         for c in self.collectors:
-            c.collect(now, mono)
+            prime = getattr(c, "prime", None)
+            if callable(prime):
+                prime(now, mono)
+            else:
+                c.collect(now, mono)
 
     def collect(self) -> list[tuple[str, dict[str, Any]]]:
         """Sample every collector once; return ``(topic, message)`` pairs.  Called in a worker thread."""
@@ -380,13 +417,16 @@ class Agent:
     def health(self, now: float) -> dict[str, Any]:
         """The agent's own health message."""
         p = self.publisher
+        sources_off = {f"{c.name}.{k}": v for c in self.collectors for k, v in c.parts_off.items()}
+        if self.socket_off:
+            sources_off["training.socket"] = self.socket_off  # no step timings from this node
         msg = envelope(
             "agent_health", self.node, now,
             samples=self.samples, sent=p.sent, spooled=p.spooled, dropped=p.dropped_total,
             collector_errors=sum(c.errors for c in self.collectors),
             invalid=p.invalid,
             collectors_off={c.name: c.off_reason for c in self.collectors if c.off_reason},
-            sources_off={f"{c.name}.{k}": v for c in self.collectors for k, v in c.parts_off.items()},
+            sources_off=sources_off,
             training_datagrams=self.inbox.received, training_malformed=self.inbox.malformed,
             training_dropped=self.inbox.dropped, training_rejected=self.inbox.rejected,
             instance=self.instance,
@@ -451,14 +491,25 @@ class Agent:
 
     # --- the loop ----------------------------------------------------------
     async def open_socket(self) -> None:
-        """Start receiving the training module's datagrams (when a socket path is set)."""
+        """Start receiving the training module's datagrams (when a socket path is set).
+
+        A socket that cannot be bound is an :class:`AgentConfigError` when it was asked for explicitly
+        (``socket_required``: ``--socket PATH``); the default one is a warning, and :attr:`socket_off`
+        (published in ``agent_health``'s ``sources_off`` and on ``/metrics``) says why.
+        """
         if not self.socket_path:
             return
         try:
             sock = bind_training_socket(self.socket_path, self.socket_gid)
         except OSError as exc:
-            log.warning("training socket off: cannot bind %s: %s", self.socket_path, exc.strerror or exc)
+            why = f"cannot bind {self.socket_path}: {exc.strerror or exc}"
+            if self.socket_required:
+                raise AgentConfigError(f"--socket: {why}") from None
+            self.socket_off = why
+            log.warning("training socket off: %s (no step timings from this node; pass --socket PATH to choose "
+                        "another place, or run the agent as root)", why)
             return
+        self.socket_off = None
         loop = asyncio.get_running_loop()
 
         def readable() -> None:
@@ -486,10 +537,10 @@ class Agent:
 
     async def run(self, rounds: int | None = None, stop: asyncio.Event | None = None) -> None:
         """Run ``rounds`` intervals (forever when None) or until ``stop`` is set."""
-        await self.publisher.start()
-        await self.open_socket()
+        await self.open_socket()  # an explicit --socket that cannot be bound stops here, before anything runs
         ckpt = asyncio.create_task(self._checkpoint_loop())
         try:
+            await self.publisher.start()
             await asyncio.to_thread(self.prime)
             start = time.monotonic()
             k = 0

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import math
 import os
 import signal
 import socket
@@ -23,13 +24,16 @@ import time
 from typing import Any
 
 from whywait.agents.collectors import COLLECTORS, AgentConfigError, AgentError, Collector, collector_class
-from whywait.agents.collectors.dcgm import DcgmCollector
+from whywait.agents.collectors.dcgm import DcgmCollector, check_url
 from whywait.agents.collectors.gpu import NvmlCollector
 from whywait.agents.collectors.hardware import STATE_ENV, HardwareCollector, state_dir
 from whywait.agents.training import DEFAULT_SOCKET, SOCKET_ENV
 
 BOOTSTRAP_ENV = "WHYWAIT_KAFKA_BOOTSTRAP"
 DEFAULT_COLLECTORS = "gpu,network,storage,host,hw"
+MIN_INTERVAL_S = 0.05  # below it the fixed schedule runs rounds back to back: a busy loop
+
+log = logging.getLogger("whywait.agent")
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -68,11 +72,13 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 def build_collectors(names: list[str], root: str = "/", dcgm_url: str | None = None,
                      pids: list[int] | None = None, node: str | None = None,
-                     state: str | None = None) -> list[Collector]:
+                     state: str | None = None, look: bool = False) -> list[Collector]:
     """Instantiate the named collectors; GPU bus ids from NVML feed the network collector's locality.
 
     ``state`` is the agent's state folder (``--state-dir``): the ``hw`` collector keeps the kernel log's
-    place in it; None takes :func:`whywait.agents.collectors.hardware.state_dir`'s default.
+    place in it; None takes :func:`whywait.agents.collectors.hardware.state_dir`'s default.  ``look``
+    (``--once --print``): the kernel log is read from that place, but the place is not moved, so the
+    records a stopped agent has not published yet are still its own when it starts again.
     """
     out: list[Collector] = []
     gpu_bus_ids: list[str] | None = None
@@ -87,11 +93,12 @@ def build_collectors(names: list[str], root: str = "/", dcgm_url: str | None = N
         elif cls is HardwareCollector:
             # The GPU collector (built first) times NVML per GPU; the hw message publishes that health.
             c = HardwareCollector(root, gpu=gpu, gpu_bus_ids=gpu_bus_ids,
-                                  state_path=os.path.join(state, "kmsg.state") if state else None)
+                                  state_path=os.path.join(state, "kmsg.state") if state else None,
+                                  keep_place=not look)
         elif cls is DcgmCollector:
             if not dcgm_url:
                 raise AgentConfigError("collector 'dcgm' needs --dcgm-url (the dcgm-exporter's /metrics URL)")
-            c = DcgmCollector(dcgm_url, root=root)
+            c = DcgmCollector(check_url(dcgm_url), root=root)
         elif name == "network":
             c = cls(root, gpu_bus_ids=gpu_bus_ids)  # type: ignore[call-arg]
         elif name == "host":
@@ -139,6 +146,39 @@ def _spool_dir(args: argparse.Namespace) -> str:
     return str(args.spool_dir) if args.spool_dir else os.path.join(_state_dir(args), "spool")
 
 
+def _spool_flag(args: argparse.Namespace) -> str:
+    """The flag that chose the spool folder, for the messages about it."""
+    return "--spool-dir" if args.spool_dir else "--state-dir or --spool-dir"
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Refuse numbers that cannot work, in one line naming the flag (exit 2), before anything starts."""
+    mb = args.spool_max_mb
+    if not (math.isfinite(mb) and mb > 0):
+        raise AgentConfigError(f"--spool-max-mb must be a positive number of MiB, like 64 (got {mb:g})")
+    if args.rounds is not None and args.rounds < 1:
+        raise AgentConfigError(f"--rounds must be 1 or more (got {args.rounds})")
+    iv = args.interval
+    if not (math.isfinite(iv) and iv >= MIN_INTERVAL_S):
+        raise AgentConfigError(f"--interval must be at least {MIN_INTERVAL_S:g} seconds (got {iv:g})")
+    if args.dcgm_url is not None:
+        check_url(args.dcgm_url)
+
+
+def _check_spool_writable(folder: str, flag: str) -> None:
+    """Create the spool folder and write a file in it now: an unwritable spool said at start, naming the flag,
+    not at the first round (or, worse, mid-outage)."""
+    import tempfile  # noqa: PLC0415
+
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".probe-"):
+            pass
+    except OSError as exc:
+        raise AgentConfigError(f"cannot write the spool folder {folder}: {exc.strerror or exc} "
+                               f"(choose another with {flag})") from None
+
+
 def make_publisher(args: argparse.Namespace) -> Any:
     """``--print`` → JSON lines on stdout; otherwise Kafka (bootstrap required)."""
     if args.print_:
@@ -157,7 +197,10 @@ def make_publisher(args: argparse.Namespace) -> Any:
         raise AgentConfigError(str(exc)) from None
     from whywait.agents.publisher import KafkaPublisher  # noqa: PLC0415 - aiokafka only when publishing
 
-    return KafkaPublisher(bootstrap, _spool_dir(args), int(args.spool_max_mb * (1 << 20)))
+    spool, flag = _spool_dir(args), _spool_flag(args)
+    _check_spool_writable(spool, flag)
+    return KafkaPublisher(bootstrap, spool, int(args.spool_max_mb * (1 << 20)), logger=log, spool_flag=flag,
+                          bound_flag="--spool-max-mb")
 
 
 def _socket_path(args: argparse.Namespace) -> str | None:
@@ -177,16 +220,19 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         addr = metrics_addr(getattr(args, "metrics_addr", None))  # a bad address is said before collectors start
+        check_args(args)
         names = _names(args)
         if args.once and args.print_:
             from whywait.agents.publisher import MemoryPublisher  # noqa: PLC0415
 
-            collectors = build_collectors(names, args.root, args.dcgm_url, args.pid, args.node, _state_dir(args))
+            collectors = build_collectors(names, args.root, args.dcgm_url, args.pid, args.node, _state_dir(args),
+                                          look=True)
             return _once_print(Agent(args.node, collectors, MemoryPublisher(), args.interval))
         publisher = make_publisher(args)  # configuration errors before any collector starts
         collectors = build_collectors(names, args.root, args.dcgm_url, args.pid, args.node, _state_dir(args))
         agent = Agent(args.node, collectors, publisher, args.interval, _socket_path(args),
-                      socket_group=args.socket_group)
+                      socket_group=args.socket_group,
+                      socket_required=bool(args.socket) and args.socket != "none")
         server = _metrics_server(agent, addr)
         try:
             return asyncio.run(_run(agent, 1 if args.once else args.rounds))
@@ -240,6 +286,14 @@ def _once_print(agent: Any) -> int:
 
 
 async def _run(agent: Any, rounds: int | None) -> int:
+    """Run the agent; the exit status.
+
+    At the end the publisher gives the broker a few seconds to take what is queued (none when it has
+    already failed to answer).  A run with an end (``--once``, ``--rounds``) exits 0 only when it took
+    everything; otherwise it says how many messages wait in the spool and
+    exits 3 (a smoke test that sent nothing must not pass).  A service stopped by a signal says the same
+    in its log and exits 0: being stopped during an outage is no failure of the service.
+    """
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -248,7 +302,20 @@ async def _run(agent: Any, rounds: int | None) -> int:
         except (NotImplementedError, RuntimeError):
             pass
     await agent.run(rounds=rounds, stop=stop)
-    return 0
+    left = agent.publisher.spooled
+    if not left:
+        return 0
+    where = getattr(getattr(agent.publisher, "spool", None), "dir", "the spool")
+    line = f"{left} message(s) left in {where}; the next run sends them"
+    why = getattr(agent.publisher, "last_error", None)
+    if rounds is None:
+        log.warning("%s%s", line, f" (Kafka: {why})" if why else "")
+        return 0
+    print(f"whywait agent: {line}" + (f" (Kafka: {why})" if why else " (Kafka did not take them in time)"),
+          file=sys.stderr)
+    from whywait.errors import EXIT_UNAVAILABLE  # noqa: PLC0415
+
+    return EXIT_UNAVAILABLE
 
 
 def main(argv: list[str] | None = None) -> int:

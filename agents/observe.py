@@ -184,7 +184,10 @@ class AgentCollector(Collector):
     ``whywait_agent_collector_runs_total``, ``..._collector_seconds_total`` and ``..._collector_errors_total`` per
     collector; ``whywait_agent_messages_published_total`` and ``..._messages_failed_total{reason}`` (dropped past
     the buffer bound, or invalid against the contract); ``whywait_agent_buffered_messages`` (in memory and in the
-    on-disk spool, waiting for Kafka); ``whywait_agent_collector_off`` (1 for a collector turned off).
+    on-disk spool, waiting for Kafka); ``whywait_agent_collector_off`` (1 for a collector turned off, or whose only
+    source cannot be read: a dcgm-exporter that does not answer); ``whywait_agent_training_datagrams_total{outcome}``
+    (``received``, and the ``malformed``, ``rejected`` and ``dropped`` that were not published);
+    ``whywait_agent_training_socket_up`` (when a training socket is configured: 0 when it could not be bound).
     """
 
     def __init__(self, agent: Any) -> None:
@@ -206,7 +209,7 @@ class AgentCollector(Collector):
             runs.add_metric([c.name], n)
             secs.add_metric([c.name], s)
             errs.add_metric([c.name], c.errors)
-            off.add_metric([c.name], 1 if c.off_reason else 0)
+            off.add_metric([c.name], 1 if getattr(c, "down", c.off_reason) else 0)
         p = a.publisher
         pub = CounterMetricFamily("whywait_agent_messages_published", "Messages handed to Kafka (or printed).")
         pub.add_metric([], p.sent)
@@ -220,6 +223,19 @@ class AgentCollector(Collector):
         spool = GaugeMetricFamily("whywait_agent_spooled_messages", "Messages waiting in the on-disk spool.")
         spool.add_metric([], p.spooled)
         yield from (runs, secs, errs, off, pub, failed, buf, spool)
+        inbox = getattr(a, "inbox", None)
+        if inbox is not None:
+            grams = CounterMetricFamily("whywait_agent_training_datagrams", "Training datagrams on the socket, "
+                                        "by outcome (received counts all; the others were not published).",
+                                        labels=["outcome"])
+            for outcome in ("received", "malformed", "rejected", "dropped"):
+                grams.add_metric([outcome], getattr(inbox, outcome, 0))
+            yield grams
+        if getattr(a, "socket_path", None):
+            sock = GaugeMetricFamily("whywait_agent_training_socket_up", "1 while the training socket listens; 0 "
+                                     "when it could not be bound (no step timings from this node).")
+            sock.add_metric([], 1 if getattr(a, "_sock", None) is not None else 0)
+            yield sock
 
 
 def agent_registry(agent: Any) -> CollectorRegistry:

@@ -59,11 +59,12 @@ class Collector(ABC):
             self.off_reason = why
             log.warning("%s collector off: %s", self.label, why)
 
-    def part_off(self, part: str, why: str) -> None:
-        """Turn one source inside the collector off (``infiniband``, ``nfs``), saying why once."""
+    def part_off(self, part: str, why: str, level: int = logging.INFO) -> None:
+        """Turn one source inside the collector off (``infiniband``, ``nfs``), saying why once (at ``level``:
+        a part this host simply lacks is news, a part the operator asked for and cannot be read a warning)."""
         if part not in self._off_parts:
             self._off_parts[part] = why
-            log.info("%s collector: %s off: %s", self.label, part, why)
+            log.log(level, "%s collector: %s off: %s", self.label, part, why)
 
     def part_on(self, part: str) -> None:
         """A source that was off came back (a file appeared): log it once."""
@@ -164,6 +165,20 @@ class Collector(ABC):
                             "logged once)", self.label, "; ".join(new[:5]) + (f" (+{len(new) - 5} more)"
                                                                            if len(new) > 5 else ""))
         return body
+
+    def prime(self, now: float | None = None, mono: float | None = None) -> None:
+        """The agent's first reading, taken only so that rates have a start; nothing of it is published.
+
+        :meth:`collect` by default.  A collector with a source whose reading uses up what it reads (the
+        kernel log) overrides this so that the source is not read now, and the first round reports it.
+        """
+        self.collect(now, mono)
+
+    @property
+    def down(self) -> bool:
+        """True while the collector has nothing to publish from a source it was asked to read (on
+        ``/metrics`` as ``whywait_agent_collector_off``, like a collector turned off)."""
+        return self.off_reason is not None
 
     def close(self) -> None:  # noqa: B027 - an optional hook
         """Release what the collector holds (NVML, event sets); called once at shutdown."""

@@ -461,6 +461,8 @@ class BmcSource:
             self._wake.wait(max(1.0, self.poll_s - (time.monotonic() - started)))
             self._wake.clear()
 
+    uses_up = True  # a read takes the finished poll: the agent's priming call must not read
+
     def read(self, mono: float) -> list[dict[str, Any]] | None:
         """The sensors of the last poll that finished since the previous call, or None."""
         with self._lock:

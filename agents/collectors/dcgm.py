@@ -30,14 +30,16 @@ both accepted.
 
 from __future__ import annotations
 
+import logging
 import math
 import urllib.error
+import urllib.parse
 import urllib.request
 from typing import Any, Iterable, Iterator
 
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
-from whywait.agents.collectors.base import COUNTER_MAX, Collector, CollectorOff
+from whywait.agents.collectors.base import COUNTER_MAX, AgentConfigError, Collector, CollectorOff
 from whywait.agents.collectors.fit import field_ok, name_ok
 from whywait.agents.collectors.gpu import decode_throttle
 from whywait.agents.rates import RateTracker
@@ -86,6 +88,22 @@ def _samples(families: Iterable[Metric], written: set[str]) -> list[tuple[str, d
     return out
 
 
+def check_url(url: str, flag: str = "--dcgm-url") -> str:
+    """``url`` when it is an ``http(s)://HOST[:PORT]/...`` URL; else :class:`AgentConfigError` naming ``flag``.
+
+    Called when the agent starts: a malformed URL was taken, and every scrape then failed quietly.
+    """
+    try:
+        parts = urllib.parse.urlsplit(url.strip())
+        parts.port  # noqa: B018 - raises ValueError for a port that is no number
+    except ValueError:
+        parts = None  # type: ignore[assignment]
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+        raise AgentConfigError(f"{flag} must be a dcgm-exporter URL like http://localhost:9400/metrics "
+                               f"(got {url!r})")
+    return url.strip()
+
+
 def _label(labels: dict[str, str], *names: str) -> str | None:
     for n in names:
         if n in labels:
@@ -113,6 +131,11 @@ class DcgmCollector(Collector):
         self.rates = RateTracker()
         self._last_xid: dict[str, int] = {}
         self.malformed = 0
+
+    @property
+    def down(self) -> bool:
+        """Off, or the exporter cannot be scraped: either way no GPU is reported (``collector_off`` is 1)."""
+        return self.off_reason is not None or "scrape" in self._off_parts
 
     def fetch(self) -> str:
         try:
@@ -143,7 +166,8 @@ class DcgmCollector(Collector):
             text = self.fetch()
         except _ScrapeFailed as exc:
             self.errors += 1
-            self.part_off("scrape", str(exc))
+            # A warning: the exporter is the collector's only source, so no gpu message goes out.
+            self.part_off("scrape", f"{exc} (no gpu messages until it answers)", level=logging.WARNING)
             return None
         self.part_on("scrape")
         samples, bad = parse_prometheus(text)

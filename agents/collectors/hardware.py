@@ -82,13 +82,15 @@ class HardwareCollector(Collector):
         return "HW"
 
     def __init__(self, root: str = "/", sources: Sequence[Source] | None = None, gpu: Any = None,
-                 gpu_bus_ids: Sequence[str] | None = None, state_path: str | None = None) -> None:
+                 gpu_bus_ids: Sequence[str] | None = None, state_path: str | None = None,
+                 keep_place: bool = True) -> None:
         super().__init__(root)
         self.gpu = gpu
         if sources is None:
             kmsg_state = state_path or os.path.join(state_dir(), "kmsg.state")
-            sources = [PcieSource(root, gpu_bus_ids), PortSource(root), KmsgSource(root, kmsg_state),
-                       BmcSource(root)]
+            # keep_place=False (`agent --once --print`, a look): the kernel reader does not save its position.
+            sources = [PcieSource(root, gpu_bus_ids), PortSource(root),
+                       KmsgSource(root, kmsg_state, save=keep_place), BmcSource(root)]
         self.sources: list[Source] = []
         for s in sources:
             why = s.available()
@@ -107,12 +109,27 @@ class HardwareCollector(Collector):
         self._calls = 0
         self._has_sysfs_pcie = any(isinstance(s, PcieSource) for s in self.sources)
 
+    def prime(self, now: float | None = None, mono: float | None = None) -> None:
+        """The agent's priming read, without the sources whose reading uses records up (``uses_up``: the
+        kernel log, the BMC's finished poll): their records are the first round's.  The kernel records
+        logged while the agent was down (after a restart), or since the boot, were read here and thrown
+        away with the priming body, and the saved position had moved past them: never published."""
+        self._priming = True
+        try:
+            self.collect(now, mono)
+        finally:
+            self._priming = False
+
+    _priming = False
+
     def sample(self, now: float, mono: float) -> dict[str, Any] | None:
         if not self.sources and self.gpu is None:
             raise CollectorOff("no source of hardware health here")
         body: dict[str, Any] = {}
         self._calls += 1
         for s in self.sources:
+            if self._priming and getattr(s, "uses_up", False):
+                continue
             # The agent's first call only primes rates; the second is the first message, and it should
             # say everything (`whywait agent --once --print` shows what the node has).
             if s.every_s and self._calls > 2 and mono < self._due.get(s.name, float("-inf")):

@@ -142,11 +142,15 @@ class KmsgSource:
 
     name = "kernel"
     every_s = 0.0  # every interval
+    uses_up = True  # a read moves past what it returns: the agent's priming call must not read
 
-    def __init__(self, root: str = "/", state_path: str | None = None) -> None:
+    def __init__(self, root: str = "/", state_path: str | None = None, save: bool = True) -> None:
         self.root = root
         self.path = os.path.join(root, "dev", "kmsg")
         self.state_path = state_path
+        # False: read from the saved place but never move it (`whywait agent --once --print`, a look that
+        # must not take the records a stopped agent publishes when it starts again).
+        self.save = save
         self.errors = 0
         self.lost = 0          # records overwritten before they were read
         self.skipped = 0       # matching lines past MAX_EVENTS
@@ -207,7 +211,7 @@ class KmsgSource:
             pass
 
     def _save_state(self) -> None:
-        if not self.state_path or self._last_seq is None:
+        if not self.save or not self.state_path or self._last_seq is None:
             return
         tmp = self.state_path + ".tmp"
         try:

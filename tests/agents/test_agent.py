@@ -2,10 +2,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import socket
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 from whywait.agents.agent import Agent, TrainingInbox, bind_training_socket
@@ -214,3 +216,86 @@ def test_only_a_publishing_agent_opens_the_default_socket(monkeypatch: pytest.Mo
     parser = argparse.ArgumentParser()
     cli.register(parser)
     assert cli._socket_path(parser.parse_args(argv)) == opened
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--spool-max-mb", "nan"], "--spool-max-mb must be a positive number"),
+    (["--spool-max-mb", "inf"], "--spool-max-mb must be a positive number"),
+    (["--spool-max-mb", "-5"], "--spool-max-mb must be a positive number"),
+    (["--rounds", "0"], "--rounds must be 1 or more (got 0)"),
+    (["--rounds", "-3"], "--rounds must be 1 or more (got -3)"),
+    (["--interval", "1e-9"], "--interval must be at least 0.05 seconds"),
+    (["--dcgm-url", "notaurl", "--collectors", "dcgm"], "--dcgm-url must be a dcgm-exporter URL"),
+])
+def test_cli_refuses_numbers_and_urls_that_cannot_work_in_one_line(tmp_path: Any, flags: list[str],
+                                                                   says: str) -> None:
+    # nan/inf were an internal error (exit 70), -5 a silent 4 KiB spool, --rounds 0 a run that did nothing,
+    # --interval 1e-9 a busy loop, a malformed --dcgm-url an INFO line every round.
+    proc = run_cli("--bootstrap", "127.0.0.1:9", "--spool-dir", str(tmp_path / "spool"), "--socket", "none",
+                   *flags)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("whywait agent: ") and says in lines[0], proc.stderr
+
+
+def test_cli_an_unwritable_spool_folder_is_said_at_start_naming_the_flag(tmp_path: Any) -> None:
+    spool = tmp_path / "file"
+    spool.write_text("not a folder")
+    proc = run_cli("--bootstrap", "127.0.0.1:9", "--spool-dir", str(spool), "--socket", "none", "--once")
+    assert proc.returncode == 2
+    line = proc.stderr.strip().splitlines()[-1]
+    assert line.startswith(f"whywait agent: cannot write the spool folder {spool}") and "--spool-dir" in line
+
+
+def test_cli_an_explicit_socket_that_cannot_be_bound_is_a_start_up_error(tmp_path: Any) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    sock = blocker / "agent.sock"  # its folder is a file: never bindable, root or not
+    proc = run_cli("--print", "--rounds", "1", "--collectors", "host", "--socket", str(sock))
+    assert proc.returncode == 2, proc.stderr
+    line = proc.stderr.strip().splitlines()[-1]
+    assert line.startswith(f"whywait agent: --socket: cannot bind {sock}")
+
+
+async def test_a_default_socket_that_cannot_be_bound_shows_in_health_and_metrics(tmp_path: Any) -> None:
+    from prometheus_client import generate_latest
+    from whywait.agents.observe import agent_registry
+
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    pub = MemoryPublisher()
+    agent = Agent("n1", [HostCollector("/")], pub, interval=0.05, socket_path=str(blocker / "agent.sock"))
+    await agent.run(rounds=1)
+    health = pub.of_kind("agent_health")[-1]
+    assert "cannot bind" in health["sources_off"]["training.socket"]
+    text = generate_latest(agent_registry(agent)).decode()
+    assert "whywait_agent_training_socket_up 0.0" in text
+
+
+async def test_training_datagram_counts_are_on_metrics_and_refusals_logged_once_per_job_and_reason(
+        tmp_path: Any, caplog: pytest.LogCaptureFixture) -> None:
+    from prometheus_client import generate_latest
+    from whywait.agents.observe import agent_registry
+
+    agent = Agent("n1", [HostCollector("/")], MemoryPublisher(), interval=0.05)
+    inbox = agent.inbox
+    bad_job = json.dumps({"type": "step", "job": "x" * 300, "rank": 1, "step": 1, "duration_s": 1.0}).encode()
+    bad_rank = json.dumps({"type": "step", "job": "j1", "rank": -1, "step": 1, "duration_s": 1.0}).encode()
+    with caplog.at_level(logging.WARNING, logger="whywait.agent"):
+        for _ in range(5):
+            inbox.feed(bad_job)
+            inbox.feed(bad_rank)
+            inbox.feed(b"not json")
+        inbox.feed(json.dumps({"type": "step", "job": "j2", "rank": 0, "step": 1, "duration_s": 1.0}).encode(),
+                   uid=1234, pid=1)
+        for _ in range(3):
+            inbox.feed(json.dumps({"type": "step", "job": "j2", "rank": 1, "step": 1, "duration_s": 1.0}).encode(),
+                       uid=4321, pid=2)
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 4, said  # one per job and reason
+    assert any("job name the contract refuses" in s for s in said) and any("rank" in s for s in said)
+    assert any("not JSON" in s for s in said) and any("uid 4321" in s and "'j2'" in s for s in said)
+    text = generate_latest(agent_registry(agent)).decode()
+    assert 'whywait_agent_training_datagrams_total{outcome="malformed"} 15.0' in text
+    assert 'whywait_agent_training_datagrams_total{outcome="rejected"} 3.0' in text
+    assert 'whywait_agent_training_datagrams_total{outcome="received"} 19.0' in text

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import http.server
+import logging
 import re
 import threading
 from typing import Iterator
@@ -141,3 +142,22 @@ def test_exposition_details_follow_prometheus_client() -> None:
     assert bad == 0
     assert samples == [("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", {"gpu": "0"}, 4.0), ("req_total", {}, 2.0),
                        ("m", {"path": 'a"b\\c', "gpu": "1"}, 3.0)]
+
+
+def test_an_exporter_that_cannot_be_scraped_is_a_warning_and_counts_as_off(
+        exporter: str, caplog: pytest.LogCaptureFixture) -> None:
+    # It was an INFO line, and collector_off{dcgm} stayed 0 although no gpu message went out.
+    from prometheus_client import generate_latest
+    from whywait.agents.agent import Agent
+    from whywait.agents.observe import agent_registry
+    from whywait.agents.publisher import MemoryPublisher
+
+    c = DcgmCollector(exporter + "/nope", timeout=1.0)
+    with caplog.at_level(logging.INFO, logger="whywait.agent"):
+        assert c.collect(0.0, 0.0) is None
+    assert [r.levelno for r in caplog.records if "scrape off" in r.getMessage()] == [logging.WARNING]
+    agent = Agent("n1", [c], MemoryPublisher())
+    assert 'whywait_agent_collector_off{collector="dcgm"} 1.0' in generate_latest(agent_registry(agent)).decode()
+    c.url = exporter + "/metrics"
+    assert c.collect(1.0, 1.0) is not None
+    assert 'whywait_agent_collector_off{collector="dcgm"} 0.0' in generate_latest(agent_registry(agent)).decode()

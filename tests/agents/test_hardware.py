@@ -260,7 +260,7 @@ def test_the_agent_writes_its_state_only_where_it_was_told(tmp_path: Any, flags:
     tmp = str(tmp_path)
     env = {k: v for k, v in os.environ.items() if k != "WHYWAIT_STATE_DIR"}
     env["HOME"] = str(home)
-    cmd = [sys.executable, "-m", "whywait", "agent", "--once", "--print", "--collectors", "hw",
+    cmd = [sys.executable, "-m", "whywait", "agent", "--print", "--rounds", "1", "--collectors", "hw",
            "--root", root, "--interval", "0.05", *[f.format(tmp=tmp) for f in flags]]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
@@ -493,3 +493,62 @@ def test_one_failing_source_does_not_silence_the_others(node_exporter_root: str)
     c = HardwareCollector(node_exporter_root, sources=[Broken(), PortSource(node_exporter_root)])
     body = valid(c.collect(T0, 0.0))
     assert set(body) == {"ports"} and c.errors == 1
+
+
+XID = "3,4200,238600000,-;NVRM: Xid (PCI:0000:3b:00): 48, pid=1234, An uncorrectable double bit error."
+
+
+async def _first_round_kernel(root: str, state: str) -> list[dict[str, Any]]:
+    from whywait.agents.agent import Agent
+    from whywait.agents.collectors.hardware import HardwareCollector
+    from whywait.agents.publisher import MemoryPublisher
+
+    pub = MemoryPublisher()
+    hw = HardwareCollector(root, state_path=state)
+    await Agent("n1", [hw], pub, interval=0.05).run(rounds=1)
+    return [e for m in pub.of_kind("hw") for e in m.get("kernel", [])]
+
+
+async def test_kernel_records_logged_while_the_agent_was_down_are_published_in_its_first_round(
+        tmp_path: Any) -> None:
+    # Finding 1: the agent's priming call read them (moving the saved place past them) and threw them away.
+    root = _kmsg_root(tmp_path)
+    state = str(tmp_path / "state" / "kmsg.state")
+    assert await _first_round_kernel(root, state) == []  # first start: the history is not news
+    _append(root, XID)  # the agent is down
+    got = await _first_round_kernel(root, state)
+    assert [(e["seq"], e["class"], e.get("code")) for e in got] == [(4200, "xid", 48)]
+    assert json.load(open(state))["seq"] >= 4200
+
+
+async def test_the_new_boots_records_are_published_in_the_first_round_after_a_reboot(tmp_path: Any) -> None:
+    root = _kmsg_root(tmp_path)
+    state = str(tmp_path / "kmsg.state")
+    assert await _first_round_kernel(root, state) == []
+    root2 = _kmsg_root(tmp_path / "b", boot="boot-b")
+    with open(os.path.join(root2, "dev", "kmsg"), "w") as fh:
+        fh.write("3,5,1000000,-;INFO: task kworker/u16:9:7088 blocked for more than 120 seconds.\n")
+    assert [(e["seq"], e["class"]) for e in await _first_round_kernel(root2, state)] == [(5, "hung_task")]
+
+
+def test_once_print_shows_the_records_a_stopped_agent_has_not_sent_and_leaves_them_to_it(tmp_path: Any) -> None:
+    """`agent --once --print` is a look: it prints the kernel records past the saved place, and does not
+    move that place, so the agent publishes them when it starts again."""
+    import subprocess
+    import sys
+
+    root = _kmsg_root(tmp_path)
+    state_dir = str(tmp_path / "state")
+    cmd = [sys.executable, "-m", "whywait", "agent", "--collectors", "hw", "--root", root, "--interval", "0.05",
+           "--state-dir", state_dir, "--print"]
+    subprocess.run([*cmd, "--rounds", "1"], capture_output=True, text=True, timeout=60, check=True)
+    saved = open(os.path.join(state_dir, "kmsg.state")).read()
+    _append(root, XID)
+    out = subprocess.run([*cmd, "--once"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    kernel = [e for line in out.stdout.splitlines() if '"kind":"hw"' in line
+              for e in json.loads(line).get("kernel", [])]
+    assert [(e["seq"], e["class"]) for e in kernel] == [(4200, "xid")]
+    assert open(os.path.join(state_dir, "kmsg.state")).read() == saved  # the place is the agent's
+    again = subprocess.run([*cmd, "--rounds", "1"], capture_output=True, text=True, timeout=60, check=True)
+    assert '"seq":4200' in again.stdout

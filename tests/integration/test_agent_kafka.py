@@ -179,3 +179,33 @@ def test_two_agents_publishing_as_one_node_are_announced(kafka_bootstrap: str, t
     proc = Processor(Evaluator(RuleSet({}, ()), topo))
     diags = [d for r in records for d in proc.process([r]).diagnoses]
     assert [(d.rule_id, d.status, d.culprit) for d in diags] == [("whywait.duplicate-node", "firing", node)]
+
+
+def test_agent_once_delivers_to_a_healthy_broker_and_exits_0(kafka_bootstrap: str, tmp_path: Any) -> None:
+    # `agent --once` closed its publisher while it was still connecting: nothing sent, everything left in the
+    # spool, exit 0 (a smoke test that always passed and never sent).
+    node = f"it-once-{uuid.uuid4().hex[:8]}"
+    spool = os.path.join(str(tmp_path), "spool")
+    proc = subprocess.run(
+        [sys.executable, "-m", "whywait.agents.cli", "--node", node, "--once", "--collectors", "host",
+         "--socket", "none", "--spool-dir", spool, "--bootstrap", kafka_bootstrap],
+        capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert not [n for n in os.listdir(spool) if n.endswith(".spool")]
+    got = asyncio.run(consume(kafka_bootstrap, [TOPIC_HOST, TOPIC_AGENT_HEALTH], node, {TOPIC_AGENT_HEALTH: 1}))
+    assert len(got[TOPIC_AGENT_HEALTH]) == 1
+
+
+def test_agent_once_without_a_broker_says_what_is_left_and_exits_3(tmp_path: Any) -> None:
+    held = refused_port()
+    spool = os.path.join(str(tmp_path), "spool")
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "whywait.agents.cli", "--node", "it-once-down", "--once", "--collectors", "host",
+             "--socket", "none", "--spool-dir", spool, "--bootstrap", f"127.0.0.1:{held.getsockname()[1]}"],
+            capture_output=True, text=True, timeout=120)
+    finally:
+        held.close()
+    assert proc.returncode == 3, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"whywait agent: 2 message(s) left in {spool}; the next run sends them"), proc.stderr
