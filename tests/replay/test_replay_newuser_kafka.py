@@ -104,7 +104,7 @@ def test_the_cli_says_in_one_line_where_it_stopped(backfilled: dict[str, Any], k
 
 def test_imported_step_history_is_replayed(backfilled: dict[str, Any], kafka_bootstrap: str,
                                            tmp_path: Path) -> None:
-    # `whywait import` of a step table after newer steps: "published 5 messages", and the replay read them all
+    # `whywait import` of a step table after newer steps: "published 6 messages", and the replay read them all
     t0 = START + 5000
     newer = tmp_path / "newer.csv"
     newer.write_text("time,rank,step,duration_s\n" + "".join(f"{t0 + 3000 + k},0,{k},1.0\n" for k in range(40)))
@@ -115,7 +115,7 @@ def test_imported_step_history_is_replayed(backfilled: dict[str, Any], kafka_boo
         r = whywait("import", str(f), "--job", job, "--node", "node-01", "--project", "research", "--team", "r",
                     env=backfilled["env"])
         assert r.returncode == 0, r.stderr
-    assert "published 5 messages" in r.stdout + r.stderr
+    assert "published 6 messages" in r.stdout + r.stderr  # the placement, the 4 steps, and its 'finished' (a2fe36a)
     stats = tmp_path / "stats.json"
     r = whywait("replay", "--since", str(t0 - 10), "--until", str(t0 + 60), "--lead", "0s", "--read-to-end",
                 "--topology", str(backfilled["topo"]), "--job", job, "--stats-json", str(stats),
