@@ -527,6 +527,12 @@ def _absence(c: Condition, ctx: Ctx) -> Result:
     p = _params(c, AbsenceCondition)
     metric = "step.since_last_s" if p.level == "rank" else "node.since_last_s"
     res = Result(False)
+    if ctx.now > ctx.store.max_time + 1.0 or (p.level == "node" and ctx.store.reported_share(ctx.now - 5.0,
+                                                                                              ctx.now) < 0.5):
+        # Past the newest input of all (a replay's or a rule test's last ticks, run on so incidents may
+        # resolve), or most of the cluster has not reported for seconds: entities are silent because the
+        # data ended, which says nothing of any one.
+        return res
     ents = ctx.entities(p.level, c.on)
     ages = ctx.store.ages(metric, ents, ctx.now)  # NaN: never reported (the job may still be starting)
     known = int(np.count_nonzero(~np.isnan(ages)))
@@ -540,7 +546,7 @@ def _absence(c: Condition, ctx: Ctx) -> Result:
     quiet = len(silent)
     if p.level == "rank" and 0 < quiet < known:
         silent = _behind(ctx, ents, silent, for_s)
-    never = _never_reported(ctx, ents, ages, for_s) if p.level == "node" and 0 < known < len(ents) else None
+    never = _never_reported(ctx, ages, for_s) if p.level == "node" and known < len(ents) else None
     if never is not None:
         quiet += len(never[0])
         known += len(never[0])
@@ -551,7 +557,7 @@ def _absence(c: Condition, ctx: Ctx) -> Result:
     if res.holds:
         gone = set() if never is None else set(never[0].tolist())
         res.evidence = [_ev(c, metric, ents[i], float(ages[i]), None, f">= {for_s:g}s", None,
-                            "never reported; its peers have reported for this long" if i in gone
+                            "never reported; telemetry has come in for this long" if i in gone
                             else "no report since")
                         for i in silent]
     return res
@@ -567,20 +573,21 @@ def _typical_step_s(ctx: Ctx) -> float:
     return float(statistics.median(row_median(r) for r in rows))
 
 
-def _never_reported(ctx: Ctx, ents: Sequence[str], ages: np.ndarray, for_s: float) -> tuple[np.ndarray, float] | None:
-    """The job's nodes that have never reported, once its other nodes have reported for ``for_s``.
+def _never_reported(ctx: Ctx, ages: np.ndarray, for_s: float) -> tuple[np.ndarray, float] | None:
+    """The job's nodes that have never reported, once telemetry has come in for ``for_s``.
 
     A node with no agent (never installed, or publishing under another name than the placement's) has
-    no age: without this it is never silent, and whywait is blind on it without saying so.  Judged by
-    the median of the reporting nodes' first reports, so a job still starting (its nodes' agents
-    coming up one by one) is not one.  Returns the indices and the span the peers have reported for.
+    no age: without this it is never silent, and whywait is blind on it without saying so.  Judged
+    against the first node report the engine received from anywhere in the cluster, so an engine
+    that just started (agents reporting one by one) does not call them unseen, while a single-node
+    job, or a job none of whose nodes has an agent, is told.  Returns the indices and the span
+    telemetry has come in for.
     """
     missing = np.nonzero(np.isnan(ages))[0]
-    since = ctx.store.reporting_since(ents, ctx.now)
-    first = since[~np.isnan(since)]
-    if not len(missing) or not len(first):
+    first = ctx.store.telemetry_since()
+    if not len(missing) or first is None:
         return None
-    span = ctx.now - float(np.median(first))
+    span = ctx.now - first
     return (missing, span) if span >= for_s else None
 
 

@@ -719,6 +719,8 @@ class MetricStore:
         # trails the newest message by the lateness, so a save that ended "later" was still open then.
         self.checkpoint_spans: dict[str, dict[str, list[float | None]]] = defaultdict(dict)
         self.node_seen: dict[str, Times] = {}  # node -> times it reported (any periodic kind)
+        self.first_report_t: float | None = None  # the first node report's event time (telemetry_since)
+        self._reported_memo: tuple[tuple[float, float], float] | None = None  # reported_share's last answer
         # Job-level metrics are the median over ranks per second of event time: steps land in
         # per-second buckets that are closed (reduced to their median) once the watermark passes.
         self._buckets: dict[tuple[str, str], dict[int, list[float]]] = defaultdict(dict)
@@ -885,6 +887,8 @@ class MetricStore:
         kind = msg["kind"]
         node = msg["node"]
         if kind in _NODE_PERIODIC:
+            if self.first_report_t is None or t < self.first_report_t:
+                self.first_report_t = t
             self.node_last[node] = max(t, self.node_last.get(node, t))
             seen = self.node_seen.get(node)
             if seen is None:
@@ -1371,18 +1375,40 @@ class MetricStore:
             return None
         return now - seen.t[i - 1]
 
-    def reporting_since(self, nodes: Sequence[str], now: float) -> np.ndarray:
-        """Each node's first report still kept, at or before ``now`` (NaN: none kept).
+    def reported_share(self, t0: float, now: float) -> float:
+        """The share of the nodes that have reported (any kept report) that reported in ``(t0, now]``;
+        cached for one ``(t0, now)`` (a tick asks it once per job; 0 with no node at all).
 
-        Called by the node absence condition to judge a node that has never reported against how long
-        its job's other nodes have: a placed node with no agent has no age of its own.
+        Called by the node absence condition: "the rest of the cluster reports".  The live engine's event
+        time moves only while at least half of the nodes report (its frontier is their lower median), so
+        this is below one half only in the ticks a replay or a rule test runs after its data ended.
         """
-        out = np.full(len(nodes), np.nan)
-        for i, n in enumerate(nodes):
-            seen = self.node_seen.get(n)
-            if seen is not None and seen.t and seen.t[0] <= now:
-                out[i] = seen.t[0]
-        return out
+        memo = self._reported_memo
+        if memo is not None and memo[0] == (t0, now):
+            return memo[1]
+        known = hit = 0
+        for seen in self.node_seen.values():
+            t = seen.t
+            if not t:
+                continue
+            known += 1
+            if t[-1] > t0:
+                i = bisect.bisect_right(t, now)
+                if i and t[i - 1] > t0:
+                    hit += 1
+        share = hit / known if known else 0.0
+        self._reported_memo = ((t0, now), share)
+        return share
+
+    def telemetry_since(self) -> float | None:
+        """Event time of the first node report this store received (None: none yet).
+
+        Called by the node absence condition: a node its job runs on that has never reported, while
+        telemetry has come in for ``for``, has no agent (or one publishing under another name).
+        Judged against the whole cluster's reports, not the job's, so a job all of whose nodes are
+        unseen (a single-node job, a node pool without agents) is told too.
+        """
+        return self.first_report_t
 
     def ages(self, metric: str, entities: Sequence[str], now: float) -> np.ndarray:
         """:meth:`age` for each of ``entities`` (NaN: never reported), vectorised for ranks' step reports."""
