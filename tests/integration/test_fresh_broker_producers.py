@@ -37,7 +37,7 @@ def test_import_then_simulate_on_a_fresh_broker(tmp_path: Path) -> None:
         run = [sys.executable, "-m", "whywait"]
         imp = subprocess.run(run + ["import", str(table), "--job", "j", "--project", "p", "--team", "t"],
                              env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
-        assert imp.returncode == 0 and "published 121 messages" in imp.stdout, imp.stdout + imp.stderr
+        assert imp.returncode == 0 and "published 122 messages" in imp.stdout, imp.stdout + imp.stderr
         sim = subprocess.run(run + ["simulate", "--nodes", "4", "--duration", "30", "--speed", "0",
                                     "--start-time", str(t0 + 600)],
                              env=env, cwd=REPO, capture_output=True, text=True, timeout=300)

@@ -36,9 +36,9 @@ def test_a_long_bundle_crosses_read_chunks_line_by_line(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("events, line", [
     (b'{"topic":"a","value":"v"}\n\n{"topic":"b","value":"w"}\n', 2),  # an empty line
-    (b'{"topic":"a"}\n', 1),
+    (b'{"topic":"whywait.host.v1"}\n', 1),
     (b'{"topic":"a","value":"v"}\nnot json\n', 2),
-    (b'{"topic":"a","value":"\\ud800"}\n', 1),  # not text
+    (b'{"topic":"whywait.host.v1","value":"\\ud800"}\n', 1),  # not text
     (b'{"topic":"a","value":"v"}\n' + b"[" * 100_000 + b"]" * 100_000 + b"\n", 2),  # nested past any decoder's depth
     (b'{"topic":"a","value":"v","x":' + b"[" * 100_000 + b"]" * 100_000 + b"}\n", 1),
 ])
