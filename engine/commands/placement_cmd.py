@@ -34,11 +34,27 @@ from typing import Any, Iterator
 from whywait.agents.events import TOPIC_PLACEMENT
 from whywait.engine.errors import ConfigError, WhywaitError
 
+from whywait.errors import EXIT_UNAVAILABLE
 from whywait.textfiles import read_text
 
 log = logging.getLogger("whywait.placement")
 # Seconds a Slurm hook waits for another run to finish with the shared spool before going on without its lock.
 SPOOL_LOCK_WAIT_S = 20.0
+SYSTEM_SPOOL = "/var/spool/whywait/placement"
+
+
+def _default_spool() -> Path:
+    """``$WHYWAIT_PLACEMENT_SPOOL``, else the system spool when it can be made and written, else ~/.cache."""
+    env = os.environ.get("WHYWAIT_PLACEMENT_SPOOL", "").strip()
+    if env:
+        return Path(env)
+    try:
+        os.makedirs(SYSTEM_SPOOL, exist_ok=True)
+        if os.access(SYSTEM_SPOOL, os.W_OK):
+            return Path(SYSTEM_SPOOL)
+    except OSError:
+        pass
+    return Path.home() / ".cache" / "whywait" / "placement-spool"
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -50,9 +66,10 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bootstrap", help="Kafka bootstrap servers (default: WHYWAIT_KAFKA_BOOTSTRAP or the local "
                                        "broker)")
     p.add_argument("--topic", default=TOPIC_PLACEMENT, help=f"placement topic (default: {TOPIC_PLACEMENT})")
-    p.add_argument("--spool", type=Path, default=Path(os.environ.get(
-        "WHYWAIT_PLACEMENT_SPOOL", Path.home() / ".cache" / "whywait" / "placement-spool")),
-        help="where placements wait while Kafka is unreachable")
+    p.add_argument("--spool", type=Path, default=None,
+                   help="where placements wait while Kafka is unreachable (default $WHYWAIT_PLACEMENT_SPOOL, else "
+                        f"{SYSTEM_SPOOL} when writable, else ~/.cache/whywait/placement-spool: Slurm's hooks run "
+                        "as SlurmUser, often with no home)")
     p.add_argument("--print", action="store_true", help="print the messages instead of publishing them")
 
 
@@ -81,12 +98,21 @@ def register(p: argparse.ArgumentParser) -> None:
     _common(f)
 
 
-def _ownership(args: argparse.Namespace) -> Any:
+def _ownership(args: argparse.Namespace, lenient: bool = False) -> Any:
+    """The ownership file's rules.  ``lenient`` (the Slurm hook): a missing, unreadable or broken file is
+    said on stderr and every job gets the default owner (team "no owner known", the default channel),
+    so the job is still placed; otherwise it is an error."""
     from whywait.engine.placement.ownership import OwnershipFile
 
-    if args.ownership is not None and not args.ownership.exists():
-        raise ConfigError(f"ownership file {args.ownership} does not exist")
-    return OwnershipFile(args.ownership, args.default_channel)
+    try:
+        if args.ownership is not None and not args.ownership.exists():
+            raise ConfigError(f"ownership file {args.ownership} does not exist")
+        return OwnershipFile(args.ownership, args.default_channel)
+    except WhywaitError as exc:
+        if not lenient:
+            raise
+        print(f"whywait placement: {exc}; placing the job with no owner known", file=sys.stderr)
+        return OwnershipFile(None, args.default_channel)
 
 
 def _publisher(args: argparse.Namespace) -> Any:
@@ -197,7 +223,7 @@ def _slurm(args: argparse.Namespace) -> int:
         if done.returncode != 0:
             raise ConfigError(f"{' '.join(cmd)} failed ({done.returncode}): {done.stderr.strip()[:200]}")
         facts = facts_from_scontrol(done.stdout, job_id, env, "scontrol", finished)
-    owner = _ownership(args).resolve(account=facts.account, user=facts.user)
+    owner = _ownership(args, lenient=not args.strict).resolve(account=facts.account, user=facts.user)
     from whywait.engine.placement.model import placement_message
 
     msg = placement_message(facts, owner, time.time(), socket.gethostname())
@@ -228,6 +254,19 @@ def _k8s(args: argparse.Namespace) -> int:
         api = client.CoreV1Api()
     tracker = PodTracker(_ownership(args), socket.gethostname(), time.time)
     return asyncio.run(_k8s_loop(args, api, tracker))
+
+
+class ServiceUnreachable(WhywaitError):
+    """A service the command needs (the Kubernetes API) does not answer: exit 3, as for Kafka."""
+
+    exit_code = EXIT_UNAVAILABLE
+
+
+def _short(exc: BaseException) -> str:
+    """urllib3's retry errors nest the cause in a paragraph: its last reason is what to say."""
+    text = str(exc)
+    reason = getattr(exc, "reason", None)
+    return str(reason) if reason is not None else text[:300]
 
 
 async def _k8s_loop(args: argparse.Namespace, api: Any, tracker: Any) -> int:
@@ -270,13 +309,13 @@ async def _k8s_loop(args: argparse.Namespace, api: Any, tracker: Any) -> int:
         if isinstance(exc, ApiException):
             raise WhywaitError(f"Kubernetes API: {exc.status} {exc.reason}") from None
         if "MaxRetryError" in type(exc).__name__ or "Connection" in type(exc).__name__:
-            raise WhywaitError(f"Kubernetes API unreachable: {exc}") from None
+            raise ServiceUnreachable(f"Kubernetes API unreachable: {_short(exc)}") from None
         raise
     finally:
         stop.set()
         await pub.flush(timeout=15.0)
         await pub.close()
-    print(f"placement k8s: {pub.sent} placement(s) published"
+    print(f"placement k8s: {pub.sent} placement(s) {'printed' if args.print else 'published'}"
           + (f", {pub.spooled} kept in {args.spool} until Kafka answers" if pub.spooled else ""), file=sys.stderr)
     return 0
 
@@ -294,14 +333,20 @@ def _publish(args: argparse.Namespace) -> int:
 
 def run(args: argparse.Namespace) -> int:
     logging.getLogger("kubernetes").setLevel(logging.WARNING)
+    logging.getLogger("urllib3").setLevel(logging.ERROR)  # a retry warning per attempt: the failure is said once
+    if args.spool is None:
+        args.spool = _default_spool()
     if args.action == "slurm":
         try:
             return _slurm(args)
-        except WhywaitError as exc:
+        except Exception as exc:  # noqa: BLE001 - whatever it is, a prolog must not hold or requeue the job
             if args.strict:
                 raise
             # Slurm drains a node whose prolog fails: say what went wrong, never block the job.
-            print(f"whywait placement slurm: {exc} (the job runs; it is not placed)", file=sys.stderr)
+            why = str(exc) if isinstance(exc, WhywaitError) else f"{type(exc).__name__}: {exc}"
+            if isinstance(exc, OSError) and getattr(exc, "filename", None):
+                why += f" (the placement spool is {args.spool}: --spool or WHYWAIT_PLACEMENT_SPOOL)"
+            print(f"whywait placement slurm: {why} (the job runs; it is not placed)", file=sys.stderr)
             return 0
     if args.action == "k8s":
         return _k8s(args)

@@ -80,8 +80,14 @@ def _one(item: Any, where: str, ownership: OwnershipFile, producer: str, now: fl
         except ContractError as exc:
             raise PlacementError(f"{where}: job {item.get('job')!r}: {exc}") from None
     job = item.get("job")
+    if isinstance(job, int) and not isinstance(job, bool) and job >= 0:
+        job = str(job)  # `job: 4312` is a scheduler's job id, written as YAML reads it
     if not isinstance(job, str) or not job:
         raise PlacementError(f"{where}: expected 'job' naming the job (got {job!r})")
+    if job != job.strip():
+        # a Reporter never sends spaces around its job id: this placement would match no step
+        raise PlacementError(f"{where}: job {job!r} has spaces around it; the training's steps name it "
+                             f"{job.strip()!r}")
     unknown = sorted(set(item) - _SHORT)
     if unknown:
         raise PlacementError(f"{where}: job {job!r}: unknown key {unknown[0]!r} (valid: {', '.join(sorted(_SHORT))})")
