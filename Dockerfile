@@ -16,10 +16,11 @@ COPY engine ./engine
 COPY topology ./topology
 COPY simulate ./simulate
 COPY rules ./rules
-# The `plot` extra: replay --plot/--report and eval --plot draw PNGs inside the container too.
+# The `gpu` extra: NVML's bindings for the agent (the library itself comes from the host's driver through
+# the NVIDIA container runtime). The `plot` extra: replay --plot/--report and eval --plot draw PNGs inside the container too.
 # The shipped rules are package data (whywait/rules in site-packages); a site's own rules are mounted at
 # /etc/whywait/rules and hot-reloaded (see docker-compose.yml), so editing them needs no rebuild.
-RUN pip install '.[plot]' \
+RUN pip install '.[plot,gpu]' \
     && useradd --create-home --uid 10001 whywait \
     && mkdir -p /shared /etc/whywait/rules && chown whywait /shared \
     && rm -rf /app/*
