@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import bisect
 import hashlib
+import heapq
 import logging
 import math
 import time
@@ -107,6 +108,9 @@ class Evaluator:
     idle_s: float = 60.0
     next_tick: float | None = None
     ticks: int = 0
+    # "finished" placements stamped ahead of the evaluated time, applied once the ticks reach them (a
+    # job's last steps, held back by the lateness, are still judged with the job placed)
+    finishing: list[tuple[float, int, dict[str, Any]]] = field(default_factory=list)
     # Per periodic input: how far it has come in event time, robust to producers whose clocks are off
     # (see :mod:`.frontier`); ``kind_max`` holds their values, which the watermark reads.
     frontiers: dict[str, InputFrontier] = field(default_factory=dict)
@@ -354,6 +358,8 @@ class Evaluator:
                 _stuck_clock(now, self.step_s)
                 self.next_tick = now
                 break
+            if self.finishing:
+                self._finish_due(now)
             self.store.close_buckets(now)
             t0 = time.perf_counter()
             try:
@@ -518,8 +524,25 @@ class Evaluator:
         return out
 
     def _place(self, msg: Mapping[str, Any]) -> None:
-        """Apply a placement to the topology; a placement naming unknown nodes raises TopologyError."""
+        """Apply a placement to the topology; a placement naming unknown nodes raises TopologyError.
+
+        A ``finished`` one stamped after the time the ticks have reached waits until they reach it: the
+        epilog's message arrives as the job's last steps do, and those are judged up to the lateness
+        later; removing the job at once left its last seconds unjudged (and its open incident's cost
+        short of them).
+        """
+        t = msg.get("time")
+        if msg.get("state") == "finished" and self.next_tick is not None and isinstance(t, (int, float)) \
+                and t >= self.next_tick:
+            held = dict(msg)
+            heapq.heappush(self.finishing, (float(t), id(held), held))  # id: a tie never compares dicts
+            return
         self.topology.apply_placement(msg)
+
+    def _finish_due(self, now: float) -> None:
+        """Apply the deferred ``finished`` placements stamped at or before ``now`` (called before each tick)."""
+        while self.finishing and self.finishing[0][0] <= now:
+            self.topology.apply_placement(heapq.heappop(self.finishing)[2])
 
     # ---- one tick --------------------------------------------------------------------------------
 
