@@ -47,7 +47,8 @@ class Grid:
 
 @dataclass
 class Binned:
-    """One downsampled series: mean per bucket (NaN where no point fell)."""
+    """One downsampled series: mean per bucket (NaN where no point fell); a step's point is weighted by the
+    share of the bucket it spanned (:meth:`Sampler._spread`)."""
 
     sums: array[float]
     counts: array[float]
@@ -71,6 +72,7 @@ class Sampler(MetricStore):
         self.jobs = jobs
         self.binned: dict[tuple[str, str], Binned] = {}
         self.placements: dict[str, Mapping[str, Any]] = {}  # job -> latest placement seen
+        self._step_span: dict[str, tuple[float, float]] = {}  # rank -> (end, duration) of its step being read
 
     def put(self, metric: str, entity: str, t: float, v: float) -> None:
         if metric.startswith("step."):
@@ -78,15 +80,47 @@ class Sampler(MetricStore):
                 return
         elif metric not in self.metrics:
             return
-        i = self.grid.index(t)
-        if i is None or not math.isfinite(v):
+        if not math.isfinite(v):
             return
+        if metric.startswith("step."):
+            # A step's figures hold over the time the step took, not at its end: a 600 s hang is drawn over
+            # its 600 s, weighted by the time each bucket spent in it (averaged into the bucket where it
+            # ended with the short steps after it, it was drawn 200 s high and 200 s long).
+            if metric == "step.duration_s":
+                self._step_span[entity] = (t, v)
+            end, dur = self._step_span.get(entity, (t, 0.0))
+            if end == t and dur > self.grid.width:
+                self._spread(metric, entity, t - dur, t, v)
+                return
+        i = self.grid.index(t)
+        if i is None:
+            return
+        b = self._bins(metric, entity)
+        b.sums[i] += v
+        b.counts[i] += 1
+
+    def _bins(self, metric: str, entity: str) -> Binned:
         b = self.binned.get((metric, entity))
         if b is None:
             b = self.binned[(metric, entity)] = Binned(array("d", bytes(8 * self.grid.n)),
                                                         array("d", bytes(8 * self.grid.n)))
-        b.sums[i] += v
-        b.counts[i] += 1
+        return b
+
+    def _spread(self, metric: str, entity: str, t0: float, t1: float, v: float) -> None:
+        """Add ``v`` to every bucket ``[t0, t1]`` overlaps, weighted by the overlap (in bucket widths)."""
+        g = self.grid
+        w = g.width
+        lo = max(0, int((t0 - g.t0) // w))
+        hi = min(g.n - 1, int((t1 - g.t0) // w))
+        if hi < lo:
+            return
+        b = self._bins(metric, entity)
+        for i in range(lo, hi + 1):
+            a = g.t0 + i * w
+            part = (min(t1, a + w) - max(t0, a)) / w
+            if part > 0:
+                b.sums[i] += v * part
+                b.counts[i] += part
 
     def ingest(self, msg: Mapping[str, Any]) -> float:
         if msg["kind"] == "placement":

@@ -33,3 +33,30 @@ def test_short_steps_are_left_as_they_are() -> None:
     d = [0.8, 0.9, 0.85, 0.8]
     assert covered(centres(4), d, 2.0) == d
     assert covered([], [], 2.0) == []
+
+
+def test_a_hang_is_binned_over_the_time_it_took_not_averaged_into_its_last_bucket() -> None:
+    # A tester's table: step 200 lasts 600 s on every rank, then 0.82 s steps again.  Averaged into the bucket
+    # where it ended with the short steps after it, it was drawn ~200 s high and ~200 s long.
+    from whywait.engine.report.sampler import Grid, Sampler
+
+    g = Grid(0.0, 1200.0, n=600)  # 2 s buckets
+    s = Sampler(g, set(), {"j"})
+    t = 100.0
+    for _ in range(10):  # short steps before
+        t += 0.82
+        s.put("step.duration_s", "j:0", t, 0.82)
+    t += 600.0
+    s.put("step.duration_s", "j:0", t, 600.0)
+    s.put("step.comm_s", "j:0", t, 599.2)  # the phase of that step spans it too
+    for _ in range(5):
+        t += 0.82
+        s.put("step.duration_s", "j:0", t, 0.82)
+    means = s.means("step.duration_s", "j:0")
+    assert means is not None
+    inside = [m for i, m in enumerate(means) if 112 <= g.t0 + i * g.width and g.t0 + (i + 1) * g.width <= 708]
+    assert len(inside) >= 290 and all(m == 600.0 for m in inside), inside[:3]
+    assert means[int(50 // 2)] == 0.0 or math.isnan(means[int(50 // 2)])  # before the job: nothing
+    assert means[int(101 // 2)] < 1.0  # the short steps stay short
+    comm = s.means("step.comm_s", "j:0")
+    assert comm is not None and comm[int(400 // 2)] == 599.2
