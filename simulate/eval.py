@@ -942,10 +942,9 @@ def format_details(rep: Report) -> str:
 
 def plot(rep: Report, path: str | Path) -> None:
     """Write a PNG of per-class F1 and detection latency (median and p90); matplotlib, Agg backend."""
-    import matplotlib
+    from whywait.plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     names = list(rep.classes)
     f1 = [rep.classes[n].f1 or 0.0 for n in names]

@@ -264,8 +264,11 @@ class Report:
 
     def timeline_png(self, path: Path, page: int = 0) -> Path:
         """Draw timeline page ``page`` (0: the main one, with the jobs' step panels) to ``path`` (PNG); return it."""
-        import matplotlib.pyplot as plt
         from whywait.engine.report.plots import timeline_figure
+
+        from whywait.plotting import pyplot
+
+        plt = pyplot()
 
         fig, _ = timeline_figure(self.data, page)
         fig.savefig(path, dpi=100)

@@ -248,10 +248,9 @@ class Digest:
 
     def plot(self, path: Path) -> Path:
         """A horizontal bar chart: per job, GPU-hours used (productive) and lost by cause, stacked."""
-        import matplotlib
+        from whywait.plotting import pyplot
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plt = pyplot()
 
         rows = sorted(self.rows(), key=lambda r: -r["gpu_hours_lost"])
         if len(rows) > TOP_BARS:  # the jobs that lost the most, and one bar for the rest

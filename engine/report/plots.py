@@ -68,11 +68,11 @@ def timeline_figure(data: ReportData, page: int = 0) -> tuple[Any, list[Any]]:
     of their jobs (:func:`jobs_on`), then each incident's evidence.  Every page spans the same UTC window,
     and shades and labels its own incidents (numbered as in the report).
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
     import matplotlib.dates as mdates
-    import matplotlib.pyplot as plt
+
+    from whywait.plotting import pyplot
+
+    plt = pyplot()
 
     times = _utc(data.grid.times())
     first = page * PAGE_INCIDENTS

@@ -60,3 +60,18 @@ def test_a_hang_is_binned_over_the_time_it_took_not_averaged_into_its_last_bucke
     assert means[int(101 // 2)] < 1.0  # the short steps stay short
     comm = s.means("step.comm_s", "j:0")
     assert comm is not None and comm[int(400 // 2)] == 599.2
+
+
+def test_a_name_no_installed_font_holds_draws_without_a_warning_on_stderr(tmp_path, recwarn) -> None:  # type: ignore[no-untyped-def]
+    # A project named '项目-ü 🚀': matplotlib printed "UserWarning: Glyph 39033 missing from font(s) DejaVu Sans"
+    # three times into the command's output.
+    from whywait.plotting import FONT_FALLBACK, pyplot
+
+    plt = pyplot()
+    assert plt.rcParams["font.sans-serif"][: len(FONT_FALLBACK)] == FONT_FALLBACK
+    fig, ax = plt.subplots()
+    ax.set_title("项目-ü 🚀 job")
+    fig.tight_layout()
+    fig.savefig(tmp_path / "x.png")
+    plt.close(fig)
+    assert not [w for w in recwarn if "Glyph" in str(w.message) or "findfont" in str(w.message)]
