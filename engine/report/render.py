@@ -102,6 +102,38 @@ def _slowdown(pct: float) -> str:
     return f"steps no slower ({-pct:.0f}% faster)"
 
 
+# A rank's own history the step rules compare it with (job.straggler's `history: 8`): fewer steps per rank and
+# a quiet report says little of stragglers.
+FEW_STEPS = 8
+
+
+def _too_little(data: ReportData) -> list[str]:
+    """What a quiet report could not judge: jobs with fewer than :data:`FEW_STEPS` steps per rank in the window,
+    or with fewer ranks reporting than their placement names (a profiler trace of 2 of 128 ranks)."""
+    counts = getattr(data.sampler, "step_counts", {})
+    per_job: dict[str, list[int]] = {}
+    for rank, n in counts.items():
+        per_job.setdefault(rank.rsplit(":", 1)[0], []).append(n)
+    out = []
+    for job in sorted(per_job):
+        ns = sorted(per_job[job])
+        placed = data.sampler.placements.get(job) or {}
+        world = len(placed.get("ranks") or ())
+        median = ns[len(ns) // 2]
+        few = median < FEW_STEPS
+        part = 0 < world and len(ns) < world / 2
+        if few or part:
+            what = []
+            if few:
+                what.append(f"{median} step{'s' if median != 1 else ''} per rank (the step rules compare a rank with "
+                            f"at least {FEW_STEPS} of its own)")
+            if part:
+                what.append(f"{len(ns)} of its {world} ranks reporting")
+            out.append(f"Too little to judge **{esc(job)}**: {' and '.join(what)}, so its quiet says little of "
+                       "stragglers.")
+    return out
+
+
 def summary(data: ReportData) -> list[str]:
     """One line per incident, then the totals: what was slow, when, why, what it cost, who owns it."""
     w = data.window
@@ -111,7 +143,7 @@ def summary(data: ReportData) -> list[str]:
     if not data.incidents:
         until = data.read_to if data.interrupted and data.read_to is not None else w.until
         return [*cut, f"No incident between {_utc(w.since)} and {_utc(max(until, w.since))}: every rule stayed quiet "
-                      f"over {data.messages:,} messages."]
+                      f"over {data.messages:,} messages.", *_too_little(data)]
     out = cut
     for v in data.incidents:
         ranks = f", rank{'s' if len(v.ranks) > 1 else ''} {_ranks(v.ranks)}" if v.ranks else ""

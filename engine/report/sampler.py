@@ -73,6 +73,7 @@ class Sampler(MetricStore):
         self.binned: dict[tuple[str, str], Binned] = {}
         self.placements: dict[str, Mapping[str, Any]] = {}  # job -> latest placement seen
         self._step_span: dict[str, tuple[float, float]] = {}  # rank -> (end, duration) of its step being read
+        self.step_counts: dict[str, int] = {}  # rank -> steps read in the window (how much a quiet report says)
 
     def put(self, metric: str, entity: str, t: float, v: float) -> None:
         if metric.startswith("step."):
@@ -88,6 +89,8 @@ class Sampler(MetricStore):
             # ended with the short steps after it, it was drawn 200 s high and 200 s long).
             if metric == "step.duration_s":
                 self._step_span[entity] = (t, v)
+                if self.grid.index(t) is not None:
+                    self.step_counts[entity] = self.step_counts.get(entity, 0) + 1
             end, dur = self._step_span.get(entity, (t, 0.0))
             if end == t and dur > self.grid.width:
                 self._spread(metric, entity, t - dur, t, v)

@@ -23,3 +23,19 @@ def view(**cost: float) -> SimpleNamespace:
 def test_the_slowdown_is_said_sensibly_at_or_below_zero(pct: float, says: str) -> None:
     text = _cost(view(slowdown_pct=pct))  # type: ignore[arg-type]
     assert text == f"3.11 GPU-hours lost, {says}", text
+
+
+def test_a_quiet_report_of_too_little_data_says_so() -> None:
+    # The HTA sample traces: 2 steps per rank, 2 of 128 ranks. "No incident ... every rule stayed quiet" read as
+    # a clean bill of health.
+    from whywait.engine.report.render import summary
+
+    sampler = SimpleNamespace(step_counts={"hta:0": 2, "hta:1": 2, "ok:0": 40, "ok:1": 41},
+                              placements={"hta": {"ranks": [{"rank": r} for r in range(128)]},
+                                          "ok": {"ranks": [{"rank": 0}, {"rank": 1}]}})
+    data = SimpleNamespace(window=SimpleNamespace(since=1_700_000_000.0, until=1_700_000_600.0), interrupted=False,
+                           incidents=[], messages=120, sampler=sampler, read_to=None)
+    lines = summary(data)  # type: ignore[arg-type]
+    assert lines[0].startswith("No incident between") and len(lines) == 2, lines
+    assert lines[1] == ("Too little to judge **hta**: 2 steps per rank (the step rules compare a rank with at least "
+                        "8 of its own) and 2 of its 128 ranks reporting, so its quiet says little of stragglers.")
