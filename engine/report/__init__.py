@@ -18,7 +18,7 @@ import statistics
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 from whywait.engine.replay import ReplayResult, Span, Window
 from whywait.engine.report.sampler import Grid, Sampler
@@ -161,6 +161,42 @@ def build_report(res: ReplayResult, spans: list[Span], messages: Iterable[dict[s
     return Report(data)
 
 
+def _changes(updates: Sequence[Any]) -> list[tuple[float, str]]:
+    """What each firing update changed against the one before it: severity, culprit, ranks, title, the entities
+    its evidence names; an update that changed only figures is left out (a list of identical "Changed" lines
+    said nothing)."""
+    out: list[tuple[float, str]] = []
+    prev = updates[0] if updates else None
+    for u in updates[1:]:
+        if u.status != "firing" or prev is None:
+            continue
+        said = []
+        if u.severity != prev.severity:
+            said.append(f"severity {prev.severity} → {u.severity}")
+        if (u.culprit or "") != (prev.culprit or ""):
+            said.append(f"culprit {prev.culprit or 'none'} → {u.culprit or 'none'}")
+        if tuple(u.ranks or ()) != tuple(prev.ranks or ()):
+            said.append(f"ranks {_ranks_text(prev.ranks)} → {_ranks_text(u.ranks)}")
+        if u.title != prev.title and not said:
+            said.append(f"now: {u.title}")
+        before = {e.entity for e in prev.evidence if e.metric != "check"}
+        now = {e.entity for e in u.evidence if e.metric != "check"}
+        if now - before:
+            said.append("the evidence now also names " + ", ".join(sorted(now - before)[:5]))
+        if before - now:
+            said.append("no longer " + ", ".join(sorted(before - now)[:5]))
+        if said:
+            out.append((u.detected_at, "; ".join(said)))
+        prev = u
+    return out
+
+
+def _ranks_text(ranks: Any) -> str:
+    from whywait.engine.notify.format import fmt_ranks
+
+    return fmt_ranks(tuple(ranks)) if ranks else "none"
+
+
 def _view(k: int, s: Span, sampler: Sampler, grid: Grid, topology: Any) -> IncidentView:
     d, last = s.first, s.last
     series: list[tuple[str, str]] = []
@@ -169,7 +205,7 @@ def _view(k: int, s: Span, sampler: Sampler, grid: Grid, topology: Any) -> Incid
             continue
         series.append((e.metric, e.entity))
     owner = f"{d.owner.team} (project {d.owner.project})" if d.owner else "unknown"
-    changes = [(u.detected_at, f"{u.severity}: {u.title}") for u in s.updates[1:] if u.status == "firing"]
+    changes = _changes(s.updates)
     cost = next((u.cost for u in reversed(s.updates) if u.cost), None)
     later = next((u for u in reversed(s.updates[1:]) if u.evidence), None)  # the resolution's, if it gave any
     names = {d.job, d.culprit, *(d.culprit or "").split(", "), *d.labels.values(),

@@ -39,3 +39,18 @@ def test_a_quiet_report_of_too_little_data_says_so() -> None:
     assert lines[0].startswith("No incident between") and len(lines) == 2, lines
     assert lines[1] == ("Too little to judge **hta**: 2 steps per rank (the step rules compare a rank with at least "
                         "8 of its own) and 2 of its 128 ranks reporting, so its quiet says little of stragglers.")
+
+
+def test_a_change_line_says_what_changed_and_figures_alone_are_no_change() -> None:
+    # A tester's report listed eight identical "Changed at 03:08:55 UTC: warning: <the same title>" lines.
+    from whywait.engine.diagnosis import Diagnosis, Evidence
+    from whywait.engine.report import _changes
+
+    def d(t: float, sev: str = "warning", culprit: str = "node-25", ents: tuple[str, ...] = ("node-25/gpu3",),
+          value: float = 1.0) -> Diagnosis:
+        return Diagnosis(rule_id="r", fingerprint="f", status="firing", severity=sev, title="t", cause="c",  # type: ignore[arg-type]
+                         job="j", owner=None, starts_at=0.0, detected_at=t, culprit=culprit,
+                         evidence=tuple(Evidence("gpu.pcie_gen", e, value) for e in ents))
+    got = _changes([d(1), d(2, value=2.0), d(3, value=3.0), d(4, sev="critical"),
+                    d(5, sev="critical", ents=("node-25/gpu3", "node-26/gpu1"))])
+    assert got == [(4, "severity warning → critical"), (5, "the evidence now also names node-26/gpu1")]
