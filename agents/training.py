@@ -42,6 +42,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import socket
 import time
 import uuid
@@ -50,6 +51,11 @@ from typing import Any, Callable, Mapping, TypeVar
 DEFAULT_SOCKET = "/run/whywait/agent.sock"
 SOCKET_ENV = "WHYWAIT_AGENT_SOCKET"
 JOB_ENV = "WHYWAIT_JOB"
+# What the event contract refuses in a name (whywait.agents.events.STRING_MAX, NOT_IN_NAMES; this module
+# imports nothing of whywait's, so tests/agents/test_training.py checks the two agree): a job id the agent
+# would refuse is said when the Reporter is made, not lost with every step.
+JOB_MAX = 256
+_NOT_IN_NAMES = re.compile("[\x00-\x1f\x80-\x9f\ud800-\udfff]")
 DATAGRAM_VERSION = 1
 PHASES = ("data_wait", "compute", "comm", "checkpoint")
 
@@ -168,7 +174,11 @@ class Reporter:
             if rank is None:
                 raise ValueError("Reporter: no rank: pass rank=..., or run it where RANK (torchrun) or "
                                  "SLURM_PROCID (srun) is set")
-        self.job = str(job)
+        job = str(job)
+        if not job or len(job) > JOB_MAX or _NOT_IN_NAMES.search(job):
+            raise ValueError(f"Reporter: job id {job[:60]!r}{'...' if len(job) > 60 else ''} would be refused by "
+                             f"the agent: 1 to {JOB_MAX} characters with no control characters")
+        self.job = job
         self.rank = int(rank)
         self.node = node
         self.path = socket_path(sock)

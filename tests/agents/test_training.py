@@ -189,3 +189,15 @@ def test_the_reporter_names_the_job_as_the_scheduler_hook_publishes_it(monkeypat
     monkeypatch.delenv("SLURM_PROCID")
     with pytest.raises(ValueError, match="no rank"):
         Reporter("j")
+
+
+def test_a_job_id_the_agent_would_refuse_is_said_when_the_reporter_is_made() -> None:
+    # Reporter(job='x' * 300) sent every step, the agent refused each, and Reporter.dropped stayed 0.
+    from whywait.agents import events, training
+
+    assert training.JOB_MAX == events.STRING_MAX
+    assert training._NOT_IN_NAMES.pattern == events.NOT_IN_NAMES.pattern
+    for bad in ("x" * 300, "job\n7", ""):
+        with pytest.raises(ValueError, match="would be refused by the agent"):
+            Reporter(bad, 0, sock="/nonexistent/agent.sock")
+    assert Reporter("x" * 256, 0, sock="/nonexistent/agent.sock").job == "x" * 256
