@@ -698,7 +698,15 @@ class WholeJobSlow(_JobFault):
         fx.compute_mult[:] = [c * m for c in fx.compute_mult]
 
 
-class JobStall(_JobFault):
+class _Stalls:
+    """Mixin for a fault that hangs its jobs while active: no rank completes a step (the step under way ends,
+    as one long step, once it is over)."""
+
+    def on_step(self, t: float, job: JobState, fx: StepEffects) -> None:
+        fx.stalled = True
+
+
+class JobStall(_Stalls, _JobFault):
     """The whole job stops, then goes on: every rank waits on something they all share (a frozen shared
     filesystem, the job suspended), so no rank differs from the others while it lasts."""
 
@@ -708,9 +716,6 @@ class JobStall(_JobFault):
                "gpu.util_pct (every GPU of the job idle alike)")
     doc = ("no rank of the job completes a step while it lasts; every GPU of the job idles alike (no rank "
            "stands out); the step under way ends once it is over, as long as the stall on every rank")
-
-    def on_step(self, t: float, job: JobState, fx: StepEffects) -> None:
-        fx.stalled = True
 
     def on_gpu(self, t: float, frac: float, node: str, gpus: list[dict[str, Any]]) -> None:
         for g in gpus:
@@ -879,7 +884,7 @@ class AgentDown(Fault):
         return node in self.nodes
 
 
-class NodeDown(AgentDown):
+class NodeDown(_Stalls, AgentDown):
     """A node stops altogether (a kernel panic, lost power, a hard hang): nothing of it reaches Kafka, and
     its ranks' GPUs stop, so no rank of its jobs completes a step (they wait in the collective for the
     lost ranks) until it is back."""
@@ -890,9 +895,6 @@ class NodeDown(AgentDown):
                "no rank of the node's jobs completes a step")
     doc = ("the node stops (kernel panic, power, hard hang): it sends nothing and its jobs hang in the "
            "collective until it is back")
-
-    def on_step(self, t: float, job: JobState, fx: StepEffects) -> None:
-        fx.stalled = True
 
 
 class ClockSkew(Fault):
