@@ -130,7 +130,8 @@ def test_an_oserror_without_a_file_is_still_reported_as_a_bug(monkeypatch: pytes
 @pytest.mark.parametrize("argv", [
     ["replay", "--input", "missing.whywait", "--plot"],
     ["digest", "--since", "7d", "--bootstrap", "127.0.0.1:1", "--plot"],
-], ids=["replay", "digest"])
+    ["eval", "--quick", "--plot"],
+], ids=["replay", "digest", "eval"])
 @pytest.mark.parametrize("name, says", [
     ("out.txt", "'.txt' is not an image format matplotlib writes"),
     ("out", "it has no suffix"),  # matplotlib wrote out.png, not the name given

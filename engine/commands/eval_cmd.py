@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     from whywait.engine.commands.outputs import check_outputs
 
-    check_outputs([(args.json, "--json"), (args.plot, "--plot")])  # refused now, not after the whole suite ran
+    check_outputs([(args.json, "--json")], images=[(args.plot, "--plot")])  # refused now, not after the whole suite ran
     suite = ev.build_suite(quick=args.quick, seed=args.seed, classes=args.only,
                            fault_free_s=None if args.fault_free is None else args.fault_free * 3600)
     bar = tqdm(total=len(suite), unit="scenario", desc="eval", file=sys.stderr, dynamic_ncols=True,
