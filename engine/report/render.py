@@ -102,6 +102,8 @@ def _slowdown(pct: float) -> str:
     return f"steps no slower ({-pct:.0f}% faster)"
 
 
+# An incident that began this close to the first event time read may have been under way before it.
+EARLY_S = 15.0
 # A rank's own history the step rules compare it with (job.straggler's `history: 8`): fewer steps per rank and
 # a quiet report says little of stragglers.
 FEW_STEPS = 8
@@ -148,9 +150,12 @@ def summary(data: ReportData) -> list[str]:
     for v in data.incidents:
         ranks = f", rank{'s' if len(v.ranks) > 1 else ''} {_ranks(v.ranks)}" if v.ranks else ""
         state = f"until {_utc(v.end)}" if v.resolved else f"still going at {_utc(v.end)} (when the data read ended)"
+        # Held from the first seconds read: it may have begun before them (with --lead 0s, or a bundle cut there).
+        early = (" It held from the first seconds read, so it may have begun before them: its start and its cost "
+                 "begin there (a longer --lead reads further back)." if v.start - w.read_from < EARLY_S else "")
         out.append(f"#{v.number} **{esc(v.job or v.culprit)}** was slowed from {_utc(v.start)} {state}: "
                    f"{md_text(v.cause, v.names)} Where: {esc(v.culprit)}{ranks}. Cost: {_cost(v)}. "
-                   f"Owner: {esc(v.owner)}{' ' + esc(v.channel) if v.channel else ''}.")
+                   f"Owner: {esc(v.owner)}{' ' + esc(v.channel) if v.channel else ''}.{early}")
     lost = sum(v.counted or 0.0 for v in data.incidents)
     own = sum(float((v.cost or {}).get("gpu_hours_lost") or 0.0) for v in data.incidents)
     shared = any(v.shared_with for v in data.incidents)

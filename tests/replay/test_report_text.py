@@ -54,3 +54,19 @@ def test_a_change_line_says_what_changed_and_figures_alone_are_no_change() -> No
     got = _changes([d(1), d(2, value=2.0), d(3, value=3.0), d(4, sev="critical"),
                     d(5, sev="critical", ents=("node-25/gpu3", "node-26/gpu1"))])
     assert got == [(4, "severity warning → critical"), (5, "the evidence now also names node-26/gpu1")]
+
+
+def test_an_incident_holding_from_the_first_seconds_read_says_it_may_have_begun_before() -> None:
+    # `--lead 0s` over a window inside an incident said it "began" at the window's start, with no warning.
+    from whywait.engine.report.render import summary
+
+    def inc(start: float) -> SimpleNamespace:
+        return SimpleNamespace(number=1, ranks=(), resolved=True, end=start + 60, job="j", culprit="node-03",
+                               start=start, cause="c", names=set(), owner="t", channel=None, counted=0.0,
+                               shared_with=(), cost=None, cost_source="unknown")
+    for start, says in ((1_700_000_002.0, True), (1_700_000_300.0, False)):
+        data = SimpleNamespace(window=SimpleNamespace(since=1_700_000_000.0, until=1_700_000_600.0,
+                                                      read_from=1_700_000_000.0),
+                               interrupted=False, incidents=[inc(start)], messages=10, sampler=None, read_to=None)
+        line = summary(data)[0]  # type: ignore[arg-type]
+        assert ("may have begun before them" in line) is says, line
