@@ -29,6 +29,8 @@ from whywait.agents.collectors.gpu import NvmlCollector
 from whywait.agents.collectors.hardware import STATE_ENV, HardwareCollector, state_dir
 from whywait.agents.training import DEFAULT_SOCKET, SOCKET_ENV
 
+from whywait.errors import EXIT_INTERRUPTED
+
 BOOTSTRAP_ENV = "WHYWAIT_KAFKA_BOOTSTRAP"
 DEFAULT_COLLECTORS = "gpu,network,storage,host,hw"
 MIN_INTERVAL_S = 0.05  # below it the fixed schedule runs rounds back to back: a busy loop
@@ -296,21 +298,29 @@ async def _run(agent: Any, rounds: int | None) -> int:
     """
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    got: list[int] = []
+
+    def on_signal(sig: int) -> None:
+        got.append(sig)
+        stop.set()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
         try:
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, on_signal, sig)
         except (NotImplementedError, RuntimeError):
             pass
     await agent.run(rounds=rounds, stop=stop)
+    # Ctrl-C (SIGINT) exits 130, as every whywait command does; SIGTERM (systemd, Kubernetes) is a clean stop.
+    interrupted = bool(got) and got[0] == signal.SIGINT
     left = agent.publisher.spooled
     if not left:
-        return 0
+        return EXIT_INTERRUPTED if interrupted else 0
     where = getattr(getattr(agent.publisher, "spool", None), "dir", "the spool")
     line = f"{left} message(s) left in {where}; the next run sends them"
     why = getattr(agent.publisher, "last_error", None)
     if rounds is None:
         log.warning("%s%s", line, f" (Kafka: {why})" if why else "")
-        return 0
+        return EXIT_INTERRUPTED if interrupted else 0
     print(f"whywait agent: {line}" + (f" (Kafka: {why})" if why else " (Kafka did not take them in time)"),
           file=sys.stderr)
     from whywait.errors import EXIT_UNAVAILABLE  # noqa: PLC0415

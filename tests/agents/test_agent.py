@@ -299,3 +299,19 @@ async def test_training_datagram_counts_are_on_metrics_and_refusals_logged_once_
     assert 'whywait_agent_training_datagrams_total{outcome="malformed"} 15.0' in text
     assert 'whywait_agent_training_datagrams_total{outcome="rejected"} 3.0' in text
     assert 'whywait_agent_training_datagrams_total{outcome="received"} 19.0' in text
+
+
+def test_ctrl_c_exits_130_and_sigterm_0(tmp_path: Any) -> None:
+    # The README's exit codes say 130 for Ctrl-C; the agent exited 0 for both. SIGTERM (systemd, Kubernetes)
+    # stays a clean stop.
+    import signal as sig
+
+    for s, want in ((sig.SIGINT, 130), (sig.SIGTERM, 0)):
+        p = subprocess.Popen([sys.executable, "-m", "whywait", "agent", "--print", "--collectors", "host",
+                              "--socket", "none", "--state-dir", str(tmp_path)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert p.stdout is not None
+        p.stdout.readline()  # it runs
+        p.send_signal(s)
+        _, err = p.communicate(timeout=30)
+        assert p.returncode == want, (s, p.returncode, err)
