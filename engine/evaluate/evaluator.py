@@ -532,8 +532,11 @@ class Evaluator:
         short of them).
         """
         t = msg.get("time")
+        table = self.store.step_tables.get(str(msg.get("job")))
+        # Only while the job has steps the ticks have not reached: with none waiting, nothing is left to judge
+        # (and a placement-only reader, with no data to move its ticks, would hold the job for ever).
         if msg.get("state") == "finished" and self.next_tick is not None and isinstance(t, (int, float)) \
-                and t >= self.next_tick:
+                and t >= self.next_tick and table is not None and table.newest_t >= self.next_tick:
             held = dict(msg)
             heapq.heappush(self.finishing, (float(t), id(held), held))  # id: a tie never compares dicts
             return

@@ -38,3 +38,15 @@ def test_the_last_seconds_of_a_job_are_judged_with_the_job_still_placed() -> Non
     ev.ingest({"schema": 2, "kind": "placement", "time": last - 5, "node": "sched", "job": "j2", "project": "p",
                "team": "t", "state": "finished", "ranks": []})
     assert ev.topology.has_job("j2")  # older than the running one applied: the topology ignores it
+
+
+def test_with_no_steps_waiting_a_finished_placement_applies_at_once() -> None:
+    # A reader of placements alone (the placement hooks' end-to-end test) has no data to move its ticks: a
+    # deferred 'finished' held the job for ever.
+    topo = make_cluster(nodes=2)
+    ev = Evaluator(load_rules([RULES]), topo)
+    run = {"schema": 2, "kind": "placement", "time": T0, "node": "sched", "job": "j", "project": "p", "team": "t",
+           "state": "running", "ranks": [{"rank": 0, "node": "node-01", "gpu": 0}]}
+    ev.ingest(run)
+    ev.ingest({**run, "time": T0 + 30, "state": "finished", "ranks": []})
+    assert not ev.topology.has_job("j")
