@@ -44,10 +44,11 @@ faults:
 
 
 def owner_of(logs: list[Path], job: str) -> int | None:
-    """The worker whose newest 'jobs here' line lists ``job``."""
+    """The worker whose newest summary line lists ``job`` among its jobs ("jobs on this worker: a, b")."""
+    mark = "jobs on this worker: "
     for i, p in enumerate(logs):
-        lines = [ln for ln in p.read_text().splitlines() if "jobs here" in ln]
-        if lines and f"'{job}'" in lines[-1]:
+        lines = [ln for ln in p.read_text().splitlines() if mark in ln]
+        if lines and job in [j.strip() for j in lines[-1].split(mark, 1)[1].split(" and ")[0].split(",")]:
             return i
     return None
 
