@@ -36,6 +36,8 @@ from whywait.agents.collectors.pcie import PcieSource
 from whywait.agents.collectors.pcie import _norm as _norm_pci
 from whywait.agents.collectors.ports import PortSource
 
+from whywait.paths import state_folder
+
 STATE_ENV = "WHYWAIT_STATE_DIR"
 DEFAULT_STATE = "/var/lib/whywait"
 
@@ -53,17 +55,8 @@ class Source(Protocol):
 
 
 def state_dir() -> str:
-    """Where agent state (the kernel log's last sequence number) lives."""
-    env = os.environ.get(STATE_ENV)
-    if env:
-        return env
-    try:
-        os.makedirs(DEFAULT_STATE, exist_ok=True)
-        if os.access(DEFAULT_STATE, os.W_OK):
-            return DEFAULT_STATE
-    except OSError:
-        pass
-    return os.path.join(os.path.expanduser("~"), ".cache", "whywait")
+    """Where agent state (the kernel log's last sequence number) lives (:func:`whywait.paths.state_folder`)."""
+    return state_folder(STATE_ENV, DEFAULT_STATE, "")
 
 
 class HardwareCollector(Collector):

@@ -45,16 +45,9 @@ SYSTEM_SPOOL = "/var/spool/whywait/placement"
 
 def _default_spool() -> Path:
     """``$WHYWAIT_PLACEMENT_SPOOL``, else the system spool when it can be made and written, else ~/.cache."""
-    env = os.environ.get("WHYWAIT_PLACEMENT_SPOOL", "").strip()
-    if env:
-        return Path(env)
-    try:
-        os.makedirs(SYSTEM_SPOOL, exist_ok=True)
-        if os.access(SYSTEM_SPOOL, os.W_OK):
-            return Path(SYSTEM_SPOOL)
-    except OSError:
-        pass
-    return Path.home() / ".cache" / "whywait" / "placement-spool"
+    from whywait.paths import state_folder
+
+    return Path(state_folder("WHYWAIT_PLACEMENT_SPOOL", SYSTEM_SPOOL, "placement-spool"))
 
 
 def _common(p: argparse.ArgumentParser) -> None:

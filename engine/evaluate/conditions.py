@@ -508,12 +508,12 @@ def _change_point(c: Condition, ctx: Ctx) -> Result:
 class AbsenceCondition(ConditionParams):
     """An entity that stops reporting while its job runs.
 
-    At the node level a node of the job that has never reported counts as silent too, once the job's
-    other nodes have reported for ``for`` (no agent there, or one publishing under another name)."""
+    At the node level a node of the job that has never reported counts as silent too, once telemetry has
+    come in from the cluster for ``for`` (no agent there, or one publishing under another name)."""
 
     level: Literal["rank", "node"] = param(doc="what falls silent: a rank (its steps) or a node (its telemetry; "
-                                               "a node that never reported counts once its peers have reported "
-                                               "for `for`)")
+                                               "a node that never reported counts once the cluster's telemetry "
+                                               "has come in for `for`)")
     for_: Duration = param(doc="silent at least this long")
     max_share: Share = param(1.0, "hold only while at most this share of the job's reporting entities is silent")
     min_share: Share = param(0.0, "hold only while at least this share of the job's reporting entities is silent "
