@@ -62,6 +62,24 @@ _REFUSAL_LOG_S = 60.0
 SAY_EVERY_S = 60.0
 
 
+class Throttle:
+    """A repeated problem said the first time, then at most once every ``every_s`` with how many since."""
+
+    def __init__(self, every_s: float = SAY_EVERY_S) -> None:
+        self.every_s = every_s
+        self.last = float("-inf")
+        self.since = 0
+
+    def due(self, n: int = 1) -> int | None:
+        """Count ``n`` more; return how many to say (these included) when a line is due now, else None."""
+        now = time.monotonic()
+        if now - self.last < self.every_s:
+            self.since += n
+            return None
+        said, self.last, self.since = self.since + n, now, 0
+        return said
+
+
 def size_text(n: float) -> str:
     """Bytes as an operator reads them: ``5.1 KiB``, ``64 MiB``."""
     for unit in ("bytes", "KiB", "MiB", "GiB"):
@@ -195,7 +213,7 @@ class Spool:
         self.dropped = 0
         self.log = logger or log
         self.bound_flag = bound_flag  # the flag that sets max_bytes, named in the drop warning
-        self._drops_said = (float("-inf"), 0)  # (when the last drop warning went out, drops since then)
+        self._drops_said = Throttle()
         self._fresh = False  # the last write failed: the next record starts a new segment (no torn line before it)
         # seq -> [records, bytes]; the head segment's first `self._head_done` records were sent.
         self._segments: dict[int, list[int]] = {}
@@ -276,17 +294,15 @@ class Spool:
 
     def _say_drops(self, lost: int) -> None:
         """Warn about messages dropped past the bound: the first time, then at most once a minute."""
-        last, since = self._drops_said
-        now = time.monotonic()
-        if now - last < SAY_EVERY_S:
-            self._drops_said = (last, since + lost)
+        first = self._drops_said.last == float("-inf")
+        count = self._drops_said.due(lost)
+        if count is None:
             return
-        self._drops_said = (now, 0)
         flag = f" ({self.bound_flag})" if self.bound_flag else ""
         hint = f"; raise {self.bound_flag} to keep more of an outage" if self.bound_flag else ""
         self.log.warning("spool %s is full at %s%s: dropped its oldest %d message(s)%s, %d in all since "
                          "start%s (said at most once a minute)", self.dir, size_text(self.max_bytes), flag,
-                         since + lost, " since the last warning" if last > float("-inf") else "", self.dropped,
+                         count, "" if first else " since the last warning", self.dropped,
                          hint)
 
     def peek(self, n: int) -> list[tuple[str, str, bytes]]:
@@ -374,7 +390,7 @@ class KafkaPublisher(Publisher):
         self._inflight: list[tuple[str, str, bytes]] = []
         self.last_error: str | None = None
         self.spool_failed = 0  # messages dropped because the spool could not be written (also in `dropped`)
-        self._spool_said = (float("-inf"), 0)  # (last warning, failures since)
+        self._spool_said = Throttle()
         self._down_since: float | None = None  # monotonic time the current outage was first said
         self._down_said = float("-inf")
 
@@ -416,12 +432,8 @@ class KafkaPublisher(Publisher):
         except OSError as exc:
             self.dropped += 1
             self.spool_failed += 1
-            last, since = self._spool_said
-            now = time.monotonic()
-            if now - last < SAY_EVERY_S:
-                self._spool_said = (last, since + 1)
+            if self._spool_said.due() is None:
                 return
-            self._spool_said = (now, 0)
             flag = f" (set by {self.spool_flag})" if self.spool_flag else ""
             self.log.warning("cannot write the spool %s%s: %s; messages Kafka has not taken are dropped "
                              "(%d so far; said at most once a minute)", self.spool.dir, flag,
