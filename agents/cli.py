@@ -293,8 +293,9 @@ async def _run(agent: Any, rounds: int | None) -> int:
     At the end the publisher gives the broker a few seconds to take what is queued (none when it has
     already failed to answer).  A run with an end (``--once``, ``--rounds``) exits 0 only when it took
     everything; otherwise it says how many messages wait in the spool and
-    exits 3 (a smoke test that sent nothing must not pass).  A service stopped by a signal says the same
-    in its log and exits 0: being stopped during an outage is no failure of the service.
+    exits 3 (a smoke test that sent nothing must not pass).  A service stopped by SIGTERM says the same
+    in its log and exits 0: being stopped during an outage is no failure of the service; Ctrl-C (SIGINT)
+    exits 130, as every whywait command does.
     """
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
