@@ -327,7 +327,7 @@ def _publish(args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     logging.getLogger("kubernetes").setLevel(logging.WARNING)
     logging.getLogger("urllib3").setLevel(logging.ERROR)  # a retry warning per attempt: the failure is said once
-    if args.spool is None:
+    if args.spool is None and not args.print:  # a printing run writes nothing, not even a spool folder
         args.spool = _default_spool()
     if args.action == "slurm":
         try:
