@@ -527,11 +527,10 @@ def _absence(c: Condition, ctx: Ctx) -> Result:
     p = _params(c, AbsenceCondition)
     metric = "step.since_last_s" if p.level == "rank" else "node.since_last_s"
     res = Result(False)
-    if ctx.now > ctx.store.max_time + 1.0 or (p.level == "node" and ctx.store.reported_share(ctx.now - 5.0,
-                                                                                              ctx.now) < 0.5):
+    if ctx.now > ctx.store.max_time + 1.0 or (p.level == "node" and _data_ended(ctx)):
         # Past the newest input of all (a replay's or a rule test's last ticks, run on so incidents may
-        # resolve), or most of the cluster has not reported for seconds: entities are silent because the
-        # data ended, which says nothing of any one.
+        # resolve), or all but a node or two stopped at once: entities are silent because the data
+        # ended, which says nothing of any one.
         return res
     ents = ctx.entities(p.level, c.on)
     ages = ctx.store.ages(metric, ents, ctx.now)  # NaN: never reported (the job may still be starting)
@@ -561,6 +560,21 @@ def _absence(c: Condition, ctx: Ctx) -> Result:
                             else "no report since")
                         for i in silent]
     return res
+
+
+def _data_ended(ctx: Ctx) -> bool:
+    """Whether the cluster's telemetry has ended at ``ctx.now``, rather than some nodes gone dark.
+
+    Judged on the nodes that reported in the last 5 s: the data has ended when fewer than half of the
+    nodes ever seen did and fewer than ``max(2, 10%)`` of them did.  The end of a replay or a rule test
+    leaves no node reporting, or only one whose clock runs ahead (``job.node-clock-skew``), still
+    stamping later times.  A rack that loses power, or a job all of whose agents lose Kafka, leaves
+    the rest of the cluster reporting: the nodes that went dark are then judged, however many they are.
+    (The share alone, the test until session 24, hid a whole 16-node job going dark on a 24-node cluster:
+    no diagnosis at all.)  Half suffices on a cluster of a few nodes, where 2 would be all of them.
+    """
+    hit, known = ctx.store.reporting(ctx.now - 5.0, ctx.now)
+    return 2 * hit < known and hit < max(2, math.ceil(0.1 * known))
 
 
 def _typical_step_s(ctx: Ctx) -> float:

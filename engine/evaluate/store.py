@@ -720,7 +720,7 @@ class MetricStore:
         self.checkpoint_spans: dict[str, dict[str, list[float | None]]] = defaultdict(dict)
         self.node_seen: dict[str, Times] = {}  # node -> times it reported (any periodic kind)
         self.first_report_t: float | None = None  # the first node report's event time (telemetry_since)
-        self._reported_memo: tuple[tuple[float, float], float] | None = None  # reported_share's last answer
+        self._reported_memo: tuple[tuple[float, float], tuple[int, int]] | None = None  # reporting's last answer
         # Job-level metrics are the median over ranks per second of event time: steps land in
         # per-second buckets that are closed (reduced to their median) once the watermark passes.
         self._buckets: dict[tuple[str, str], dict[int, list[float]]] = defaultdict(dict)
@@ -1375,13 +1375,13 @@ class MetricStore:
             return None
         return now - seen.t[i - 1]
 
-    def reported_share(self, t0: float, now: float) -> float:
-        """The share of the nodes that have reported (any kept report) that reported in ``(t0, now]``;
-        cached for one ``(t0, now)`` (a tick asks it once per job; 0 with no node at all).
+    def reporting(self, t0: float, now: float) -> tuple[int, int]:
+        """How many nodes reported in ``(t0, now]``, and how many have reported at all (any kept report);
+        cached for one ``(t0, now)`` (a tick asks it once per job).
 
-        Called by the node absence condition: "the rest of the cluster reports".  The live engine's event
-        time moves only while at least half of the nodes report (its frontier is their lower median), so
-        this is below one half only in the ticks a replay or a rule test runs after its data ended.
+        Called by the node absence condition to tell "the data has ended" (a replay's or a rule test's
+        last ticks, which run on past their data; or only a node whose clock runs ahead still stamping
+        later times) from "these nodes went dark while the rest of the cluster reports".
         """
         memo = self._reported_memo
         if memo is not None and memo[0] == (t0, now):
@@ -1396,9 +1396,8 @@ class MetricStore:
                 i = bisect.bisect_right(t, now)
                 if i and t[i - 1] > t0:
                     hit += 1
-        share = hit / known if known else 0.0
-        self._reported_memo = ((t0, now), share)
-        return share
+        self._reported_memo = ((t0, now), (hit, known))
+        return hit, known
 
     def telemetry_since(self) -> float | None:
         """Event time of the first node report this store received (None: none yet).
