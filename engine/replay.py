@@ -595,36 +595,88 @@ def diagnoses_jsonl(diags: Iterable[Diagnosis]) -> str:
     return "".join(json.dumps(d.to_dict(), sort_keys=True, default=str) + "\n" for d in diags)
 
 
-def backtest(new: ReplayResult, old: ReplayResult) -> dict[str, Any]:
-    """Compare two rule sets' incidents over the same events; return a JSON-ready report.
+#: How far apart two firings of one incident (one in each rule set) may be detected and still be taken for the same
+#: firing when their spans do not overlap: a raised threshold or a longer ``for`` fires the same episode later.
+MATCH_WITHIN_S = 120.0
 
-    Incidents are matched by fingerprint (rule id and grouping labels).  ``earlier`` lists the
-    incidents the new rules announce sooner (``seconds`` > 0 means the new set fires earlier),
-    ``changed`` those whose title, cause or severity differ at first firing.
+
+def _pair_firings(a: Sequence[Span], b: Sequence[Span], within_s: float) -> list[tuple[int, int]]:
+    """Match the firings of one incident in the new set (``a``) with those in the old (``b``).
+
+    Two firings may match when their spans overlap or they were detected at most ``within_s`` apart; the
+    nearest pairs (by detection time) are taken first, each firing once.  The rest are firings of one set only.
+    """
+    cands = sorted((abs(x.first.detected_at - y.first.detected_at), i, j)
+                   for i, x in enumerate(a) for j, y in enumerate(b)
+                   if (x.start <= y.end and y.start <= x.end)
+                   or abs(x.first.detected_at - y.first.detected_at) <= within_s)
+    used_a: set[int] = set()
+    used_b: set[int] = set()
+    out: list[tuple[int, int]] = []
+    for _, i, j in cands:
+        if i not in used_a and j not in used_b:
+            used_a.add(i)
+            used_b.add(j)
+            out.append((i, j))
+    return out
+
+
+def backtest(new: ReplayResult, old: ReplayResult, match_within_s: float = MATCH_WITHIN_S) -> dict[str, Any]:
+    """Compare two rule sets' firings over the same events; return a JSON-ready report.
+
+    An incident (a fingerprint: rule id and grouping labels) may fire several times, each a firing from
+    fire to resolve.  The firings are compared, not the incidents: the firings of one incident in each set are
+    matched by time (:func:`_pair_firings`: overlapping, or detected within ``match_within_s``, nearest first),
+    and a firing left unmatched is listed as only in its set (``only_new``, ``only_old``), so a detection one set
+    loses is seen however often the same incident fired.  ``timing`` lists the matched firings detected at
+    another time (``seconds`` > 0 means the new set fires earlier), ``changed`` those whose title, cause or
+    severity differ at first firing, ``same`` counts the rest.  Each entry gives its ``firing`` (1-based, in
+    its set) and ``firings`` (how many of that incident the set has).
     """
     end = max(x for x in (new.end, old.end, 0.0) if x is not None)
-    a = {s.first.fingerprint: s for s in incidents(new.diagnoses, end, new.open_at_end)}
-    b = {s.first.fingerprint: s for s in incidents(old.diagnoses, end, old.open_at_end)}
+    a: dict[str, list[Span]] = {}
+    b: dict[str, list[Span]] = {}
+    for spans, into in ((incidents(new.diagnoses, end, new.open_at_end), a),
+                        (incidents(old.diagnoses, end, old.open_at_end), b)):
+        for s in spans:  # in order of their start: each incident's firings come in time order
+            into.setdefault(s.first.fingerprint, []).append(s)
 
-    def brief(s: Span) -> dict[str, Any]:
+    def brief(s: Span, firings: list[Span]) -> dict[str, Any]:
         d = s.first
         return {"fingerprint": d.fingerprint, "rule_id": d.rule_id, "job": d.job, "culprit": d.culprit,
-                "severity": d.severity, "starts_at": d.starts_at, "detected_at": d.detected_at, "title": d.title}
+                "severity": d.severity, "starts_at": d.starts_at, "detected_at": d.detected_at,
+                "ends_at": s.end, "resolved": s.resolved, "title": d.title,
+                "firing": firings.index(s) + 1, "firings": len(firings)}
 
-    only_new = [brief(a[k]) for k in sorted(a.keys() - b.keys(), key=lambda k: (a[k].start, k))]
-    only_old = [brief(b[k]) for k in sorted(b.keys() - a.keys(), key=lambda k: (b[k].start, k))]
+    only_new: list[dict[str, Any]] = []
+    only_old: list[dict[str, Any]] = []
     timing: list[dict[str, Any]] = []
     changed: list[dict[str, Any]] = []
-    for k in sorted(a.keys() & b.keys(), key=lambda k: (a[k].start, k)):
-        na, ob = a[k].first, b[k].first
-        dt = ob.detected_at - na.detected_at
-        if abs(dt) > 1e-9:
-            timing.append({**brief(a[k]), "old_detected_at": ob.detected_at, "seconds": round(dt, 3),
-                           "direction": "earlier" if dt > 0 else "later"})
-        diffs = {f: {"old": getattr(ob, f), "new": getattr(na, f)} for f in ("severity", "title", "cause")
-                 if getattr(ob, f) != getattr(na, f)}
-        if diffs:
-            changed.append({**brief(a[k]), "changes": diffs})
-    moved = {x["fingerprint"] for x in timing} | {x["fingerprint"] for x in changed}
-    return {"only_new": only_new, "only_old": only_old, "timing": timing, "changed": changed,
-            "same": len((a.keys() & b.keys()) - moved)}
+    same = 0
+    for fp in sorted(a.keys() | b.keys()):
+        xs, ys = a.get(fp, []), b.get(fp, [])
+        pairs = _pair_firings(xs, ys, match_within_s)
+        paired_a, paired_b = {i for i, _ in pairs}, {j for _, j in pairs}
+        only_new += [brief(x, xs) for i, x in enumerate(xs) if i not in paired_a]
+        only_old += [brief(y, ys) for j, y in enumerate(ys) if j not in paired_b]
+        for i, j in pairs:
+            na, ob = xs[i].first, ys[j].first
+            moved = False
+            dt = ob.detected_at - na.detected_at
+            if abs(dt) > 1e-9:
+                timing.append({**brief(xs[i], xs), "old_detected_at": ob.detected_at, "seconds": round(dt, 3),
+                               "direction": "earlier" if dt > 0 else "later"})
+                moved = True
+            diffs = {f: {"old": getattr(ob, f), "new": getattr(na, f)} for f in ("severity", "title", "cause")
+                     if getattr(ob, f) != getattr(na, f)}
+            if diffs:
+                changed.append({**brief(xs[i], xs), "changes": diffs})
+                moved = True
+            same += not moved
+
+    def order(x: dict[str, Any]) -> tuple[float, str]:
+        return x["starts_at"], x["fingerprint"]
+
+    return {"only_new": sorted(only_new, key=order), "only_old": sorted(only_old, key=order),
+            "timing": sorted(timing, key=order), "changed": sorted(changed, key=order), "same": same,
+            "match_within_s": match_within_s}

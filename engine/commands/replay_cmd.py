@@ -132,8 +132,13 @@ def register(p: argparse.ArgumentParser) -> None:
                                                                  "else the engine's: ./rules or the shipped "
                                                                  "rules, plus $WHYWAIT_SITE_RULES)")
     how.add_argument("--against", action="append", type=Path, metavar="OLD",
-                     help="backtest: also run these rules over the same events and compare ('live': the "
-                          "engine's rules, ./rules or the shipped ones, plus $WHYWAIT_SITE_RULES)")
+                     help="backtest: also run these rules over the same events and compare (repeatable, like "
+                          "--rules: --against rules-old/ --against site-old/; 'live': the engine's rules, "
+                          "./rules or the shipped ones, plus $WHYWAIT_SITE_RULES)")
+    how.add_argument("--match-within", default="2m", metavar="DURATION",
+                     help="backtest: a firing in one set is the same firing as one of the same incident in the "
+                          "other when they overlap or are detected at most this far apart (default 2m); the "
+                          "nearest pair is matched first, and a firing left over is listed as only in its set")
     out = p.add_argument_group("output")
     out.add_argument("--json", type=Path, metavar="FILE", help="write the diagnoses as JSON lines to FILE (a file: "
                                                                 "'-' is refused, the summary is printed on stdout)")
@@ -692,6 +697,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.slack_thread:  # refused now, not after the whole window was replayed
         check_slack_thread(args.slack_thread)
+    match_within = parse_duration(getattr(args, "match_within", "2m"), "--match-within")
     import logging
 
     # A window with hours between its data (an imported table, then today's telemetry) skips the gap: the live
@@ -775,7 +781,7 @@ def run(args: argparse.Namespace) -> int:
                 "notes": notes, "stopped_early": merge.stopped_early,
                 "interrupted": res.interrupted}, indent=2) + "\n")
         if old is not None:
-            cmp = backtest(res, old)
+            cmp = backtest(res, old, match_within)
             print_backtest(cmp)
             if args.backtest_json:
                 args.backtest_json.write_text(json.dumps(cmp, indent=2, sort_keys=True) + "\n")
@@ -874,15 +880,20 @@ def print_backtest(cmp: dict[str, Any]) -> None:
     print(f"backtest: {len(cmp['only_new'])} only in the new rules, {len(cmp['only_old'])} only in the old, "
           f"{len(cmp['timing'])} fire at another time, {len(cmp['changed'])} changed, {cmp['same']} the same")
     for d in cmp["only_new"]:
-        print(f"  + {_fmt(d['detected_at'])}  {d['rule_id']}  {d['culprit'] or d['job']}: {d['title']}")
+        print(f"  + {_fmt(d['detected_at'])}  {d['rule_id']}  {d['culprit'] or d['job']}: {d['title']}{_nth(d)}")
     for d in cmp["only_old"]:
-        print(f"  - {_fmt(d['detected_at'])}  {d['rule_id']}  {d['culprit'] or d['job']}: {d['title']}")
+        print(f"  - {_fmt(d['detected_at'])}  {d['rule_id']}  {d['culprit'] or d['job']}: {d['title']}{_nth(d)}")
     for d in cmp["timing"]:
         print(f"  ~ {d['rule_id']}  {d['culprit'] or d['job']}: fires {abs(d['seconds']):g} s {d['direction']} "
-              f"({_fmt(d['detected_at'])} vs {_fmt(d['old_detected_at'])})")
+              f"({_fmt(d['detected_at'])} vs {_fmt(d['old_detected_at'])}){_nth(d)}")
     for d in cmp["changed"]:
         for f, ch in d["changes"].items():
             print(f"  * {d['rule_id']}  {d['culprit'] or d['job']}: {f} {ch['old']!r} -> {ch['new']!r}")
+
+
+def _nth(d: dict[str, Any]) -> str:
+    """`` (firing 1 of 2)`` for an incident its set fired more than once, else nothing."""
+    return f" (firing {d['firing']} of {d['firings']})" if d.get("firings", 1) > 1 else ""
 
 
 class progress_bar:  # noqa: N801 - used as a context manager like a function
