@@ -5,7 +5,8 @@ The notifier's state (``whywait.notify-state.v1``) and the silences
 truth, a ``None`` value (tombstone) deletes the key, and Kafka's log compaction
 keeps the topic as small as the table.  On start the whole topic is read up to its
 end offsets; with ``follow=True`` it keeps being read in the background, so writes
-from other processes show up in :meth:`CompactedTopic.snapshot`.
+from other processes show up in :meth:`CompactedTopic.snapshot`; :meth:`CompactedTopic.read_to_end`
+reads them up to the broker's end offsets of the moment, following or not.
 
 aiokafka is asynchronous and the notifier is not, so each table runs its own event
 loop in a daemon thread and the public methods wait on it.  aiokafka is imported
@@ -83,6 +84,17 @@ class CompactedTopic:
                 self._table[key] = value
         self._run(self._send(key, data), timeout)
 
+    def read_to_end(self, timeout: float = 10.0) -> dict[str, dict[str, Any]]:
+        """Read what other processes wrote, up to the end offsets the broker has now, and return the table.
+
+        What :meth:`snapshot` cannot promise: a table not following (``follow=False``) stops at the offsets
+        of its start, and a following one lags.  Raises like :meth:`start` when the broker does not answer.
+        """
+        if not self._started:
+            return self.start(timeout)
+        self._run(self._catch_up(), timeout)
+        return self.snapshot()
+
     def snapshot(self) -> dict[str, dict[str, Any]]:
         """A copy of the table as last read or written."""
         with self._lock:
@@ -130,14 +142,30 @@ class CompactedTopic:
             tps = [TopicPartition(self.topic, p) for p in sorted(parts)]
             self._consumer.assign(tps)
             await self._consumer.seek_to_beginning(*tps)
-            end = await self._consumer.end_offsets(tps)
-            while True:
-                behind = [tp for tp in tps if await self._consumer.position(tp) < end[tp]]
-                if not behind:
-                    break
-                self._apply(await self._consumer.getmany(*behind, timeout_ms=500))
+            await self._read_to(await self._consumer.end_offsets(tps))
             if self.follow:
                 self._follow_task = asyncio.ensure_future(self._follow(tps))
+        except KafkaConnectionError as exc:
+            raise BrokerUnavailable(self.bootstrap, str(exc)) from None
+        except KafkaError as exc:
+            raise NotifyError(f"Kafka topic {self.topic}: {exc}", retryable=True) from None
+
+    async def _read_to(self, end: dict[Any, int]) -> None:
+        """Apply records until every partition's position reaches ``end`` (the follower's, when following)."""
+        while True:
+            behind = [tp for tp in end if await self._consumer.position(tp) < end[tp]]
+            if not behind:
+                return
+            if self._follow_task is not None and not self._follow_task.done():
+                await asyncio.sleep(0.02)  # the follower reads them: two readers of one consumer would race
+            else:
+                self._apply(await self._consumer.getmany(*behind, timeout_ms=500))
+
+    async def _catch_up(self) -> None:
+        from aiokafka.errors import KafkaConnectionError, KafkaError
+
+        try:
+            await self._read_to(await self._consumer.end_offsets(list(self._consumer.assignment())))
         except KafkaConnectionError as exc:
             raise BrokerUnavailable(self.bootstrap, str(exc)) from None
         except KafkaError as exc:

@@ -4,7 +4,9 @@ One record per incident key (see ``whywait.engine.notify.pipeline.incidents.grou
 findings it shows, what was last announced, every receiver's receipt (Slack's: the
 channel and ``ts`` of its message), and its ack and timeline.  A restarted or
 failed-over notifier loads the records and keeps editing the same messages instead of
-posting duplicates.
+posting duplicates; an incident a notifier opens itself is looked up with
+:meth:`StateStore.current` before it is announced or saved, since another engine worker may
+have announced it (the one whose job this worker just took over).
 
 :class:`InMemoryStateStore` serves tests (share one instance to simulate a
 restart) and single-shot runs; :class:`KafkaStateStore` keeps the records in the
@@ -28,6 +30,13 @@ class StateStore(ABC):
     @abstractmethod
     def load(self) -> dict[str, dict[str, Any]]:
         """Every record stored, by key."""
+
+    def current(self, keys: list[str]) -> dict[str, dict[str, Any]]:
+        """The newest record of each of ``keys`` that has one, as the store holds it *now*: written by another
+        engine worker since :meth:`load` included.  The notifier asks before it announces or saves an incident
+        it opened itself, so a worker that took over a job edits the message the previous one posted."""
+        records = self.load()
+        return {k: records[k] for k in keys if k in records}
 
     @abstractmethod
     def put(self, key: str, record: dict[str, Any]) -> None:
@@ -67,11 +76,13 @@ class InMemoryStateStore(StateStore):
 class KafkaStateStore(StateStore):
     """Records in the compacted topic :data:`STATE_TOPIC` (created on first use)."""
 
-    def __init__(self, bootstrap: str, *, topic: str = STATE_TOPIC, timeout: float = 30.0) -> None:
+    def __init__(self, bootstrap: str, *, topic: str = STATE_TOPIC, timeout: float = 30.0,
+                 read_timeout: float = 5.0) -> None:
         from whywait.engine.notify.kafka_kv import CompactedTopic
 
         self._table = CompactedTopic(bootstrap, topic, follow=False, client_id="whywait-notify-state")
         self._timeout = timeout
+        self._read_timeout = read_timeout  # current(): the scheduler waits on it, as on a put
         self._loaded = False
 
     def load(self) -> dict[str, dict[str, Any]]:
@@ -79,6 +90,12 @@ class KafkaStateStore(StateStore):
             self._table.start(timeout=self._timeout)
             self._loaded = True
         return self._table.snapshot()
+
+    def current(self, keys: list[str]) -> dict[str, dict[str, Any]]:
+        """Read the topic up to its end offsets now (the table stops at those of its start), then look."""
+        self.load()
+        table = self._table.read_to_end(timeout=self._read_timeout)
+        return {k: table[k] for k in keys if k in table}
 
     def put(self, key: str, record: dict[str, Any]) -> None:
         self.load()
