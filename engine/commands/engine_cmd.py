@@ -170,9 +170,18 @@ def fresh_state_store(bootstrap: str, topic: str | None = None) -> Any:
     from whywait.engine.notify.state import STATE_TOPIC, KafkaStateStore
 
     class FreshStateStore(KafkaStateStore):
+        _stale: dict[str, dict[str, Any]] | None = None  # what the topic held at start
+
         def load(self) -> dict[str, dict[str, Any]]:
-            super().load()  # starts the table: this run's writes still go to the compacted topic
+            table = super().load()  # starts the table: this run's writes still go to the compacted topic
+            if self._stale is None:
+                self._stale = table
             return {}
+
+        def current(self, keys: list[str]) -> dict[str, dict[str, Any]]:
+            # another worker's record of this run, yes (it is newer); the last run's, left as it was, no
+            got = super().current(keys)
+            return {k: r for k, r in got.items() if r != (self._stale or {}).get(k)}
 
     return FreshStateStore(bootstrap, topic=topic or STATE_TOPIC)
 

@@ -90,6 +90,38 @@ def test_restarted_notifier_with_kafka_state_edits_the_same_message(kafka_bootst
             ":white_check_mark: resolved at 2025-06-15 15:11:40 UTC after 5m"]
 
 
+def test_a_worker_taking_over_edits_the_message_the_dead_worker_posted(kafka_bootstrap: str, tmp_path) -> None:
+    """Two workers share the state topic; the survivor read it at start, before the other posted.  The job's
+    incident fires again at the survivor (it re-reads the dead worker's window): it reads the topic to its
+    end first, edits the dead worker's message and never overwrites its receipt (the failover test saw a
+    second root when it did)."""
+    topic = unique_topic("notify-state")
+    d = _diagnosis()
+    with SlackServer(channels=["#ml-infra", "#whywait"], token=TOKEN) as server:
+        survivor = SlackNotifier(TOKEN, _config(server, tmp_path, "b"),
+                                 state_store=KafkaStateStore(kafka_bootstrap, topic=topic), close_stores=True)
+        dead = SlackNotifier(TOKEN, _config(server, tmp_path, "a"),
+                             state_store=KafkaStateStore(kafka_bootstrap, topic=topic), close_stores=True)
+        try:
+            dead.notify(d)
+            assert dead.flush(10)
+            dead.close()  # its record is written (flush waits for Slack, not for the topic): it is gone
+            (root,) = server.roots()
+            survivor.notify(d)
+            survivor.notify(dataclasses.replace(d, status="resolved", ends_at=T0 + 300))
+            assert survivor.flush(10)
+        finally:
+            survivor.close()
+            dead.close()
+        assert [m.ts for m in server.roots()] == [root.ts] and server.roots()[0].text.startswith("RESOLVED")
+        reader = KafkaStateStore(kafka_bootstrap, topic=topic)
+        try:
+            (rec,) = reader.load().values()
+        finally:
+            reader.close()
+        assert rec["receipts"]["slack"]["ts"] == root.ts and rec["status"] == "resolved"
+
+
 def test_silence_added_elsewhere_applies_to_a_following_store(kafka_bootstrap: str) -> None:
     topic = unique_topic("silences")
     engine_side = KafkaSilenceStore(kafka_bootstrap, topic=topic, follow=True)

@@ -15,7 +15,9 @@ sink); worker threads do the rest:
    and logged.  A receiver that is down or slow holds back only its own items;
 3. each incident's record (its findings, what was announced, every receiver's receipt) is
    written to the :class:`~whywait.engine.notify.state.StateStore`, so a restarted pipeline edits
-   the same messages.
+   the same messages.  An incident the pipeline opens itself is first looked up in the store, read
+   to its end (``_confirm``), before it is announced or saved: another engine worker (the one whose
+   job this one took over) may have announced it, and its message is then edited, not posted again.
 
 Nothing here knows a sink: the receivers (``whywait.engine.notify.receivers``) render and send.
 """
@@ -50,6 +52,9 @@ ACTION_SILENCE_4H = "whywait.silence.4h"
 ACTION_SILENCE_RESOLVED = "whywait.silence.until-resolved"
 ACTION_TIMELINE = "whywait.timeline"
 SILENCE_ACTIONS = {ACTION_SILENCE_1H: 3600.0, ACTION_SILENCE_4H: 4 * 3600.0, ACTION_SILENCE_RESOLVED: None}
+
+# How long an incident this notifier opened waits for the state store to say whether another worker announced it.
+CONFIRM_PATIENCE_S = 15.0
 
 COUNTERS = ("sent", "posted", "updated", "replied", "retried", "rate_limited", "failed", "given_up")
 
@@ -94,7 +99,7 @@ class Pipeline(Notifier):
         self.silences = silence_store if silence_store is not None else InMemorySilenceStore()
         self._cond = threading.Condition()
         try:
-            self.book = IncidentBook(self.config, self.state_store.load())
+            self.book = IncidentBook(self.config, self.state_store.load(), confirm_new=True)
             if self.config.outbox_dir is not None and self.config.outbox_shared_ok:
                 self.outbox = Outbox.first_free(self.config.outbox_dir)
             else:
@@ -111,6 +116,7 @@ class Pipeline(Notifier):
         self._resume()
         self._persist_lock = threading.Lock()
         self._persist_retry_at = 0.0  # monotonic; after a failed save, the next try waits until then
+        self._confirm_retry_at = 0.0  # monotonic; after a failed read of the state store (_confirm)
         self._threads = [threading.Thread(target=self._schedule, name="notify-schedule", daemon=True)]
         self._threads += [threading.Thread(target=self._send, args=(lane,), name=f"notify-send-{lane.receiver.name}",
                                            daemon=True) for lane in self._lanes.values()]
@@ -128,19 +134,52 @@ class Pipeline(Notifier):
             log.warning("outbox %s: dropped %d delivery(ies) for receiver %r, which is no longer configured "
                         "(WHYWAIT_RECEIVERS)", self.outbox.directory, n, name)
 
-    def _resume(self) -> None:
-        """After a restart (or with a receiver added): queue the first announcement of incidents
-        that were announced but that a receiver never took, unless the outbox holds it already."""
+    def _resume(self, keys: set[str] | None = None) -> None:
+        """After a restart (or with a receiver added), or for incidents taken from another worker (``keys``):
+        queue the first announcement of incidents that were announced but that a receiver never took, unless
+        the outbox holds it already."""
         now = self._clock()
         for inc in self.book.incidents.values():
-            if not inc.posted:
+            if not inc.posted or (keys is not None and inc.key not in keys):
                 continue
             for r in self.receivers.values():
                 if r.name not in inc.receipts and "post" in r.kinds and not self.outbox.has(inc.key, receiver=r.name):
                     self.outbox.append("post", inc.key, inc.lane, now, receiver=r.name)
-        if self.book.incidents:
+        if self.book.incidents and keys is None:
             log.info("notifier state: %d incident(s) resumed, %d delivery(ies) waiting in the outbox",
                      len(self.book.incidents), len(self.outbox))
+
+    def _confirm(self) -> None:
+        """Settle the incidents this notifier opened against the state store as it is now (read to its end:
+        ``StateStore.current``), before any is announced or saved (``IncidentBook.confirm``): when this worker
+        has just taken a job over, the worker before it may have announced the same incident, and it must be
+        edited, not posted again, and its record (the message's receipt) not overwritten.
+
+        The store unreachable: tried again each second; an incident still unsettled after
+        :data:`CONFIRM_PATIENCE_S` goes ahead as opened (posting twice is better than never posting)."""
+        with self._cond:
+            keys = list(self.book.unconfirmed)
+        if not keys:
+            return
+        try:
+            stored: dict[str, dict[str, Any]] | None = self.state_store.current(keys)
+        except Exception as exc:
+            stored, error = None, exc
+        with self._cond:
+            now = self._clock()
+            if stored is None:
+                self._confirm_retry_at = time.monotonic() + 1.0
+                late = [k for k in keys if now - self.book.unconfirmed.get(k, now) >= CONFIRM_PATIENCE_S]
+                if not late:
+                    return
+                log.warning("notifier state store unreadable (%s); announcing %d incident(s) without knowing "
+                            "whether another engine worker announced them", error, len(late))
+                keys, stored = late, {}
+            taken = {k for k in keys if self.book.confirm(k, stored.get(k), now)}
+            if taken:
+                log.info("notifier: continuing %d incident(s) another engine worker announced", len(taken))
+                self._resume(taken)
+            self._cond.notify_all()
 
     # ---- the Notifier interface --------------------------------------------------------------
 
@@ -171,7 +210,10 @@ class Pipeline(Notifier):
         if isinstance(self.state_store, InMemoryStateStore):
             return 0
         with self._cond:
-            return self.book.adopt(records)
+            n = self.book.adopt(records, self._clock())
+            self._resume(set(records))  # one announced but never delivered (the worker died first) is posted
+            self._cond.notify_all()
+            return n
 
     def flush(self, timeout: float = 10.0) -> bool:
         """Announce everything pending now (not waiting for ``group_wait``/``group_interval``)
@@ -355,6 +397,8 @@ class Pipeline(Notifier):
         sending, so a receiver that hangs delays no decision and no save."""
         while True:
             try:
+                if time.monotonic() >= self._confirm_retry_at:
+                    self._confirm()  # outside the lock: it reads the state store (Kafka)
                 with self._cond:
                     if self._stopping:
                         return
@@ -368,9 +412,11 @@ class Pipeline(Notifier):
                     nxt = min((t for t in (self.book.next_due(), self._next_refresh()) if t is not None), default=None)
                     wait = 1.0 if nxt is None else min(1.0, max(0.0, nxt - now))
                     mono = time.monotonic()
-                    unsaved = bool(self.book.changed or self.book.removed)
+                    unsaved = bool(self.book.removed) or any(k not in self.book.unconfirmed for k in self.book.changed)
                     if unsaved and mono < self._persist_retry_at:  # the store is failing: don't hammer it
                         wait, unsaved = min(wait, self._persist_retry_at - mono), False
+                    if self.book.unconfirmed:  # opened meanwhile (notify): settle them now, or at the retry
+                        wait = min(wait, max(0.0, self._confirm_retry_at - mono))
                     if not unsaved and wait > 0:
                         self._cond.wait(wait)
                 if time.monotonic() >= self._persist_retry_at and not self._persist():
@@ -577,10 +623,11 @@ class Pipeline(Notifier):
         failed (the record is kept for the next try)."""
         with self._persist_lock:
             with self._cond:
+                # not one still unconfirmed: its record would overwrite another worker's (its message's receipt)
                 changed = {k: self.book.incidents[k].to_dict() for k in self.book.changed
-                           if k in self.book.incidents}
+                           if k in self.book.incidents and k not in self.book.unconfirmed}
                 removed = set(self.book.removed)
-                self.book.changed.clear()
+                self.book.changed.intersection_update(self.book.unconfirmed)
                 self.book.removed.clear()
             failed: set[str] = set()
             for key, rec in changed.items():

@@ -276,13 +276,20 @@ class IncidentBook:
     :attr:`changed` and :attr:`removed` name the records to write or delete.
     """
 
-    def __init__(self, config: PipelineConfig, records: dict[str, dict[str, Any]] | None = None) -> None:
+    def __init__(self, config: PipelineConfig, records: dict[str, dict[str, Any]] | None = None, *,
+                 confirm_new: bool = False) -> None:
         self.config = config
+        self.confirm_new = confirm_new  # hold what it opens until confirm() (a notifier with a state store)
         self.incidents: dict[str, Incident] = {}
         self._by_fingerprint: dict[str, str] = {}
         self.changed: set[str] = set()
         self.removed: set[str] = set()
         self.dropped_unannounced = 0  # resolved before they were ever announced
+        # With confirm_new, the incidents this book opened whose key the shared state store has not been asked
+        # about yet (key -> wall time opened): neither announced nor saved until :meth:`confirm`, since another
+        # engine worker may have announced the same incident (the worker whose job this one took over) and
+        # saving would overwrite its receipt.
+        self.unconfirmed: dict[str, float] = {}
         for key, rec in (records or {}).items():
             self._load(key, rec)
 
@@ -335,6 +342,9 @@ class IncidentBook:
             else:
                 self._forget(key)
                 inc = None
+                self.removed.discard(key)  # the new record replaces it: deleting after the put lost the new one
+        elif inc is None and self.confirm_new:
+            self.unconfirmed[key] = now  # unknown here: another worker may have announced it (see confirm)
         if inc is None:
             channel = routed_channel(d, self.config)
             inc = Incident(key=key, rule_id=d.rule_id, lane=channel, channel=channel, created=now,
@@ -361,12 +371,15 @@ class IncidentBook:
             return inc
         inc.status = "resolved"
         inc.resolved_at = now
-        if not inc.posted and not self._held(inc):
-            self.dropped_unannounced += 1
-            self._forget(inc.key)
+        if not inc.posted and not self._held(inc) and inc.key not in self.unconfirmed:
+            self._drop_flap(inc)
             return inc
         inc.due = now
         return inc
+
+    def _drop_flap(self, inc: Incident) -> None:
+        self.dropped_unannounced += 1
+        self._forget(inc.key)
 
     def _held(self, inc: Incident) -> bool:
         """True when a resolved incident's findings kept firing for ``group_wait`` or more of event
@@ -376,18 +389,51 @@ class IncidentBook:
         end = max(d.ends_at if d.ends_at is not None else d.detected_at for d in ds)
         return end - start >= self.config.group_wait
 
-    def adopt(self, records: dict[str, dict[str, Any]]) -> int:
+    def adopt(self, records: dict[str, dict[str, Any]], now: float | None = None) -> int:
         """Take in incidents another engine worker announced (their receipts: Slack's message ``ts``);
-        keys already held are left as they are.  Returns how many were taken.
+        keys already held are left as they are, except one this book opened and has not confirmed yet,
+        which takes the record over (:meth:`confirm`).  Returns how many were taken.
 
         Called (under the notifier's lock) when the partitioned engine gains the jobs of another
         worker, so a later update of an incident edits the message that worker posted.
         """
         n = 0
         for key, rec in records.items():
-            if key not in self.incidents and self._load(key, rec):
+            if key in self.unconfirmed:
+                n += self.confirm(key, rec, self.unconfirmed[key] if now is None else now)
+            elif key not in self.incidents and self._load(key, rec):
                 n += 1
         return n
+
+    def confirm(self, key: str, stored: dict[str, Any] | None, now: float) -> bool:
+        """Settle an incident this book opened (:attr:`unconfirmed`) against ``stored``, the shared state
+        store's record of its key as read after it was opened: None, nothing there, and it goes ahead as
+        opened.  A record there is another engine worker's announcement of the same incident (the worker
+        whose job this one took over, which may have died): this book continues *that* incident, its
+        receipts (the message to edit), what it said and when, and takes in the findings it has itself
+        seen meanwhile, as if it had seen them there.  True if it took a record.
+        """
+        if self.unconfirmed.pop(key, None) is None:
+            return False
+        held = self.incidents.get(key)
+        if held is None:
+            return False
+        self.changed.add(key)  # saved from now on, whichever it is
+        # (a key forgotten here and not yet deleted from the store: what is there is the one forgotten)
+        if stored is None or key in self.removed or not self._load(key, stored):
+            if held.status == "resolved" and not held.posted and not self._held(held):
+                self._drop_flap(held)  # what observe() held back: nobody announced it, and it flapped
+            return False
+        taken = self.incidents[key]
+        taken.note(now, "Continued by another engine worker")
+        for fp, member in held.members.items():
+            d = Diagnosis.from_dict(member)
+            if d.status == "resolved" and fp not in taken.members:
+                taken.members[fp] = member  # came and went before this book confirmed: nothing of its own to say
+                self._by_fingerprint[fp] = key
+            else:
+                self.observe(d, now)
+        return True
 
     def _forget(self, key: str) -> None:
         inc = self.incidents.pop(key, None)
@@ -397,6 +443,7 @@ class IncidentBook:
                     del self._by_fingerprint[fp]
         self.changed.discard(key)
         self.removed.add(key)
+        self.unconfirmed.pop(key, None)
 
     # ---- the clock -------------------------------------------------------------------------
 
@@ -404,6 +451,8 @@ class IncidentBook:
         """The earliest wall time at which :meth:`due` will have something to do."""
         times = []
         for inc in self.incidents.values():
+            if inc.key in self.unconfirmed:  # waits for confirm(), not for the clock
+                continue
             if inc.due is not None:
                 times.append(inc.due)
             if inc.status == "firing" and inc.posted and inc.last_announced_at is not None:
@@ -423,6 +472,8 @@ class IncidentBook:
         out: list[Step] = []
         for key in list(self.incidents):
             inc = self.incidents[key]
+            if key in self.unconfirmed:  # nothing said before confirm(): another worker may have said it
+                continue
             if inc.status == "resolved":
                 if inc.due is not None and inc.due <= now:
                     if not inc.posted and silenced(inc) is not None:  # muted all along: stays unsaid
