@@ -280,7 +280,13 @@ class Processor:
 
         Called when a worker gains partitions: the window before the committed offset was evaluated
         by the previous owner already, so it only refills the windows (no ticks, no diagnoses, no
-        dead letters: the router judged these messages once).
+        dead letters: the router judged these messages once).  History older than ``not_before`` is
+        skipped (``restore.skipped_before_start``), as the router and the evaluate stage skip it: the
+        window is found by offsets, and on topics shared with earlier runs (the tests, a demo, a
+        replay) it held an earlier run's telemetry.  Stored, that made every node of the gained jobs
+        look reported days ago, and the store's telemetry start days old, so a node whose first
+        telemetry of this run was still on its way through another worker's router was judged
+        unseen at the first tick (``job.node-unseen`` on node-06, "nothing from it for 172,681 s").
         """
         ev = self.evaluator
         topo = ev.topology
@@ -290,6 +296,9 @@ class Processor:
                 continue
             try:
                 msg = decode(value, topic)
+                if self.not_before is not None and msg["time"] < self.not_before:
+                    self.counts["restore.skipped_before_start"] += 1
+                    continue
                 if msg["kind"] in NODE_KINDS:
                     node = node_name_in(topo, msg["node"])
                     if node is not None and node is not msg["node"]:
