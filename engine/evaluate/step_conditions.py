@@ -164,6 +164,9 @@ class StepOutlierCondition(ConditionParams):
     steady_ratio: Number = param(3.0, "below this, a rank must also have slowed by `ratio` against its own history")
     max_share: Share = param(0.5, "more than this share flagged: no straggler (the reference itself is in doubt)")
     min_ranks: Number = param(4.0, "fewer ranks with data: no judgement")
+    onset: Literal["during", "from-start"] = param(
+        "during", "`during`: ranks that became slower than their peers; `from-start`: only those the default "
+                  "leaves out as slower hardware, slower by under `steady_ratio` since their history began")
     level: Literal["rank"] = param("rank", "the culprit's level: always `rank`")
 
 
@@ -209,7 +212,9 @@ def _step_outlier(c: Condition, ctx: Ctx) -> Result:
     # Only a rank passing the first tests, or one flagged before (its frozen past in the state), is looked
     # at: all ranks are screened at once, in the judgement's order, and the rest skipped as the loop did.
     ok_all = compare_all(is_ratio, judged.ratio) & compare_all(is_z, judged.z) & (judged.slow_share >= persist)
-    for i in _looked_at(judged, ok_all, _held_ranks(ctx.state, prefix)):
+    if p["onset"] == "from-start":
+        flagged = _slow_since_start(judged, ok_all, thr, p["steady_ratio"], ctx.state, prefix)
+    for i in [] if p["onset"] == "from-start" else _looked_at(judged, ok_all, _held_ranks(ctx.state, prefix)):
         j = judged.judgement(i)
         key = (*prefix, j.rank)
         ok = bool(ok_all[i])
@@ -285,6 +290,39 @@ def _excess_over_peers(row: Mapping[int, StepRec], top: int, phase: str) -> floa
         return mine - statistics.median(peers) if mine is not None and peers else None
 
     return kept_stat(row, ("excess", phase, top), compute)  # type: ignore[no-any-return]
+
+
+def _slow_since_start(judged: JudgedRanks, ok: np.ndarray, thr: float, steady_ratio: float,
+                      state: dict[tuple[Any, ...], Any], prefix: tuple[Any, ...]) -> list[tuple[Any, None]]:
+    """The ranks ``step_outlier`` with ``onset: from-start`` flags: past its first tests (``ok``) now, and at
+    the first window whywait judged them in, under ``steady_ratio`` (over it the default flags them), and not
+    grown against their recent past (a rank that slowed is the default's finding).
+
+    The default leaves these out: a rank slower from its first step may run on a slower GPU model, one
+    clocked or power-capped lower, or one faulty since the job started, and whywait cannot tell which.
+    Every rank still waits for it in each collective, so what it costs is real; ``job.slow-since-start``
+    says so at a lower severity.  The ranks slow at the job's first judgement are kept in ``state`` under
+    ``prefix + (rank,)``: the recent past alone would not do, for a straggler of an hour has an hour of
+    slow steps before every window.
+    """
+    marker = (*prefix, "judged")
+    ranks = judged.rank
+    if marker not in state:
+        # The job's first judgement: the ranks slow now are the ones slow since whywait first saw them.
+        # A rank first judged later (it joined late) is not marked: it may have slowed since.
+        state[marker] = 1.0
+        for i in np.nonzero(ok)[0].tolist():
+            state[(*prefix, int(ranks[i]))] = 1.0
+    out: list[tuple[Any, None]] = []
+    for i in np.nonzero(ok)[0].tolist():
+        if (*prefix, int(ranks[i])) not in state:
+            continue
+        j = judged.judgement(i)
+        base = j.history_ratio
+        if j.ratio >= steady_ratio or (base is not None and j.ratio / base > thr):
+            continue
+        out.append((j, None))
+    return out
 
 
 def _looked_at(judged: JudgedRanks, ok: np.ndarray, held: set[int]) -> list[int]:

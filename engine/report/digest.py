@@ -40,6 +40,7 @@ CAUSES: dict[str, str] = {
 # Rule ids whose cause is not their domain's.
 RULE_CAUSES: dict[str, str] = {
     "job.straggler": "stragglers of unknown cause", "job.rotating-straggler": "stragglers of unknown cause",
+    "job.slow-since-start": "ranks slower since the start",
     "job.whole-job-slow": "whole job slower, no straggler", "job.stage-imbalance": "pipeline stage imbalance",
     "job.periodic-slowdown": "periodic slowdowns", "job.rank-silent": "silent or hung ranks",
     "job.node-clock-skew": "clock skew", "job.node-down": "nodes down",

@@ -1,0 +1,61 @@
+"""A step table whose rank is slower on every step is told, not passed over as slower hardware.
+
+A postmortem's step table or profiler traces hold a few dozen steps at most: "since the start" is all
+there is.  Before ``job.slow-since-start`` a rank 1.5x slower than its seven peers on all 40 steps (every
+other rank waiting 0.3 s a step for it in the all-reduce) gave "No incident": ``job.straggler`` leaves a
+rank slow from its first step out, as possibly slower hardware.  Now it is told, at info, with the cost,
+and saying it cannot tell slower hardware from a fault; the same table with no slow rank is quiet.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from whywait.engine.replay import PlacedTopology, replay
+from whywait.engine.rules.loader import load_rules
+
+REPO = Path(__file__).resolve().parents[2]
+START = 1_764_443_800.0
+
+
+def table(path: Path, steps: int, slow_rank: int | None, seed: int = 1) -> None:
+    """A synchronous 8-rank job's steps as a logger writes them: every rank ends a step together; the slow
+    rank computes 1.5x as long and the others wait for it in the collective."""
+    rng = random.Random(seed)
+    t = START
+    rows = ["time,job,rank,step,duration_s,data_wait_s,compute_s,comm_s,node"]
+    for step in range(1, steps + 1):
+        comp = {r: 0.62 * (1 + rng.gauss(0, 0.02)) * (1.5 if r == slow_rank else 1.0) for r in range(8)}
+        slow = max(comp.values())
+        dur = slow + 0.12 + 0.015
+        t += dur
+        for r in range(8):
+            rows.append(f"{t:.3f},trace-job,{r},{step},{dur:.4f},0.015,{comp[r]:.4f},{0.12 + slow - comp[r]:.4f},"
+                        f"node-{r // 4 + 1:02d}")
+    path.write_text("\n".join(rows) + "\n")
+
+
+def diagnose(tmp_path: Path, steps: int, slow_rank: int | None) -> list[tuple[str, str, tuple[int, ...]]]:
+    csv, out = tmp_path / "steps.csv", tmp_path / "steps.jsonl"
+    table(csv, steps, slow_rank)
+    subprocess.run([sys.executable, "-m", "whywait", "import", str(csv), "--project", "llm", "--team", "ml",
+                    "-o", str(out)], check=True, capture_output=True, cwd=REPO)
+    msgs = [json.loads(line) for line in out.read_text().splitlines()]
+    res, _ = replay(msgs, load_rules([REPO / "rules"]), PlacedTopology())
+    return [(d.rule_id, d.culprit, tuple(d.ranks)) for d in res.diagnoses if d.status == "firing"]
+
+
+@pytest.mark.parametrize("steps", [6, 40])
+def test_a_rank_slower_on_every_step_of_a_table_is_told(tmp_path: Path, steps: int) -> None:
+    fired = diagnose(tmp_path, steps, slow_rank=5)
+    assert fired and {f[0] for f in fired} == {"job.slow-since-start"}, fired
+    assert fired[0][1:] == ("node-02", (5,))
+
+
+def test_the_same_table_with_no_slow_rank_is_quiet(tmp_path: Path) -> None:
+    assert diagnose(tmp_path, 40, slow_rank=None) == []
