@@ -53,7 +53,7 @@ from whywait.agents.events import ContractError, envelope, validate
 from whywait.engine.diagnosis import Diagnosis
 from whywait.engine.errors import RuleError
 from whywait.engine.evaluate.evaluator import Evaluator
-from whywait.engine.rules.loader import TEST_SUFFIXES, RuleSet, is_test_file, tested_rule_id, yaml_files
+from whywait.engine.rules.loader import TEST_SUFFIXES, RuleSet, is_test_file, tested_rule_id, yaml_files, yaml_hint
 from whywait.engine.rules.templating import capture_render_errors
 
 from whywait import yamlio
@@ -134,7 +134,7 @@ def load_cases(path: Path, rule_ids: Collection[str] | None = None) -> tuple[str
     try:
         doc = yamlio.load(path)
     except YamlError as exc:
-        raise RuleTestError(str(exc)) from None
+        raise RuleTestError(str(exc) + yaml_hint(exc)) from None
     c = _Checker(doc)
     data = doc.data
     if not isinstance(data, dict) or not isinstance(data.get("cases"), list) or not data["cases"]:
@@ -419,7 +419,8 @@ def load_files(rules: RuleSet, paths: Iterable[str | Path]) -> list[tuple[Path, 
     problems: list[str] = []
     for f in find_test_files(paths):
         try:
-            loaded.append((f, load_cases(f, rules.rules.keys())[1]))
+            # a rule an override disabled is known: a case may name it (expecting it absent, say)
+            loaded.append((f, load_cases(f, {*rules.rules, *rules.disabled})[1]))
         except RuleTestError as exc:
             problems += exc.problems
     if problems:

@@ -59,6 +59,19 @@ def path_arg(text: str) -> Path:
     return Path(text)
 
 
+def rules_path_arg(text: str) -> Path:
+    """A rules path argument (``rules check``/``test`` paths and ``--rules``, ``replay --rules``/``--against``):
+    as :func:`path_arg`, and the word ``shipped`` names the rules shipped with whywait, wherever it is installed
+    (a folder of that name is ``./shipped``)."""
+    from whywait.engine.rules.loader import SHIPPED, shipped_rules_dir
+
+    return shipped_rules_dir() if text == SHIPPED else path_arg(text)
+
+
+_RULES_HELP = ("more rules to load first, e.g. the shipped ones a site folder overrides, inhibits or takes macros "
+               "from: --rules shipped (repeatable)")
+
+
 def register(p: argparse.ArgumentParser) -> None:
     """Add the ``check``, ``test`` and ``metrics`` actions; called by :func:`whywait.engine.cli.build_parser`."""
     sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
@@ -66,19 +79,21 @@ def register(p: argparse.ArgumentParser) -> None:
                        description="Load rule files and rule tests without running anything; print every problem "
                                    "with its file and line.",
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    c.add_argument("paths", nargs="*", type=path_arg, help="rule files or folders (default: ./rules)")
+    c.add_argument("paths", nargs="*", type=rules_path_arg,
+                   help="rule files or folders ('shipped': the rules shipped with whywait; default: ./rules)")
+    c.add_argument("--rules", action="append", type=rules_path_arg, default=[],
+                   help=_RULES_HELP + "; loaded and checked, their tests not")
     t = sub.add_parser("test", help="run rule tests (*.test.yaml) against the rules beside them", epilog=_epilog(),
                        description="Run each case of the rule tests through the engine's evaluator; print one line "
                                    "per case, and each failure.",
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    t.add_argument("paths", nargs="*", type=path_arg,
-                   help="folders of rules and their tests, or test files (default: ./rules)")
+    t.add_argument("paths", nargs="*", type=rules_path_arg,
+                   help="folders of rules and their tests, or test files ('shipped': the rules shipped with "
+                        "whywait; default: ./rules)")
     t.add_argument("--show", action="store_true",
                    help="print, under each case, the message each alert it raised would send (as the console "
                         "notifier prints it: title, cause, evidence, next step), once per alert, as it first fired")
-    t.add_argument("--rules", action="append", type=path_arg, default=[],
-                   help="more rules to load first, e.g. the shipped ones a site folder overrides, "
-                        "inhibits or takes macros from (repeatable)")
+    t.add_argument("--rules", action="append", type=rules_path_arg, default=[], help=_RULES_HELP)
     t.add_argument("--require-all", action="store_true", help="fail when a rule under test has no test file")
     t.add_argument("--junit", type=path_arg, metavar="FILE", help="also write the results as JUnit XML to FILE")
     sub.add_parser("metrics", help="list the metrics rules may name")
@@ -98,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
     if args.action == "conditions":
         return _conditions(args.docs)
     if args.action == "check":
-        return _check(args.paths or [_default_dir()])
+        return _check(args.paths or [_default_dir()], getattr(args, "rules", []))
     return _test(args)
 
 
@@ -108,27 +123,36 @@ def _default_dir() -> Path:
     return default_rules_dir()
 
 
-def _check(paths: list[Path]) -> int:
+def _check(paths: list[Path], more: list[Path] | None = None) -> int:
+    """``rules check``: load ``more`` (``--rules``) and ``paths``, check the tests under ``paths``; the exit status."""
     from whywait.engine.rules.loader import RuleLoadError, is_test_file, load_rules, rule_files
     from whywait.simulate.ruletest import RuleTestError, find_test_files, load_cases
 
+    more = more or []
+    _require(more, "rule")
     _require(paths, "rule")
     problems: list[str] = []
-    rule_ids = None
+    rule_ids: set[str] | None = None
+    disabled: dict[str, str] = {}
     n_rules = 0
-    trees = _trees_of(paths, [], "rules check")
+    # --rules come first, so a site folder's `override:` finds the shipped rule it changes (as in `rules test`)
+    trees = _trees_of(paths, more, "rules check")
     try:
-        rs = load_rules([*trees, *paths])
-        # with no rule among the paths (test files given alone) there is nothing to check their names against
-        rule_ids, n_rules = (rs.rules.keys() if len(rs) else None), len(rs)
-        if trees:  # count the rules of the paths given, not the tree's others loaded beside them
+        rs = load_rules([*more, *trees, *paths])
+        # with no rule among the paths (test files given alone) there is nothing to check their names against;
+        # a rule an override disabled is known (a test may still name it)
+        disabled = rs.disabled
+        rule_ids, n_rules = ({*rs.rules, *disabled} if len(rs) else None), len(rs)
+        if trees or more:  # count the rules of the paths given, not the others loaded beside them
             mine = {f.resolve() for f in rule_files(paths)}
             n_rules = sum(1 for r in rs.rules.values() if Path(r.file).resolve() in mine)
     except RuleLoadError as exc:
         problems += [str(e) for e in exc.errors]
     tests = [p for p in paths if p.is_dir() or is_test_file(p)]
     n_tests = 0
-    for f in _unique(find_test_files(p for p in tests if p.exists())):
+    files, skipped = _skip_disabled(_unique(find_test_files(p for p in tests if p.exists())), disabled)
+    _say_skipped("rules check", skipped, disabled)
+    for f in files:
         n_tests += 1
         try:
             # with the rules broken, still check everything a test file says on its own
@@ -163,8 +187,9 @@ def _test(args: argparse.Namespace) -> int:
         rules = load_rules([*args.rules, *trees, *(p for p in under_test if p is not None)])
         # a test file reached twice (`rules test rules rules/gpu`) runs once.  Each result is printed (and flushed)
         # as its case ends: the shipped tree takes minutes, and piped output showed nothing until the end.
-        results = run_files(rules, _unique(find_test_files(paths)), on_start=_say_start,
-                            on_result=lambda r: _print_result(r, args.show))
+        test_files, skipped = _skip_disabled(_unique(find_test_files(paths)), rules.disabled)
+        _say_skipped("rules test", skipped, rules.disabled)
+        results = run_files(rules, test_files, on_start=_say_start, on_result=lambda r: _print_result(r, args.show))
         missing: list[str] = []
         if args.require_all:  # only the rules under test need cases, not the ones --rules brought in
             files = {str(f) for f in rule_files(p for p in under_test if p is not None)}
@@ -184,6 +209,44 @@ def _test(args: argparse.Namespace) -> int:
         except OSError as exc:
             raise ConfigError(f"--junit {args.junit}: cannot write: {exc.strerror or exc}") from None
     return EXIT_RULES if failed or missing else 0
+
+
+def _skip_disabled(files: list[Path], disabled: dict[str, str]) -> tuple[list[Path], list[tuple[Path, str]]]:
+    """``files`` without the tests of a rule an override disabled, and those left out with their rule's id.
+
+    A test file tests the rule its ``rule:`` names, else the one it is named after.  A site that disables a
+    shipped rule (``override: job.whole-job-slow`` + ``disable: true``) and checks or tests the shipped tree
+    with its folder has nothing to run that rule's cases against: they are skipped, and said so in one line.
+    """
+    if not disabled:
+        return files, []
+    from whywait.engine.rules.loader import tested_rule_id
+
+    from whywait import yamlio
+    from whywait.errors import YamlError
+
+    keep: list[Path] = []
+    skipped: list[tuple[Path, str]] = []
+    for f in files:
+        try:
+            data = yamlio.load(f).data
+        except YamlError:
+            keep.append(f)  # its own error is reported as it is checked
+            continue
+        rid = data.get("rule") if isinstance(data, dict) else None
+        rid = rid if isinstance(rid, str) and rid else tested_rule_id(f)
+        if rid in disabled:
+            skipped.append((f, rid))
+        else:
+            keep.append(f)
+    return keep, skipped
+
+
+def _say_skipped(who: str, skipped: list[tuple[Path, str]], disabled: dict[str, str]) -> None:
+    """One line on stderr naming the test files left out as their rule is disabled, and what disabled it."""
+    if skipped:
+        said = "; ".join(f"{f} ({rid}, disabled by {disabled[rid]})" for f, rid in skipped)
+        print(f"{who}: skipped {len(skipped)} test file(s) of disabled rule(s): {said}", file=sys.stderr)
 
 
 def _say_start(cases: int, files: int) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable  # noqa: UP035
@@ -65,6 +66,9 @@ class RuleSet:
 
     rules: dict[str, Rule] = field(default_factory=dict)
     files: tuple[str, ...] = ()
+    # Rules an override removed (``disable: true``), by id, with the file that did: known, not loaded.  Another
+    # rule's ``inhibits``/``supersedes`` and a rule test may still name them (there is simply nothing to mute).
+    disabled: dict[str, str] = field(default_factory=dict)
 
     def __iter__(self):  # type: ignore[no-untyped-def]
         return iter(self.rules.values())
@@ -91,7 +95,42 @@ def rule_files(paths: Iterable[str | Path]) -> list[Path]:
 
 
 def _yaml_error(e: YamlError) -> RuleSchemaError:
-    return RuleSchemaError(e.source, e.line, None, "", e.problem)
+    return RuleSchemaError(e.source, e.line, None, "", e.problem + yaml_hint(e))
+
+
+_QUOTE_FIRST = re.compile(r"""^\s*(?:-\s+)?[^\s:#'"{\[][^:#]*:\s+[{\["']""")
+_COLON_IN_VALUE = re.compile(r"""^\s*(?:-\s+)?[^\s:#'"][^:#]*:\s+[^'"\s].*:(\s|$)""")
+_INDENT = ("; check the indentation here and on the line above: a mapping's keys start in one column, a list's "
+           "items ('- ') under their key, with spaces")
+
+
+def yaml_hint(e: YamlError) -> str:
+    """Plain words after PyYAML's for the usual slips in a rule or test file, from the line it names ('' if none).
+
+    ``expected <block end>, but found '<block mapping start>'`` says nothing to most rule authors: the slips behind
+    it are a key indented off its mapping's column, a tab, a value with ``: `` in it, or one starting with ``{``
+    (a Jinja template), ``[`` or a quote that does not end it, which YAML reads as YAML rather than as text.
+    """
+    p = e.problem
+    if not p.startswith("not valid YAML") and "non-scalar key" not in p:
+        return ""
+    if "'\\t'" in p or "'\t'" in p:
+        return "; a tab: YAML indents with spaces only, replace the tab with spaces"
+    try:
+        text = Path(e.source).read_text(encoding="utf-8").splitlines()[e.line - 1] if e.line > 0 else ""
+    except (OSError, UnicodeDecodeError, IndexError):
+        text = ""
+    if "\t" in text[: len(text) - len(text.lstrip())]:
+        return "; a tab: YAML indents with spaces only, replace the tab with spaces"
+    if _QUOTE_FIRST.match(text) and ("'<scalar>'" in p or "non-scalar key" in p):  # text after a {..}, [..], ".."
+        return ("; a value starting with '{', '[' or a quote is read as YAML, not text: quote the whole value "
+                "(title: \"{{ job }} is slow\", with ' inside if need be)")
+    if "mapping values are not allowed" in p and _COLON_IN_VALUE.match(text):
+        return "; a value holding ': ' must be quoted (title: \"slow: really\")"
+    if any(k in p for k in ("expected <block end>", "mapping values are not allowed", "did not find expected key",
+                            "could not find expected ':'", "expected <document start>")):
+        return _INDENT
+    return ""
 
 
 def _load_macros(paths: Iterable[Path], errors: list[RuleSchemaError],
@@ -237,14 +276,17 @@ class _Doc:
             self.expected_id = self.file.stem
 
 
-def _apply_overrides(docs: list[_Doc], errors: list[RuleSchemaError]) -> list[_Doc]:
+def _apply_overrides(docs: list[_Doc], errors: list[RuleSchemaError],
+                     disabled: dict[str, str] | None = None) -> list[_Doc]:
     """Apply ``override:`` and ``extends:`` documents, in load order, to the rules they name.
 
     A site keeps its changes in its own folder, loaded after the shipped one
     (``--rules rules/ --rules site-rules/``), without copying the shipped rule:
 
     - ``override: <id>`` replaces the top-level keys it sets in that rule (``labels`` are merged);
-      ``disable: true`` removes the rule.  Its file name is free.
+      ``disable: true`` removes the rule (``disabled`` gets its id and the override's file).  Its file name is
+      free.  ``disable`` must be a YAML boolean: ``"true"``, ``1`` or ``yes please`` were taken for false, and
+      the rule stayed enabled with the check saying OK.
     - ``extends: <id>`` plus its own ``id`` makes a new rule that starts as a copy of ``<id>``.
     """
     by_id: dict[str, _Doc] = {}
@@ -257,19 +299,32 @@ def _apply_overrides(docs: list[_Doc], errors: list[RuleSchemaError]) -> list[_D
             plain.append(d)
             if isinstance(d.data, dict) and isinstance(d.data.get("id"), str):
                 by_id.setdefault(d.data["id"], d)
-    disabled: set[str] = set()
+    if disabled is None:
+        disabled = {}
     for m in mods:
         key = "override" if "override" in m.data else "extends"
         target = m.data[key]
+        if "disable" in m.data:
+            where = m.lines.get(("disable",), m.lines.get((key,), 1))
+            if key == "extends":
+                errors.append(RuleSchemaError(str(m.file), where, None, "disable",
+                                              "is for an override: (to drop a rule made with extends:, delete its "
+                                              "file)"))
+                continue
+            if not isinstance(m.data["disable"], bool):
+                errors.append(RuleSchemaError(str(m.file), where, None, "disable",
+                                              f"must be true or false, unquoted (got {m.data['disable']!r})"))
+                continue
         base = by_id.get(target)
         if base is None:
             errors.append(RuleSchemaError(str(m.file), m.lines.get((key,), 1), None, key,
-                                          f"must name a rule loaded before it (got {target!r})"))
+                                          f"must name a rule loaded before it (got {target!r})"
+                                          f"{_override_hint(target, list(by_id))}"))
             continue
         changes = {k: v for k, v in m.data.items() if k not in (key, "disable")}
         if key == "override":
             if m.data.get("disable") is True:
-                disabled.add(target)
+                disabled[target] = str(m.file)
                 continue
             if "id" in changes and changes["id"] != target:
                 errors.append(RuleSchemaError(str(m.file), m.lines.get(("id",), 1), target, "id",
@@ -300,6 +355,39 @@ def _apply_overrides(docs: list[_Doc], errors: list[RuleSchemaError]) -> list[_D
         if key == "extends":
             by_id.setdefault(str(merged.get("id")), doc)
     return [d for d in plain if not (isinstance(d.data, dict) and d.data.get("id") in disabled)]
+
+
+#: What ``--rules shipped`` (``rules check``, ``rules test``, ``replay``) names: :func:`shipped_rules_dir`.
+SHIPPED = "shipped"
+
+
+def shipped_rules_dir() -> Path:
+    """The rules shipped with whywait: ``whywait/rules`` in an installed wheel (package data), ``rules/`` in a
+    checkout; both two folders above this one."""
+    return Path(__file__).resolve().parents[2] / "rules"
+
+
+def _shipped_ids() -> list[str]:
+    """The ids of the shipped rules (a rule's id is its file's name)."""
+    return [f.stem for f in rule_files([shipped_rules_dir()])] if shipped_rules_dir().is_dir() else []
+
+
+def _override_hint(target: Any, loaded: list[str]) -> str:
+    """What to do about an ``override:``/``extends:`` naming no rule loaded before it.
+
+    The usual slip is a site folder checked or loaded alone (``rules check site-rules``): the rule it changes is
+    a shipped one, which must be loaded first.  Else a typo: the nearest id loaded or shipped.
+    """
+    if not isinstance(target, str):
+        return ""
+    shipped = _shipped_ids()
+    if target in shipped:
+        return (f"; {target!r} is a shipped rule: load the shipped rules first, before this folder "
+                f"(--rules {SHIPPED}, that is {shipped_rules_dir()})")
+    near = difflib.get_close_matches(target, sorted({*loaded, *shipped}), n=1, cutoff=0.8)
+    if near:
+        return f"; did you mean {near[0]!r}?"
+    return "; load the rules that hold it first, before this folder (--rules FOLDER)"
 
 
 def _attribute(e: RuleSchemaError, doc: _Doc) -> RuleSchemaError:
@@ -338,7 +426,8 @@ def load_rules(paths: Iterable[str | Path]) -> RuleSet:
             continue
         docs.append(_Doc(f, y.data, y.lines, spans=y.spans,
                          texts={p: y.source_text(sp) for p, sp in y.spans.items() if sp.last > sp.first}))
-    for doc in _apply_overrides(docs, errors):
+    disabled: dict[str, str] = {}
+    for doc in _apply_overrides(docs, errors, disabled):
         rule, errs = parse_rule(doc.data, str(doc.file), doc.lines, macros, expected_id=doc.expected_id,
                                 macro_lines=macro_lines)
         # an error in a macro's own value is reported once, at its line in the macros file, however many use it
@@ -354,13 +443,15 @@ def load_rules(paths: Iterable[str | Path]) -> RuleSet:
             continue
         _check_templates(rule, errors, doc)
         rules[rule.id] = rule
+    # A rule another one names but an override disabled is known: the reference has nothing to mute.
+    known = rules.keys() | broken | disabled.keys()
     for rule in rules.values():
         for i, target in enumerate(rule.inhibits):
-            if target not in rules and target not in broken:
+            if target not in known:
                 errors.append(RuleSchemaError(rule.file, rule.inhibits_line, rule.id, f"inhibits[{i}]",
                                               f"must name a loaded rule (got {target!r}){_LOAD_HINT}"))
         for i, target in enumerate(rule.supersedes):
-            if (target not in rules and target not in broken) or target == rule.id:
+            if target not in known or target == rule.id:
                 hint = _LOAD_HINT if target != rule.id else ""
                 errors.append(RuleSchemaError(rule.file, rule.supersedes_line, rule.id, f"supersedes[{i}]",
                                               f"must name another loaded rule (got {target!r}){hint}"))
@@ -373,4 +464,4 @@ def load_rules(paths: Iterable[str | Path]) -> RuleSet:
                                       "holds no rule file (a .yaml or .yml file other than macros and *.test.yaml)"))
     if errors:
         raise RuleLoadError(errors)
-    return RuleSet(rules, tuple(str(f) for f in files))
+    return RuleSet(rules, tuple(str(f) for f in files), disabled)

@@ -155,7 +155,8 @@ def test_override_of_unknown_rule(tmp_path: Path) -> None:
     f.write_text("override: network.nope\nseverity: info\n")
     with pytest.raises(RuleLoadError) as exc:
         load_rules([f])
-    assert str(exc.value) == f"{f}:1: 'override' must name a rule loaded before it (got 'network.nope')"
+    assert str(exc.value) == (f"{f}:1: 'override' must name a rule loaded before it (got 'network.nope'); load the "
+                              "rules that hold it first, before this folder (--rules FOLDER)")
 
 
 def test_template_with_an_unknown_variable_is_refused(tmp_path: Path) -> None:
