@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, AsyncGenerator, Callable, Iterable, Iterator, Mapping, Sequence, TypeVar
 
 from whywait.engine.commands.gc_tuning import batch_gc
+from whywait.engine.commands.rules_cmd import rules_path_arg
 from whywait.engine.errors import BrokerUnavailable, ConfigError, RuleError
 from whywait.engine.replay import TAIL_SCAN_MAX, EventTimeMerge, TailScan, Window
 
@@ -128,12 +129,13 @@ def register(p: argparse.ArgumentParser) -> None:
                           f"{TAIL_SCAN_MAX:,} records")
     how = p.add_argument_group("how")
     how.add_argument("--topology", type=Path, help="topology YAML (default: the bundle's, or WHYWAIT_TOPOLOGY)")
-    how.add_argument("--rules", action="append", type=Path, help="rule files or folders (default: the bundle's, "
-                                                                 "else the engine's: ./rules or the shipped "
-                                                                 "rules, plus $WHYWAIT_SITE_RULES)")
-    how.add_argument("--against", action="append", type=Path, metavar="OLD",
+    how.add_argument("--rules", action="append", type=rules_path_arg,
+                     help="rule files or folders (repeatable; default: the bundle's, else the engine's: ./rules or "
+                          "the shipped rules, plus $WHYWAIT_SITE_RULES).  Given, they replace the default: a site "
+                          "folder needs the shipped rules named too, 'shipped': --rules shipped --rules site-rules/")
+    how.add_argument("--against", action="append", type=rules_path_arg, metavar="OLD",
                      help="backtest: also run these rules over the same events and compare (repeatable, like "
-                          "--rules: --against rules-old/ --against site-old/; 'live': the engine's rules, "
+                          "--rules: --against shipped --against site-rules-old/; 'live': the engine's rules, "
                           "./rules or the shipped ones, plus $WHYWAIT_SITE_RULES)")
     how.add_argument("--match-within", default="2m", metavar="DURATION",
                      help="backtest: a firing in one set is the same firing as one of the same incident in the "

@@ -163,3 +163,29 @@ def test_the_printed_backtest_counts_firings_and_says_which_firing_was_lost(
                       "0 the same")
     assert out[1].startswith("  - ") and out[1].endswith("(firing 1 of 2)")
     assert "fires 6 s later" in out[2] and "firing" not in out[2]
+
+
+def test_a_site_folder_is_replayed_and_backtested_with_the_shipped_rules_named_shipped(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    # `--rules site --against live` replaced the shipped rules, and an installed user knew no path to name them
+    from whywait.engine.cli import build_parser
+    from whywait.engine.commands.engine_cmd import default_rule_paths
+    from whywait.engine.commands.replay_cmd import Plan
+    from whywait.engine.rules.loader import shipped_rules_dir
+
+    monkeypatch.delenv("WHYWAIT_SITE_RULES", raising=False)
+    site, old_site = tmp_path / "site-rules", tmp_path / "site-rules-old"
+    parser = build_parser("replay")
+    plan = Plan(parser.parse_args(["replay", "--since", "-2h", "--rules", "shipped", "--rules", str(site),
+                                   "--against", "live"]), tmp_path)
+    assert plan.rules_paths == [shipped_rules_dir(), site] and plan.against == default_rule_paths()
+    plan = Plan(parser.parse_args(["replay", "--since", "-2h", "--rules", "shipped", "--rules", str(site),
+                                   "--against", "shipped", "--against", str(old_site)]), tmp_path)
+    assert plan.against == [shipped_rules_dir(), old_site]
+    from whywait.engine.cli import main
+
+    monkeypatch.setenv("COLUMNS", "400")  # one line per option: argparse breaks lines at a hyphen
+    with pytest.raises(SystemExit):
+        main(["replay", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--rules shipped --rules site-rules/" in text and "(repeatable, like --rules: --against shipped" in text
