@@ -9,7 +9,10 @@ follows it, so a silence added here applies within a second.  The broker is
     whywait silence expire 3f2a9c1b0d4e
 
 A matcher must name a field or label a diagnosis carries (``jbo=x`` is refused, listing the valid
-names, unless ``--force``), and ``--for`` needs a unit and lasts more than 0s and at most a year
+names, unless ``--force``), a ``rule_id`` pattern must match a rule's id (``rule_id=network.straggler-retransmit``
+is refused with a did-you-mean, unless ``--force``): the names and ids are those of the rules the engine loads
+(``./rules`` or the shipped ones, ``$WHYWAIT_RULES``, plus ``$WHYWAIT_SITE_RULES``) and of ``--rules PATH`` (a
+site folder the engine is given another way), and ``--for`` needs a unit and lasts more than 0s and at most a year
 (365d); everything is checked before anything is written.  A malformed silence, or an id that names
 no silence, exits 2 (input); an unreachable broker exits 3.  ``list`` and ``expire`` take any silence
 already stored, one set for longer by an older version too.
@@ -18,6 +21,8 @@ already stored, one set for longer by an older version too.
 from __future__ import annotations
 
 import argparse
+import difflib
+import fnmatch
 import getpass
 import re
 import time
@@ -29,6 +34,7 @@ from whywait.engine.notify.silences import MAX_SILENCE_S, MAX_SILENCE_TEXT
 
 if TYPE_CHECKING:
     from whywait.engine.notify.silences import SilenceStore
+    from whywait.engine.rules.loader import RuleSet
 
 
 def register(p: argparse.ArgumentParser) -> None:
@@ -43,14 +49,24 @@ def register(p: argparse.ArgumentParser) -> None:
     # Python 3.13's argparse does by itself; argparse has no public switch for it.
     if hasattr(a, "_negative_number_matcher"):
         a._negative_number_matcher = re.compile(r"^-\.?\d")
+    a.add_argument("--rules", action="append", type=_rules_arg, default=[], metavar="PATH",
+                   help="more rules whose ids and labels a matcher may name, beside the engine's (./rules or the "
+                        "shipped ones, plus $WHYWAIT_SITE_RULES): a site folder (repeatable)")
     a.add_argument("--force", action="store_true",
-                   help="accept a matcher name no diagnosis carries (a label only your own rules set)")
+                   help="accept a matcher name no diagnosis carries, or a rule_id no loaded rule has (a label or "
+                        "rule only your own rules set)")
     a.add_argument("--comment", default="", help="why")
     a.add_argument("--by", default=None, help="who (default: your login name)")
     ls = sub.add_parser("list", help="show the silences in force")
     ls.add_argument("--all", action="store_true", help="include expired ones")
     e = sub.add_parser("expire", help="end a silence now")
     e.add_argument("id", help="the silence id (from `whywait silence list`)")
+
+
+def _rules_arg(text: str) -> Path:
+    from whywait.engine.commands.rules_cmd import rules_path_arg
+
+    return rules_path_arg(text)
 
 
 def _open_kafka_store(bootstrap: str | None) -> SilenceStore:
@@ -64,36 +80,61 @@ def _open_kafka_store(bootstrap: str | None) -> SilenceStore:
 open_store: Callable[[str | None], SilenceStore] = _open_kafka_store
 
 
-def matchable_names(rule_paths: list[Path] | None = None) -> set[str]:
-    """The names a silence can match on: the incident's fields, the labels the evaluator gives a culprit,
-    and every label the rules set (``rule_paths``, default: the rules the engine loads without ``--rules``)."""
+def _rules(rule_paths: list[Path] | None = None, more: list[Path] | None = None) -> RuleSet | None:
+    """The rules under ``rule_paths`` (default: those the engine loads without ``--rules``) and ``more`` after
+    them (``--rules``: a site folder overriding shipped rules is loaded after them); None when they do not load
+    (broken rules are the engine's and ``rules check``'s to report)."""
     from whywait.engine.commands.engine_cmd import default_rule_paths
     from whywait.engine.errors import RuleError
-    from whywait.engine.notify.silences import MATCH_FIELDS
     from whywait.engine.rules.loader import load_rules
+
+    try:
+        return load_rules([*(rule_paths if rule_paths is not None else default_rule_paths()), *(more or [])])
+    except RuleError:
+        return None
+
+
+def matchable_names(rule_paths: list[Path] | None = None, more: list[Path] | None = None,
+                    rules: RuleSet | None = None) -> set[str]:
+    """The names a silence can match on: the incident's fields, the labels the evaluator gives a culprit,
+    and every label the rules set (``rules``, else those :func:`_rules` loads from ``rule_paths`` and ``more``)."""
+    from whywait.engine.notify.silences import MATCH_FIELDS
     from whywait.engine.rules.schema import GROUP_LABELS
 
     names = {*MATCH_FIELDS, *GROUP_LABELS, "superseded_by"}
-    try:
-        rules = load_rules(rule_paths if rule_paths is not None else default_rule_paths())
-    except RuleError:  # broken rules are the engine's to report; the fixed names still hold
+    rules = rules if rules is not None else _rules(rule_paths, more)
+    if rules is None:  # the fixed names still hold
         return names
     return names | {k for r in rules.rules.values() for k in r.labels}
 
 
-def check_names(matchers: dict[str, str]) -> None:
-    """Refuse a matcher name no diagnosis carries (``jbo=x`` would silence nothing, silently)."""
+def check_names(matchers: dict[str, str], more: list[Path] | None = None) -> None:
+    """Refuse a matcher name no diagnosis carries (``jbo=x`` would silence nothing, silently), and a ``rule_id``
+    pattern no loaded rule's id matches (``rule_id=network.straggler-retransmit``, an ``s`` short, was stored and
+    matched nothing).  ``more``: rules beside the engine's (``--rules``), whose labels and ids count too."""
     from whywait.engine.notify.silences import MATCH_FIELDS, SilenceError
 
     unknown = [k for k in matchers if k not in MATCH_FIELDS]
-    if not unknown:  # the usual case needs no rule loading
+    if not unknown and "rule_id" not in matchers:  # the usual case needs no rule loading
         return
-    valid = matchable_names()
+    rules = _rules(None, more)
+    valid = matchable_names(rules=rules)
     unknown = [k for k in unknown if k not in valid]
     if unknown:
         k = unknown[0]
         raise SilenceError(f"-m {k}={matchers[k]}: unknown name {k!r}: no diagnosis carries it, so the silence would "
-                           f"match nothing (valid: {', '.join(sorted(valid))}; --force if your own rules set it)")
+                           f"match nothing (valid: {', '.join(sorted(valid))}; --rules PATH to count a site "
+                           f"folder's labels; --force if your own rules set it)")
+    pattern = matchers.get("rule_id")
+    if pattern is None or rules is None:
+        return
+    ids = sorted({*rules.rules, *rules.disabled})  # a disabled rule is known: it may be enabled again
+    if not any(fnmatch.fnmatchcase(i, pattern) for i in ids):
+        near = difflib.get_close_matches(pattern, ids, n=1)
+        hint = f"did you mean {near[0]!r}? " if near else ""
+        raise SilenceError(f"-m rule_id={pattern}: no loaded rule's id matches it, so the silence would match "
+                           f"nothing; {hint}(--rules PATH to count a site folder's rules; --force if the engine "
+                           "loads rules this command does not)")
 
 
 def _duration(text: str) -> float:
@@ -133,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
     if args.silence_command == "add":
         matchers = parse_matchers(args.match)
         if not args.force:
-            check_names(matchers)
+            check_names(matchers, getattr(args, "rules", None))
         duration = _duration(args.duration)
         silence = Silence.new(matchers, duration=duration, created_by=args.by or getpass.getuser(),
                               comment=args.comment)
