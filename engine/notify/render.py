@@ -134,10 +134,8 @@ def evidence_table(evidence: tuple[Evidence, ...], *, escape: bool = True, limit
           node-07   412 /s  vs 3.1 /s
     """
     e = escape_mrkdwn if escape else str
-    shown = evidence[:limit]
-    groups: dict[str, list[Evidence]] = {}
-    for ev in shown:
-        groups.setdefault(ev.metric, []).append(ev)
+    groups = _capped_groups(evidence, limit)
+    shown = [ev for rows in groups.values() for ev in rows]
     ent_w = min(18, max((len(str(ev.entity)) for ev in shown), default=0))
     val_w = max((len(fmt_number(ev.value) + (f" {ev.unit}" if ev.unit else "")) for ev in shown), default=0)
     lines: list[str] = []
@@ -149,9 +147,41 @@ def evidence_table(evidence: tuple[Evidence, ...], *, escape: bool = True, limit
             base = f"  vs {fmt_number(ev.baseline)}{unit}" if ev.baseline is not None else ""
             rule = f"  ({ev.threshold})" if len(rules) > 1 and ev.threshold else ""
             lines.append(f"  {str(ev.entity):<{ent_w}}  {(fmt_number(ev.value) + unit):>{val_w}}{base}{rule}".rstrip())
-    if len(evidence) > limit:
-        lines.append(f"… and {len(evidence) - limit} more")
+    hidden: dict[str, int] = {}
+    for ev in evidence:
+        hidden[ev.metric] = hidden.get(ev.metric, 0) + 1
+    for metric, rows in groups.items():
+        hidden[metric] -= len(rows)
+    cut = {m: n for m, n in hidden.items() if n > 0}
+    if cut:
+        # Name what was left out: "and 4 more" under a list of nodes read as four more nodes.
+        what = ", ".join(f"{m} ({n})" if len(cut) > 1 else m for m, n in cut.items())
+        lines.append(f"… and {sum(cut.values())} more row(s) of {what}")
     return e("\n".join(lines).replace("```", "'''"))
+
+
+def _capped_groups(evidence: tuple[Evidence, ...], limit: int) -> dict[str, list[Evidence]]:
+    """At most ``limit`` rows of ``evidence``, grouped by metric in order of first appearance, shared so that
+    every metric shows before any shows a second row (then round the metrics again, and so on).
+
+    Called by :func:`evidence_table`.  Taking the first ``limit`` rows let a list of eight nodes push the
+    evidence that explains the cause (the job's own phase times, the topology) out of the message.
+    """
+    groups: dict[str, list[Evidence]] = {}
+    for ev in evidence:
+        groups.setdefault(ev.metric, []).append(ev)
+    take = dict.fromkeys(groups, 0)
+    budget = limit
+    while budget > 0:
+        moved = False
+        for metric, rows in groups.items():
+            if budget and take[metric] < len(rows):
+                take[metric] += 1
+                budget -= 1
+                moved = True
+        if not moved:
+            break
+    return {m: rows[:take[m]] for m, rows in groups.items() if take[m]}
 
 
 def _status_line(d: Diagnosis, ctx: MessageContext) -> str | None:

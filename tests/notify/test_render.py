@@ -79,7 +79,7 @@ def test_evidence_table_is_narrow_and_capped() -> None:
     table = evidence_table(ev, escape=False)
     lines = table.splitlines()
     assert lines[0] == "latency_ms  (> 2x peers)" and lines[1] == "  node-0  0 ms  vs 1 ms"
-    assert len(lines) == 1 + 8 + 1 and lines[-1] == "… and 4 more"
+    assert len(lines) == 1 + 8 + 1 and lines[-1] == "… and 4 more row(s) of latency_ms"
     assert max(len(x) for x in lines) <= 40
 
 
@@ -114,3 +114,15 @@ def test_plain_text_preview_unescaped(make_diagnosis) -> None:
     assert "Dashboard: https://g/%3C%21channel%3E" in text
     assert "Evidence:\n  tcp_retrans_segs_per_s" in text
     assert "Path: rank 12 -> node-07 -> node-07/eth0 -> leaf-3 -> spine-1" in text
+
+
+def test_evidence_table_shows_every_metric_before_a_long_list_of_nodes() -> None:
+    """The tester's pool alert listed 8 nodes' latencies, then "… and 4 more": the job's own data-wait and
+    step-time evidence, the cause's, read as four more nodes."""
+    nodes = tuple(Evidence("storage.read_latency_ms", f"node-{i:02d}", 40.0 + i, "ms", 2.0, "> 15") for i in range(8))
+    job = (Evidence("job.data_wait_s", "train-llm", 0.4, "s", 0.02, "> 1.3x own"),
+           Evidence("job.step_s", "train-llm", 1.2, "s", 0.8, ""))
+    lines = evidence_table(nodes + job, escape=False).splitlines()
+    assert "job.data_wait_s  (> 1.3x own)" in lines and "job.step_s" in lines
+    assert sum(1 for x in lines if x.startswith("  node-")) == 6
+    assert lines[-1] == "… and 2 more row(s) of storage.read_latency_ms"
