@@ -94,16 +94,22 @@ def diagnosis_value(d: Diagnosis, latency: dict[str, Any] | None = None) -> byte
     return json.dumps(body, separators=(",", ":"), default=str).encode()
 
 
-def reload_notice(errors: tuple[str, ...] | None, now: float) -> Diagnosis:
-    """The operations-channel message for a refused (or, with ``errors=None``, a recovered) rule reload."""
+def reload_notice(errors: tuple[str, ...] | None, now: float, since: float | None = None) -> Diagnosis:
+    """The operations-channel message for a refused (or, with ``errors=None``, a recovered) rule reload.
+
+    ``since``: when the first refusal of this run of refused edits came (the rules have been stale since),
+    so the message says how long the engine ran on them; ``now`` when omitted.
+    """
     n = len(errors or ())
+    since = now if since is None else since
     return Diagnosis(
         rule_id="whywait.rules-reload", fingerprint="whywait-rules-reload",
         status="firing" if errors else "resolved", severity="warning",
         title=f"Rule reload refused: {n} error(s); the last good rules keep running" if errors
         else "Rules reloaded: the refused edit is fixed",
         cause="\n".join(errors or ()) or "The rule files load again.", job=None, owner=None,
-        starts_at=now, detected_at=now, next_step="Fix the files named above; `whywait rules check` shows "
+        starts_at=since, detected_at=now, ends_at=None if errors else now,
+        next_step="Fix the files named above; `whywait rules check` shows "
         "the same errors before you save.", confidence=1.0)
 
 
@@ -576,7 +582,7 @@ def build_app(cfg: EngineConfig, processor: Processor, notifier: Notifier,
     async def periodic_checkpoint() -> None:
         await checkpoint()
 
-    refused = [False]
+    refused: list[float | None] = [None]  # when the first of the refused edits since the last good load came
 
     if reloader is not None:
         @app.timer(cfg.reload_every_s)
@@ -588,15 +594,16 @@ def build_app(cfg: EngineConfig, processor: Processor, notifier: Notifier,
             if res.ok:
                 processor.evaluator.rules = res.rules
                 log.info("rules reloaded: %d rule(s)", len(res.rules))
-                if refused[0]:
-                    refused[0] = False
-                    loop.run_in_executor(pool, _notify, reload_notice(None, time.time()), None)
+                if refused[0] is not None:
+                    since, refused[0] = refused[0], None
+                    loop.run_in_executor(pool, _notify, reload_notice(None, time.time(), since), None)
                 return
-            refused[0] = True
+            if refused[0] is None:
+                refused[0] = time.time()
             if metrics is not None:
                 metrics.reload_failures.inc()
             log.error("rule reload refused, keeping the last good rules:\n  %s", "\n  ".join(res.errors))
-            loop.run_in_executor(pool, _notify, reload_notice(res.errors, time.time()), None)
+            loop.run_in_executor(pool, _notify, reload_notice(res.errors, time.time(), refused[0]), None)
 
     watch = BrokerWatch(cfg.bootstrap, grace_s=cfg.broker_grace_s, repeat_s=cfg.broker_repeat_s, metrics=metrics)
     app.broker_watch = watch  # type: ignore[attr-defined]  # for the tests, and anyone holding the app

@@ -40,7 +40,7 @@ def table(path: Path, steps: int, slow_rank: int | None, seed: int = 1) -> None:
     path.write_text("\n".join(rows) + "\n")
 
 
-def diagnose(tmp_path: Path, steps: int, slow_rank: int | None) -> list[tuple[str, str, tuple[int, ...]]]:
+def diagnose(tmp_path: Path, steps: int, slow_rank: int | None) -> list[tuple[str, str | None, tuple[int, ...]]]:
     csv, out = tmp_path / "steps.csv", tmp_path / "steps.jsonl"
     table(csv, steps, slow_rank)
     subprocess.run([sys.executable, "-m", "whywait", "import", str(csv), "--project", "llm", "--team", "ml",

@@ -124,3 +124,15 @@ def test_existing_topics_with_fewer_replicas_than_asked_are_said(monkeypatch, ca
     caplog.clear()
     asyncio.run(ensure_topics_async("b:9092", replication=1))
     assert not caplog.records
+
+
+def test_the_reload_notices_say_since_when_the_rules_were_stale() -> None:
+    """The tester's "Rules reloaded" said `resolved at 13:06:49 after 0s` for rules refused since 13:06:13."""
+    from whywait.engine.notify.render import plain_text
+    from whywait.engine.stream.app import reload_notice
+
+    refused = reload_notice(("site/x.yaml:3: bad",), now=1_000_060.0, since=1_000_000.0)
+    assert refused.status == "firing" and refused.starts_at == 1_000_000.0 and refused.detected_at == 1_000_060.0
+    fixed = reload_notice(None, now=1_000_096.0, since=1_000_000.0)
+    assert fixed.status == "resolved" and fixed.starts_at == 1_000_000.0 and fixed.ends_at == 1_000_096.0
+    assert "after 1m 36s" in plain_text(fixed)
