@@ -82,15 +82,21 @@ open_store: Callable[[str | None], SilenceStore] = _open_kafka_store
 
 def _rules(rule_paths: list[Path] | None = None, more: list[Path] | None = None) -> RuleSet | None:
     """The rules under ``rule_paths`` (default: those the engine loads without ``--rules``) and ``more`` after
-    them (``--rules``: a site folder overriding shipped rules is loaded after them); None when they do not load
-    (broken rules are the engine's and ``rules check``'s to report)."""
+    them (``--rules``: a site folder overriding shipped rules is loaded after them); None when the default rules
+    do not load (broken rules are the engine's and ``rules check``'s to report).  Rules named with ``--rules``
+    that do not load raise :class:`SilenceError`: the user asked for them."""
     from whywait.engine.commands.engine_cmd import default_rule_paths
     from whywait.engine.errors import RuleError
+    from whywait.engine.notify.silences import SilenceError
     from whywait.engine.rules.loader import load_rules
 
     try:
         return load_rules([*(rule_paths if rule_paths is not None else default_rule_paths()), *(more or [])])
-    except RuleError:
+    except RuleError as exc:
+        if more:
+            # Named on this command line: a folder that does not load would leave every check undone, silently.
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise SilenceError(f"--rules: the rules do not load: {first}") from None
         return None
 
 
@@ -115,7 +121,7 @@ def check_names(matchers: dict[str, str], more: list[Path] | None = None) -> Non
     from whywait.engine.notify.silences import MATCH_FIELDS, SilenceError
 
     unknown = [k for k in matchers if k not in MATCH_FIELDS]
-    if not unknown and "rule_id" not in matchers:  # the usual case needs no rule loading
+    if not unknown and "rule_id" not in matchers and not more:  # the usual case needs no rule loading
         return
     rules = _rules(None, more)
     valid = matchable_names(rules=rules)

@@ -83,3 +83,10 @@ def test_a_site_folder_s_labels_and_rules_count_when_the_command_is_told_of_it(
     monkeypatch.setenv("WHYWAIT_SITE_RULES", str(site))
     assert _run(["add", "-m", "site=dc2", "-m", "rule_id=site.*", "--for", "2h"]) == 0
     assert len(store.all()) == 3
+
+
+def test_rules_named_on_the_command_line_that_do_not_load_are_refused(tmp_path: Path) -> None:
+    """`--rules /nonexistent` left the rule-id check undone and stored a silence that matched nothing."""
+    for matchers in ({"rule_id": "network.straggler-retransmit"}, {"job": "train-llm"}):
+        with pytest.raises(SilenceError, match=r"--rules: the rules do not load: .*nonexistent"):
+            silence_cmd.check_names(matchers, more=[tmp_path / "nonexistent"])
