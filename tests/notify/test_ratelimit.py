@@ -32,13 +32,16 @@ def _burst(slack_server, make_notifier, make_diagnosis, count: int, rate: float 
     return n, posts, wall
 
 
-def test_burst_of_50_at_the_default_1_per_second(slack_server, make_notifier, make_diagnosis) -> None:
+def test_burst_at_the_default_1_per_second(slack_server, make_notifier, make_diagnosis) -> None:
+    # A burst of 15 at once, 14 s of pacing (it was 50, 49 s): every message but the first still waits its turn,
+    # which is all a burst of 50 showed more of.  Other rates: test_configurable_rate_is_honoured.
     from whywait.engine.notify.config import SlackConfig
 
     assert SlackConfig().rate_per_channel == 1.0
-    n, posts, wall = _burst(slack_server, make_notifier, make_diagnosis, 50, None)
-    assert len(posts) == 50 and len(slack_server.roots("#ml-infra")) == 50  # complete
-    assert [p.text.split("burst ")[1][:2] for p in posts] == [f"{i:02d}" for i in range(50)]  # in order
+    count = 15
+    n, posts, wall = _burst(slack_server, make_notifier, make_diagnosis, count, None)
+    assert len(posts) == count and len(slack_server.roots("#ml-infra")) == count  # complete
+    assert [p.text.split("burst ")[1][:2] for p in posts] == [f"{i:02d}" for i in range(count)]  # in order
     assert not [c for c in slack_server.calls if c.status == 429]  # the server's limit was never hit
     times = sorted(p.time for p in posts)
     gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
@@ -48,7 +51,7 @@ def test_burst_of_50_at_the_default_1_per_second(slack_server, make_notifier, ma
           f"(wall {wall:.2f}s), max {per_window} per 1s window, min gap {min(gaps):.3f}s, "
           f"mean rate {(len(posts) - 1) / span:.3f}/s")
     assert per_window == 1 and min(gaps) >= 1.0
-    assert span < 49 * 2  # paced, not stalled (about 50 s on an idle machine)
+    assert span < (count - 1) * 2  # paced, not stalled (about count - 1 s on an idle machine)
 
 
 def test_configurable_rate_is_honoured(slack_server, make_notifier, make_diagnosis) -> None:
