@@ -1,11 +1,11 @@
 """The postmortem's figures: matplotlib, real UTC timestamps, incident labels that never overlap.
 
 Called by :class:`whywait.engine.report.Report`.  :func:`timeline_figure` draws, on one shared UTC
-axis: each job's step time per rank with the straggler ranks highlighted, the job's
-data/compute/communication split, and for every incident its culprit's evidence against
-the median of its peers, with the incidents shaded and labelled.  Labels are placed by
-measuring their rendered boxes (:func:`place_labels`), so three incidents close together
-stack instead of printing over each other.
+axis: each job's own work per step per rank (compute plus input wait; its step time when it reports
+no phases) with the straggler ranks highlighted, the job's data/compute/communication split, and for
+every incident its culprit's evidence against the median of its peers, with the incidents shaded and
+labelled.  Labels are placed by measuring their rendered boxes (:func:`place_labels`), so three
+incidents close together stack instead of printing over each other.
 
 Many incidents go on several pages of :data:`PAGE_INCIDENTS` each (:func:`pages`), every page on the
 same UTC axis.  One figure for all of them grew with three panels an incident: 120 incidents drew a
@@ -163,12 +163,34 @@ def covered(centres: list[float], durations: list[float], width: float) -> list[
     return [math.nan if j is None else durations[j] for j in spanned(centres, durations, width)]
 
 
+def rank_work(sampler: Any, rank: str, centres: list[float], width: float) -> tuple[list[float], bool]:
+    """One rank's series for the step panel, bucket by bucket over the time each step ran (:func:`covered`):
+    its own work per step (compute plus input wait) when the job reports phases, else its step time; and
+    whether it is the work.
+
+    Called by the step panel.  Why the work: in a synchronous job every rank's step takes as long as the
+    slowest (all leave the collective together), so the straggler's step time is everyone's and the panel
+    drew it on top of the others; its own work is what stands out (what the straggler rules compare).
+    """
+    durations = sampler.means("step.duration_s", rank) or []
+    compute = sampler.means("step.compute_s", rank)
+    if compute is None or len(compute) != len(durations):
+        return covered(centres, durations, width), False
+    waits = sampler.means("step.data_wait_s", rank) or [math.nan] * len(compute)
+    work = [c + (0.0 if math.isnan(w) else w) for c, w in zip(compute, waits, strict=True)]
+    return [math.nan if j is None else work[j] for j in spanned(centres, durations, width)], True
+
+
 def _steps_panel(ax: Any, data: ReportData, job: str, times: list[datetime]) -> None:
     ranks = data.sampler.entities("step.duration_s")
     ranks = [r for r in ranks if r.rsplit(":", 1)[0] == job]
     slow = data.straggler_ranks.get(job, set())
     centres, width = data.grid.times(), data.grid.width
-    series = {r: covered(centres, data.sampler.means("step.duration_s", r) or [], width) for r in ranks}
+    got = {r: rank_work(data.sampler, r, centres, width) for r in ranks}
+    # The work only when every rank has it: a mix would compare one rank's work with another's step time.
+    as_work = bool(got) and all(w for _, w in got.values())
+    series = {r: s if as_work else covered(centres, data.sampler.means("step.duration_s", r) or [], width)
+              for r, (s, _) in got.items()}
     series = {r: s for r, s in series.items() if len(s) == len(times)}
     others = [s for r, s in series.items() if int(r.rsplit(":", 1)[1]) not in slow]
     # "steps-mid": a bucket's value holds over the whole bucket, so a long step is a plateau and a gap a gap
@@ -186,7 +208,7 @@ def _steps_panel(ax: Any, data: ReportData, job: str, times: list[datetime]) -> 
             name = f"rank{'s' if len(slow) > 1 else ''} {', '.join(map(str, shown))}{' …' if len(slow) > 8 else ''}"
             ax.plot(times, s, drawstyle="steps-mid", color="tab:red", lw=1.2,
                     label=f"{name} (straggler)" if r == shown[0] else None)
-    ax.set_ylabel(f"{job}\nstep time (s)", fontsize=8)
+    ax.set_ylabel(f"{job}\nown work per step (s)" if as_work else f"{job}\nstep time (s)", fontsize=8)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(loc="upper left", fontsize=7)
     else:  # a job known from its placement or a diagnosis that sent no step timings in the window (hung, or off)

@@ -289,8 +289,8 @@ def test_many_incidents_go_on_pages_that_each_label_their_own(tmp_path: Path, mo
         assert [int(a.get_text().split()[0][1:]) for a in labels] == numbers
         evidence = [ax for ax in fig.axes if ax.get_ylabel().startswith("#")]
         assert {int(ax.get_ylabel().split()[0][1:]) for ax in evidence} == set(numbers)
-        steps = [ax for ax in fig.axes if "step time" in ax.get_ylabel()]
-        assert len(steps) == 1  # each page draws the step time of its incidents' job
+        steps = [ax for ax in fig.axes if "per step" in ax.get_ylabel() or "step time" in ax.get_ylabel()]
+        assert len(steps) == 1  # each page draws the steps of its incidents' job
         assert fig.axes[-1].get_xlim() == plots.timeline_figure(rep.data, 0)[0].axes[-1].get_xlim()  # one UTC axis
         assert f"incidents #{numbers[0]}–#{numbers[-1]} of 5" in fig.axes[-1].get_xlabel()
         plt.close("all")
@@ -554,7 +554,8 @@ def test_a_quiet_window_of_many_jobs_draws_the_largest_not_every_one(tmp_path: P
     jobs, n = plots.jobs_on(data, [])
     assert n == 31 and len(jobs) == plots.PAGE_JOBS and jobs[0] == "train-llm"
     fig, _ = plots.timeline_figure(data)
-    assert len([ax for ax in fig.axes if "step time" in ax.get_ylabel()]) == plots.PAGE_JOBS
+    step_panels = [ax for ax in fig.axes if "per step" in ax.get_ylabel() or "step time" in ax.get_ylabel()]
+    assert len(step_panels) == plots.PAGE_JOBS
     assert fig.axes[-1].get_xlabel().endswith(f"· the {plots.PAGE_JOBS} largest of 31 jobs")
     plt.close(fig)
 

@@ -75,3 +75,28 @@ def test_a_name_no_installed_font_holds_draws_without_a_warning_on_stderr(tmp_pa
     fig.savefig(tmp_path / "x.png")
     plt.close(fig)
     assert not [w for w in recwarn if "Glyph" in str(w.message) or "findfont" in str(w.message)]
+
+
+def test_the_panel_draws_each_ranks_own_work_where_the_job_reports_phases() -> None:
+    """A synchronous job's ranks all report the slowest one's step time: drawn as step time, the straggler of a
+    tester's step table lay on top of the others.  Its own work (compute plus input wait) stands out."""
+    from whywait.engine.report.plots import rank_work
+    from whywait.engine.report.sampler import Grid, Sampler
+
+    g = Grid(0.0, 20.0, n=10)  # 2 s buckets
+    s = Sampler(g, set(), {"j", "d"})
+    t = 0.0
+    for _ in range(10):
+        t += 1.05
+        for rank, compute in ((0, 0.62), (5, 0.93)):
+            s.put("step.duration_s", f"j:{rank}", t, 1.05)
+            s.put("step.data_wait_s", f"j:{rank}", t, 0.015)
+            s.put("step.compute_s", f"j:{rank}", t, compute)
+            s.put("step.comm_s", f"j:{rank}", t, 1.05 - 0.015 - compute)
+        s.put("step.duration_s", "d:0", t, 1.05)  # a job that reports durations only
+    c = g.times()
+    fast, as_work = rank_work(s, "j:0", c, g.width)
+    slow, _ = rank_work(s, "j:5", c, g.width)
+    assert as_work and abs(fast[1] - 0.635) < 1e-9 and abs(slow[1] - 0.945) < 1e-9
+    only, as_work = rank_work(s, "d:0", c, g.width)
+    assert not as_work and abs(only[1] - 1.05) < 1e-9
