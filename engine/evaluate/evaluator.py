@@ -929,6 +929,9 @@ class Evaluator:
             # the culprit's nodes that have sent no telemetry (steps only: an imported table, no agent there):
             # a text must not say their hardware was ruled out
             "unseen_nodes": [n for n in nodes if self.store.age("node.since_last_s", n, now) is None],
+            # ...and the job's: a job-wide finding (no culprit) must not say its nodes were checked either
+            "job_unseen_nodes": sorted({n for n, _ in job.ranks.values()
+                                        if self.store.age("node.since_last_s", n, now) is None}),
             "rank": ranks[0] if ranks else None, "ranks": list(ranks), "n_ranks": len(job.ranks),
             # the culprit GPU when the incident is grouped by GPU (``group_by: [gpu]``); a topology predicate's
             # own ``gpu`` (in the facts below) wins.  It was only ``labels.gpu``, and ``{{ gpu }}``, which

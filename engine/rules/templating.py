@@ -70,6 +70,7 @@ def _ranges(values: Any) -> str:
 TEMPLATE_VARS: dict[str, str] = {
     "job": "the job id", "job_name": "the job's name as its users know it (Slurm's --job-name), or None",
     "unseen_nodes": "the culprit's nodes that never sent telemetry (steps only): their hardware was not checked",
+    "job_unseen_nodes": "the job's nodes that never sent telemetry (steps only), for a finding with no culprit",
     "project": "its owning project", "team": "its owning team",
     "channel": "the team's Slack channel", "culprit": "the culprit node(s), or None",
     "node": "the first culprit node", "nodes": "every culprit node", "rank": "the first culprit rank",

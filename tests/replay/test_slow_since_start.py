@@ -59,3 +59,23 @@ def test_a_rank_slower_on_every_step_of_a_table_is_told(tmp_path: Path, steps: i
 
 def test_the_same_table_with_no_slow_rank_is_quiet(tmp_path: Path) -> None:
     assert diagnose(tmp_path, 40, slow_rank=None) == []
+
+
+def test_a_step_table_of_durations_only_is_not_said_to_have_no_straggler(tmp_path: Path) -> None:
+    """A tester's table of step times only (every rank slower from step 300) was told "with no straggler among its
+    16 ranks and no throttled GPU": whywait can know neither from step times alone, with no telemetry."""
+    rng = random.Random(3)
+    rows, t = ["time,job,rank,step,duration_s,node"], START
+    for step in range(1, 401):
+        d = 0.66 * (1 + rng.gauss(0, 0.02)) * (1.25 if step > 300 else 1.0)
+        t += d
+        rows += [f"{t:.3f},dur-job,{r},{step},{d:.4f},node-{r // 8 + 1:02d}" for r in range(16)]
+    csv, out = tmp_path / "steps.csv", tmp_path / "steps.jsonl"
+    csv.write_text("\n".join(rows) + "\n")
+    subprocess.run([sys.executable, "-m", "whywait", "import", str(csv), "--project", "llm", "--team", "ml",
+                    "-o", str(out)], check=True, capture_output=True, cwd=REPO)
+    res, _ = replay([json.loads(x) for x in out.read_text().splitlines()], load_rules([REPO / "rules"]),
+                    PlacedTopology())
+    [d] = [d for d in res.diagnoses if d.status == "firing" and d.rule_id == "job.whole-job-slow"][:1]
+    assert "cannot show a straggler" in d.title and "no straggler" not in d.title
+    assert "no telemetry from 2 of its nodes (node-01, node-02)" in d.cause and "no throttled GPU" not in d.cause
