@@ -76,6 +76,6 @@ def test_a_step_table_of_durations_only_is_not_said_to_have_no_straggler(tmp_pat
                     "-o", str(out)], check=True, capture_output=True, cwd=REPO)
     res, _ = replay([json.loads(x) for x in out.read_text().splitlines()], load_rules([REPO / "rules"]),
                     PlacedTopology())
-    [d] = [d for d in res.diagnoses if d.status == "firing" and d.rule_id == "job.whole-job-slow"][:1]
-    assert "cannot show a straggler" in d.title and "no straggler" not in d.title
-    assert "no telemetry from 2 of its nodes (node-01, node-02)" in d.cause and "no throttled GPU" not in d.cause
+    [told] = [x for x in res.diagnoses if x.status == "firing" and x.rule_id == "job.whole-job-slow"][:1]
+    assert "cannot show a straggler" in told.title and "no straggler" not in told.title
+    assert "no telemetry from 2 of its nodes (node-01, node-02)" in told.cause and "no throttled GPU" not in told.cause
