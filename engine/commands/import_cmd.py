@@ -50,7 +50,12 @@ def register(p: argparse.ArgumentParser) -> None:
     p.add_argument("--channel", help="... its team's Slack channel")
     p.add_argument("-o", "--output", type=Path, help="write JSON lines here instead of publishing")
     p.add_argument("--bootstrap", help="Kafka bootstrap (default: WHYWAIT_KAFKA_BOOTSTRAP or the local broker)")
-    p.epilog = ("Step tables: cells separated by ',', tab, ';' or '|' (from the header); one row per rank per step "
+    p.epilog = ("Step tables: columns time, rank, step, duration_s and the optional phases data_wait_s, compute_s, "
+                "comm_s, collective_s, pipeline_wait_s, checkpoint_s, also under the names loggers give them "
+                "(timestamp, iteration, global_rank, hostname; step_time, iter_time, batch_time; data_time, "
+                "dataloader_time, data_load_time; fwd_bwd_time, compute_time, forward_backward; allreduce_time, "
+                "comm_time, communication_time, sync_time), a _s, _ms, _us or _ns suffix giving the unit; "
+                "cells separated by ',', tab, ';' or '|' (from the header); one row per rank per step "
                 "(a row repeated exactly is dropped with a note, two that differ are refused naming both lines); "
                 "a step that ends before its rank's step before it, or more than a day from now, is noted (more than "
                 "a year from now is refused); a "

@@ -12,10 +12,15 @@ phases (``data_wait_s``, ``compute_s``, ``comm_s``, ``collective_s``, ``pipeline
 ``checkpoint_s``) are optional: an empty cell is unknown, not zero.
 
 Tables written by other tools name columns their own way, so the usual other names are read too
-(``iteration`` is ``step``, ``global_rank`` is ``rank``, ``step_time`` is ``duration_s``,
-``hostname`` is ``node``, ``timestamp`` is ``time``: :data:`_ALIASES`), compared without case or
-punctuation ("Step Time (ms)"), and a ``_ms``, ``_us`` or ``_ns`` suffix gives the unit
-(``duration_ms``, ``step_time_ms``, ``data_wait_ms``, ``time_ms``).  A CSV's other columns (a
+(``iteration`` is ``step``, ``global_rank`` is ``rank``, ``step_time``, ``iter_time`` and ``batch_time``
+are ``duration_s``, ``hostname`` is ``node``, ``timestamp`` is ``time``; and the phases as training
+loggers name them: ``data_time``, ``dataloader_time`` or ``data_load_time`` is ``data_wait_s``,
+``fwd_bwd_time``, ``compute_time`` or ``forward_backward`` is ``compute_s``, ``allreduce_time``,
+``comm_time``, ``communication_time`` or ``sync_time`` is ``comm_s``: :data:`_ALIASES`), compared without
+case or punctuation ("Step Time (ms)"), and a ``_s``, ``_ms``, ``_us`` or ``_ns`` suffix gives the unit
+(``duration_ms``, ``step_time_ms``, ``data_time_ms``, ``fwd_bwd_time_s``, ``time_ms``).  A column that
+times something else or only part of a phase (``forward_time``, ``backward_time``, ``optimizer_time``) is
+no phase and is left out, with the note below.  A CSV's other columns (a
 logger's loss, learning rate, tokens/s) are left out and said so in a note; one that reads like a
 misspelt field (``duraton_s``) is refused, naming the field, for a lost phase would go unnoticed.
 A time without a zone is UTC (a logger writing local time must say its offset: ``+02:00``).  Any problem is one
@@ -69,10 +74,18 @@ _ALIASES: dict[str, tuple[str, ...]] = {
     "rank": ("global_rank", "rank_id", "world_rank"),
     "step": ("iteration", "iter", "global_step", "step_id", "step_num", "step_number"),
     "duration_s": ("duration", "step_time", "step_time_s", "step_duration", "iter_time", "iteration_time",
-                   "elapsed", "elapsed_s", "step_s"),
+                   "elapsed", "elapsed_s", "step_s", "batch_time"),
     "node": ("host", "hostname", "host_name", "node_name", "nodename"),
+    # The phases as training loggers time them (mmengine's and timm's ``data_time``, a loop's ``fwd_bwd_time``
+    # and ``allreduce_time``).  A time of the forward or the backward pass alone is no phase: left out.
+    "data_wait_s": ("data_wait", "data_time", "dataloader_time", "data_load_time", "data_loading_time",
+                    "dataloading_time"),
+    "compute_s": ("compute", "compute_time", "fwd_bwd_time", "fwd_bwd", "forward_backward",
+                  "forward_backward_time"),
+    "comm_s": ("comm", "comm_time", "communication_time", "allreduce_time", "all_reduce_time", "sync_time"),
 }
-_UNITS = {"ms": 1e-3, "us": 1e-6, "ns": 1e-9}
+# A name's last word, when it is one of these, is its unit (``data_time_ms``, ``fwd_bwd_time_s``).
+_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
 # Columns loggers write that are spelt like a field but are another thing (not typos): left out.
 _OTHER_FIELDS = frozenset({"local_rank", "node_rank", "world_size", "local_world_size", "group_rank",
                            "micro_step", "start_time", "step_start", "iter_start"})
@@ -115,7 +128,8 @@ def _columns(names: Iterable[str], strict: bool = True, notes: Counter[str] | No
         # A logger's table holds more than timings (loss, lr, tokens/s): those are left out, and the import
         # says so.  A column that reads like a misspelt field ("duraton_s") is refused, naming the field,
         # for leaving it out would lose a phase without a word.
-        names = sorted(spelled) + [f"{a}_{u}" for a in ("duration", "step_time", "time", *PHASES) for u in _UNITS]
+        bases = ("duration", "step_time", "time", *(f.removesuffix("_s") for f in PHASES))
+        names = sorted(spelled) + [f"{a}_{u}" for a in bases for u in _UNITS]
         typos = {u: near[0] for u in unknown if _normal(u) not in _OTHER_FIELDS
                  and (near := difflib.get_close_matches(_normal(u), names, n=1, cutoff=0.85))}
         if typos:

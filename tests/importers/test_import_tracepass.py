@@ -1,0 +1,101 @@
+"""`whywait import` as an ML engineer met it with real HTA traces and a logger's tables: the phase columns a
+training logger writes (``data_time_ms``, ``fwd_bwd_time_ms``, ``allreduce_time_ms``) were left out as "no step
+timing" and the straggler missed; a trace cut short gave its part-timed steps zero phases; ranks whose profiler
+captured fewer steps were called stuck; and a few error lines said the wrong thing first."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from whywait.engine.importers.steps_table import read_steps
+from whywait.engine.replay import PlacedTopology, replay
+from whywait.engine.rules.loader import load_rules
+
+REPO = Path(__file__).resolve().parents[2]
+START = 1_764_443_800.0
+
+
+def _import(tmp_path: Path, *argv: str | Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "whywait", "import", *map(str, argv), "--project", "llm",
+                           "--team", "ml", "-o", str(tmp_path / "out.jsonl")],
+                          capture_output=True, text=True, cwd=REPO, timeout=300)
+
+
+def _messages(tmp_path: Path) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in (tmp_path / "out.jsonl").read_text().splitlines()]
+
+
+def _fired(msgs: list[dict[str, Any]]) -> list[tuple[str, str | None, tuple[int, ...]]]:
+    res, _ = replay(msgs, load_rules([REPO / "rules"]), PlacedTopology())
+    return [(d.rule_id, d.culprit, tuple(d.ranks)) for d in res.diagnoses if d.status == "firing"]
+
+
+# ---- 1. the phase columns training loggers write -----------------------------------------------------------------
+
+def _logger_table(path: Path, header: list[str], steps: int = 40, slow_rank: int = 5) -> Path:
+    """A synchronous 8-rank job as a training logger writes it, in ms: rank ``slow_rank`` computes 1.5x as long
+    and the others wait for it in the all-reduce; every rank's iteration time is the same."""
+    rng = random.Random(3)
+    t, rows = START, [",".join(header)]
+    for step in range(1000, 1000 + steps):
+        comp = {r: 0.62 * (1 + rng.gauss(0, 0.02)) * (1.5 if r == slow_rank else 1.0) for r in range(8)}
+        dur = max(comp.values()) + 0.135
+        t += dur
+        for r in range(8):
+            rows.append(f"{t:.3f},{step},{r},gpu-node-{r // 4 + 1:02d},{dur * 1e3:.2f},15.00,{comp[r] * 1e3:.2f},"
+                        f"{(dur - 0.015 - comp[r]) * 1e3:.2f},{2.5 - step * 1e-4:.4f}")
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
+LOGGER = ["timestamp", "iteration", "global_rank", "hostname", "iter_time_ms", "data_time_ms", "fwd_bwd_time_ms",
+          "allreduce_time_ms", "loss"]
+
+
+def test_a_loggers_phase_columns_are_read_and_its_straggler_found(tmp_path: Path) -> None:
+    f = _logger_table(tmp_path / "train_log.csv", LOGGER)
+    notes: Counter[str] = Counter()
+    first = next(iter(read_steps(f, job="j", notes=notes)))[2]
+    assert set(first) == {"ended_at", "rank", "step", "duration_s", "data_wait_s", "compute_s", "comm_s"}
+    assert first["data_wait_s"] == pytest.approx(0.015) and first["compute_s"] > 0.5
+    assert list(notes) == ["train_log.csv: column(s) loss hold no step timing: left out"]
+    r = _import(tmp_path, f, "--job", "j")
+    assert r.returncode == 0, r.stderr
+    assert "fwd_bwd" not in r.stdout
+    assert _fired(_messages(tmp_path)) == [("job.slow-since-start", "gpu-node-02", (5,))]
+
+
+@pytest.mark.parametrize("header, fields", [
+    ("data_time,fwd_bwd_time,step_time", ("data_wait_s", "compute_s", "duration_s")),
+    ("dataloader_time_s,compute_time_s,comm_time_s,batch_time_s", ("data_wait_s", "compute_s", "comm_s",
+                                                                    "duration_s")),
+    ("data_load_time_ms,forward_backward_ms,communication_time_ms,iter_time_ms",
+     ("data_wait_s", "compute_s", "comm_s", "duration_s")),
+    ("Data Time (ms),Compute Time (ms),Sync Time (ms),Step Time (ms)", ("data_wait_s", "compute_s", "comm_s",
+                                                                       "duration_s")),
+])
+def test_the_usual_names_of_the_phases_in_any_unit(tmp_path: Path, header: str, fields: tuple[str, ...]) -> None:
+    scale = 1e3 if "ms" in header else 1.0
+    f = tmp_path / "t.csv"
+    values = [0.02, 0.5, 0.1, 0.7][:len(fields)] if len(fields) == 4 else [0.02, 0.5, 0.7]
+    f.write_text(f"time,rank,step,{header}\n{START},0,1," + ",".join(f"{v * scale:g}" for v in values) + "\n")
+    notes: Counter[str] = Counter()
+    rec = next(iter(read_steps(f, job="j", node="n", notes=notes)))[2]
+    assert {k: rec[k] for k in fields} == pytest.approx(dict(zip(fields, values, strict=True)))
+    assert not notes
+
+
+def test_a_column_that_times_part_of_a_phase_is_still_left_out(tmp_path: Path) -> None:
+    f = tmp_path / "t.csv"
+    f.write_text(f"time,rank,step,duration_s,forward_time,backward_time\n{START},0,1,0.7,0.2,0.3\n")
+    notes: Counter[str] = Counter()
+    rec = next(iter(read_steps(f, job="j", node="n", notes=notes)))[2]
+    assert "compute_s" not in rec
+    assert list(notes) == ["t.csv: column(s) backward_time, forward_time hold no step timing: left out"]
