@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -47,8 +48,23 @@ FAULT2 = (380, 470)  # node-06 overheats (same job), only after the restart
 CUT = 220  # engine A sees up to here
 
 
-async def diagnoses_since(bootstrap: str, start: float, job: str) -> list[dict]:
-    """Every diagnosis for ``job`` on the diagnoses topic detected at or after ``start``."""
+async def diagnoses_end(bootstrap: str) -> int:
+    """The diagnoses topic's end offset: nothing this test's engines write comes before it."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    c = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await c.start()
+    try:
+        tp = TopicPartition(TOPIC_DIAGNOSES, 0)
+        return int((await c.end_offsets([tp]))[tp])
+    finally:
+        await c.stop()
+
+
+async def diagnoses_since(bootstrap: str, start: float, job: str, offset: int) -> list[dict]:
+    """Every diagnosis for ``job`` on the diagnoses topic detected at or after ``start``, read from ``offset`` (the
+    topic's end when the test began: on the suite's shared broker everything before it is other tests', and this is
+    polled several times a second)."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
     c = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
@@ -57,7 +73,7 @@ async def diagnoses_since(bootstrap: str, start: float, job: str) -> list[dict]:
     try:
         tp = TopicPartition(TOPIC_DIAGNOSES, 0)
         c.assign([tp])
-        await c.seek_to_beginning(tp)
+        c.seek(tp, offset)
         end = (await c.end_offsets([tp]))[tp]
         while await c.position(tp) < end:
             for m in (await c.getmany(tp, timeout_ms=1000)).get(tp, []):
@@ -80,6 +96,7 @@ def test_restart_mid_incident_keeps_it_open_and_stays_watching(kafka_bootstrap: 
     from whywait.engine.stream.topics import ensure_topics
 
     ensure_topics(kafka_bootstrap)
+    since = asyncio.run(diagnoses_end(kafka_bootstrap))
     rule = load_rules([REPO / "rules"]).rules[RULE]
     # Recent past, distinct per variant so the two runs' event times never overlap.
     start = float(int(time.time()) - 1200 - (0 if stop == "kill" else 2400))
@@ -113,7 +130,12 @@ def test_restart_mid_incident_keeps_it_open_and_stays_watching(kafka_bootstrap: 
                 (tmp_path / "a.log").read_text()
             asyncio.run(publish(kafka_bootstrap, msgs[:cut]))
             assert wait_for(lambda: len(slack.roots("#ml-platform")) == 1), (tmp_path / "a.log").read_text()
-            time.sleep(12)  # a periodic checkpoint (every 10 s) holds the firing incident
+            # A periodic checkpoint (every 10 s) holds the firing incident: wait for the summary line it logs once
+            # all of A's input is evaluated (it was a fixed 12 s), and a moment for its write to reach the broker.
+            assert wait_for(lambda: re.search(rf"engine: {cut:,} message\(s\) evaluated.*; [1-9]\d* incident\(s\) "
+                                              "firing", (tmp_path / "a.log").read_text()) is not None, 30), \
+                (tmp_path / "a.log").read_text()[-3000:]
+            time.sleep(2)
         finally:
             if stop == "kill":
                 a.send_signal(signal.SIGKILL)
@@ -130,11 +152,11 @@ def test_restart_mid_incident_keeps_it_open_and_stays_watching(kafka_bootstrap: 
             asyncio.run(publish(kafka_bootstrap, msgs[cut:]))
             assert wait_for(lambda: any(
                 d["status"] == "firing" and d.get("culprit") == "node-06"
-                for d in asyncio.run(diagnoses_since(kafka_bootstrap, start, job))), 90), \
+                for d in asyncio.run(diagnoses_since(kafka_bootstrap, start, job, since))), 90), \
                 (tmp_path / "b.log").read_text()[-3000:]
             assert wait_for(lambda: any(
                 d["status"] == "resolved" and d.get("culprit") == "node-06"
-                for d in asyncio.run(diagnoses_since(kafka_bootstrap, start, job))), 60), \
+                for d in asyncio.run(diagnoses_since(kafka_bootstrap, start, job, since))), 60), \
                 (tmp_path / "b.log").read_text()[-3000:]
         finally:
             b.terminate()
@@ -144,7 +166,7 @@ def test_restart_mid_incident_keeps_it_open_and_stays_watching(kafka_bootstrap: 
         assert resumed_s < 10.0, f"engine B took {resumed_s:.1f}s to start consuming"
         print(f"restart ({stop}): engine B consuming {resumed_s:.1f}s after it was started")
 
-        diags = asyncio.run(diagnoses_since(kafka_bootstrap, start, job))
+        diags = asyncio.run(diagnoses_since(kafka_bootstrap, start, job, since))
         node4 = [d for d in diags if d["rule_id"] == RULE and d.get("culprit") == "node-04"]
         resolved = [d for d in node4 if d["status"] == "resolved"]
         assert len(resolved) == 1, [(d["status"], d["detected_at"] - start) for d in node4]
