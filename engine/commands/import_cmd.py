@@ -17,8 +17,9 @@ values with the engine's own decoder (:func:`whywait.agents.events.decode`), tho
 skipped and counted, as the engine would dead-letter them.  A timing file's values are checked as they are
 read, so an error names the row (``steps.csv:502: column duration_s: ...``) or the step event
 (``rank-0.json: ProfilerStep#12 (ts ... µs): ...``), never a message number the user never saw.  The same
-step of the same rank in two files is refused naming both.  A zip (or a file named ``*.whywait``) is a
-bundle even when it is cut short: the bundle reader says it is truncated.
+step of the same rank in two files is refused naming both.  Profiler traces of one job that cover
+different steps are cut to the steps every rank's trace holds, with a note (:func:`aligned`).  A zip (or a
+file named ``*.whywait``) is a bundle even when it is cut short: the bundle reader says it is truncated.
 """
 
 from __future__ import annotations
@@ -62,7 +63,8 @@ def register(p: argparse.ArgumentParser) -> None:
                 "numeric time too large for seconds since 1970 is read as milliseconds (or us, ns) when the whole "
                 "column is in that unit, with a note (name the column time_ms to say so).  Every value is checked "
                 "as it is read: an error names the file, line and column.  A profiler trace cut short (a tracer "
-                "killed mid-run, a copy not finished) is read up to its last whole event, with a note.")
+                "killed mid-run, a copy not finished) is read up to its last whole event, with a note.  "
+                "Traces of one job that cover different steps keep the steps every rank's trace holds, with a note.")
 
 
 _ZIP_MAGIC = b"PK\x03\x04"  # a zip archive's first bytes: a bundle, whole or cut short
@@ -115,6 +117,7 @@ def timing_messages(args: argparse.Namespace, files: list[tuple[Path, str]],
     where: dict[int, str] = {}  # id(record) -> where it was read: a table's file:line, a trace's step event
     # (job, rank, step) -> the file that gave it: (its index, where in it, its format)
     seen: dict[tuple[str, int, int], tuple[int, str, str]] = {}
+    traced: set[int] = set()  # id(record) of the steps read from profiler traces
     for i, (path, fmt) in enumerate(files):
         got: list[tuple[str, str, dict[str, Any]]] = []
         if fmt == "kineto":
@@ -125,6 +128,7 @@ def timing_messages(args: argparse.Namespace, files: list[tuple[Path, str]],
                                         + " and ".join(f"--{w}" for w in missing))
             for s in steps_from_trace(path, args.rank, notes, cap_mib << 20):
                 got.append((args.job, args.node, s.record()))
+                traced.add(id(got[-1][2]))
                 where[id(got[-1][2])] = f"{path}: ProfilerStep#{s.step}" + (
                     f" (ts {s.ts:.0f} µs)" if s.ts is not None else "")
         else:
@@ -144,6 +148,7 @@ def timing_messages(args: argparse.Namespace, files: list[tuple[Path, str]],
                                                            "one run's steps from both a trace and a table") +
                                         "; import each rank's steps once")
         rows += got
+    rows = aligned(rows, traced, notes)
     read = list(rows)  # in read order, for check_times: the first row it names is the first in the files
     rows.sort(key=lambda r: (r[2]["ended_at"], r[0], r[2]["rank"], r[2]["step"]))
     out: list[dict[str, Any]] = []
@@ -190,6 +195,63 @@ def timing_messages(args: argparse.Namespace, files: list[tuple[Path, str]],
         out += ends
         out.sort(key=lambda m: (m["time"], m["kind"] != "placement" or m["state"] == "finished"))
     return out
+
+
+def aligned(rows: list[tuple[str, str, dict[str, Any]]], traced: set[int],
+            notes: Counter[str] | None) -> list[tuple[str, str, dict[str, Any]]]:
+    """``rows`` with each job's profiler-trace steps cut to the steps every one of its traced ranks has.
+
+    A profiler captures a window of steps on each rank, and the windows need not match (a schedule started at
+    another step, a rank whose trace was cut short, traces of two runs of the profiler): a rank whose trace ends
+    earlier is not stuck, its capture was shorter, yet the replay, seeing its steps stop, said it was
+    (``job.rank-silent``), and compared ranks over steps only some of them have.  So the steps kept are those
+    every traced rank of the job has (by step number), and one note names the ranks and steps left out; ranks
+    that share no step at all are refused, for nothing of them could be compared.  A step table's rows
+    (``traced`` holds the ``id`` of each trace's records) are not cut: a rank missing from a table's step is
+    what the table says.
+    """
+    from whywait.engine.importers import ImportFormatError
+
+    by_job: dict[str, dict[int, set[int]]] = {}
+    for job, _, rec in rows:
+        if id(rec) in traced:
+            by_job.setdefault(job, {}).setdefault(rec["rank"], set()).add(rec["step"])
+    drop: set[tuple[str, int, int]] = set()
+    for job, ranks in sorted(by_job.items()):
+        every = set.intersection(*ranks.values())
+        if all(steps == every for steps in ranks.values()):
+            continue
+        left: dict[tuple[int, ...], list[int]] = {}  # the steps left out -> the ranks they are left out of
+        for rank, steps in sorted(ranks.items()):
+            if steps - every:
+                left.setdefault(tuple(sorted(steps - every)), []).append(rank)
+        shown = "; ".join(f"rank{'s' if len(rs) > 1 else ''} {_ranges(rs)}: step{'s' if len(st) > 1 else ''} "
+                          f"{_ranges(st)}" for st, rs in sorted(left.items(), key=lambda kv: kv[1])[:8])
+        if not every:
+            raise ImportFormatError(f"job {job}: the profiler traces share no step (" + "; ".join(
+                f"rank {r}: steps {_ranges(sorted(st))}" for r, st in sorted(ranks.items())[:8])
+                + "): import traces of one profiling window")
+        for steps, rs in left.items():
+            drop.update((job, r, s) for r in rs for s in steps)
+        if notes is not None:
+            notes[f"job {job}: the ranks' profiler traces cover different steps: kept step"
+                  f"{'s' if len(every) > 1 else ''} {_ranges(sorted(every))}, which every rank's trace holds, "
+                  f"and left out {shown} (a shorter capture is not a stuck rank)"] += 1
+    if not drop:
+        return rows
+    return [r for r in rows if id(r[2]) not in traced or (r[0], r[2]["rank"], r[2]["step"]) not in drop]
+
+
+def _ranges(ns: list[int]) -> str:
+    """``[551, 552, 553, 560]`` as ``551-553, 560`` (the first six runs, and how many more)."""
+    runs: list[list[int]] = []
+    for n in ns:
+        if runs and n == runs[-1][1] + 1:
+            runs[-1][1] = n
+        else:
+            runs.append([n, n])
+    text = ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs[:6])
+    return text + (f" and {len(runs) - 6} more runs" if len(runs) > 6 else "")
 
 
 FUTURE_NOTE_S = 86_400.0  # a step that ends more than this after now: a clock set wrong, said in a note

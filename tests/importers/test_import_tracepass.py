@@ -5,6 +5,7 @@ captured fewer steps were called stuck; and a few error lines said the wrong thi
 
 from __future__ import annotations
 
+import gzip
 import json
 import random
 import subprocess
@@ -99,3 +100,76 @@ def test_a_column_that_times_part_of_a_phase_is_still_left_out(tmp_path: Path) -
     rec = next(iter(read_steps(f, job="j", node="n", notes=notes)))[2]
     assert "compute_s" not in rec
     assert list(notes) == ["t.csv: column(s) backward_time, forward_time hold no step timing: left out"]
+
+
+# ---- real traces, tiled into longer captures -----------------------------------------------------------------------
+
+HTA = REPO / "tests" / "fixtures" / "importers" / "hta"
+
+
+def _tiled(rank: int, steps: int, base: int = 0) -> dict[str, Any]:
+    """HTA's real two-step trace of rank ``base`` repeated to ``steps`` steps (ProfilerStep#551 on), as ``rank``:
+    each copy shifted by the two steps' span, its step numbers and correlation ids moved past the last."""
+    d = json.load(gzip.open(HTA / f"sampled_rank-{base}.json.gz"))
+    events = d["traceEvents"]
+    spans = [e for e in events if str(e.get("name", "")).startswith("ProfilerStep#")]
+    t0 = min(e["ts"] for e in spans)
+    span = max(e["ts"] + e["dur"] for e in spans) - t0 + 50
+    timed = [e for e in events if e.get("ph") == "X" and float(e["ts"]) >= t0]
+    out = [e for e in events if e not in timed]
+    for k in range(steps // 2):
+        for e in timed:
+            e2 = json.loads(json.dumps(e))
+            e2["ts"] = float(e["ts"]) + k * span
+            args = e2.get("args") or {}
+            for key in ("correlation", "External id"):
+                if isinstance(args.get(key), int):
+                    args[key] += k * 10_000_000
+            if e2["name"].startswith("ProfilerStep#"):
+                e2["name"] = f"ProfilerStep#{int(e2['name'].split('#')[1]) + 2 * k}"
+            out.append(e2)
+    d["traceEvents"] = out
+    d["distributedInfo"] = dict(d["distributedInfo"], rank=rank, world_size=8)
+    return d
+
+
+def _write(path: Path, trace: dict[str, Any]) -> Path:
+    with gzip.open(path, "wt") as fh:
+        json.dump(trace, fh)
+    return path
+
+
+# ---- 3. ranks whose profiler captured fewer steps ------------------------------------------------------------------
+
+def test_ranks_with_a_shorter_capture_are_aligned_not_called_stuck(tmp_path: Path) -> None:
+    files = [_write(tmp_path / f"rank-{r}.pt.trace.json.gz", _tiled(r, 10 if r < 6 else 2)) for r in range(8)]
+    r = _import(tmp_path, *files, "--job", "j", "--node", "n")
+    assert r.returncode == 0, r.stderr
+    assert ("note: job j: the ranks' profiler traces cover different steps: kept steps 551-552, which every rank's "
+            "trace holds, and left out ranks 0-5: steps 553-560") in r.stdout
+    msgs = _messages(tmp_path)
+    steps = Counter((m["steps"][0]["rank"], m["steps"][0]["step"]) for m in msgs if m["kind"] == "steps")
+    assert sorted(steps) == [(rank, s) for rank in range(8) for s in (551, 552)]
+    assert not [f for f in _fired(msgs) if f[0] == "job.rank-silent"]
+
+
+def test_traces_that_share_no_step_are_refused(tmp_path: Path) -> None:
+    early = _tiled(0, 2)
+    late = _tiled(1, 4)
+    late["traceEvents"] = [e for e in late["traceEvents"] if e.get("name") not in ("ProfilerStep#551",
+                                                                                   "ProfilerStep#552")]
+    r = _import(tmp_path, _write(tmp_path / "rank-0.json.gz", early), _write(tmp_path / "rank-1.json.gz", late),
+                "--job", "j", "--node", "n")
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines()[-1] == (
+        "whywait import: job j: the profiler traces share no step (rank 0: steps 551-552; rank 1: steps "
+        "553-554): import traces of one profiling window")
+
+
+def test_a_table_whose_rank_misses_rows_is_not_cut(tmp_path: Path) -> None:
+    f = tmp_path / "t.csv"
+    f.write_text("time,rank,step,duration_s\n" + "".join(
+        f"{START + s},{r},{s},0.7\n" for s in range(1, 11) for r in range(4) if not (r == 3 and s > 2)))
+    r = _import(tmp_path, f, "--job", "j", "--node", "n")
+    assert r.returncode == 0 and "cover different steps" not in r.stdout
+    assert len([m for m in _messages(tmp_path) if m["kind"] == "steps"]) == 32
