@@ -32,7 +32,7 @@ import math
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 FORMATS = ("auto", "bundle", "kineto", "steps")
 
@@ -231,8 +231,8 @@ def aligned(rows: list[tuple[str, str, dict[str, Any]]], traced: set[int],
             raise ImportFormatError(f"job {job}: the profiler traces share no step (" + "; ".join(
                 f"rank {r}: steps {_ranges(sorted(st))}" for r, st in sorted(ranks.items())[:8])
                 + "): import traces of one profiling window")
-        for steps, rs in left.items():
-            drop.update((job, r, s) for r in rs for s in steps)
+        for gone, rs in left.items():
+            drop.update((job, r, s) for r in rs for s in gone)
         if notes is not None:
             notes[f"job {job}: the ranks' profiler traces cover different steps: kept step"
                   f"{'s' if len(every) > 1 else ''} {_ranges(sorted(every))}, which every rank's trace holds, "
@@ -242,7 +242,7 @@ def aligned(rows: list[tuple[str, str, dict[str, Any]]], traced: set[int],
     return [r for r in rows if id(r[2]) not in traced or (r[0], r[2]["rank"], r[2]["step"]) not in drop]
 
 
-def _ranges(ns: list[int]) -> str:
+def _ranges(ns: Iterable[int]) -> str:
     """``[551, 552, 553, 560]`` as ``551-553, 560`` (the first six runs, and how many more)."""
     runs: list[list[int]] = []
     for n in ns:
