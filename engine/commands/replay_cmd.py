@@ -724,12 +724,28 @@ def run(args: argparse.Namespace) -> int:
         topology = topo()  # a broken topology is refused before any reading; the first pass uses it
         unused = [topology]
 
+        steps_of: Counter[tuple[str, int]] = Counter()  # (job, rank) -> steps read: what a quiet window says
+        world: dict[str, int] = {}  # job -> ranks its latest placement names
+
         def one_pass(msgs: Iterable[Any]) -> tuple[ReplayResult, ReplayResult | None]:
             nonlocal topology
             topology = unused.pop() if unused else topo()  # a pass again learns the placements afresh
+            steps_of.clear()
+            world.clear()
             with batch_gc(), progress_bar(w) as tick:
+                def seen(m: Mapping[str, Any]) -> None:
+                    kind = m["kind"]
+                    if kind == "steps" and m["time"] >= w.since:
+                        job = m["job"]
+                        for st in m.get("steps") or ():
+                            steps_of[(job, st["rank"])] += 1
+                    elif kind == "placement" and m.get("state") == "running":
+                        world[m["job"]] = len(m.get("ranks") or ())
+                    if tick is not None:
+                        tick(m)
+
                 return replay(msgs, rules, topology, against=(old_rules, topo()) if old_rules else None,
-                              on_message=tick)
+                              on_message=seen)
 
         t_wall, t_cpu = time.monotonic(), time.process_time()
         (res, old), merge, splits = read_in_order(plan.messages, w, one_pass, again=lambda r: not r[0].interrupted)
@@ -760,6 +776,21 @@ def run(args: argparse.Namespace) -> int:
             notes.append(_where_the_data_is(plan))
         if isinstance(topology, PlacedTopology):
             notes.append(topology.note())
+        per_job: dict[str, list[int]] = {}
+        for (job, _), count in steps_of.items():
+            per_job.setdefault(job, []).append(count)
+        unplaced = sorted(j for j in per_job if j not in world)
+        if unplaced:
+            # The evaluator judges a job's steps against its placement (its ranks, nodes and owner): without one
+            # they are read and never judged, and the window looked quiet.
+            notes.append(f"steps of {', '.join(unplaced[:5])}{' …' if len(unplaced) > 5 else ''} came with no "
+                         "placement naming the job, so they were not judged (`whywait import --project P --team T` "
+                         "publishes one with the steps; a live job gets it from the Slurm or Kubernetes hook)")
+        if not shown and not res.interrupted:  # a quiet window: say where it says little (the report does too)
+            from whywait.engine.report.render import too_little
+
+            notes += [note for job in sorted(per_job) if job in world
+                      and (note := too_little(job, per_job[job], world[job], False))]
         for note in notes:
             print(f"  note: {note}")
         if merge.stopped_early:

@@ -109,30 +109,44 @@ EARLY_S = 15.0
 FEW_STEPS = 8
 
 
+def too_little(job: str, counts: Sequence[int], world: int, bold: bool = True) -> str | None:
+    """The note for a job whose quiet says little: fewer than :data:`FEW_STEPS` steps per rank (the median of
+    ``counts``, the steps each reporting rank sent), or fewer than half of the ``world`` ranks its placement names
+    reporting (a profiler trace of 2 of 128 ranks); None when neither.
+
+    Called by the report (:func:`summary`) and by ``whywait replay``'s console lines, for a window with no incident.
+    """
+    if not counts:
+        return None
+    ns = sorted(counts)
+    median = ns[len(ns) // 2]
+    few = median < FEW_STEPS
+    part = 0 < world and len(ns) < world / 2
+    if not (few or part):
+        return None
+    what = []
+    if few:
+        what.append(f"{median} step{'s' if median != 1 else ''} per rank (a rank is compared with its peers on at "
+                    f"least 5 aligned steps, and with {FEW_STEPS} of its own before them to tell a new straggler "
+                    "from slower hardware)")
+    if part:
+        what.append(f"{len(ns)} of its {world} ranks reporting")
+    name = f"**{esc(job)}**" if bold else job
+    return f"Too little to judge {name}: {' and '.join(what)}, so its quiet says little of stragglers."
+
+
 def _too_little(data: ReportData) -> list[str]:
-    """What a quiet report could not judge: jobs with fewer than :data:`FEW_STEPS` steps per rank in the window,
-    or with fewer ranks reporting than their placement names (a profiler trace of 2 of 128 ranks)."""
+    """What a quiet report could not judge (:func:`too_little`), job by job."""
     counts = getattr(data.sampler, "step_counts", {})
     per_job: dict[str, list[int]] = {}
     for rank, n in counts.items():
         per_job.setdefault(rank.rsplit(":", 1)[0], []).append(n)
     out = []
     for job in sorted(per_job):
-        ns = sorted(per_job[job])
         placed = data.sampler.placements.get(job) or {}
-        world = len(placed.get("ranks") or ())
-        median = ns[len(ns) // 2]
-        few = median < FEW_STEPS
-        part = 0 < world and len(ns) < world / 2
-        if few or part:
-            what = []
-            if few:
-                what.append(f"{median} step{'s' if median != 1 else ''} per rank (the step rules compare a rank with "
-                            f"at least {FEW_STEPS} of its own)")
-            if part:
-                what.append(f"{len(ns)} of its {world} ranks reporting")
-            out.append(f"Too little to judge **{esc(job)}**: {' and '.join(what)}, so its quiet says little of "
-                       "stragglers.")
+        note = too_little(job, per_job[job], len(placed.get("ranks") or ()))
+        if note:
+            out.append(note)
     return out
 
 

@@ -37,8 +37,9 @@ def test_a_quiet_report_of_too_little_data_says_so() -> None:
                            incidents=[], messages=120, sampler=sampler, read_to=None)
     lines = summary(data)  # type: ignore[arg-type]
     assert lines[0].startswith("No incident between") and len(lines) == 2, lines
-    assert lines[1] == ("Too little to judge **hta**: 2 steps per rank (the step rules compare a rank with at least "
-                        "8 of its own) and 2 of its 128 ranks reporting, so its quiet says little of stragglers.")
+    assert lines[1] == ("Too little to judge **hta**: 2 steps per rank (a rank is compared with its peers on at least "
+                        "5 aligned steps, and with 8 of its own before them to tell a new straggler from slower "
+                        "hardware) and 2 of its 128 ranks reporting, so its quiet says little of stragglers.")
 
 
 def test_a_change_line_says_what_changed_and_figures_alone_are_no_change() -> None:

@@ -14,6 +14,7 @@ import random
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from whywait.engine.replay import PlacedTopology, replay
@@ -79,3 +80,40 @@ def test_a_step_table_of_durations_only_is_not_said_to_have_no_straggler(tmp_pat
     [told] = [x for x in res.diagnoses if x.status == "firing" and x.rule_id == "job.whole-job-slow"][:1]
     assert "cannot show a straggler" in told.title and "no straggler" not in told.title
     assert "no telemetry from 2 of its nodes (node-01, node-02)" in told.cause and "no throttled GPU" not in told.cause
+
+
+def bundle_of(tmp_path: Path, msgs: list[dict[str, Any]]) -> Path:
+    """The messages as an export bundle, so ``whywait replay --input`` reads them with no broker."""
+    from whywait.agents.events import topic_for_kind
+    from whywait.engine.importers.bundle import BundleWriter
+    from whywait.simulate.cluster import make_cluster
+
+    topo = tmp_path / "topo.yaml"
+    make_cluster(nodes=2).to_yaml(topo)
+    times = [m["time"] for m in msgs]
+    p = tmp_path / "table.whywait"
+    with BundleWriter(p, {"since": min(times) - 1, "until": max(times) + 1, "lead_s": 0.0}) as bw:
+        for m in msgs:
+            bw.add(topic_for_kind(m["kind"]), json.dumps(m).encode())
+        bw.close(topo, [])
+    return p
+
+
+def test_the_console_says_when_a_quiet_window_says_little(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The tester's 4-step traces gave "0 incident(s)" on the console and the "too little to judge" note only in the
+    report; steps with no placement were read and never judged, with nothing said."""
+    from whywait.engine.cli import main
+
+    csv, out = tmp_path / "steps.csv", tmp_path / "steps.jsonl"
+    table(csv, 4, slow_rank=None)
+    subprocess.run([sys.executable, "-m", "whywait", "import", str(csv), "--project", "llm", "--team", "ml",
+                    "-o", str(out)], check=True, capture_output=True, cwd=REPO)
+    msgs = [json.loads(x) for x in out.read_text().splitlines()]
+    assert main(["replay", "--input", str(bundle_of(tmp_path, msgs)), "--rules", str(REPO / "rules")]) == 0
+    said = capsys.readouterr().out
+    assert "0 incident(s)" in said and "note: Too little to judge trace-job: 4 steps per rank" in said
+    unplaced = [m for m in msgs if m["kind"] != "placement"]
+    (tmp_path / "b").mkdir()
+    assert main(["replay", "--input", str(bundle_of(tmp_path / "b", unplaced)), "--rules", str(REPO / "rules")]) == 0
+    said = capsys.readouterr().out
+    assert "note: steps of trace-job came with no placement naming the job, so they were not judged" in said
