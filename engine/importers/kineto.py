@@ -5,7 +5,9 @@ Called by ``whywait import`` for a Chrome-trace JSON file (``.json`` or ``.json.
 Event Format's array form (the events alone, its closing ``]`` optional).  A trace cut short, in either form,
 inside an event or inside its gzip stream (a tracer killed as it wrote, a copy not finished), is read up to
 its last whole event, with a note naming that event (``_parse``); one cut before any whole event, or before
-any step, is refused saying "truncated?".  Spans are complete
+any step, is refused saying "truncated?".  The steps of a cut trace keep their duration and leave their phases
+out, unknown, with a note: any step may have lost kernels after the cut (Kineto writes the device's events after
+the host's, in no time order), and phases read from the events before it are made up (zero compute).  Spans are complete
 (``"ph": "X"``) events, or ``B``/``E`` pairs as other tracers write them: per (pid, tid), in time order,
 an ``E`` closes the latest open ``B`` of its name (the latest open one when it has no name); a ``B``
 never closed or an ``E`` with nothing to close is counted in the import notes and ignored.  Async
@@ -237,7 +239,7 @@ def _load(path: Path, max_bytes: int) -> tuple[dict[str, Any], str]:
     why = cut[0] if cut else "the file ends inside an event"
     return data, (f"{path.name}: the trace is cut short ({why}, as a tracer killed mid-run or a copy not finished "
                   f"leaves it): read up to event {n:,} (traceEvents[{n - 1}]), the whole events before the cut; "
-                  "a step whose events came after it is missing or part-timed")
+                  "a step whose span came after it is missing")
 
 
 def _json_error(exc: json.JSONDecodeError) -> str:
@@ -587,10 +589,29 @@ def steps_from_trace(path: Path, rank: int | None = None, notes: Counter[str] | 
     # ProfilerActivity.CUDA): its steps' GPU phases are unknown, not zero.
     gpu_known = bool(kernels)
     if not gpu_known:
-        notes[f"{path.name}: no GPU kernels in the trace (CPU-only profile): compute and communication unknown"] += 1
+        notes[f"{path.name}: no GPU kernels in the trace " + ("before the cut" if cut else "(CPU-only profile)")
+              + ": compute and communication unknown"] += 1
     has_loader = bool(loaders)
+    # A trace cut short has lost events of any step, not only of the last: Kineto writes the host's events first,
+    # then the device's, in the order its buffers came back (one thread's launches after another's, not in time
+    # order), so a step read whole on the host can have lost kernels after the cut, and its phases read from what
+    # happened to come before it (zero compute, and the rank read as the fastest: a straggler lost).  Every step
+    # read keeps its duration (its host span is whole) and leaves its phases out: unknown, not zero.
+    # A cut among the metadata Kineto writes after every activity (process and thread names) has lost none.
+    part = {step for step, _ in order} if cut and not _activities_whole(events) else set()
+    if part:
+        n = len(part)
+        notes[f"{path.name}: the trace is cut short, so any of its steps may have lost events after the cut: the "
+              f"{n} step{'s' if n > 1 else ''} read ({_step_ranges(sorted(part))}) keep{'' if n > 1 else 's'} "
+              f"{'their' if n > 1 else 'its'} duration and leave{'' if n > 1 else 's'} out "
+              f"{'their' if n > 1 else 'its'} phases (unknown, not zero)"] += 1
     out: list[KinetoStep] = []
     for step, (s0, s1) in order:
+        if step in part:
+            out.append(KinetoStep(rank=the_rank, step=step, start=(s0 + base_us) / 1e6, end=(s1 + base_us) / 1e6,
+                                  duration_s=(s1 - s0) / 1e6, compute_s=None, comm_s=None, collective_s=None,
+                                  pipeline_wait_s=None, data_wait_s=None, ts=s0))
+            continue
         comp = _union(per[step]["comp"])
         coll, pipe = _union(per[step]["coll"]), _union(per[step]["pipe"])
         comm = _union(coll + pipe)
@@ -605,6 +626,30 @@ def steps_from_trace(path: Path, rank: int | None = None, notes: Counter[str] | 
                               pipeline_wait_s=_minus(pipe, comp) / 1e6 if gpu_known else None,
                               data_wait_s=data_wait, ts=s0))
     return out
+
+
+def _activities_whole(events: list[Any]) -> bool:
+    """Whether a cut trace holds metadata (``"ph": "M"``) after its last activity: Kineto writes the process and
+    thread names after every activity, so a cut among them lost no step's events."""
+    for e in reversed(events):
+        if isinstance(e, dict):
+            if e.get("ph") == "M":
+                return True
+            if e.get("ph") in ("X", "B", "E", "i", "I") and e.get("cat") != "Trace":
+                return False
+    return False
+
+
+def _step_ranges(steps: list[int]) -> str:
+    """``ProfilerStep#551-553, #560`` for ``[551, 552, 553, 560]`` (the first six runs)."""
+    runs: list[list[int]] = []
+    for n in steps:
+        if runs and n == runs[-1][1] + 1:
+            runs[-1][1] = n
+        else:
+            runs.append([n, n])
+    text = ", #".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs[:6])
+    return "ProfilerStep#" + text + (f" and {len(runs) - 6} more runs" if len(runs) > 6 else "")
 
 
 def _op(op: str | None) -> str:

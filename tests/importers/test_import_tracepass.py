@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from whywait.engine.importers.kineto import steps_from_trace
 from whywait.engine.importers.steps_table import read_steps
 from whywait.engine.replay import PlacedTopology, replay
 from whywait.engine.rules.loader import load_rules
@@ -173,3 +174,37 @@ def test_a_table_whose_rank_misses_rows_is_not_cut(tmp_path: Path) -> None:
     r = _import(tmp_path, f, "--job", "j", "--node", "n")
     assert r.returncode == 0 and "cover different steps" not in r.stdout
     assert len([m for m in _messages(tmp_path) if m["kind"] == "steps"]) == 32
+
+
+# ---- 2. a trace cut short ------------------------------------------------------------------------------------------
+
+def test_a_cut_traces_steps_keep_their_duration_and_no_made_up_phases(tmp_path: Path) -> None:
+    """HTA's real rank-0 trace cut where its step 551 had lost half its kernels (its host events all read): the
+    step read 0.055 s of compute for 0.106, and a cut further on read zero: its phases are now left out."""
+    text = gzip.open(HTA / "sampled_rank-0.json.gz", "rt").read()
+    cut = tmp_path / "rank-0.json"
+    cut.write_text(text[:1_300_000])
+    notes: Counter[str] = Counter()
+    steps = steps_from_trace(cut, notes=notes)
+    assert [(s.step, s.compute_s, s.comm_s, s.data_wait_s) for s in steps] == [(551, None, None, None),
+                                                                            (552, None, None, None)]
+    assert [s.record()["duration_s"] for s in steps] == [0.607312, 0.622928]
+    assert ("rank-0.json: the trace is cut short, so any of its steps may have lost events after the cut: the 2 "
+            "steps read (ProfilerStep#551-552) keep their duration and leave out their phases (unknown, not zero)"
+            ) in notes
+    whole = steps_from_trace(HTA / "sampled_rank-0.json.gz")
+    assert whole[0].compute_s == pytest.approx(0.106252)
+
+
+def test_a_cut_rank_leaves_its_phases_out_and_the_other_ranks_are_whole(tmp_path: Path) -> None:
+    """Eight ranks of a real trace, rank 3's gzip cut at three fifths: its steps read zero or part compute (the rank
+    looked the fastest, and a straggler there was lost); now they have no phases, the others keep theirs."""
+    files = [_write(tmp_path / f"rank-{r}.pt.trace.json.gz", _tiled(r, 6)) for r in range(8)]
+    raw = files[3].read_bytes()
+    files[3].write_bytes(raw[:len(raw) * 3 // 5])
+    r = _import(tmp_path, *files, "--job", "j", "--node", "n")
+    assert r.returncode == 0, r.stderr
+    assert "rank-3.pt.trace.json.gz: the trace is cut short, so any of its steps" in r.stdout
+    steps = [m["steps"][0] for m in _messages(tmp_path) if m["kind"] == "steps"]
+    assert {s["rank"] for s in steps} == set(range(8))
+    assert all(("compute_s" in s) == (s["rank"] != 3) for s in steps)
