@@ -77,6 +77,7 @@ def detect(path: Path) -> str:
     one cut short has lost the table of contents at its end and opens as no zip at all, and the bundle reader
     says it is truncated, rather than the step-table reader saying its bytes are "not UTF-8".
     """
+    from whywait.engine.importers import ImportFormatError
     from whywait.engine.importers.bundle import is_bundle
     from whywait.engine.importers.kineto import is_kineto
 
@@ -88,9 +89,31 @@ def detect(path: Path) -> str:
                 return "bundle"
     except OSError:
         pass  # said by the reader the format leads to
+    head = b""
+    try:
+        with path.open("rb") as fh:
+            head = fh.read(8)
+    except OSError:
+        pass  # said by the reader the format leads to
+    packed = next((what for magic, what in _PACKED if head.startswith(magic)), None)
+    if packed is not None:
+        # Read as a table, a bzip2 or xz file said "not UTF-8 ... save the table as UTF-8".
+        raise ImportFormatError(f"{path}: {packed}-compressed, which import does not read: decompress it first "
+                                "(gzip is read as it is)")
+    if path.name.lower().endswith((".gz", ".gzip")) and head and head[:2] != b"\x1f\x8b":
+        raise ImportFormatError(f"{path}: named .gz but not gzip (it starts {head[:4]!r}): a file cut or "
+                                "corrupted in the copy, or compressed otherwise")
     if is_kineto(path):
         return "kineto"
+    if head.lstrip(b"\xef\xbb\xbf \t\r\n")[:1] in (b"{", b"["):
+        # A step table is text in cells; JSON that is no profiler trace was given as one by mistake.
+        raise ImportFormatError(f"{path}: JSON, but not a profiler trace (no traceEvents) nor a step table (a CSV "
+                                "with a header row): nothing to import")
     return "steps"
+
+
+# The compressed formats a user may hand in by mistake: (magic bytes, name).
+_PACKED = ((b"BZh", "bzip2"), (b"\xfd7zXZ\x00", "xz"), (b"\x28\xb5\x2f\xfd", "zstd"))
 
 
 def timing_messages(args: argparse.Namespace, files: list[tuple[Path, str]],

@@ -543,9 +543,9 @@ def steps_from_trace(path: Path, rank: int | None = None, notes: Counter[str] | 
     if merged:
         raise ImportFormatError(f"{path}: {merged}: the trace merges several ranks' traces under one pid; "
                                 "import one trace per rank")
-    if rank_error is not None:
-        raise rank_error
     if not spans:
+        # Said before a missing rank: a trace with no step (an empty one, a profile with no schedule) cannot be
+        # imported whatever its rank, and asking for --rank first sent the user to fix the wrong thing.
         # Kineto marks where each of its trace spans began ("Iteration Start: PyTorch Profiler", ChromeTraceLogger::
         # addIterationMarker): one marker per profile, not per step, so it cannot stand in for the steps.
         why = (f" (its {_short(marker)} marks where the profile began, not a step; a trace taken on demand, "
@@ -554,8 +554,11 @@ def steps_from_trace(path: Path, rank: int | None = None, notes: Counter[str] | 
             raise ImportFormatError(f"{path}: no ProfilerStep#N spans in the {len(events):,} event"
                                     f"{'' if len(events) == 1 else 's'} before the trace was cut short: truncated? "
                                     "(was the trace, the copy or the download cut short?)")
-        raise ImportFormatError(f"{path}: no ProfilerStep#N spans{why}: profile with torch.profiler.schedule "
-                                "and call prof.step() each iteration")
+        empty = " (its traceEvents list is empty: the profiler recorded nothing)" if not events else ""
+        raise ImportFormatError(f"{path}: no ProfilerStep#N spans{why or empty}: profile with "
+                                "torch.profiler.schedule and call prof.step() each iteration")
+    if rank_error is not None:
+        raise rank_error
     if min(s for s, _ in spans.values()) + base_us < _EPOCH_US:
         raise ImportFormatError(f"{path}: timestamps are not wall-clock (ts {min(s for s, _ in spans.values()):.0f} "
                                 "µs and no baseTimeNanoseconds), so event time cannot be kept")

@@ -400,8 +400,8 @@ def utc_text(t: float) -> str:
 def _differs(a: tuple[str, dict[str, Any]], b: tuple[str, dict[str, Any]]) -> str:
     """What differs between two rows of one step (node, record): ``duration_s 0.8 there, 0.9 here``.
 
-    Each value in full (a time as UTC to the microsecond, a number as it reads back exactly): with ``%g`` two
-    times a second apart both printed ``1.7964e+09``.
+    Each value in full (a time as UTC to the microsecond, a number to 12 digits, or as it reads back exactly when
+    that is what differs): with ``%g`` two times a second apart both printed ``1.7964e+09``.
     """
     (na, ra), (nb, rb) = a, b
     out = [f"node {_short(na)} there, {_short(nb)} here"] if na != nb else []
@@ -410,7 +410,11 @@ def _differs(a: tuple[str, dict[str, Any]], b: tuple[str, dict[str, Any]]) -> st
             if f == "ended_at" and utc_text(ra[f]) != utc_text(rb[f]):
                 there, here = utc_text(ra[f]), utc_text(rb[f])
             else:
-                there, here = ("-" if r.get(f) is None else repr(r[f]) for r in (ra, rb))
+                # 12 digits hide a unit's conversion noise (497.87 ms read 0.49787000000000003 s); two values that
+                # differ only past them are shown in full
+                there, here = ("-" if r.get(f) is None else f"{r[f]:.12g}" for r in (ra, rb))
+                if there == here:
+                    there, here = (repr(r[f]) for r in (ra, rb))
             out.append(f"{'time' if f == 'ended_at' else f} {there} there, {here} here")
     return "; ".join(out[:3])
 

@@ -146,7 +146,9 @@ def test_import_of_non_utf8_is_one_line_not_an_internal_error(tmp_path: Path, fm
 
 def test_import_of_a_kineto_trace_with_a_bad_rank_is_one_line(tmp_path: Path) -> None:
     f = tmp_path / "rank.json.gz"
-    f.write_bytes(gzip.compress(json.dumps({"distributedInfo": "nope", "traceEvents": []}).encode()))
+    # one step, so the rank is what is wrong (a trace with no step says that first: no rank would help it)
+    step = {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "ts": T0, "dur": 1000.0, "pid": 1, "tid": 1}
+    f.write_bytes(gzip.compress(json.dumps({"distributedInfo": "nope", "traceEvents": [step]}).encode()))
     r = subprocess.run([sys.executable, "-m", "whywait", "import", "--format", "kineto", "--job", "j",
                         "--node", "n", "-o", str(tmp_path / "out.jsonl"), str(f)],
                        capture_output=True, text=True, cwd=REPO, timeout=120)

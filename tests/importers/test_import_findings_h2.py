@@ -191,3 +191,31 @@ def test_an_edited_bundles_bad_lines_are_said_once_and_an_unknown_topic_as_that(
                     "  skipped 1: events.jsonl: line 3: unknown topic 'whywait.nosuch.v1'",
                     "  skipped 1: events.jsonl: line 4: unknown topic 'whywait.nosuch.v1'",
                     '  skipped 1: events.jsonl: more lines: expected {"topic": ..., "value": "..."}']
+
+
+def test_a_duplicate_rows_values_hide_a_units_conversion_noise(tmp_path: Path) -> None:
+    """A table in ms: 497.87 ms read 0.49787000000000003 s in the error; two values that differ only past 12
+    digits are still told apart."""
+    f = _table(tmp_path / "ms.csv", ["1796400000,j,0,0,497.87,n", "1796400000,j,0,0,497.88,n"],
+               header="time,job,rank,step,duration_ms,node")
+    assert "(duration_s 0.49787 there, 0.49788 here)" in imp(tmp_path, str(f)).stderr
+    g = _table(tmp_path / "close.csv", ["1796400000,j,0,0,0.8,n", "1796400000,j,0,0,0.8000000000001,n"])
+    assert "(duration_s 0.8 there, 0.8000000000001 here)" in imp(tmp_path, str(g)).stderr
+
+
+@pytest.mark.parametrize(("name", "content", "says"), [
+    ("rnd.json.gz", bytes(range(7, 200)), "named .gz but not gzip"),
+    ("trace.json.bz2", b"BZh91AY&SY" + bytes(40), "bzip2-compressed, which import does not read"),
+    ("trace.json.gz", b"BZh91AY&SY" + bytes(40), "bzip2-compressed"),
+    ("trace.json.xz", b"\xfd7zXZ\x00" + bytes(40), "xz-compressed"),
+    ("empty.json", b'{"traceEvents": []}', "no ProfilerStep#N spans (its traceEvents list is empty"),
+    ("obj.json", b"{}", "JSON, but not a profiler trace (no traceEvents) nor a step table"),
+])
+def test_a_file_that_is_not_what_it_seems_is_said_for_what_it_is(tmp_path: Path, name: str, content: bytes,
+                                                                  says: str) -> None:
+    """A tester's random .gz and bzip2 stream were read as step tables ("not UTF-8 ... save the table as UTF-8"),
+    an empty trace asked for --rank first, and `{}` was a table missing its time column."""
+    f = tmp_path / name
+    f.write_bytes(content)
+    r = imp(tmp_path, str(f), "--job", "j", "--node", "n")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and says in r.stderr, r.stderr

@@ -99,10 +99,14 @@ def test_whywait_import_writes_valid_steps_with_event_time(tmp_path: Path) -> No
 def test_bad_traces_are_one_line(tmp_path: Path) -> None:
     bad = tmp_path / "t.json"
     bad.write_text('{"traceEvents": [{"ph": "X", "name": "aten::mm", "cat": "cpu_op", "ts": 1, "dur": 2}]}')
+    # no step is said first, with or without a rank: no --rank would make it importable
+    for rank in (None, 0):
+        with pytest.raises(ImportFormatError, match="no ProfilerStep#N spans"):
+            steps_from_trace(bad, rank=rank)
+    bad.write_text('{"traceEvents": [{"ph": "X", "name": "ProfilerStep#1", "cat": "user_annotation", '
+                   '"ts": 1764442800000000, "dur": 2}]}')
     with pytest.raises(ImportFormatError, match="t.json: the trace does not say its rank"):
         steps_from_trace(bad)
-    with pytest.raises(ImportFormatError, match="no ProfilerStep#N spans"):
-        steps_from_trace(bad, rank=0)
     bad.write_text("{oops")
     with pytest.raises(ImportFormatError, match="t.json: not a JSON trace"):
         steps_from_trace(bad)
