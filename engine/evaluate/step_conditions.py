@@ -1134,8 +1134,11 @@ def _what_if(c: Condition, ctx: Ctx) -> Result:
             # What one step loses to these culprits is kept on the step: asked again on every tick it is recent.
             loss_key = ("step_loss", p["measure"], frozenset(culprits), groups_key(groups))
 
+            def loss_of(row: Mapping[int, StepRec]) -> tuple[float, float]:
+                return kept_stat(row, loss_key, lambda: step_loss(row, culprits, groups, p["measure"]))  # type: ignore[no-any-return]
+
             def peers(row: Mapping[int, StepRec]) -> tuple[float, float] | None:
-                dur, lost = kept_stat(row, loss_key, lambda: step_loss(row, culprits, groups, p["measure"]))
+                dur, lost = loss_of(row)
                 return (dur, lost) if lost > 0.02 * _training_s(row) else None
             fn = peers
             # Is it the culprits' own work that holds the step back (a slow GPU, a starved loader)?
@@ -1146,7 +1149,13 @@ def _what_if(c: Condition, ctx: Ctx) -> Result:
             # (`against: peers`): a culprit only 15% slower is not the slowest on every step, and on the
             # others the job's past would charge it another fault's time (a flapping link's stalls).
             recent = done[-max(int(p["steps"]), 1):]
-            mine = sum(1 for _, row in recent if peers(row) is not None)
+            if len(groups) > 1:
+                # A pipeline: the culprits hold a step back when they are its slowest rank of any stage
+                # (:func:`step_loss`); what they add over the bottleneck stage may be under 2% of the step on
+                # many steps, and the job's past would then take their own excess as "not this incident's".
+                mine = sum(1 for _, row in recent if loss_of(row)[1] > 0)
+            else:
+                mine = sum(1 for _, row in recent if peers(row) is not None)
             if p["against"] == "past" or (p["against"] == "auto" and recent and mine < len(recent) / 2):
                 fn = _against_own_past(ctx, done, groups, p["measure"]) or peers
         elif fn is None:

@@ -1195,6 +1195,19 @@ def step_loss(row: Mapping[int, StepRec], culprits: set[int], groups: Mapping[st
 
     In a synchronous job the step ends when the slowest rank's work is done, so the step would be
     shorter by how far the culprits' work exceeds the slowest *other* rank of their group.
+
+    In a pipeline (``groups`` are its stages) a rank is compared with its own stage to be *named*
+    (stages do different work by design), but what the step would take without it is set by the
+    whole pipeline: every microbatch moves at the pace of the slowest rank of any stage, and the
+    all-reduce waits for the slowest replica.  Were the culprits as fast as their stage's other
+    replicas, the slowest stage would set the pace as it did before, so only the culprits' excess
+    over the slowest *non-culprit rank of the job* is lost (a straggler on a light stage behind a
+    bottleneck stage costs only what it adds over the bottleneck, often nothing).  Comparing with
+    their own stage alone charged the bottleneck's own time to them (5-10x the true cost).  Where
+    every rank reports its pipeline wait, the pipelined time (last input to drain) scales with the
+    slowest rank's compute (:func:`pipelined_s`): the loss is that time times 1 - the slowest other
+    rank's compute / the culprits' (a stage's work takes m + p - 1 microbatch slots, not m), plus
+    any excess of their input wait (paid once, before the pipeline starts).
     """
     dur = row_median(row)
     lost = 0.0
@@ -1203,7 +1216,51 @@ def step_loss(row: Mapping[int, StepRec], culprits: set[int], groups: Mapping[st
         others = known(row, [r for r in members if r not in culprits], measure)
         if mine and others:
             lost = max(lost, max(mine) - max(others))
+    if len(groups) > 1 and lost > 0:  # pipeline stages: the whole pipeline sets the pace
+        ranks = [r for members in groups.values() for r in members]
+        paced = _pipeline_step_loss(row, ranks, culprits, measure)
+        if paced is not None:
+            lost = paced
     return dur, max(0.0, min(lost, dur))
+
+
+def _pipeline_step_loss(row: Mapping[int, StepRec], ranks: Sequence[int], culprits: set[int], measure: str
+                        ) -> float | None:
+    """What the culprits cost a pipeline's step: their excess over the slowest other rank of any stage
+    (see :func:`step_loss`), scaled to the pipelined time where the split says it."""
+    mine_r = [r for r in ranks if r in culprits]
+    others_r = [r for r in ranks if r not in culprits]
+    mine, others = known(row, mine_r, measure), known(row, others_r, measure)
+    if not mine or not others:
+        return None
+    flat = max(0.0, max(mine) - max(others))
+    if measure != "work":
+        return flat
+    pipe = pipelined_s(row, ranks)
+    comp_m, comp_o = known(row, mine_r, "compute_s"), known(row, others_r, "compute_s")
+    if pipe is None or not comp_m or not comp_o or max(comp_m) <= 0:
+        return flat
+    wait_m = known(row, mine_r, "data_wait_s")
+    wait_o = known(row, others_r, "data_wait_s")
+    waited = max(0.0, max(wait_m) - max(wait_o)) if wait_m and wait_o else 0.0
+    return pipe * max(0.0, 1.0 - max(comp_o) / max(comp_m)) + waited
+
+
+def pipelined_s(row: Mapping[int, StepRec], ranks: Sequence[int]) -> float | None:
+    """The step's pipelined time, from the last rank's input to the last replica's drain; None unless
+    every rank reports its compute and pipeline wait.
+
+    A rank is ready for the data-parallel all-reduce when its replica's pipeline drains: its input
+    wait, its pipeline wait and its own compute.
+    """
+    present = [r for r in ranks if r in row]
+    if not present:
+        return None
+    comp, pipe, wait = (column_of(row, present, m) for m in ("compute_s", "pipeline_wait_s", "data_wait_s"))
+    if np.isnan(comp).any() or np.isnan(pipe).any():
+        return None
+    wait = np.nan_to_num(wait, nan=0.0)
+    return max(0.0, float((pipe + wait + comp).max()) - float(wait.max()))
 
 
 # Grid points for the alternative's mixture over rates in :func:`sequential_onset`.

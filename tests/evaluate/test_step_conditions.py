@@ -733,3 +733,33 @@ def test_bursts_at_uneven_intervals_make_no_period() -> None:
         return (1.8, 0.0) if any(s <= step < s + 8 for s in starts) else (1.0, 0.0)
 
     assert not firing(run_job(330, slow=slow)[0], "job.periodic-slowdown")
+
+
+# ---- a straggler in a pipeline: the slowest stage bounds every step ---------------------------------
+# A 4-stage pipeline whose last stage does 1.35x the work of the others (its partitioning), and a rank
+# of stage 2 that computes 1.5x from step 60.  Without the straggler the pipeline would still run at the
+# last stage's pace: the straggler costs only what its work adds over the bottleneck's, not its excess over
+# its own stage's peers (which charged it the bottleneck's time too: a what-if faster than the job ran).
+
+def _pipeline_with_straggler(split: bool = True) -> tuple[list[Any], list[dict[str, Any]]]:
+    def slow(step: int, rank: int) -> tuple[float, float]:
+        return (1.5, 0.0) if rank == 6 and step > 60 else (1.0, 0.0)
+
+    return run_job(200, ranks=32, pp=4, slow=slow, split=split, seed=3,
+                   base_mult=lambda r: 1.35 if r % 4 == 3 else 1.0)
+
+
+def test_a_straggler_behind_a_bottleneck_stage_costs_only_its_excess_over_the_bottleneck() -> None:
+    diags, truth = _pipeline_with_straggler()
+    got = [d for d in diags if d.rule_id == "job.straggler" and d.cost]
+    assert got and got[-1].ranks == (6,), [(d.rule_id, d.culprit, d.ranks) for d in firing(diags)]
+    cost = got[-1].cost
+    assert cost is not None
+    during = [x for x in truth if x["step"] > 60]  # the straggler's steps: a few seconds hold too few
+    clean = sum(x["clean"] for x in during) / len(during)
+    dur = sum(x["dur"] for x in during) / len(during)
+    # never faster than the pipeline's bottleneck allows (the bug: about 15% faster than the job ever ran)
+    assert abs(cost["whatif_step_s"] - clean) <= 0.05 * clean, (cost, clean, dur)
+    # and the slowdown is the straggler's excess over the bottleneck, within 20% of the truth's
+    true_pct = 100.0 * (dur / clean - 1)
+    assert abs(cost["slowdown_pct"] - true_pct) <= max(0.2 * true_pct, 1.0), (cost, true_pct)
