@@ -137,8 +137,18 @@ def build_report(res: ReplayResult, spans: list[Span], messages: Iterable[dict[s
             if not e.metric.startswith(_NOT_PLOTTED):
                 metrics.add(e.metric)
     jobs = sorted({s.first.job for s in spans if s.first.job})
-    grid = Grid(window.read_from if not spans else min(window.since, min(s.start for s in spans) - 60),
-                window.until)
+    t0 = window.read_from if not spans else min(window.since, min(s.start for s in spans) - 60)
+    t1 = window.until
+    if res.start is not None and res.end is not None and res.end >= res.start:
+        # The axis spans the data read, not the whole window asked for: a 7 s trace replayed with the default
+        # 15-minute lead was a sliver at the plot's right edge.  Every incident stays in view.
+        pad = max(30.0, 0.05 * (res.end - res.start))
+        lo, hi = max(t0, res.start - pad), min(t1, res.end + pad)
+        if spans:
+            lo, hi = min(lo, min(s.start for s in spans) - 60), max(hi, min(t1, max(s.end for s in spans) + 60))
+        if hi - lo >= 4.0:
+            t0, t1 = lo, hi
+    grid = Grid(t0, t1)
     sampler = Sampler(grid, metrics, set(jobs))
     every_job = not jobs  # no incident: show every job's step times
     for m in messages:

@@ -117,3 +117,22 @@ def test_the_console_says_when_a_quiet_window_says_little(tmp_path: Path, capsys
     assert main(["replay", "--input", str(bundle_of(tmp_path / "b", unplaced)), "--rules", str(REPO / "rules")]) == 0
     said = capsys.readouterr().out
     assert "note: steps of trace-job came with no placement naming the job, so they were not judged" in said
+
+
+def test_the_reports_axis_spans_the_data_not_the_whole_window_asked_for(tmp_path: Path) -> None:
+    """A tester's 7 s trace, replayed with the default 15-minute lead, was a sliver at the plot's right edge."""
+    from whywait.engine.replay import Window, incidents
+    from whywait.engine.report import build_report
+
+    csv, out = tmp_path / "steps.csv", tmp_path / "steps.jsonl"
+    table(csv, 40, slow_rank=5)
+    subprocess.run([sys.executable, "-m", "whywait", "import", str(csv), "--project", "llm", "--team", "ml",
+                    "-o", str(out)], check=True, capture_output=True, cwd=REPO)
+    msgs = [json.loads(x) for x in out.read_text().splitlines()]
+    w = Window(START - 3600, START + 3600, lead_s=900)
+    res, _ = replay(msgs, load_rules([REPO / "rules"]), PlacedTopology())
+    spans = incidents(res.diagnoses, res.end)
+    grid = build_report(res, spans, msgs, w, PlacedTopology()).data.grid
+    assert res.start is not None and res.end is not None and spans
+    # a minute around the data and its incident (which runs on after the data, for its keep_firing_for)
+    assert res.start - 61 <= grid.t0 < res.start and res.end < grid.t1 <= res.end + 120, (grid.t0, grid.t1)
