@@ -32,7 +32,9 @@ import math
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterator
+
+from whywait.engine.importers import number_runs
 
 FORMATS = ("auto", "bundle", "kineto", "steps")
 
@@ -248,33 +250,21 @@ def aligned(rows: list[tuple[str, str, dict[str, Any]]], traced: set[int],
         for rank, steps in sorted(ranks.items()):
             if steps - every:
                 left.setdefault(tuple(sorted(steps - every)), []).append(rank)
-        shown = "; ".join(f"rank{'s' if len(rs) > 1 else ''} {_ranges(rs)}: step{'s' if len(st) > 1 else ''} "
-                          f"{_ranges(st)}" for st, rs in sorted(left.items(), key=lambda kv: kv[1])[:8])
+        shown = "; ".join(f"rank{'s' if len(rs) > 1 else ''} {number_runs(rs)}: step{'s' if len(st) > 1 else ''} "
+                          f"{number_runs(st)}" for st, rs in sorted(left.items(), key=lambda kv: kv[1])[:8])
         if not every:
             raise ImportFormatError(f"job {job}: the profiler traces share no step (" + "; ".join(
-                f"rank {r}: steps {_ranges(sorted(st))}" for r, st in sorted(ranks.items())[:8])
+                f"rank {r}: steps {number_runs(sorted(st))}" for r, st in sorted(ranks.items())[:8])
                 + "): import traces of one profiling window")
         for gone, rs in left.items():
             drop.update((job, r, s) for r in rs for s in gone)
         if notes is not None:
             notes[f"job {job}: the ranks' profiler traces cover different steps: kept step"
-                  f"{'s' if len(every) > 1 else ''} {_ranges(sorted(every))}, which every rank's trace holds, "
+                  f"{'s' if len(every) > 1 else ''} {number_runs(sorted(every))}, which every rank's trace holds, "
                   f"and left out {shown} (a shorter capture is not a stuck rank)"] += 1
     if not drop:
         return rows
     return [r for r in rows if id(r[2]) not in traced or (r[0], r[2]["rank"], r[2]["step"]) not in drop]
-
-
-def _ranges(ns: Iterable[int]) -> str:
-    """``[551, 552, 553, 560]`` as ``551-553, 560`` (the first six runs, and how many more)."""
-    runs: list[list[int]] = []
-    for n in ns:
-        if runs and n == runs[-1][1] + 1:
-            runs[-1][1] = n
-        else:
-            runs.append([n, n])
-    text = ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs[:6])
-    return text + (f" and {len(runs) - 6} more runs" if len(runs) > 6 else "")
 
 
 FUTURE_NOTE_S = 86_400.0  # a step that ends more than this after now: a clock set wrong, said in a note

@@ -87,7 +87,7 @@ from pathlib import Path
 from typing import Any
 
 from whywait.agents.events import FIELD_BOUNDS, RANK_MAX
-from whywait.engine.importers import ImportFormatError
+from whywait.engine.importers import ImportFormatError, number_runs
 
 _STEP = re.compile(r"^ProfilerStep#([0-9]+)$")
 _STEP_MAX = int(FIELD_BOUNDS["step"][1])
@@ -645,14 +645,7 @@ def _activities_whole(events: list[Any]) -> bool:
 
 def _step_ranges(steps: list[int]) -> str:
     """``ProfilerStep#551-553, #560`` for ``[551, 552, 553, 560]`` (the first six runs)."""
-    runs: list[list[int]] = []
-    for n in steps:
-        if runs and n == runs[-1][1] + 1:
-            runs[-1][1] = n
-        else:
-            runs.append([n, n])
-    text = ", #".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs[:6])
-    return "ProfilerStep#" + text + (f" and {len(runs) - 6} more runs" if len(runs) > 6 else "")
+    return "ProfilerStep#" + number_runs(steps, sep=", #")
 
 
 def _op(op: str | None) -> str:
