@@ -11,6 +11,9 @@ Timing imports become ``steps`` messages (one per rank per step, at the step's e
 ``--project`` and ``--team`` a placement is published too, so the engine evaluates the job: ``running`` a
 second before its first step, and ``finished`` just after its last (:func:`finished_at`), so a replay of the
 imported window sees the job run to its end and a later replay (or the live engine) does not place it.
+The placement's ranks carry their pipeline stage, data-parallel replica and tensor-parallel rank (``pp``,
+``dp``, ``tp``) when a table's columns give them or ``--layout pp=4,dp=2,tp=8`` does (Megatron-LM's rank
+order: :func:`whywait.engine.importers.steps_table.rank_coords`), so a rank is compared with its own stage.
 ``-o FILE`` writes the messages as JSON lines instead of publishing (check them with
 ``whywait events check FILE``).  Every message is validated against the contract first: a bundle's
 values with the engine's own decoder (:func:`whywait.agents.events.decode`), those that break it
@@ -48,6 +51,12 @@ def register(p: argparse.ArgumentParser) -> None:
                    "rank-N in its file name); a note says when the trace says another")
     p.add_argument("--max-trace-mib", type=int, default=2048, metavar="MIB",
                    help="largest profiler trace read, decompressed (default 2048: parsing needs several times it)")
+    p.add_argument("--layout", metavar="SIZES",
+                   help="the job's parallel layout, as pp=4,dp=2,tp=8 (also cp): each rank's pipeline stage, "
+                   "data-parallel replica and tensor-parallel rank from its global rank, in Megatron-LM's default "
+                   "order (tp fastest, then cp, dp, pp slowest), for the placement (with --project): a straggler is "
+                   "compared with its own stage, and a slower last stage (the loss) is no straggler; a table's pp, "
+                   "dp, tp columns that disagree are refused")
     p.add_argument("--project", help="publish a placement for the job: its project")
     p.add_argument("--team", help="... its team")
     p.add_argument("--channel", help="... its team's Slack channel")
@@ -66,7 +75,10 @@ def register(p: argparse.ArgumentParser) -> None:
                 "column is in that unit, with a note (name the column time_ms to say so).  Every value is checked "
                 "as it is read: an error names the file, line and column.  A profiler trace cut short (a tracer "
                 "killed mid-run, a copy not finished) is read up to its last whole event, with a note.  "
-                "Traces of one job that cover different steps keep the steps every rank's trace holds, with a note.")
+                "Traces of one job that cover different steps keep the steps every rank's trace holds, with a note.  "
+                "Optional columns pp (pp_rank, pipeline_stage, pipeline_rank), dp (dp_rank, data_parallel_rank) and "
+                "tp (tp_rank, tensor_parallel_rank) give each rank's coordinates for the placement: whole numbers from "
+                "0, one value per rank (blank cells are unknown), every rank or none (or --layout for all).")
 
 
 _ZIP_MAGIC = b"PK\x03\x04"  # a zip archive's first bytes: a bundle, whole or cut short
@@ -128,7 +140,7 @@ def timing_messages(args: argparse.Namespace, files: list[tuple[Path, str]],
     from whywait.agents.events import ContractError, envelope, validate
     from whywait.engine.importers import ImportFormatError
     from whywait.engine.importers.kineto import steps_from_trace
-    from whywait.engine.importers.steps_table import read_step_rows
+    from whywait.engine.importers.steps_table import Coords, parse_layout, rank_coords, read_step_rows
 
     traces = [path for path, fmt in files if fmt == "kineto"]
     cap_mib = getattr(args, "max_trace_mib", 2048)
@@ -138,6 +150,9 @@ def timing_messages(args: argparse.Namespace, files: list[tuple[Path, str]],
         # one --rank for several traces would give every one of them the same rank
         raise ImportFormatError(f"--rank names the rank of one profiler trace, and {len(traces)} were given: "
                                 "import them one at a time")
+    layout = getattr(args, "layout", None)
+    sizes = parse_layout(layout) if layout else None  # said before any file is read: a typo costs no wait
+    coords: Coords = {}  # (job, rank) -> the coordinates the tables' columns gave, across all files
     rows: list[tuple[str, str, dict[str, Any]]] = []
     where: dict[int, str] = {}  # id(record) -> where it was read: a table's file:line, a trace's step event
     # (job, rank, step) -> the file that gave it: (its index, where in it, its format)
@@ -157,7 +172,7 @@ def timing_messages(args: argparse.Namespace, files: list[tuple[Path, str]],
                 where[id(got[-1][2])] = f"{path}: ProfilerStep#{s.step}" + (
                     f" (ts {s.ts:.0f} µs)" if s.ts is not None else "")
         else:
-            for no, job, node, rec in read_step_rows(path, args.job, args.node, notes):
+            for no, job, node, rec in read_step_rows(path, args.job, args.node, notes, coords):
                 got.append((job, node, rec))
                 where[id(rec)] = f"{path}:{no}"
         for job, _, rec in got:
@@ -178,6 +193,9 @@ def timing_messages(args: argparse.Namespace, files: list[tuple[Path, str]],
     rows.sort(key=lambda r: (r[2]["ended_at"], r[0], r[2]["rank"], r[2]["step"]))
     out: list[dict[str, Any]] = []
     ends: list[dict[str, Any]] = []  # each job's `finished` placement, just after its last step
+    if sizes and not (args.project or args.team) and notes is not None:
+        notes["--layout gives the ranks' coordinates to the placement, which needs --project and --team: "
+              "left unused"] += 1
     if args.project or args.team:
         if not (args.project and args.team):
             raise ImportFormatError("a placement needs both --project and --team")
@@ -185,11 +203,14 @@ def timing_messages(args: argparse.Namespace, files: list[tuple[Path, str]],
         for job, node, rec in rows:
             jobs.setdefault(job, {})[rec["rank"]] = node
         for job, ranks in sorted(jobs.items()):
+            # The ranks' pp/dp/tp, from the tables' columns and --layout: the stage rules compare a rank with
+            # its own pipeline stage, so a last stage slower by design (it computes the loss) is no straggler.
+            where_in = rank_coords(job, ranks, coords, sizes, notes)
             placed: list[dict[str, Any]] = []
             for node in sorted(set(ranks.values())):
                 # GPU index unknown from timings alone: the rank's order among its node's ranks.
                 for gpu, r in enumerate(sorted(r for r, n in ranks.items() if n == node)):
-                    placed.append({"rank": r, "node": node, "gpu": gpu})
+                    placed.append({"rank": r, "node": node, "gpu": gpu, **where_in[r]})
             first = min(rec["ended_at"] for j, _, rec in rows if j == job)
             body = {"job": job, "project": args.project, "team": args.team, "state": "running",
                     "ranks": sorted(placed, key=lambda x: x["rank"]), "source": "file"}

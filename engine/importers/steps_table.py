@@ -39,6 +39,26 @@ microseconds or nanoseconds since 1970 (``1796400000000``) is read in that unit,
 the column's first numeric time is in it too: the unit is the column's, and a row in another one is
 refused naming both lines.  (Name the column ``time_ms`` to say so and have no note.)
 
+A rank's place in the job's parallel layout may be given too, for the placement ``whywait import --project``
+publishes (the stage rules compare a rank with its own pipeline stage, so a last stage slower by design, as the
+one that computes the loss is, is not taken for stragglers): ``pp`` (``pp_rank``, ``pipeline_stage``,
+``pipeline_rank``; 0 = the first stage), ``dp`` (``dp_rank``, ``data_parallel_rank``: the data-parallel replica)
+and ``tp`` (``tp_rank``, ``tensor_parallel_rank``).  A bare ``stage`` or ``replica`` is not read as one (a loop's
+"train" stage, a Kubernetes replica index): it is left out with the note; rename it.  Each is a whole number from
+0, refused at its cell otherwise.  A rank keeps its coordinates for the whole run: a rank whose ``pp`` changes
+between rows (of one file or two) is refused naming both lines; an empty cell is unknown, and the rank's other
+rows give it.  Every rank has a coordinate or none does: a job where some ranks have a ``pp`` and others have
+none is refused in one line naming both sets of ranks (half a layout would put the ranks without one in a stage
+of their own, and a table of several runs pasted together reads the same way), unless ``--layout`` gives them.
+
+``whywait import --layout pp=4,dp=2,tp=8`` (also ``cp``) gives every rank its coordinates from its global rank,
+for tables and profiler traces that carry none, in Megatron-LM's default order (tp fastest, then cp, dp, pp
+slowest: rank = tp_rank + tp·(cp_rank + cp·(dp_rank + dp·pp_rank)); :func:`layout_coords`).  Every rank must
+lie below the product of the sizes (a table may hold fewer ranks, with a note); a rank outside it is one line
+naming the sizes and the ranks.  A column and ``--layout`` that disagree on a rank are refused naming the rank and
+its line; where they agree, either may be given.  Only the coordinates given reach the placement (``--layout
+pp=4,dp=2`` gives no ``tp``).
+
 One row per rank per step (and job): a row repeated exactly (a logger that wrote it twice, two exports
 pasted together) is dropped and counted in a note; two rows of one step of one rank that differ are
 refused naming both lines.
@@ -57,12 +77,14 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from whywait.agents.events import FIELD_BOUNDS, NOT_IN_NAMES, PHASE_SLACK, UNIT_BOUNDS
-from whywait.engine.importers import ImportFormatError
+from whywait.engine.importers import ImportFormatError, number_runs
 
 from whywait import jsonl
 
 PHASES = ("data_wait_s", "compute_s", "comm_s", "collective_s", "pipeline_wait_s", "checkpoint_s")
-KNOWN = {"time", "ended_at", "job", "rank", "step", "duration_s", "node", *PHASES}
+# A rank's coordinates in the job's parallel layout, as the placement contract names them (PLACED_RANK).
+COORDS = ("pp", "dp", "tp")
+KNOWN = {"time", "ended_at", "job", "rank", "step", "duration_s", "node", *PHASES, *COORDS}
 
 # Other names real tables give these columns (training loggers, spreadsheets, other tools), and the
 # units a name's suffix states.  A header is compared after lower-casing it and turning every run of
@@ -83,6 +105,13 @@ _ALIASES: dict[str, tuple[str, ...]] = {
     "compute_s": ("compute", "compute_time", "fwd_bwd_time", "fwd_bwd", "forward_backward",
                   "forward_backward_time"),
     "comm_s": ("comm", "comm_time", "communication_time", "allreduce_time", "all_reduce_time", "sync_time"),
+    # The rank's coordinates, as Megatron-LM (get_pipeline_model_parallel_rank, ...) and loggers name them.  A bare
+    # ``stage`` is not taken (a loop's "train"/"eval" stage, Lightning's "fit"), nor a bare ``replica`` (a
+    # Kubernetes job's replica index or type): those are left out with the note, and may be renamed ``pp``, ``dp``.
+    "pp": ("pp_rank", "pp_stage", "pipeline_stage", "pipeline_rank", "pipeline_parallel_rank",
+           "pipeline_model_parallel_rank"),
+    "dp": ("dp_rank", "data_parallel_rank", "dp_replica", "data_parallel_replica"),
+    "tp": ("tp_rank", "tensor_parallel_rank", "tensor_model_parallel_rank"),
 }
 # A name's last word, when it is one of these, is its unit (``data_time_ms``, ``fwd_bwd_time_s``).
 _UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
@@ -129,7 +158,9 @@ def _columns(names: Iterable[str], strict: bool = True, notes: Counter[str] | No
         # says so.  A column that reads like a misspelt field ("duraton_s") is refused, naming the field,
         # for leaving it out would lose a phase without a word.
         bases = ("duration", "step_time", "time", *(f.removesuffix("_s") for f in PHASES))
-        names = sorted(spelled) + [f"{a}_{u}" for a in bases for u in _UNITS]
+        # Not the coordinates' names: a logger's other ranks (cp_rank, ep_rank, vpp_rank) read like a misspelt
+        # tp_rank or pp_rank, and a coordinate left out costs no timing (the note names it).
+        names = sorted(n for n, f in spelled.items() if f not in COORDS) + [f"{a}_{u}" for a in bases for u in _UNITS]
         typos = {u: near[0] for u in unknown if _normal(u) not in _OTHER_FIELDS
                  and (near := difflib.get_close_matches(_normal(u), names, n=1, cutoff=0.85))}
         if typos:
@@ -419,11 +450,44 @@ def _differs(a: tuple[str, dict[str, Any]], b: tuple[str, dict[str, Any]]) -> st
     return "; ".join(out[:3])
 
 
+# Each (job, rank)'s coordinates read so far: field -> (value, where it was first read: ``file:line``).
+Coords = dict[tuple[str, int], dict[str, tuple[int, str]]]
+_COORD_WORDS = {"pp": "pipeline stage", "dp": "data-parallel replica", "tp": "tensor-parallel rank",
+                "cp": "context-parallel rank"}
+_INDEX_MAX = UNIT_BOUNDS["index"][1]  # the contract's bound on a placement's index fields
+
+
+def _read_coords(row: dict[str, Any], where: str, head: _Header, rank: int, have: dict[str, tuple[int, str]]) -> None:
+    """Take ``row``'s coordinate cells (``pp``, ``dp``, ``tp``) into ``have``, its rank's coordinates so far.
+
+    An empty cell is unknown (the rank's other rows may give it); a value that is no whole number from 0 is
+    refused at its cell, and one that differs from what an earlier row of the rank said is refused naming both
+    lines: a rank does not change stage in a run, so one of them belongs to another rank or another run.
+    """
+    for f in COORDS:
+        v = _num(row.get(f), f"{where}: {head.column(f)}", integer=True, most=_INDEX_MAX)
+        if v is None:
+            continue
+        first = have.setdefault(f, (int(v), where))
+        if first[0] != v:
+            path = where.rpartition(":")[0]
+            there = f"line {first[1].rpartition(':')[2]}" if first[1].rpartition(":")[0] == path else first[1]
+            raise ImportFormatError(f"{where}: {head.column(f)}: rank {rank} is {f} {v} here and {f} {first[0]} on "
+                                    f"{there}: a rank keeps one {_COORD_WORDS[f]} for the whole run")
+
+
 def read_step_rows(path: Path, job: str | None = None, node: str | None = None,
-                   notes: Counter[str] | None = None) -> Iterator[tuple[int, str, str, dict[str, Any]]]:
+                   notes: Counter[str] | None = None,
+                   coords: Coords | None = None) -> Iterator[tuple[int, str, str, dict[str, Any]]]:
     """Yield ``(line, job, node, StepTiming record)`` per row (see :func:`read_steps`), each checked against
     the contract as it is read, so an error names its line; rows repeated exactly are dropped (counted in
-    ``notes``), and two different rows of one (job, rank, step) are refused naming both lines."""
+    ``notes``), and two different rows of one (job, rank, step) are refused naming both lines.
+
+    ``coords`` (when given) gathers each ``(job, rank)``'s coordinates from the ``pp``, ``dp`` and ``tp`` columns,
+    with the line each was first read at; pass one mapping for all of a job's files so that a rank given two
+    stages in two files is refused too.  :func:`rank_coords` turns it into the placement's coordinates.
+    """
+    coords = {} if coords is None else coords  # checked even when the caller keeps none: an error is the file's
     rows = 0
     clock: tuple[float, str, int, Any] | None = None  # the time column's unit: (per second, word, line, cell)
     seen: dict[tuple[str, int, int], tuple[int, str, dict[str, Any]]] = {}
@@ -483,6 +547,8 @@ def read_step_rows(path: Path, job: str | None = None, node: str | None = None,
             if isinstance(name, str) and NOT_IN_NAMES.search(name):
                 raise ImportFormatError(f"{where}: {what}: must not hold control characters (got {_short(name)})")
         j, n = str(j), str(n)
+        # Before the repeat check: a row repeated but for its stage is a conflict, not a repeat.
+        _read_coords(row, where, head, rec["rank"], coords.setdefault((j, rec["rank"]), {}))
         # One row per rank per step: a repeat of a row is dropped, two rows that disagree are refused.
         key = (j, rec["rank"], rec["step"])
         first = seen.get(key)
@@ -501,3 +567,105 @@ def read_step_rows(path: Path, job: str | None = None, node: str | None = None,
     if repeated and notes is not None:
         notes[f"{path.name}: {repeated} row{'s' if repeated > 1 else ''} repeated exactly (the same step of the "
               "same rank, every value equal): dropped"] += 1
+
+
+# Megatron-LM's default rank order, fastest-varying first: ``initialize_model_parallel(order="tp-cp-ep-dp-pp")``
+# builds ``RankGenerator(tp, ep=1, dp, pp, cp, order)`` for the model's (non-expert) groups, whose
+# ``generate_masked_orthogonal_rank_groups`` gives global_rank = tp_rank + cp_rank*tp + dp_rank*tp*cp
+# + pp_rank*tp*cp*dp (megatron/core/parallel_state.py).  ``ep`` is left out: it has a RankGenerator of its own
+# (expert layers only) that splits the dp × cp ranks again, so it gives no rank a place of its own here.
+LAYOUT_ORDER = ("tp", "cp", "dp", "pp")
+
+
+def parse_layout(text: str) -> dict[str, int]:
+    """The sizes in ``--layout`` text (``pp=4,dp=2,tp=8``), in the order given; called by ``whywait import``.
+
+    Raises :class:`ImportFormatError` (one line) for a name other than ``tp``, ``cp``, ``dp``, ``pp``, a size that
+    is no whole number from 1, a name given twice, or no size at all.
+    """
+    sizes: dict[str, int] = {}
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        name, eq, value = (x.strip() for x in part.partition("="))
+        name = name.lower()
+        if not eq:
+            raise ImportFormatError(f"--layout {text!r}: {part!r} is not name=size (as in pp=4,dp=2,tp=8)")
+        if name == "ep":
+            raise ImportFormatError(f"--layout {text!r}: ep gives no rank a place of its own (Megatron-LM lays out "
+                                    "experts within dp × cp): give tp, cp, dp and pp")
+        if name not in LAYOUT_ORDER:
+            raise ImportFormatError(f"--layout {text!r}: unknown size {name!r} (known: tp, cp, dp, pp)")
+        if name in sizes:
+            raise ImportFormatError(f"--layout {text!r}: {name} is given twice")
+        if not value.isdigit() or int(value) < 1:
+            raise ImportFormatError(f"--layout {text!r}: {name} must be a whole number from 1 (got {value!r})")
+        sizes[name] = int(value)
+    if not sizes:
+        raise ImportFormatError(f"--layout {text!r}: no sizes (as in pp=4,dp=2,tp=8)")
+    return sizes
+
+
+def layout_text(sizes: dict[str, int]) -> str:
+    """``pp=4 × dp=2 × tp=8 = 64 ranks``: the sizes as given and the ranks they make, for errors and notes."""
+    return " × ".join(f"{k}={v}" for k, v in sizes.items()) + f" = {math.prod(sizes.values()):,} ranks"
+
+
+def layout_coords(sizes: dict[str, int], rank: int) -> dict[str, int]:
+    """``rank``'s coordinates in the layout ``sizes`` (those it names), in Megatron-LM's default order
+    (:data:`LAYOUT_ORDER`: tp fastest, then cp, dp, pp slowest): with pp=4, dp=2, tp=8 rank 21 is tp 5 of
+    replica 0 of stage 1.  Called per rank by :func:`rank_coords`."""
+    out: dict[str, int] = {}
+    stride = 1
+    for name in LAYOUT_ORDER:
+        size = sizes.get(name, 1)
+        if name in sizes:
+            out[name] = (rank // stride) % size
+        stride *= size
+    return out
+
+
+def rank_coords(job: str, ranks: Iterable[int], given: Coords, sizes: dict[str, int] | None = None,
+                notes: Counter[str] | None = None) -> dict[int, dict[str, int]]:
+    """Each of ``job``'s ``ranks`` → its coordinates for the placement (``{"pp": 1, "dp": 0}``; empty when none).
+
+    Called by ``whywait import`` once per job, after every file is read.  ``given`` holds what the tables' columns
+    said (:func:`read_step_rows`), ``sizes`` the ``--layout``.  Raises :class:`ImportFormatError`, in one line,
+    when a rank lies outside the layout (naming the sizes and the ranks), when a column disagrees with the layout
+    (naming the rank and the line), and when some ranks have a coordinate and others none, without a layout to
+    give it to them: the placement would say half a layout, and the stage rules compare ranks by stage.
+    """
+    ranks = sorted(set(ranks))
+    layout: dict[int, dict[str, int]] = {}
+    if sizes:
+        total = math.prod(sizes.values())
+        outside = [r for r in ranks if r >= total]
+        if outside:
+            n = ranks[-1] + 1
+            hint = f": add dp={n // total}?" if "dp" not in sizes and n % total == 0 else ""
+            raise ImportFormatError(f"--layout {layout_text(sizes)}, and job {job} has {len(ranks):,} ranks "
+                                    f"({number_runs(ranks)}): rank{'s' if len(outside) > 1 else ''} "
+                                    f"{number_runs(outside)} {'lie' if len(outside) > 1 else 'lies'} outside it{hint}")
+        if len(ranks) < total and notes is not None:
+            notes[f"job {job}: --layout {layout_text(sizes)}; the files hold {len(ranks):,} of them "
+                  f"({number_runs(ranks)})"] += 1
+        layout = {r: layout_coords(sizes, r) for r in ranks}
+    for f in COORDS:
+        have = [r for r in ranks if f in given.get((job, r), {})]
+        if have and len(have) < len(ranks) and not (sizes and f in sizes):
+            lack = [r for r in ranks if f not in given.get((job, r), {})]
+            raise ImportFormatError(f"job {job}: rank{'s' if len(have) > 1 else ''} {number_runs(have)} "
+                                    f"{'have' if len(have) > 1 else 'has'} a {f} ({_COORD_WORDS[f]}; "
+                                    f"{given[(job, have[0])][f][1]}) and rank{'s' if len(lack) > 1 else ''} "
+                                    f"{number_runs(lack)} none: give every rank's {f}, or none (--layout gives "
+                                    "every rank its coordinates)")
+    out: dict[int, dict[str, int]] = {}
+    for r in ranks:
+        co = dict(layout.get(r, {}))
+        for f, (v, where) in given.get((job, r), {}).items():
+            if f in co and co[f] != v:
+                raise ImportFormatError(f"{where}: rank {r} is {f} {v} in the table, and --layout "
+                                        f"{layout_text(sizes or {})} makes it {f} {co[f]}: which is right?")
+            co[f] = v
+        out[r] = {f: co[f] for f in ("pp", "dp", "tp", "cp") if f in co}
+    return out
