@@ -762,7 +762,7 @@ def run(args: argparse.Namespace) -> int:
             state = "resolved" if s.resolved else "still open when the data ended"
             print(f"  {_fmt(s.start)} → {_fmt(s.end)}  {d.severity:8} {d.rule_id}  {d.culprit or d.job}: "
                   f"{d.title} [{state}]")
-            print(f"      {d.cause}")
+            print(f"      {s.told.cause}")  # the text that goes with the cost below (the latest)
             cost = latest_cost(s)
             if cost is not None:
                 print(f"      cost: {cost:.2f} GPU-hours lost")
@@ -877,8 +877,8 @@ def latest_cost(s: Any) -> float | None:
 
     The first diagnosis's is the early estimate; the report shows this one too.
     """
-    cost = next((u.cost for u in reversed(s.updates) if u.cost and u.cost.get("gpu_hours_lost") is not None), None)
-    return None if cost is None else float(cost["gpu_hours_lost"])
+    cost = s.told.cost
+    return None if not cost or cost.get("gpu_hours_lost") is None else float(cost["gpu_hours_lost"])
 
 
 def check_slack_thread(target: str) -> None:

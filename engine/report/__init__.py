@@ -222,7 +222,8 @@ def _view(k: int, s: Span, sampler: Sampler, grid: Grid, topology: Any) -> Incid
              *((d.owner.project, d.owner.team, d.owner.channel) if d.owner else ()),
              *(x for e in d.evidence for x in (e.entity, e.entity.rsplit(":", 1)[0]))}
     return IncidentView(
-        number=k, rule_id=d.rule_id, severity=last.severity, title=d.title, cause=d.cause, job=d.job,
+        # the cause as last told: its "lost N GPU-hours so far" is the cost shown beside it, not detection's 0.00
+        number=k, rule_id=d.rule_id, severity=last.severity, title=d.title, cause=s.told.cause, job=d.job,
         culprit=d.culprit or d.job or "?", ranks=d.ranks, start=s.start, end=s.end, resolved=s.resolved,
         fired_at=d.detected_at, changes=changes, owner=owner, channel=d.owner.channel if d.owner else None,
         path=d.topology_path, clean=d.clean_checks, next_step=d.next_step,

@@ -1,0 +1,57 @@
+"""An incident's cause text and the cost printed beside it agree.
+
+A tester's replay of a step table printed, for one straggler, "the job has lost 0.00 GPU-hours to it so
+far" and right under it "cost: 0.16 GPU-hours lost": the text was the first firing's (rendered as the rule
+fired, when the loss had just begun) and the cost the latest.  The console and the report now show the
+cause as last told (:attr:`whywait.engine.replay.Span.told`), whose figures are the cost's.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from whywait.engine.commands.replay_cmd import latest_cost
+from whywait.engine.replay import PlacedTopology, Window, incidents, replay
+from whywait.engine.rules.loader import load_rules
+
+REPO = Path(__file__).resolve().parents[2]
+START = 1_764_443_800.0
+
+
+def straggler_table(path: Path) -> None:
+    """A synchronous 8-rank job, 300 steps; rank 5 computes 1.6x as long from step 100 on, the others wait."""
+    rng = random.Random(2)
+    t, rows = START, ["time,job,rank,step,duration_s,data_wait_s,compute_s,comm_s,node"]
+    for step in range(1, 301):
+        comp = {r: 0.62 * (1 + rng.gauss(0, 0.02)) * (1.6 if r == 5 and step > 100 else 1.0) for r in range(8)}
+        slow = max(comp.values())
+        dur = slow + 0.135
+        t += dur
+        rows += [f"{t:.3f},cost-job,{r},{step},{dur:.4f},0.015,{comp[r]:.4f},{0.12 + slow - comp[r]:.4f},"
+                 f"node-{r // 4 + 1:02d}" for r in range(8)]
+    path.write_text("\n".join(rows) + "\n")
+
+
+def test_the_cause_shown_beside_the_cost_states_that_cost(tmp_path: Path) -> None:
+    from whywait.engine.report import build_report
+
+    csv, out = tmp_path / "steps.csv", tmp_path / "steps.jsonl"
+    straggler_table(csv)
+    subprocess.run([sys.executable, "-m", "whywait", "import", str(csv), "--project", "llm", "--team", "ml",
+                    "-o", str(out)], check=True, capture_output=True, cwd=REPO)
+    msgs = [json.loads(line) for line in out.read_text().splitlines()]
+    res, _ = replay(msgs, load_rules([REPO / "rules"]), PlacedTopology())
+    [span] = [s for s in incidents(res.diagnoses, res.end, res.open_at_end) if s.first.rule_id == "job.straggler"]
+    said = re.compile(r"lost (\d+\.\d\d) GPU-hours")
+    assert said.search(span.first.cause)[1] == "0.00"  # type: ignore[index] # the loss had just begun
+    cost = latest_cost(span)
+    assert cost is not None and cost > 0.1
+    assert said.search(span.told.cause)[1] == f"{cost:.2f}"  # type: ignore[index]
+    rep = build_report(res, [span], msgs, Window(START, res.end or START), PlacedTopology())
+    [view] = rep.data.incidents
+    assert said.search(view.cause)[1] == f"{view.cost['gpu_hours_lost']:.2f}" == f"{cost:.2f}"  # type: ignore[index]
