@@ -303,3 +303,15 @@ def test_without_the_layout_the_straggler_is_told_but_no_stage_is(tmp_path: Path
     told at all."""
     fired = replayed(tmp_path)
     assert {f[0] for f in fired} == {"job.straggler"} and all(f[1] == (3,) for f in fired), fired
+
+
+def test_the_layout_places_profiler_traces_ranks_too(tmp_path: Path) -> None:
+    """Traces carry no coordinates: ``--layout`` gives them (here a two-stage pipeline of one replica)."""
+    from whywait.engine.commands.import_cmd import timing_messages
+
+    hta = REPO / "tests" / "fixtures" / "importers" / "hta"
+    files = [(hta / f"sampled_rank-{r}.json.gz", "kineto") for r in (0, 1)]
+    msgs = timing_messages(_args(job="hta-128", node="host-a", layout="pp=2"), files, Counter())
+    validate(msgs[0])
+    assert msgs[0]["ranks"] == [{"rank": 0, "node": "host-a", "gpu": 0, "pp": 0},
+                                {"rank": 1, "node": "host-a", "gpu": 1, "pp": 1}]
