@@ -45,7 +45,8 @@ one that computes the loss is, is not taken for stragglers): ``pp`` (``pp_rank``
 ``pipeline_rank``; 0 = the first stage), ``dp`` (``dp_rank``, ``data_parallel_rank``: the data-parallel replica)
 and ``tp`` (``tp_rank``, ``tensor_parallel_rank``).  A bare ``stage`` or ``replica`` is not read as one (a loop's
 "train" stage, a Kubernetes replica index): it is left out with the note; rename it.  Each is a whole number from
-0, refused at its cell otherwise.  A rank keeps its coordinates for the whole run: a rank whose ``pp`` changes
+0, refused at its cell otherwise (a bare ``tp`` that counts something else, a classifier's true positives, is
+told to be renamed).  A rank keeps its coordinates for the whole run: a rank whose ``pp`` changes
 between rows (of one file or two) is refused naming both lines; an empty cell is unknown, and the rank's other
 rows give it.  Every rank has a coordinate or none does: a job where some ranks have a ``pp`` and others have
 none is refused in one line naming both sets of ranks (half a layout would put the ranks without one in a stage
@@ -465,7 +466,16 @@ def _read_coords(row: dict[str, Any], where: str, head: _Header, rank: int, have
     lines: a rank does not change stage in a run, so one of them belongs to another rank or another run.
     """
     for f in COORDS:
-        v = _num(row.get(f), f"{where}: {head.column(f)}", integer=True, most=_INDEX_MAX)
+        if f not in row:
+            continue
+        # A bare "tp" or "dp" column that imported before (left out, with the note) may count something else
+        # (a classifier's true positives): the refusal says how to have it left out again.
+        bare = _normal(head.names.get(f, (f, 1.0))[0]) == f
+        hint = f" (if column {f} is no {_COORD_WORDS[f]}, rename it)" if bare else ""
+        try:
+            v = _num(row.get(f), f"{where}: {head.column(f)}", integer=True, most=_INDEX_MAX)
+        except ImportFormatError as exc:
+            raise ImportFormatError(f"{exc}{hint}") from None
         if v is None:
             continue
         first = have.setdefault(f, (int(v), where))
@@ -473,7 +483,7 @@ def _read_coords(row: dict[str, Any], where: str, head: _Header, rank: int, have
             path = where.rpartition(":")[0]
             there = f"line {first[1].rpartition(':')[2]}" if first[1].rpartition(":")[0] == path else first[1]
             raise ImportFormatError(f"{where}: {head.column(f)}: rank {rank} is {f} {v} here and {f} {first[0]} on "
-                                    f"{there}: a rank keeps one {_COORD_WORDS[f]} for the whole run")
+                                    f"{there}: a rank keeps one {_COORD_WORDS[f]} for the whole run{hint}")
 
 
 def read_step_rows(path: Path, job: str | None = None, node: str | None = None,

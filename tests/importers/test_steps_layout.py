@@ -133,7 +133,24 @@ def test_a_rank_whose_stage_changes_between_rows_is_refused_naming_both_lines(tm
     with pytest.raises(ImportFormatError) as e:
         list(read_steps(f))
     assert str(e.value) == (f"{f}:5: column pp: rank 1 is pp 2 here and pp 1 on line 3: a rank keeps one pipeline "
-                            "stage for the whole run")
+                            "stage for the whole run (if column pp is no pipeline stage, rename it)")
+    f.write_text(f"time,job,rank,step,duration_s,node,pp_rank\n{START},j,1,1,1.0,n1,1\n{START + 1},j,1,2,1.0,n1,0\n")
+    with pytest.raises(ImportFormatError) as e:
+        list(read_steps(f))
+    assert str(e.value) == (f"{f}:3: column pp_rank (pp): rank 1 is pp 0 here and pp 1 on line 2: a rank keeps one "
+                            "pipeline stage for the whole run")
+
+
+def test_a_bare_tp_column_of_something_else_says_how_to_have_it_left_out(tmp_path: Path) -> None:
+    """A classifier's logger writes tp, fp, fn per step (true positives): those tables imported before, the
+    column left out with the note; now it reads as the tensor-parallel rank, and the refusal says what to do."""
+    f = tmp_path / "steps.csv"
+    f.write_text(f"time,job,rank,step,duration_s,node,tp,fp\n{START},j,0,1,1.0,n1,17,3\n"
+                 f"{START + 1},j,0,2,1.0,n1,0.5,2\n")
+    with pytest.raises(ImportFormatError) as e:
+        list(read_steps(f))
+    assert str(e.value) == (f"{f}:3: column tp: must be a whole number (got '0.5') (if column tp is no "
+                            "tensor-parallel rank, rename it)")
 
 
 def test_a_rank_given_two_stages_in_two_tables_is_refused_naming_both(tmp_path: Path) -> None:
@@ -145,7 +162,8 @@ def test_a_rank_given_two_stages_in_two_tables_is_refused_naming_both(tmp_path: 
     with pytest.raises(ImportFormatError) as e:
         timing_messages(_args(), [(a, "steps"), (b, "steps")])
     assert str(e.value) == (f"{b}:2: column dp: rank 0 is dp 1 here and dp 0 on {a}:2: a rank keeps one "
-                            "data-parallel replica for the whole run")
+                            "data-parallel replica for the whole run (if column dp is no data-parallel replica, "
+                            "rename it)")
 
 
 def test_an_empty_coordinate_cell_is_unknown_and_the_ranks_other_rows_give_it(tmp_path: Path) -> None:
