@@ -273,17 +273,17 @@ def test_a_layout_without_a_placement_is_said_to_be_unused(tmp_path: Path) -> No
 # -- end to end: a pipeline-parallel job's table, imported and replayed ------------------------------------------
 
 
-def pipeline_table(path: Path, steps: int = 60, slow_from: int = 30, seed: int = 7) -> None:
+def pipeline_table(path: Path, steps: int = 60, last: float = 1.3, slow_from: int | None = 30, seed: int = 7) -> None:
     """A 4-stage x 2-replica job (8 ranks, rank = 2 * stage + replica, as Megatron-LM lays out pp=4, dp=2) as a
-    logger writes it: every rank ends a step together; the last stage, which computes the loss, works 1.3x
-    as long as the others on every step (normal), and rank 3 (stage 1, replica 1) 1.6x its stage peer's from
-    step ``slow_from`` on; the others wait for the slowest in the pipeline."""
+    logger writes it: every rank ends a step together; the last stage, which computes the loss, works ``last``
+    times as long as the others on every step (normal), and rank 3 (stage 1, replica 1) 1.6x its stage peer's
+    from step ``slow_from`` on (None: never); the others wait for the slowest in the pipeline."""
     rng = random.Random(seed)
     t = START
     rows = ["time,job,rank,step,duration_s,data_wait_s,compute_s,comm_s,pipeline_wait_s,node"]
     for step in range(1, steps + 1):
-        comp = {r: 0.60 * (1 + rng.gauss(0, 0.02)) * (1.3 if r // 2 == 3 else 1.0)
-                * (1.6 if r == 3 and step >= slow_from else 1.0) for r in range(8)}
+        comp = {r: 0.60 * (1 + rng.gauss(0, 0.02)) * (last if r // 2 == 3 else 1.0)
+                * (1.6 if r == 3 and slow_from is not None and step >= slow_from else 1.0) for r in range(8)}
         dur = max(comp.values()) + 0.11
         t += dur
         rows += [f"{t:.3f},pipe-job,{r},{step},{dur:.4f},0.010,{comp[r]:.4f},0.100,{dur - comp[r] - 0.11:.4f},"
@@ -291,15 +291,16 @@ def pipeline_table(path: Path, steps: int = 60, slow_from: int = 30, seed: int =
     path.write_text("\n".join(rows) + "\n")
 
 
-def replayed(tmp_path: Path, *layout: str) -> list[tuple[str, tuple[int, ...], str]]:
-    """The firing diagnoses ``(rule, ranks, title)`` of the table imported with ``whywait import`` (``layout``:
-    its ``--layout`` arguments) and replayed in process, as tests/replay/test_slow_since_start.py does."""
+def replayed(tmp_path: Path, *layout: str, **table: Any) -> list[tuple[str, tuple[int, ...], str]]:
+    """The firing diagnoses ``(rule, ranks, title)`` of :func:`pipeline_table` (``table``: its arguments) imported
+    with ``whywait import`` (``layout``: its ``--layout`` arguments) and replayed in process, as
+    tests/replay/test_slow_since_start.py does."""
     from whywait.engine.cli import main
     from whywait.engine.replay import PlacedTopology, replay
     from whywait.engine.rules.loader import load_rules
 
     csv, out = tmp_path / "steps.csv", tmp_path / "steps.jsonl"
-    pipeline_table(csv)
+    pipeline_table(csv, **table)
     assert main(["import", str(csv), "--project", "llm", "--team", "ml", "-o", str(out), *layout]) == 0
     msgs = [json.loads(line) for line in out.read_text().splitlines()]
     res, _ = replay(msgs, load_rules([REPO / "rules"]), PlacedTopology())
@@ -316,11 +317,22 @@ def test_with_the_layout_the_straggler_is_told_and_the_slower_last_stage_is_no_s
 
 
 def test_without_the_layout_the_straggler_is_told_but_no_stage_is(tmp_path: Path) -> None:
-    """What it does with no layout (not changed here): the last stage, slower from the first step on, is taken for
-    slower hardware and not named; rank 3 is the straggler; and the stage imbalance, which needs stages, is not
-    told at all."""
+    """What it does with no layout (not changed here): the last stage, 1.3x slower from the first step on, is
+    taken for slower hardware and not named; rank 3 is the straggler; and the stage imbalance, which needs
+    stages, is not told at all."""
     fired = replayed(tmp_path)
     assert {f[0] for f in fired} == {"job.straggler"} and all(f[1] == (3,) for f in fired), fired
+
+
+def test_a_last_stage_half_as_slow_again_is_misread_without_the_layout_and_told_with_it(tmp_path: Path) -> None:
+    """A last stage 1.5x slower (a large vocabulary's loss) is over job.slow-since-start's 1.4: without the
+    layout (not changed here) its ranks are told as slow since their first step, a hardware doubt on a healthy
+    job; with it they are compared with their own stage, and the stage is told as the pipeline's bottleneck."""
+    without = replayed(tmp_path, last=1.5, slow_from=None)
+    assert without and {(f[0], f[1]) for f in without} == {("job.slow-since-start", (6, 7))}, without
+    (tmp_path / "with").mkdir()
+    fired = replayed(tmp_path / "with", "--layout", "pp=4,dp=2", last=1.5, slow_from=None)
+    assert fired and {(f[0], f[1]) for f in fired} == {("job.stage-imbalance", ())}, fired
 
 
 def test_the_layout_places_profiler_traces_ranks_too(tmp_path: Path) -> None:
