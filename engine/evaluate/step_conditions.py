@@ -237,6 +237,12 @@ def _step_outlier(c: Condition, ctx: Ctx) -> Result:
                 # noisy ratios, so at `zscore` (4) a 1.15x straggler on 4% jitter was missed.
                 z = growth_z(j, base)
                 ok = z is None or z >= _OWN_Z
+        if not ok and key in ctx.state and base is not None and j.ratio >= base * (1 + (thr - 1) / 2):
+            # Held (flagged before) and still well above its frozen past, half-way to the ratio that flagged
+            # it: one noisy tick is no recovery.  Dropping the frozen past there made the slow window the
+            # rank's new past, so a 1.3x straggler on +-10% noise was "resolved" 45 s after it fired and
+            # never told again while it stayed slow to the end.  It recovers when it comes back near it.
+            ok = True
         if ok:
             if base is not None:
                 ctx.state[key] = base
