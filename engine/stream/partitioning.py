@@ -204,12 +204,21 @@ class ReorderBuffer:
     longer than ``max_hold_s`` of wall time, so live latency stays a few seconds at most.  On a
     backlog, a kind more than ``idle_event_s`` of event time behind the newest (a hung job's steps)
     is not waited for.  Whatever else, nothing is released past the event time an input partition
-    with unrouted records has been routed to, by whichever worker routes it (:meth:`progress`).
+    with unrouted records has been routed to, by whichever worker routes it (:meth:`progress`); nor,
+    for a record that arrived after a router last said it had nothing left to route, more than
+    ``quiet_event_s`` of event time past where that router had got then (its frontier): "nothing left"
+    is only as new as the router's last word, and a busy router (its loop evaluating a backlog) says
+    nothing while new records pile up in its partitions.  Live, every router routes telemetry every
+    second and speaks after each batch, so this bound moves with the data; an idle router's frontier is
+    the end of the data.  (Routers do not speak on a timer: a word every half second on an idle
+    repartition topic kept the group's lag above 0 for ever, and whoever waits for the group to catch up,
+    the bench or an operator, waited in vain.)
     Pure: the caller passes each record's event time and kind, and the wall clock.
     """
 
     def __init__(self, kinds: Iterable[str], idle_wall_s: float = 3.0, max_hold_s: float = 2.0,
-                 idle_event_s: float = 120.0, max_records: int = 500_000, stale_s: float = 30.0) -> None:
+                 idle_event_s: float = 120.0, max_records: int = 500_000, stale_s: float = 30.0,
+                 quiet_event_s: float = 10.0) -> None:
         import heapq
 
         self._heapq = heapq
@@ -227,6 +236,9 @@ class ReorderBuffer:
         # router that stopped saying (it died; the group gives its partitions to another, which says anew).
         self.sources: dict[str, tuple[float, int, float]] = {}
         self.stale_s = stale_s
+        # How far past a router's last "nothing left" a record that arrived after it may go: well under the 30 s
+        # of silence that makes job.node-unseen, so a busy router's nodes never look silent for that.
+        self.quiet_event_s = quiet_event_s
 
     def push(self, record: Any, t: float, kind: str | None, wall: float, partition: int = 0) -> None:
         """Hold ``record`` (event time ``t``, from ``partition`` of the repartition topic)."""
@@ -251,11 +263,42 @@ class ReorderBuffer:
         """
         self.sources[source] = (routed_to, unrouted, wall)
 
-    def behind(self, wall: float) -> float:
-        """Event time up to which every input partition that still has unrouted records was routed
-        (inf when none has, by every router that spoke within ``stale_s``)."""
-        ts = [t for t, lag, seen in self.sources.values() if lag > 0 and wall - seen <= self.stale_s]
-        return min(ts) if ts else float("inf")
+    def behind(self, wall: float, arrived: float | None = None) -> float:
+        """Event time up to which a record may be released as far as the routers' words go: the least
+        event time routed so far of every input partition with unrouted records, and, for a record that
+        arrived (wall time ``arrived``) after a router's last word that its partition had none,
+        ``quiet_event_s`` past where that router had got (inf when nothing bounds it; a router silent for
+        ``stale_s`` is not heard).
+
+        Why the second: at ``--speed 0`` a router that said "0 unrouted" and then spent seconds evaluating
+        had tens of seconds of event time waiting in its partitions; the other worker released its own
+        routed records past them after ``max_hold_s``, and a node whose telemetry was still unrouted fired
+        ``job.node-unseen``.
+        """
+        out = float("inf")
+        for t, lag, seen in self.sources.values():
+            if wall - seen > self.stale_s:
+                continue
+            if lag > 0:
+                out = min(out, t)
+            elif arrived is not None and seen < arrived and t > float("-inf"):  # (-inf: it has routed nothing)
+                out = min(out, t + self.quiet_event_s)
+        return out
+
+    def _bounds(self, wall: float) -> tuple[float, list[tuple[float, float]]]:
+        """(the bound of the routers with records left, [(wall said, routed to)] of the caught-up ones,
+        oldest word first): :meth:`behind` for every held record without a pass over every router each."""
+        lagging = float("inf")
+        quiet: list[tuple[float, float]] = []
+        for t, lag, seen in self.sources.values():
+            if wall - seen > self.stale_s:
+                continue
+            if lag > 0:
+                lagging = min(lagging, t)
+            elif t > float("-inf"):
+                quiet.append((seen, t + self.quiet_event_s))
+        quiet.sort()
+        return lagging, quiet
 
     def watermark(self, wall: float, backlog: bool) -> float:
         """Event time up to which every active kind of every partition has arrived."""
@@ -268,12 +311,20 @@ class ReorderBuffer:
 
     def release(self, wall: float, backlog: bool) -> list[Any]:
         """The held records that may go to the evaluator now, oldest event time first."""
-        b = self.behind(wall)
-        w = min(self.watermark(wall, backlog), b)
+        lagging, quiet = self._bounds(wall)
+        w = self.watermark(wall, backlog)
         out = []
         heap = self.heap
-        while heap and (heap[0][0] <= w or len(heap) > self.max_records
-                        or (not backlog and wall - heap[0][2] >= self.max_hold_s and heap[0][0] <= b)):
+        while heap:
+            t, _, arrived, _ = heap[0]
+            if len(heap) <= self.max_records:
+                b = lagging
+                for seen, routed in quiet:  # the words said before this record arrived
+                    if seen >= arrived:
+                        break
+                    b = min(b, routed)
+                if t > b or not (t <= w or (not backlog and wall - arrived >= self.max_hold_s)):
+                    break
             out.append(self._heapq.heappop(heap)[3])
         return out
 

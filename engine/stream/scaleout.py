@@ -311,6 +311,14 @@ def wire(app: faust.App, cfg: Any, processor: Processor, inputs: Any, by_job: An
         if not sources:
             return
         known = [t for t, _ in sources.values() if t is not None]
+        if known:
+            # A partition with nothing left to route has been routed as far as this router got on any: its own
+            # last record may be old (a sparse partition), and an evaluate stage bounds what arrived after this
+            # word by it (ReorderBuffer.behind).
+            frontier = max(known)
+            for v in sources.values():
+                if v[1] == 0:
+                    v[0] = frontier
         body = json.dumps({"sources": sources}, separators=(",", ":")).encode()
         for part in range(cfg.partitions):
             try:

@@ -341,3 +341,27 @@ def test_router_counts_a_redelivered_record_apart(sim: Any, topo: Any) -> None:
     out = proc.route([Record(TOPIC_GPU, value, None, 1, 8), Record(TOPIC_GPU, value, None, 1, 9)], 4)
     assert len(out.forwards) == 1
     assert (proc.counts["route.records"], proc.counts["route.redelivered"]) == (3, 1)
+
+
+def test_reorder_buffer_holds_what_arrived_after_a_routers_last_nothing_left() -> None:
+    # Another worker's router said at wall 0 it had routed its net partition with nothing left, its frontier at
+    # t=10, then went quiet (its loop busy evaluating a backlog). Records that arrived here later may run far
+    # ahead of what now waits in its partition: at --speed 0 this worker released them after max_hold_s, and a
+    # node whose telemetry that router had not routed yet fired job.node-unseen (30 s of silence).
+    buf = ReorderBuffer({"net"}, stale_s=30, quiet_event_s=10)
+    buf.progress("whywait.net.v1/1", 10.0, 0, wall=0.0)
+    for t in (8.0, 19.0, 50.0):
+        buf.push(f"net@{t:.0f}", t, "net", 1.0)
+    assert buf.release(5.0, backlog=False) == ["net@8", "net@19"]  # held past max_hold_s, yet not past 10 + 10
+    assert buf.behind(5.0) == float("inf") and buf.behind(5.0, arrived=1.0) == 20.0
+    buf.progress("whywait.net.v1/1", 52.0, 0, wall=5.5)  # it speaks again, caught up
+    assert buf.release(6.0, backlog=False) == ["net@50"]
+    # a router that has routed nothing (t -inf) and has nothing left bounds nothing, as before
+    buf.progress("whywait.net.v1/1", float("-inf"), 0, wall=7.0)
+    buf.push("net@90", 90.0, "net", 8.0)
+    assert buf.release(10.5, backlog=False) == ["net@90"]
+    # and a router gone silent for stale_s is not heard: what arrived after its word goes after all
+    buf.progress("whywait.net.v1/1", 91.0, 0, wall=11.0)
+    buf.push("net@200", 200.0, "net", 12.0)
+    assert buf.release(20.0, backlog=False) == []
+    assert buf.release(42.0, backlog=False) == ["net@200"]
