@@ -386,10 +386,13 @@ def _self_history(c: Condition, ctx: Ctx) -> Result:
             base = statistics.median(values)
         judged += 1
         ratio = v / base if base > 0 else (math.inf if v > 0 else 1.0)
-        ok = p.ratio(ratio) and (p.min_value is None or p.min_value(v))
+        ok = (p.ratio(ratio) or (frozen is not None and p.ratio.halfway(ratio))) and (
+            p.min_value is None or p.min_value(v))
         if ok:
             # Freeze the baseline while the entity is anomalous, so a long fault does not become
-            # its own baseline and resolve itself.
+            # its own baseline and resolve itself; and keep it while the entity stays half-way there
+            # (above): one tick under the ratio dropped it, the slow window became the baseline, and a
+            # job held 20% slower by a straggler to the end of its table was "resolved" after a minute.
             ctx.state[key] = base
             res.entities.append(e)
             res.evidence.append(_ev(c, p.metric, e, v, base, f"ratio to own baseline {p.ratio}", w,

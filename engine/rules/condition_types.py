@@ -75,6 +75,19 @@ class Compare:
     def __str__(self) -> str:
         return f"{self.op} {self.value:g}"
 
+    def halfway(self, x: float, origin: float = 1.0) -> bool:
+        """Whether ``x`` lies at least half-way from ``origin`` to the threshold, on the threshold's side.
+
+        Called for a finding that held on the tick before: the hysteresis it keeps.  A ratio compared
+        ``> 1.2`` still holds at 1.1, one compared ``< 0.5`` at 0.75; any other comparison is itself.
+        """
+        mid = origin + (self.value - origin) / 2
+        if self.op in (">", ">="):
+            return x >= mid
+        if self.op in ("<", "<="):
+            return x <= mid
+        return self(x)
+
 
 def parse_duration(v: Any) -> float:
     """``'60s'`` → 60.0 in the one duration syntax (:mod:`whywait.durations`); raise :class:`Bad` otherwise

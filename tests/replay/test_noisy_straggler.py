@@ -63,3 +63,34 @@ def test_a_noisy_straggler_is_told_until_the_data_ends(tmp_path: Path, seed: int
 def test_a_noisy_straggler_that_recovers_is_resolved(tmp_path: Path) -> None:
     [(_, end, resolved, _)] = stragglers(tmp_path, 300, 22)
     assert resolved and end < START + 320 * 1.38  # within a few dozen steps of its recovery at step 300
+
+
+def test_a_job_held_slower_in_a_table_of_durations_only_stays_told(tmp_path: Path) -> None:
+    """The same trap in ``self_history`` (the tester's s11c): one rank holds a job of step durations only ~20%
+    slower from step 200 to the end of 900 steps; ``job.whole-job-slow`` was "resolved" a minute after it
+    fired, and told 0.04 GPU-hours of about 1.5."""
+    rng = random.Random(11)
+    t, rows = START, ["time,job,rank,step,duration_s,node"]
+    for s in range(900):
+        worst = max(0.95 * (1.3 if r == 13 and s >= 200 else 1.0) * (1 + rng.uniform(-0.03, 0.03)) + 0.03
+                    for r in range(32))
+        dur = worst + 0.2 * (1 + rng.uniform(-0.03, 0.03))
+        t += dur
+        rows += [f"{t:.4f},dur-only,{r},{s},{dur:.4f},gpu-node-{r // 8:02d}" for r in range(32)]
+    csv, out = tmp_path / "steps.csv", tmp_path / "steps.jsonl"
+    csv.write_text("\n".join(rows) + "\n")
+    subprocess.run([sys.executable, "-m", "whywait", "import", str(csv), "--project", "llm", "--team", "ml",
+                    "-o", str(out)], check=True, capture_output=True, cwd=REPO)
+    res, _ = replay([json.loads(x) for x in out.read_text().splitlines()], load_rules([REPO / "rules"]),
+                    PlacedTopology())
+    spans = [s for s in incidents(res.diagnoses, res.end, res.open_at_end) if s.first.rule_id == "job.whole-job-slow"]
+    assert len(spans) == 1 and not spans[0].resolved, [(s.start, s.end, s.resolved) for s in spans]
+    assert 1.2 < (spans[0].told.cost or {})["gpu_hours_lost"] < 2.0
+
+
+def test_a_comparison_keeps_half_way_to_its_threshold() -> None:
+    from whywait.engine.rules.condition_types import parse_compare
+
+    assert parse_compare("> 1.2").halfway(1.1) and not parse_compare("> 1.2").halfway(1.09)
+    assert parse_compare("< 0.5").halfway(0.75) and not parse_compare("< 0.5").halfway(0.8)
+    assert parse_compare("== 3").halfway(3) and not parse_compare("== 3").halfway(2)
