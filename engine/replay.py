@@ -568,9 +568,10 @@ class Span:
         """The update whose cause text goes with the incident's latest cost: the last one that gives a cost (the
         closing update holds the last tick's text and figures), else the first firing.
 
-        Called where an incident's cause is printed beside its cost (replay's console, the report).  Why: the
-        first firing's text says the cost at detection ("has lost 0.00 GPU-hours to it so far") while the cost
-        printed beside it is the latest (``cost: 3.20 GPU-hours lost``).
+        Called where an incident is told with its cost (replay's console, the report).  Why: the first firing's
+        text says the cost at detection ("has lost 0.00 GPU-hours to it so far") while the cost printed beside
+        it is the latest (``cost: 3.20 GPU-hours lost``), and its culprit may be part of it (3 of a node's 8
+        slow ranks, a second before the rest).
         """
         return next((u for u in reversed(self.updates) if u.cost and u.cost.get("gpu_hours_lost") is not None),
                     self.first)

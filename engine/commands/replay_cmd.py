@@ -760,9 +760,10 @@ def run(args: argparse.Namespace) -> int:
         for s in shown:
             d = s.first
             state = "resolved" if s.resolved else "still open when the data ended"
-            print(f"  {_fmt(s.start)} → {_fmt(s.end)}  {d.severity:8} {d.rule_id}  {d.culprit or d.job}: "
-                  f"{d.title} [{state}]")
-            print(f"      {s.told.cause}")  # the text that goes with the cost below (the latest)
+            now = s.told  # as last told: the text that goes with the cost below, and the whole culprit
+            print(f"  {_fmt(s.start)} → {_fmt(s.end)}  {d.severity:8} {d.rule_id}  {now.culprit or d.job}: "
+                  f"{now.title} [{state}]")
+            print(f"      {now.cause}")
             cost = latest_cost(s)
             if cost is not None:
                 print(f"      cost: {cost:.2f} GPU-hours lost")

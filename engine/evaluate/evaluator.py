@@ -1167,9 +1167,12 @@ def _signature(d: Diagnosis) -> tuple[Any, ...]:
     """What makes an incident's update worth announcing: severity, ranks, culprit, evidence entities.
 
     The cost figure (``job.step_s``, from ``what_if``) moves with every step and comes and goes with
-    the steps at hand; it is carried by each diagnosis but is no change of the incident.
+    the steps at hand; it is carried by each diagnosis but is no change of the incident.  The evidence
+    entities are a set: their order (stragglers by ratio) moves with every step on a noisy job, and an
+    incident of eight slow ranks was announced again 186 times in 300 steps for it.
     """
-    return (d.severity, d.ranks, d.culprit, tuple(e.entity for e in d.evidence if e.metric != "job.step_s"))
+    return (d.severity, d.ranks, d.culprit,
+            tuple(sorted({e.entity for e in d.evidence if e.metric != "job.step_s"})))
 
 
 def _fingerprint(rule_id: str, labels: dict[str, str]) -> str:

@@ -208,7 +208,7 @@ def _ranks_text(ranks: Any) -> str:
 
 
 def _view(k: int, s: Span, sampler: Sampler, grid: Grid, topology: Any) -> IncidentView:
-    d, last = s.first, s.last
+    d, last, now = s.first, s.last, s.told
     series: list[tuple[str, str]] = []
     for e in d.evidence:
         if e.metric.startswith(_NOT_PLOTTED) or (e.metric, e.entity) in series:
@@ -218,15 +218,17 @@ def _view(k: int, s: Span, sampler: Sampler, grid: Grid, topology: Any) -> Incid
     changes = _changes(s.updates)
     cost = next((u.cost for u in reversed(s.updates) if u.cost), None)
     later = next((u for u in reversed(s.updates[1:]) if u.evidence), None)  # the resolution's, if it gave any
-    names = {d.job, d.culprit, *(d.culprit or "").split(", "), *d.labels.values(),
+    names = {d.job, d.culprit, *(d.culprit or "").split(", "), *(now.culprit or "").split(", "), *d.labels.values(),
              *((d.owner.project, d.owner.team, d.owner.channel) if d.owner else ()),
              *(x for e in d.evidence for x in (e.entity, e.entity.rsplit(":", 1)[0]))}
     return IncidentView(
-        # the cause as last told: its "lost N GPU-hours so far" is the cost shown beside it, not detection's 0.00
-        number=k, rule_id=d.rule_id, severity=last.severity, title=d.title, cause=s.told.cause, job=d.job,
-        culprit=d.culprit or d.job or "?", ranks=d.ranks, start=s.start, end=s.end, resolved=s.resolved,
+        # The incident as last told: its "lost N GPU-hours so far" is the cost shown beside it (detection's said
+        # 0.00), and its culprit and ranks are the whole of them (an input stall on one node was first told of 3
+        # of its 8 ranks, a second before the rest; the report kept the 3).  How it grew is in `changes`.
+        number=k, rule_id=d.rule_id, severity=last.severity, title=now.title, cause=now.cause, job=d.job,
+        culprit=now.culprit or d.job or "?", ranks=now.ranks, start=s.start, end=s.end, resolved=s.resolved,
         fired_at=d.detected_at, changes=changes, owner=owner, channel=d.owner.channel if d.owner else None,
-        path=d.topology_path, clean=d.clean_checks, next_step=d.next_step,
+        path=now.topology_path, clean=now.clean_checks, next_step=now.next_step,
         evidence=[{"metric": e.metric, "entity": e.entity, "value": e.value, "unit": e.unit,
                    "baseline": e.baseline, "threshold": e.threshold} for e in d.evidence if e.metric != "check"],
         evidence_series=series[:3], cost=cost, cost_source="rule" if cost else "unknown",

@@ -55,3 +55,35 @@ def test_the_cause_shown_beside_the_cost_states_that_cost(tmp_path: Path) -> Non
     rep = build_report(res, [span], msgs, Window(START, res.end or START), PlacedTopology())
     [view] = rep.data.incidents
     assert said.search(view.cause)[1] == f"{view.cost['gpu_hours_lost']:.2f}" == f"{cost:.2f}"  # type: ignore[index]
+
+
+def test_the_report_names_the_whole_culprit_as_last_told(tmp_path: Path) -> None:
+    """A tester's input stall on one node: its 8 ranks' data wait ramps up over 20 steps.  The first firing named
+    3 of them, a second before the rest; the report's culprit, ranks and next step kept those 3 while its cause
+    (and every later update) named all 8.  And the incident was announced again 186 times in 200 steps, as its
+    evidence rows changed order."""
+    from whywait.engine.report import build_report
+
+    rng = random.Random(5)
+    t, rows = START, ["time,job,rank,step,duration_s,data_wait_s,compute_s,comm_s,node"]
+    for step in range(400):
+        own = []
+        for r in range(32):
+            extra = 0.37 * min(1.0, (step - 200) / 20) if 16 <= r < 24 and step >= 200 else 0.0
+            own.append((0.03 * (1 + rng.uniform(-0.03, 0.03)) + extra, 0.95 * (1 + rng.uniform(-0.03, 0.03))))
+        dur = max(d + c for d, c in own) + 0.2 * (1 + rng.uniform(-0.03, 0.03))
+        t += dur
+        rows += [f"{t:.4f},input,{r},{step},{dur:.4f},{d:.4f},{c:.4f},{dur - d - c:.4f},gpu-node-{r // 8:02d}"
+                 for r, (d, c) in enumerate(own)]
+    csv, out = tmp_path / "steps.csv", tmp_path / "steps.jsonl"
+    csv.write_text("\n".join(rows) + "\n")
+    subprocess.run([sys.executable, "-m", "whywait", "import", str(csv), "--project", "llm", "--team", "ml",
+                    "-o", str(out)], check=True, capture_output=True, cwd=REPO)
+    msgs = [json.loads(line) for line in out.read_text().splitlines()]
+    res, _ = replay(msgs, load_rules([REPO / "rules"]), PlacedTopology())
+    [span] = [s for s in incidents(res.diagnoses, res.end, res.open_at_end) if s.first.rule_id == "job.straggler"]
+    assert span.told.ranks == tuple(range(16, 24)) and span.told.culprit == "gpu-node-02"
+    assert len(span.updates) <= 5, len(span.updates)  # fired, grew to the node's 8 ranks, closed at the data's end
+    rep = build_report(res, [span], msgs, Window(START, res.end or START), PlacedTopology())
+    [view] = rep.data.incidents
+    assert view.ranks == tuple(range(16, 24)) and "16" in view.next_step and "23" in view.next_step
