@@ -60,7 +60,8 @@ def register(p: argparse.ArgumentParser) -> None:
     p.add_argument("--project", help="publish a placement for the job: its project")
     p.add_argument("--team", help="... its team")
     p.add_argument("--channel", help="... its team's Slack channel")
-    p.add_argument("-o", "--output", type=Path, help="write JSON lines here instead of publishing")
+    p.add_argument("-o", "--output", type=Path, help="write JSON lines here instead of publishing; a name ending "
+                   ".whywait writes a bundle that `whywait replay --input` reads with no broker")
     p.add_argument("--bootstrap", help="Kafka bootstrap (default: WHYWAIT_KAFKA_BOOTSTRAP or the local broker)")
     p.epilog = ("Step tables: columns time, rank, step, duration_s and the optional phases data_wait_s, compute_s, "
                 "comm_s, collective_s, pipeline_wait_s, checkpoint_s, also under the names loggers give them "
@@ -347,6 +348,31 @@ def finished_at(last: float) -> float:
     return t if t > last else math.nextafter(last, math.inf)
 
 
+def write_bundle(path: Path, msgs: list[dict[str, Any]], what: str) -> int:
+    """Write imported messages to a bundle at ``path`` (``-o steps.whywait``); return the exit status.
+
+    Called for an ``--output`` ending ``.whywait``: a step table or a trace replays with no broker at all
+    (``whywait replay --input steps.whywait``), which JSON lines could not (``--input`` takes a bundle), so a
+    postmortem of a table needed Kafka.  The bundle's window is the messages' event times; it holds no rules
+    and no topology, so the replay uses the engine's rules and learns the nodes from the placements.
+    """
+    from whywait.agents.events import encode, topic_for_kind
+    from whywait.engine.importers.bundle import BundleWriter
+
+    if not msgs:
+        raise ImportFormatError(f"{what}: nothing to write to {path}")
+    ordered = sorted(msgs, key=lambda m: m["time"])  # a bundle is in event-time order, as a replay reads it
+    with BundleWriter(path, {"since": ordered[0]["time"] - 1.0, "until": ordered[-1]["time"] + 1.0,
+                             "lead_s": 0.0}) as bw:
+        for m in ordered:
+            bw.add(topic_for_kind(m["kind"]), encode(m))
+        bw.close(None, [])
+    n = sum(bw.counts.values())
+    print(f"wrote {n} message{'' if n == 1 else 's'} from {what} to the bundle {path} "
+          f"(replay it with: whywait replay --input {path})")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     from whywait.agents.events import encode, topic_for_kind
     from whywait.engine.commands.outputs import check_output
@@ -379,6 +405,10 @@ def run(args: argparse.Namespace) -> int:
         what = f"{len(files)} file(s)"
         for why, n in sorted(notes.items()):
             print(f"  note: {why}" if n == 1 else f"  note: {n} {why}")
+    if args.output and args.output.suffix == ".whywait":
+        if bundles:
+            raise ConfigError(f"{bundles[0]} is a bundle already: replay it with whywait replay --input {bundles[0]}")
+        return write_bundle(args.output, msgs, what)
     if args.output:
         n = 0
         with args.output.open("w") as fh:

@@ -507,6 +507,10 @@ def _open_zip(path: Path) -> zipfile.ZipFile:
         if head[257:262] == b"ustar":
             raise ImportFormatError(f"{path}: is a tar archive, not a bundle: extract the .whywait file from it "
                                     "and give that") from None
+        if head.lstrip().startswith(b"{"):
+            # what `whywait import -o x.jsonl` and `whywait events` write: contract messages, one a line
+            raise ImportFormatError(f"{path}: is JSON lines, not a bundle: import the step table or traces again "
+                                    "with `-o NAME.whywait` to write a bundle that replays with no broker") from None
         raise ImportFormatError(f"{path}: not a whywait bundle (not a zip archive: {exc})") from None
 
 
