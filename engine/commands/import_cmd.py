@@ -37,7 +37,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Iterator
 
-from whywait.engine.importers import number_runs
+from whywait.engine.importers import ImportFormatError, number_runs
 
 FORMATS = ("auto", "bundle", "kineto", "steps")
 
