@@ -167,6 +167,9 @@ class StepOutlierCondition(ConditionParams):
     onset: Literal["during", "from-start"] = param(
         "during", "`during`: ranks that became slower than their peers; `from-start`: only those the default "
                   "leaves out as slower hardware, slower by under `steady_ratio` since their history began")
+    mates_ratio: Comparison | None = param(
+        None, "with `onset: from-start`: a lower `ratio` for a rank whose node-mates (two or more, judged, the same "
+              "GPU share) are all fast: GPUs of one node are one model, so slower hardware cannot explain it")
     level: Literal["rank"] = param("rank", "the culprit's level: always `rank`")
 
 
@@ -213,6 +216,14 @@ def _step_outlier(c: Condition, ctx: Ctx) -> Result:
     # at: all ranks are screened at once, in the judgement's order, and the rest skipped as the loop did.
     ok_all = compare_all(is_ratio, judged.ratio) & compare_all(is_z, judged.z) & (judged.slow_share >= persist)
     if p["onset"] == "from-start":
+        if p["mates_ratio"] is not None:
+            mates = p["mates_ratio"]
+            maybe = (~ok_all & compare_all(mates, judged.ratio) & compare_all(is_z, judged.z)
+                     & _fast_mates(ctx, judged, mates))
+            ok_all = ok_all.copy()
+            for i in np.nonzero(maybe)[0].tolist():  # a few at most: over `mates_ratio` on `persist` of the steps
+                rs = judged.judgement(i).ratios
+                ok_all[i] = bool(rs) and sum(1 for x in rs if mates(x)) >= persist * len(rs)
         flagged = _slow_since_start(judged, ok_all, thr, p["steady_ratio"], ctx.state, prefix)
     for i in [] if p["onset"] == "from-start" else _looked_at(judged, ok_all, _held_ranks(ctx.state, prefix)):
         j = judged.judgement(i)
@@ -328,6 +339,30 @@ def _slow_since_start(judged: JudgedRanks, ok: np.ndarray, thr: float, steady_ra
         if j.ratio >= steady_ratio or (base is not None and j.ratio / base > thr):
             continue
         out.append((j, None))
+    return out
+
+
+def _fast_mates(ctx: Ctx, judged: JudgedRanks, mates_ratio: Any) -> np.ndarray:
+    """Per judged rank, whether two or more other ranks on its node, with the same GPU share, were judged and
+    all stand under half-way to ``mates_ratio`` (``step_outlier``'s ``mates_ratio``).
+
+    Why: ``job.slow-since-start`` needs a rank 1.4x slower, for GPUs of one model differ by clocks and power
+    caps, and a job may mix models.  A tester's rank 30% slower than its seven node-mates from the first step,
+    a quarter of the job's time lost, was told nothing.  A node holds one GPU model, so against its own
+    node-mates that excuse is gone.
+    """
+    ranks = judged.rank.tolist()
+    ratio = dict(zip(ranks, judged.ratio.tolist(), strict=True))
+    coords = _coords(ctx)
+    share = {r: float((coords.get(r) or {}).get("gpu_share", 1.0)) for r in ranks}
+    by_node: dict[str, list[int]] = {}
+    for r in ranks:
+        by_node.setdefault(ctx.job.ranks.get(r, ("?", -1))[0], []).append(r)
+    fast = 1 + (mates_ratio.value - 1) / 2
+    out = np.zeros(len(ranks), bool)
+    for i, r in enumerate(ranks):
+        mates = [m for m in by_node[ctx.job.ranks.get(r, ("?", -1))[0]] if m != r and share[m] == share[r]]
+        out[i] = len(mates) >= 2 and all(ratio[m] < fast for m in mates)
     return out
 
 
