@@ -8,22 +8,19 @@ cause as last told (:attr:`whywait.engine.replay.Span.told`), whose figures are 
 
 from __future__ import annotations
 
-import json
 import random
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 from whywait.engine.commands.replay_cmd import latest_cost
-from whywait.engine.replay import PlacedTopology, Window, incidents, replay
-from whywait.engine.rules.loader import load_rules
+from whywait.engine.replay import PlacedTopology, Window, incidents
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.support.tables import replay_table
+
 START = 1_764_443_800.0
 
 
-def straggler_table(path: Path) -> None:
+def straggler_table() -> list[str]:
     """A synchronous 8-rank job, 300 steps; rank 5 computes 1.6x as long from step 100 on, the others wait."""
     rng = random.Random(2)
     t, rows = START, ["time,job,rank,step,duration_s,data_wait_s,compute_s,comm_s,node"]
@@ -34,18 +31,13 @@ def straggler_table(path: Path) -> None:
         t += dur
         rows += [f"{t:.3f},cost-job,{r},{step},{dur:.4f},0.015,{comp[r]:.4f},{0.12 + slow - comp[r]:.4f},"
                  f"node-{r // 4 + 1:02d}" for r in range(8)]
-    path.write_text("\n".join(rows) + "\n")
+    return rows
 
 
 def test_the_cause_shown_beside_the_cost_states_that_cost(tmp_path: Path) -> None:
     from whywait.engine.report import build_report
 
-    csv, out = tmp_path / "steps.csv", tmp_path / "steps.jsonl"
-    straggler_table(csv)
-    subprocess.run([sys.executable, "-m", "whywait", "import", str(csv), "--project", "llm", "--team", "ml",
-                    "-o", str(out)], check=True, capture_output=True, cwd=REPO)
-    msgs = [json.loads(line) for line in out.read_text().splitlines()]
-    res, _ = replay(msgs, load_rules([REPO / "rules"]), PlacedTopology())
+    res, msgs = replay_table(tmp_path, straggler_table())
     [span] = [s for s in incidents(res.diagnoses, res.end, res.open_at_end) if s.first.rule_id == "job.straggler"]
     said = re.compile(r"lost (\d+\.\d\d) GPU-hours")
     assert said.search(span.first.cause)[1] == "0.00"  # type: ignore[index] # the loss had just begun
@@ -75,12 +67,7 @@ def test_the_report_names_the_whole_culprit_as_last_told(tmp_path: Path) -> None
         t += dur
         rows += [f"{t:.4f},input,{r},{step},{dur:.4f},{d:.4f},{c:.4f},{dur - d - c:.4f},gpu-node-{r // 8:02d}"
                  for r, (d, c) in enumerate(own)]
-    csv, out = tmp_path / "steps.csv", tmp_path / "steps.jsonl"
-    csv.write_text("\n".join(rows) + "\n")
-    subprocess.run([sys.executable, "-m", "whywait", "import", str(csv), "--project", "llm", "--team", "ml",
-                    "-o", str(out)], check=True, capture_output=True, cwd=REPO)
-    msgs = [json.loads(line) for line in out.read_text().splitlines()]
-    res, _ = replay(msgs, load_rules([REPO / "rules"]), PlacedTopology())
+    res, msgs = replay_table(tmp_path, rows)
     [span] = [s for s in incidents(res.diagnoses, res.end, res.open_at_end) if s.first.rule_id == "job.straggler"]
     assert span.told.ranks == tuple(range(16, 24)) and span.told.culprit == "gpu-node-02"
     assert len(span.updates) <= 5, len(span.updates)  # fired, grew to the node's 8 ranks, closed at the data's end

@@ -10,21 +10,18 @@ its new past.  A held rank now keeps its past while it stays half-way to the rat
 
 from __future__ import annotations
 
-import json
 import random
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from whywait.engine.replay import PlacedTopology, incidents, replay
-from whywait.engine.rules.loader import load_rules
+from whywait.engine.replay import incidents
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.support.tables import replay_table
+
 START = 1_764_928_800.0
 
 
-def table(path: Path, slow_until: int, seed: int) -> None:
+def table(slow_until: int, seed: int) -> list[str]:
     """A synchronous data-parallel job: every rank's step lasts as long as the slowest rank's data wait and
     compute, plus the all-reduce; the others wait for it in comm.  Rank 13 is 1.3x from step 200."""
     rng = random.Random(seed)
@@ -38,16 +35,11 @@ def table(path: Path, slow_until: int, seed: int) -> None:
         t += dur
         rows += [f"{t:.4f},noisy,{r},{s},{dur:.4f},{d:.4f},{c:.4f},{dur - d - c:.4f},gpu-node-{r // 8:02d}"
                  for r, (d, c) in enumerate(own)]
-    path.write_text("\n".join(rows) + "\n")
+    return rows
 
 
 def stragglers(tmp_path: Path, slow_until: int, seed: int) -> list[tuple[float, float, bool, float]]:
-    csv, out = tmp_path / "steps.csv", tmp_path / "steps.jsonl"
-    table(csv, slow_until, seed)
-    subprocess.run([sys.executable, "-m", "whywait", "import", str(csv), "--project", "llm", "--team", "ml",
-                    "-o", str(out)], check=True, capture_output=True, cwd=REPO)
-    msgs = [json.loads(line) for line in out.read_text().splitlines()]
-    res, _ = replay(msgs, load_rules([REPO / "rules"]), PlacedTopology())
+    res, _ = replay_table(tmp_path, table(slow_until, seed))
     spans = [s for s in incidents(res.diagnoses, res.end, res.open_at_end) if s.first.rule_id == "job.straggler"]
     assert all(s.first.ranks == (13,) for s in spans), [s.first.ranks for s in spans]
     return [(s.start, s.end, s.resolved, (s.told.cost or {}).get("gpu_hours_lost", 0.0)) for s in spans]
@@ -77,12 +69,7 @@ def test_a_job_held_slower_in_a_table_of_durations_only_stays_told(tmp_path: Pat
         dur = worst + 0.2 * (1 + rng.uniform(-0.03, 0.03))
         t += dur
         rows += [f"{t:.4f},dur-only,{r},{s},{dur:.4f},gpu-node-{r // 8:02d}" for r in range(32)]
-    csv, out = tmp_path / "steps.csv", tmp_path / "steps.jsonl"
-    csv.write_text("\n".join(rows) + "\n")
-    subprocess.run([sys.executable, "-m", "whywait", "import", str(csv), "--project", "llm", "--team", "ml",
-                    "-o", str(out)], check=True, capture_output=True, cwd=REPO)
-    res, _ = replay([json.loads(x) for x in out.read_text().splitlines()], load_rules([REPO / "rules"]),
-                    PlacedTopology())
+    res, _ = replay_table(tmp_path, rows)
     spans = [s for s in incidents(res.diagnoses, res.end, res.open_at_end) if s.first.rule_id == "job.whole-job-slow"]
     assert len(spans) == 1 and not spans[0].resolved, [(s.start, s.end, s.resolved) for s in spans]
     assert 1.2 < (spans[0].told.cost or {})["gpu_hours_lost"] < 2.0
