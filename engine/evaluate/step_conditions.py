@@ -563,12 +563,44 @@ def _stage_imbalance(c: Condition, ctx: Ctx) -> Result:
         return dur, max(0.0, pipe) * (1 - 1 / got_step[1])
 
     ctx.facts.update(stage=stage, n_stages=len(stages), n_replicas=len(layout), imbalance=round(ratio, 3),
-                     loss_fn=loss, aligned_steps=len(win))
+                     loss_fn=loss, aligned_steps=len(win),
+                     stage_before=_stage_before(ctx, c.line, stage, got[1], layout, p["measure"]))
     ev = Evidence("step.work_s", ctx.job.job, round(ratio, 4), "ratio", 1.0,
                   f"ratio {p['ratio']} on {p['replica_share']:.0%} of replicas", None,
                   f"stage {stage} does {ratio:.2f}x the work of the other stages on {n} of {len(win)} steps, "
                   f"on every replica")
     return Result(True, [ctx.job.job], [ev])
+
+
+def _stage_before(ctx: Ctx, line: int, stage: int, hist: Steps, layout: dict[int, dict[int, list[int]]],
+                  measure: str) -> float | None:
+    """The bottleneck ``stage``'s work against the other stages' (median over replicas and steps) on the steps
+    before the imbalance was first seen, frozen while it holds (None with fewer than 10 such steps).
+
+    Why: a stage whose layers got slower at step 150 (a bad change in them) was told "how the model is
+    partitioned ... rebalance the pipeline" from the first seconds, the wrong cause and the wrong fix; with
+    what the stage did before, the text tells a stage that slowed from one that always was the bottleneck.
+    Kept as two numbers under the condition's key (the engine's snapshot keeps numeric state only); a stage
+    that stops being the bottleneck (the condition no longer holds on a tick) is judged afresh next time.
+    """
+    key = ("stage_imbalance.before", ctx.rule_id, line, ctx.job.job)
+    now_seen = ctx.now
+    if ctx.state.get(key + ("stage",)) == stage and now_seen - ctx.state.get(key + ("at",), -math.inf) <= 2.0:
+        was = ctx.state[key]
+    else:
+        per: list[float] = []
+        for _, row in hist:
+            ratios = []
+            for st in layout.values():
+                w = {s: statistics.median(v) for s, rs in st.items() if (v := known(row, rs, measure))}
+                others = [v for s, v in w.items() if s != stage]
+                if stage in w and others and statistics.median(others) > 0:
+                    ratios.append(w[stage] / statistics.median(others))
+            if ratios:
+                per.append(statistics.median(ratios))
+        was = statistics.median(per) if len(per) >= 10 else -1.0
+    ctx.state[key], ctx.state[key + ("stage",)], ctx.state[key + ("at",)] = was, stage, now_seen
+    return None if was < 0 else round(was, 3)
 
 
 def _pipeline_loss(row: Mapping[int, StepRec], layout: dict[int, dict[int, list[int]]], stage: int) -> float | None:

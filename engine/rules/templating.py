@@ -94,6 +94,7 @@ TEMPLATE_VARS: dict[str, str] = {
     "phase_baseline": "their peers' median of it",
     "stage": "stage_imbalance: the slow pipeline stage", "n_stages": "pipeline stages",
     "n_replicas": "data-parallel replicas", "imbalance": "stage_imbalance: the stage's work over the others'",
+    "stage_before": "stage_imbalance: that ratio on the steps before it was first seen (None: under 10 of them)",
     "slow_share": "rotation: share of steps with a slow rank", "distinct_ranks": "rotation: ranks taking turns",
     "rotation_ratio": "rotation: the slow rank's typical ratio",
     "steady_since": "rotation: the first step of a past as uneven as the window (none: a change)",
