@@ -361,6 +361,11 @@ def write_bundle(path: Path, msgs: list[dict[str, Any]], what: str) -> int:
 
     if not msgs:
         raise ImportFormatError(f"{what}: nothing to write to {path}")
+    if path.exists():
+        # A bundle is often an export of an incident whose data has since aged out of the topics: never
+        # overwritten by an import that named it by mistake.
+        raise ImportFormatError(f"{path} exists: remove it or name another bundle (an exported incident cannot be "
+                                "exported again once its data has aged out of the topics)")
     ordered = sorted(msgs, key=lambda m: m["time"])  # a bundle is in event-time order, as a replay reads it
     with BundleWriter(path, {"since": ordered[0]["time"] - 1.0, "until": ordered[-1]["time"] + 1.0,
                              "lead_s": 0.0}) as bw:

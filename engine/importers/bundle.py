@@ -507,6 +507,12 @@ def _open_zip(path: Path) -> zipfile.ZipFile:
         if head[257:262] == b"ustar":
             raise ImportFormatError(f"{path}: is a tar archive, not a bundle: extract the .whywait file from it "
                                     "and give that") from None
+        first = head.split(b"\n", 1)[0]
+        if path.suffix.lower() in (".csv", ".tsv", ".txt") or (
+                b"," in first and b"\0" not in head and not head.lstrip().startswith((b"{", b"["))):
+            raise ImportFormatError(f"{path}: is a table, not a bundle: `whywait import {path} --project P --team T "
+                                    "-o NAME.whywait` makes a bundle of a step table to replay with no broker"
+                                    ) from None
         if head.lstrip().startswith(b"{"):
             # what `whywait import -o x.jsonl` and `whywait events` write: contract messages, one a line
             raise ImportFormatError(f"{path}: is JSON lines, not a bundle: import the step table or traces again "

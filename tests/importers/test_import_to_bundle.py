@@ -55,3 +55,18 @@ def test_json_lines_given_as_a_bundle_say_how_to_make_one(tmp_path: Path, monkey
     capsys.readouterr()
     assert main(["import", str(bundle), "-o", str(tmp_path / "again.whywait")]) == 2
     assert "is a bundle already" in capsys.readouterr().err
+
+
+def test_an_existing_bundle_is_never_overwritten_and_a_table_given_as_one_says_so(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """An import named an exported incident's bundle by mistake and replaced it (rc 0, no word); and
+    ``replay --input steps.csv`` said only "not a zip archive"."""
+    table(tmp_path / "steps.csv")
+    bundle = tmp_path / "incident.whywait"
+    bundle.write_bytes(b"PK\x03\x04 an exported incident")
+    assert main(["import", str(tmp_path / "steps.csv"), "-o", str(bundle)]) == 2
+    assert "incident.whywait exists: remove it or name another bundle" in capsys.readouterr().err
+    assert bundle.read_bytes() == b"PK\x03\x04 an exported incident"
+    assert main(["replay", "--input", str(tmp_path / "steps.csv")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "is a table, not a bundle" in err and "-o NAME.whywait" in err

@@ -286,7 +286,8 @@ def _cut(src: Path, keep: float) -> bytes:
     (lambda src: src.read_bytes()[:-10], "is truncated: a zip archive whose end is missing ("),
     (lambda src: src.read_bytes()[:64], "is truncated: a zip archive whose end is missing (64 bytes)"),
     (lambda src: gzip.compress(src.read_bytes()), "is gzip-compressed, not a bundle (a bundle is a zip already)"),
-    (lambda src: b"step,duration\n1,2\n", "not a whywait bundle (not a zip archive: "),
+    (lambda src: b"step,duration\n1,2\n", "is a table, not a bundle: `whywait import "),
+    (lambda src: b"\x00\x01 binary\n", "not a whywait bundle (not a zip archive: "),
 ])
 def test_a_bundle_that_is_not_whole_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str], make: Any,
                                                 says: str) -> None:
