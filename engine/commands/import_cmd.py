@@ -159,6 +159,7 @@ def timing_messages(args: argparse.Namespace, files: list[tuple[Path, str]],
     # (job, rank, step) -> the file that gave it: (its index, where in it, its format)
     seen: dict[tuple[str, int, int], tuple[int, str, str]] = {}
     traced: set[int] = set()  # id(record) of the steps read from profiler traces
+    world: list[int] = []  # the job's size, as each trace's distributedInfo.world_size says it
     for i, (path, fmt) in enumerate(files):
         got: list[tuple[str, str, dict[str, Any]]] = []
         if fmt == "kineto":
@@ -167,7 +168,7 @@ def timing_messages(args: argparse.Namespace, files: list[tuple[Path, str]],
                 lacks = " or its ".join(missing)
                 raise ImportFormatError(f"{path}: a profiler trace does not name its {lacks}: pass "
                                         + " and ".join(f"--{w}" for w in missing))
-            for s in steps_from_trace(path, args.rank, notes, cap_mib << 20):
+            for s in steps_from_trace(path, args.rank, notes, cap_mib << 20, world):
                 got.append((args.job, args.node, s.record()))
                 traced.add(id(got[-1][2]))
                 where[id(got[-1][2])] = f"{path}: ProfilerStep#{s.step}" + (
@@ -190,6 +191,12 @@ def timing_messages(args: argparse.Namespace, files: list[tuple[Path, str]],
                                         "; import each rank's steps once")
         rows += got
     rows = aligned(rows, traced, notes)
+    traced_ranks = {rec["rank"] for _, _, rec in rows if id(rec) in traced}
+    if world and notes is not None and max(world) > len(traced_ranks):
+        # Two sampled ranks of a 128-rank job were placed as a 2-GPU job with no word: every cost 64x too low.
+        notes[f"the traces say the job has {max(world)} ranks (distributedInfo.world_size) and {len(traced_ranks)} "
+              f"were imported: only those are placed, so a cost counts their {len(traced_ranks)} GPU(s), not the "
+              "job's (import every rank's trace, or the job's step table, for the whole job)"] += 1
     read = list(rows)  # in read order, for check_times: the first row it names is the first in the files
     rows.sort(key=lambda r: (r[2]["ended_at"], r[0], r[2]["rank"], r[2]["step"]))
     out: list[dict[str, Any]] = []

@@ -450,16 +450,22 @@ def _intersect(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> li
 
 
 def steps_from_trace(path: Path, rank: int | None = None, notes: Counter[str] | None = None,
-                     max_bytes: int = TRACE_MAX_BYTES) -> list[KinetoStep]:
+                     max_bytes: int = TRACE_MAX_BYTES, world: list[int] | None = None) -> list[KinetoStep]:
     """Every ``ProfilerStep`` of the trace at ``path`` with its split; ``rank`` overrides the trace's own.
 
     ``notes`` counts what could not be attributed (kernels launched outside every step, or whose
-    launch is not in the trace), so the caller can say so instead of dropping it silently.
+    launch is not in the trace), so the caller can say so instead of dropping it silently.  ``world``, when
+    given, gets the job's size as the trace says it (``distributedInfo.world_size``), for the caller to say
+    when fewer ranks than that were imported.
     """
     notes = Counter() if notes is None else notes
     data, cut = _load(path, max_bytes)
     if cut:
         notes[cut] += 1
+    info = data.get("distributedInfo")
+    size = info.get("world_size") if isinstance(info, dict) else None
+    if world is not None and isinstance(size, int) and not isinstance(size, bool) and 1 < size <= RANK_MAX + 1:
+        world.append(size)
     events = data["traceEvents"]
     rank_error: ImportFormatError | None = None
     the_rank = -1

@@ -94,6 +94,9 @@ def test_whywait_import_writes_valid_steps_with_event_time(tmp_path: Path) -> No
     assert all(m["time"] == m["steps"][0]["ended_at"] for m in msgs[1:-1])
     assert [m["time"] for m in msgs[1:]] == sorted(m["time"] for m in msgs[1:])
     assert 0 < msgs[-1]["time"] - msgs[-2]["time"] < 0.01
+    # two sampled ranks of a 128-rank job: placed as the 2 GPUs they are, and said to be 2 of 128 (a tester's
+    # postmortem had costs 64x too low with no word of it)
+    assert "the traces say the job has 128 ranks (distributedInfo.world_size) and 2 were imported" in r.stdout
 
 
 def test_bad_traces_are_one_line(tmp_path: Path) -> None:
