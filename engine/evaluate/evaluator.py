@@ -75,6 +75,10 @@ class Incident:
     # The end of the first step counted as lost (the walk back reaches where the waiting began): the
     # incident's own evidence starts there, which may be long before it fired (a periodic slowdown).
     cost_since: float = math.inf
+    # The end of the last step that lost a material share of its time (2%): with ``cost_since``, where the loss
+    # lies within the incident, so overlapping incidents of one job whose losses fall on different steps are
+    # not taken for one loss counted twice (``lost_from``/``lost_until`` in the cost; engine/report/costs.py).
+    cost_last: float = -math.inf
     # Restored from a checkpoint: until the windows refill (see ``Evaluator.warmup_s``), a restored
     # incident whose condition does not hold is *unknown*, not clear, and is neither resolved nor dropped.
     restored: bool = False
@@ -983,7 +987,7 @@ class Evaluator:
                 return None
             losses = []  # no complete step this tick (a checkpoint, a late rank): the cost so far stands
         floor = self.counted_until.get(inc.fingerprint, -math.inf)
-        for t, _, lost in sorted(losses):
+        for t, step_s, lost in sorted(losses):
             # Steps before the rule fired count too: the leaves walk back to where the waiting began,
             # but not over steps an earlier incident of the same fingerprint counted (a flapping fault).
             if t > inc.cost_until and t > floor:
@@ -991,6 +995,8 @@ class Evaluator:
                 inc.cost_until = t
                 if lost > 0:
                     inc.cost_since = min(inc.cost_since, t)
+                if lost > 0.02 * step_s:
+                    inc.cost_last = max(inc.cost_last, t)
         if inc.cost_until > floor:
             self.counted_until[inc.fingerprint] = inc.cost_until
             if len(self.counted_until) > 4096:  # bounded: forget the oldest fingerprints
@@ -1002,6 +1008,8 @@ class Evaluator:
         # may dip below zero while nothing is lost: it is kept signed and shown as no loss.
         lost_s = max(0.0, inc.cost_lost_s)
         out = {"gpus": round(gpus, 3), "gpu_hours_lost": round(lost_s * gpus / 3600.0, 4), "lost_s": round(lost_s, 3)}
+        if math.isfinite(inc.cost_since) and math.isfinite(inc.cost_last) and inc.cost_last >= inc.cost_since:
+            out["lost_from"], out["lost_until"] = inc.cost_since, inc.cost_last  # where the loss lies (event time)
         for k in ("step_s", "whatif_step_s", "slowdown_pct"):
             if facts.get(k) is not None:
                 out[k] = facts[k]
@@ -1054,7 +1062,8 @@ class Evaluator:
              "pending_since": i.pending_since, "last_true": i.last_true, "firing": i.firing,
              "announced": i.announced, "last": i.last.to_dict() if i.last else None,
              "cost_lost_s": i.cost_lost_s, "cost_until": i.cost_until if math.isfinite(i.cost_until) else None,
-             "cost_since": i.cost_since if math.isfinite(i.cost_since) else None}
+             "cost_since": i.cost_since if math.isfinite(i.cost_since) else None,
+             "cost_last": i.cost_last if math.isfinite(i.cost_last) else None}
             for i in self.incidents.values()],
                 "counted_until": self.counted_until}
 
@@ -1074,7 +1083,8 @@ class Evaluator:
                            d["firing"], d["announced"], last=last, restored=True,
                            cost_lost_s=float(d.get("cost_lost_s") or 0.0),
                            cost_until=float(d["cost_until"]) if d.get("cost_until") is not None else -math.inf,
-                           cost_since=float(d["cost_since"]) if d.get("cost_since") is not None else math.inf)
+                           cost_since=float(d["cost_since"]) if d.get("cost_since") is not None else math.inf,
+                           cost_last=float(d["cost_last"]) if d.get("cost_last") is not None else -math.inf)
             if last is not None:
                 inc.signature = _signature(last)
             self.incidents[inc.fingerprint] = inc

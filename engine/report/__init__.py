@@ -288,12 +288,12 @@ def _estimate_costs(data: ReportData) -> None:
 
 def _count_costs(data: ReportData) -> None:
     """Set each incident's :attr:`IncidentView.counted`: its share of its job's loss, overlaps counted once."""
-    from whywait.engine.report.costs import Loss, counted_losses
+    from whywait.engine.report.costs import Loss, counted_losses, loss_span
 
     costed = [v for v in data.incidents if v.cost and v.cost.get("gpu_hours_lost") is not None]
     # an incident of no job shares with nothing: a key of its own
-    got = counted_losses([Loss(v.job if v.job else ("", v.number), v.start, v.end, float(v.cost["gpu_hours_lost"]))
-                          for v in costed if v.cost])
+    got = counted_losses([Loss(v.job if v.job else ("", v.number), *loss_span(v.cost, v.start, v.end),
+                               float(v.cost["gpu_hours_lost"])) for v in costed if v.cost])
     for v, n in zip(costed, got, strict=True):
         v.counted = n
         v.shared_with = tuple(o.number for o in costed if o is not v and v.job and o.job == v.job

@@ -144,9 +144,10 @@ class Digest:
         incidents of one job once (``whywait.engine.report.costs``: the job was slowed once, not once per
         rule that saw it), and ``gpu_hours_counted`` is each incident's share of that in the period.
         """
-        from whywait.engine.report.costs import Loss, counted_losses
+        from whywait.engine.report.costs import Loss, counted_losses, loss_span
 
         costed: list[tuple[JobUse, dict[str, Any]]] = []
+        spans: dict[int, tuple[float, float]] = {}  # id(incident) -> where its loss lies
         for d in sorted(self.last_diag.values(), key=lambda d: (d["starts_at"], d["fingerprint"])):
             if not d.get("job"):
                 continue
@@ -158,6 +159,7 @@ class Digest:
                    "title": d.get("title", ""), "starts_at": d["starts_at"], "ends_at": end, "gpu_hours_lost": None,
                    "gpu_hours_counted": None, "how": "rule"}
             j.incidents.append(inc)
+            spans[id(inc)] = loss_span(d.get("cost"), d["starts_at"], end)  # where its loss lies, if the rule said
             if d.get("cost") and d["cost"].get("gpu_hours_lost") is not None:
                 inc["gpu_hours_lost"] = float(d["cost"]["gpu_hours_lost"])
             else:
@@ -167,7 +169,7 @@ class Digest:
                     continue
                 inc["gpu_hours_lost"] = round(frac * (j.gpus or 1.0) * max(0.0, end - d["starts_at"]) / 3600.0, 4)
             costed.append((j, inc))
-        counted = counted_losses([Loss(j.job, i["starts_at"], i["ends_at"], i["gpu_hours_lost"]) for j, i in costed],
+        counted = counted_losses([Loss(j.job, *spans[id(i)], i["gpu_hours_lost"]) for j, i in costed],
                                  self.since, self.until)
         for (j, inc), h in zip(costed, counted, strict=True):
             inc["gpu_hours_counted"] = round(h, 4)

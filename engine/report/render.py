@@ -172,7 +172,9 @@ def summary(data: ReportData) -> list[str]:
                    f"Owner: {esc(v.owner)}{' ' + esc(v.channel) if v.channel else ''}.{early}")
     lost = sum(v.counted or 0.0 for v in data.incidents)
     own = sum(float((v.cost or {}).get("gpu_hours_lost") or 0.0) for v in data.incidents)
-    shared = any(v.shared_with for v in data.incidents)
+    # Said only when overlapping counted less: two incidents open together whose losses lay on different steps
+    # (a stage imbalance, then a straggler) add up, and "costs shared ... add up to 0.40" beside 0.40 said nothing.
+    shared = any(v.shared_with for v in data.incidents) and f"{own:.2f}" != f"{lost:.2f}"
     out.append(f"In all: {len(data.incidents)} incident(s), {lost:.2f} GPU-hours lost"
                + (f" (costs shared: incidents of one job overlapped, and the job's time lost then is counted once; "
                   f"their own figures add up to {own:.2f})" if shared else "") + ".")

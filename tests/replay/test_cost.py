@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 from whywait.engine.report.costs import Loss, counted_losses
@@ -40,3 +41,30 @@ def test_only_the_part_in_the_period_counts() -> None:
 def test_nothing_and_nonsense_count_nothing() -> None:
     assert counted_losses([]) == []
     assert counted_losses([Loss("j", 0, 10, -1.0), Loss("j", 0, 10, math.nan), Loss("j", 0, 10, 0.0)]) == [0, 0, 0]
+
+
+def test_losses_on_different_steps_of_overlapping_incidents_both_count() -> None:
+    """A tester's pipeline job: a stage imbalance open for the whole run lost 0.20 GPU-hours on its first 150 steps,
+    a straggler 0.20 on the next 150.  Spread over their spans the two looked like one loss (the report said 0.29 of
+    0.40); with where each loss lies (the cost's lost_from/lost_until) they add up."""
+    from whywait.engine.report.costs import loss_span
+
+    imbalance = {"gpu_hours_lost": 0.2, "lost_from": 0.0, "lost_until": 150.0}
+    straggler = {"gpu_hours_lost": 0.2, "lost_from": 150.0, "lost_until": 300.0}
+    losses = [Loss("pipe", *loss_span(imbalance, 0.0, 300.0), 0.2), Loss("pipe", *loss_span(straggler, 150.0, 300.0), 0.2)]
+    assert sum(counted_losses(losses)) == pytest.approx(0.4)
+    assert loss_span(None, 5.0, 9.0) == (5.0, 9.0) and loss_span({"lost_from": 7.0}, 5.0, 9.0) == (5.0, 9.0)
+    # without them, as before: the overlap is counted once
+    assert sum(counted_losses([Loss("pipe", 0.0, 300.0, 0.2), Loss("pipe", 150.0, 300.0, 0.2)])) < 0.35
+
+
+def test_the_evaluators_cost_says_where_its_loss_lies(tmp_path: Path) -> None:
+    from tests.replay.test_cost_text import straggler_table
+    from tests.support.tables import replay_table
+    from whywait.engine.replay import incidents
+
+    res, _ = replay_table(tmp_path, straggler_table())
+    [span] = [s for s in incidents(res.diagnoses, res.end, res.open_at_end) if s.first.rule_id == "job.straggler"]
+    cost = span.told.cost or {}
+    first_slow = 1_764_443_800.0 + 100 * 0.755  # step 100 of the table ends about here
+    assert cost["lost_from"] == pytest.approx(first_slow, abs=10.0) and cost["lost_until"] > cost["lost_from"] + 100

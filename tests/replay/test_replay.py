@@ -679,14 +679,15 @@ def test_concurrent_incidents_of_one_job_count_its_lost_time_once_in_the_total(t
     # The 32-node simulation with 10 faults: "In all: 10 incident(s), 19.94 GPU-hours lost" for a truth of 6.7,
     # three rules charging the same 43.5 lost seconds.  The total counts a job's second once; each incident keeps
     # its own figure, and says what of it the total counts.
-    from whywait.engine.report.costs import Loss, counted_losses
+    from whywait.engine.report.costs import Loss, counted_losses, loss_span
 
     rep, paths = report_for([("nic-packet-loss", "node-05", 100, 180), ("gpu-thermal", "node-02", 104, 190),
                              ("nic-packet-loss", "node-07", 108, 200)], tmp_path)
     views = [v for v in rep.data.incidents if v.cost]
     assert len(views) >= 3 and len({v.job for v in views}) == 1
     own = [v.cost["gpu_hours_lost"] for v in views if v.cost]
-    want = counted_losses([Loss(v.job, v.start, v.end, c) for v, c in zip(views, own, strict=True)])
+    # each loss where the rule says it lies (the steps that lost time), else over the incident's span
+    want = counted_losses([Loss(v.job, *loss_span(v.cost, v.start, v.end), c) for v, c in zip(views, own, strict=True)])
     assert [v.counted for v in views] == pytest.approx(want)
     assert sum(want) < sum(own) - 0.01
     md = paths["md"].read_text()
