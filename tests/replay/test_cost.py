@@ -51,7 +51,8 @@ def test_losses_on_different_steps_of_overlapping_incidents_both_count() -> None
 
     imbalance = {"gpu_hours_lost": 0.2, "lost_from": 0.0, "lost_until": 150.0}
     straggler = {"gpu_hours_lost": 0.2, "lost_from": 150.0, "lost_until": 300.0}
-    losses = [Loss("pipe", *loss_span(imbalance, 0.0, 300.0), 0.2), Loss("pipe", *loss_span(straggler, 150.0, 300.0), 0.2)]
+    losses = [Loss("pipe", *loss_span(imbalance, 0.0, 300.0), 0.2),
+              Loss("pipe", *loss_span(straggler, 150.0, 300.0), 0.2)]
     assert sum(counted_losses(losses)) == pytest.approx(0.4)
     assert loss_span(None, 5.0, 9.0) == (5.0, 9.0) and loss_span({"lost_from": 7.0}, 5.0, 9.0) == (5.0, 9.0)
     # without them, as before: the overlap is counted once
@@ -59,9 +60,10 @@ def test_losses_on_different_steps_of_overlapping_incidents_both_count() -> None
 
 
 def test_the_evaluators_cost_says_where_its_loss_lies(tmp_path: Path) -> None:
+    from whywait.engine.replay import incidents
+
     from tests.replay.test_cost_text import straggler_table
     from tests.support.tables import replay_table
-    from whywait.engine.replay import incidents
 
     res, _ = replay_table(tmp_path, straggler_table())
     [span] = [s for s in incidents(res.diagnoses, res.end, res.open_at_end) if s.first.rule_id == "job.straggler"]
