@@ -162,7 +162,9 @@ def test_restart_mid_incident_keeps_it_open_and_stays_watching(kafka_bootstrap: 
             b.terminate()
             b.wait(30)
         blog = (tmp_path / "b.log").read_text()
-        assert "restored 1 incident(s)" in blog, blog[-3000:]
+        # The firing packet-loss incident, and any the network rule mutes (job.whole-job-slow holds through the
+        # loss, as every rank's communication grew, and is checkpointed unannounced): restored, none posted.
+        assert re.search(r"restored [1-9]\d* incident\(s\)", blog), blog[-3000:]
         assert resumed_s < 10.0, f"engine B took {resumed_s:.1f}s to start consuming"
         print(f"restart ({stop}): engine B consuming {resumed_s:.1f}s after it was started")
 
