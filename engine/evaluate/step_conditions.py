@@ -248,7 +248,7 @@ def _step_outlier(c: Condition, ctx: Ctx) -> Result:
                 # noisy ratios, so at `zscore` (4) a 1.15x straggler on 4% jitter was missed.
                 z = growth_z(j, base)
                 ok = z is None or z >= _OWN_Z
-        if not ok and key in ctx.state and base is not None and j.ratio >= base * (1 + (thr - 1) / 2):
+        if not ok and key in ctx.state and base is not None and base > 0 and is_ratio.halfway(j.ratio / base):
             # Held (flagged before) and still well above its frozen past, half-way to the ratio that flagged
             # it: one noisy tick is no recovery.  Dropping the frozen past there made the slow window the
             # rank's new past, so a 1.3x straggler on +-10% noise was "resolved" 45 s after it fired and
@@ -358,11 +358,10 @@ def _fast_mates(ctx: Ctx, judged: JudgedRanks, mates_ratio: Any) -> np.ndarray:
     by_node: dict[str, list[int]] = {}
     for r in ranks:
         by_node.setdefault(ctx.job.ranks.get(r, ("?", -1))[0], []).append(r)
-    fast = 1 + (mates_ratio.value - 1) / 2
     out = np.zeros(len(ranks), bool)
     for i, r in enumerate(ranks):
         mates = [m for m in by_node[ctx.job.ranks.get(r, ("?", -1))[0]] if m != r and share[m] == share[r]]
-        out[i] = len(mates) >= 2 and all(ratio[m] < fast for m in mates)
+        out[i] = len(mates) >= 2 and not any(mates_ratio.halfway(ratio[m]) for m in mates)
     return out
 
 
@@ -513,20 +512,18 @@ def _stage_imbalance(c: Condition, ctx: Ctx) -> Result:
         step_ratios: dict[int, list[float]] = {}
         n_rep = 0
         for st in layout.values():
-            w = {s: statistics.median(v) for s, rs in st.items()
-                 if (v := known(row, rs, p["measure"]))}
-            if len(w) < 2:
+            got_ratios = _stage_ratios(row, st, p["measure"])
+            if got_ratios is None:
                 continue
             n_rep += 1
             # Every stage over `ratio` against the replica's other stages counts on it, not only its slowest:
             # a straggler on another stage of one replica made that stage the replica's slowest, the
             # bottleneck then led on 3 replicas of 4, under `replica_share`, and the imbalance "resolved"
             # while it went on.  (The median of the other stages is robust to that one slow stage.)
-            for top, mine in w.items():
-                others = statistics.median(v for s, v in w.items() if s != top)
-                if others > 0 and p["ratio"](mine / others):
+            for top, r in got_ratios.items():
+                if p["ratio"](r):
                     slowest[top] += 1
-                    step_ratios.setdefault(top, []).append(mine / others)
+                    step_ratios.setdefault(top, []).append(r)
         if n_rep < int(p["min_replicas"]) or not slowest:
             return None
         stage, n = slowest.most_common(1)[0]
@@ -572,6 +569,20 @@ def _stage_imbalance(c: Condition, ctx: Ctx) -> Result:
     return Result(True, [ctx.job.job], [ev])
 
 
+def _stage_ratios(row: Mapping[int, StepRec], stages: Mapping[int, list[int]], measure: str) -> dict[int, float] | None:
+    """One replica's stages in one step: each stage's work (the median of its ranks') over the median of the
+    replica's other stages (a stage whose others did nothing is left out); None under two stages reported."""
+    w = {s: statistics.median(v) for s, rs in stages.items() if (v := known(row, rs, measure))}
+    if len(w) < 2:
+        return None
+    out = {}
+    for top, mine in w.items():
+        others = statistics.median(v for s, v in w.items() if s != top)
+        if others > 0:
+            out[top] = mine / others
+    return out
+
+
 def _stage_before(ctx: Ctx, line: int, stage: int, hist: Steps, layout: dict[int, dict[int, list[int]]],
                   measure: str) -> float | None:
     """The bottleneck ``stage``'s work against the other stages' (median over replicas and steps) on the steps
@@ -590,12 +601,7 @@ def _stage_before(ctx: Ctx, line: int, stage: int, hist: Steps, layout: dict[int
     else:
         per: list[float] = []
         for _, row in hist:
-            ratios = []
-            for st in layout.values():
-                w = {s: statistics.median(v) for s, rs in st.items() if (v := known(row, rs, measure))}
-                others = [v for s, v in w.items() if s != stage]
-                if stage in w and others and statistics.median(others) > 0:
-                    ratios.append(w[stage] / statistics.median(others))
+            ratios = [r[stage] for st in layout.values() if (r := _stage_ratios(row, st, measure)) and stage in r]
             if ratios:
                 per.append(statistics.median(ratios))
         was = statistics.median(per) if len(per) >= 10 else -1.0
